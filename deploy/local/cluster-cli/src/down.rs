@@ -1,0 +1,111 @@
+//! `cluster down`: stop every server the state file lists and delete the data.
+
+use std::process::ExitCode;
+
+use pgharness::Server;
+
+use crate::state::{ClusterState, ServerState};
+use crate::{DirArgs, Result};
+
+/// Runs `cluster down`.
+pub fn run(args: &DirArgs) -> Result<ExitCode> {
+    let dir = args.resolve()?;
+    match ClusterState::load(&dir)? {
+        None => println!(
+            "no cluster in {} (no {}); nothing to stop",
+            dir.display(),
+            ClusterState::path(&dir).display()
+        ),
+        Some(state) => {
+            teardown(&state)?;
+            println!("cluster in {} is down", dir.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Stops and deletes every server of `state`, then the shard map and the state file.
+pub fn teardown(state: &ClusterState) -> Result<()> {
+    // One thread per server: deleting a server's databases is I/O bound.
+    let outcomes: Vec<std::result::Result<String, String>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = state
+            .servers
+            .iter()
+            .map(|s| scope.spawn(move || teardown_server(s)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a teardown thread panicked".into()))
+            })
+            .collect()
+    });
+    let mut failures = Vec::new();
+    for outcome in outcomes {
+        match outcome {
+            Ok(message) => println!("{message}"),
+            Err(e) => failures.push(e),
+        }
+    }
+    if !failures.is_empty() {
+        return Err(format!(
+            "could not stop everything (state file kept):\n  {}",
+            failures.join("\n  ")
+        )
+        .into());
+    }
+    if state.data_root_external {
+        let _ = std::fs::remove_dir(&state.data_root);
+    }
+    for path in [&state.shardmap, &ClusterState::path(&state.dir)] {
+        match std::fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("removing {}: {e}", path.display()).into()),
+        }
+    }
+    Ok(())
+}
+
+/// Stops and deletes one server; returns what was done.
+fn teardown_server(s: &ServerState) -> std::result::Result<String, String> {
+    if !s.dir.exists() {
+        return Ok(format!(
+            "server {} (port {}): nothing there any more",
+            s.index, s.port
+        ));
+    }
+    match Server::attach(&s.dir) {
+        Ok(server) => {
+            let pid = server.pid();
+            server
+                .remove()
+                .map_err(|e| format!("server {} (port {}): {e}", s.index, s.port))?;
+            Ok(match pid {
+                Some(pid) => format!(
+                    "stopped server {} (port {}, pid {pid}), removed {}",
+                    s.index,
+                    s.port,
+                    s.dir.display()
+                ),
+                None => format!(
+                    "server {} (port {}) was not running; removed {}",
+                    s.index,
+                    s.port,
+                    s.dir.display()
+                ),
+            })
+        }
+        // Never initialised (an interrupted `up`): just delete what is there.
+        Err(_) => match std::fs::remove_dir_all(&s.dir) {
+            Ok(()) => Ok(format!(
+                "server {} (port {}) was never started; removed {}",
+                s.index,
+                s.port,
+                s.dir.display()
+            )),
+            Err(e) => Err(format!("removing {}: {e}", s.dir.display())),
+        },
+    }
+}

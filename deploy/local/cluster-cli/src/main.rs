@@ -1,0 +1,107 @@
+//! `shardgate-cluster`: starts, inspects and stops a local shardgate cluster (real PostgreSQL
+//! servers holding N shard databases, plus the `shardmap.toml` describing them). Usually run
+//! through `deploy/local/cluster`, which builds it first. The servers are started by pgharness.
+
+mod down;
+mod state;
+mod status;
+mod up;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Errors are reported as text, with their causes.
+pub type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// Run a local shardgate cluster: PostgreSQL servers holding N shard databases, and the shard map
+/// that routes keys to them.
+#[derive(Debug, Parser)]
+#[command(name = "cluster", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Start PostgreSQL servers, create the shard databases with the schema, and write the shard
+    /// map and state file. Does nothing (and succeeds) when the cluster is already up.
+    Up(up::UpArgs),
+    /// Stop every server listed in the state file and delete their data directories.
+    Down(DirArgs),
+    /// Show the servers, whether each accepts connections, and the shard count.
+    Status(DirArgs),
+}
+
+/// Where the cluster lives.
+#[derive(Debug, Args)]
+pub struct DirArgs {
+    /// Cluster directory, holding cluster.json (state) and shardmap.toml [default: <repo>/.cluster]
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+}
+
+/// The repository root: `$SHARDGATE_REPO` (set by `deploy/local/cluster`), else where this binary
+/// was built from.
+pub fn repo_root() -> PathBuf {
+    match std::env::var_os("SHARDGATE_REPO").filter(|v| !v.is_empty()) {
+        Some(root) => PathBuf::from(root),
+        None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../..")),
+    }
+}
+
+impl DirArgs {
+    /// The cluster directory as an absolute path.
+    pub fn resolve(&self) -> Result<PathBuf> {
+        let dir = match &self.dir {
+            Some(dir) => dir.clone(),
+            None => repo_root().join(".cluster"),
+        };
+        let abs = std::path::absolute(&dir)
+            .map_err(|e| format!("resolving --dir {}: {e}", dir.display()))?;
+        Ok(normalize(&abs))
+    }
+}
+
+/// Removes `.` and `..` components lexically (paths here are absolute).
+pub fn normalize(path: &std::path::Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn main() -> ExitCode {
+    // Behave like other command-line tools when piped into `head`: die quietly on a closed pipe.
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Up(args) => up::run(&args),
+        Command::Down(args) => down::run(&args),
+        Command::Status(args) => status::run(&args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            let mut source = e.source();
+            while let Some(s) = source {
+                eprintln!("  caused by: {s}");
+                source = s.source();
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! The state file `DIR/cluster.json`: what `up` started, so `status` and `down` (possibly from
+//! another shell, much later) can find it.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::Result;
+
+/// File name of the state file inside the cluster directory.
+pub const STATE_FILE: &str = "cluster.json";
+/// File name of the generated shard map inside the cluster directory.
+pub const SHARDMAP_FILE: &str = "shardmap.toml";
+
+/// Lifecycle of a cluster as recorded in the state file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// `up` is (or was, if it died) starting the servers.
+    Starting,
+    /// Everything was started.
+    Up,
+}
+
+/// One PostgreSQL server.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ServerState {
+    pub index: usize,
+    pub port: u16,
+    /// The pgharness server directory (data/, postgres.log, pgharness.info).
+    pub dir: PathBuf,
+    pub data_dir: PathBuf,
+    pub socket_dir: PathBuf,
+    pub log_file: PathBuf,
+    /// Postmaster pid when `up` finished.
+    pub pid: Option<u32>,
+}
+
+/// One shard database.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ShardState {
+    pub shard: usize,
+    pub server: usize,
+    pub database: String,
+    pub url: String,
+}
+
+/// The whole state file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClusterState {
+    /// Format version of this file.
+    pub format: u32,
+    pub phase: Phase,
+    /// Seconds since the Unix epoch when `up` started.
+    pub created_unix: u64,
+    /// The cluster directory.
+    pub dir: PathBuf,
+    /// Where the server directories live: `dir`, or a directory under the system temp dir when
+    /// the `postgres` user cannot reach `dir` (running as root from /root).
+    pub data_root: PathBuf,
+    /// Whether `data_root` is outside `dir` (and so must be deleted separately).
+    pub data_root_external: bool,
+    pub shardmap: PathBuf,
+    pub schema: Option<PathBuf>,
+    pub shard_count: usize,
+    pub servers: Vec<ServerState>,
+    pub shards: Vec<ShardState>,
+}
+
+impl ClusterState {
+    /// Path of the state file of cluster directory `dir`.
+    pub fn path(dir: &Path) -> PathBuf {
+        dir.join(STATE_FILE)
+    }
+
+    /// Reads the state file of `dir`; `None` when there is none.
+    pub fn load(dir: &Path) -> Result<Option<ClusterState>> {
+        let path = Self::path(dir);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(format!("reading {}: {e}", path.display()).into()),
+        };
+        let state = serde_json::from_str(&text).map_err(|e| {
+            format!(
+                "{} is not a valid cluster state file ({e}); stop leftover servers by hand (pg_ctl -D <data dir> stop) and delete it",
+                path.display()
+            )
+        })?;
+        Ok(Some(state))
+    }
+
+    /// Writes the state file atomically (temp file + rename).
+    pub fn save(&self) -> Result<()> {
+        let path = Self::path(&self.dir);
+        let tmp = path.with_extension("json.tmp");
+        let text = serde_json::to_string_pretty(self)
+            .map_err(|e| format!("encoding the cluster state: {e}"))?;
+        std::fs::write(&tmp, text + "\n").map_err(|e| format!("writing {}: {e}", tmp.display()))?;
+        std::fs::rename(&tmp, &path).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        Ok(())
+    }
+}
+
+/// 64-bit FNV-1a, stable across Rust versions (for directory names).
+pub fn stable_hash(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x100000001b3)
+    })
+}

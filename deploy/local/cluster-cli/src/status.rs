@@ -1,0 +1,53 @@
+//! `cluster status`: which servers accept connections, and how many shards there are.
+
+use std::process::ExitCode;
+
+use pgharness::{Readiness, Server};
+
+use crate::state::{ClusterState, Phase};
+use crate::{DirArgs, Result};
+
+/// Runs `cluster status`. Exits 1 when a listed server does not accept connections.
+pub fn run(args: &DirArgs) -> Result<ExitCode> {
+    let dir = args.resolve()?;
+    let Some(state) = ClusterState::load(&dir)? else {
+        println!(
+            "no cluster in {} (start one with `deploy/local/cluster up --shards N`)",
+            dir.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    };
+    let phase = match state.phase {
+        Phase::Up => "up",
+        Phase::Starting => "starting (or an interrupted `up`: run `cluster down`)",
+    };
+    println!("cluster in {}: {phase}", dir.display());
+    let mut all_ok = true;
+    for s in &state.servers {
+        let (readiness, pid) = match Server::attach(&s.dir) {
+            Ok(server) => (server.readiness(), server.pid()),
+            Err(_) => (Readiness::NoResponse, None),
+        };
+        all_ok &= readiness == Readiness::Accepting;
+        let shards = state.shards.iter().filter(|d| d.server == s.index).count();
+        println!(
+            "  server {}  127.0.0.1:{}  pid {:<8} {:<22} {} shards  data {}",
+            s.index,
+            s.port,
+            pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+            readiness.to_string(),
+            shards,
+            s.data_dir.display()
+        );
+    }
+    println!(
+        "  {} shards, shard map {}",
+        state.shard_count,
+        state.shardmap.display()
+    );
+    Ok(if all_ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

@@ -1,0 +1,344 @@
+//! `cluster up`: a sequence of steps over one [`Up`] context. Later steps (start routers, run a
+//! load) slot in after `write_shardmap`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use clap::Args;
+use pgharness::{Cluster, ClusterOptions, Readiness, Schema, Server, ServerOptions};
+
+use crate::state::{stable_hash, ClusterState, Phase, ServerState, ShardState, SHARDMAP_FILE};
+use crate::{down, repo_root, DirArgs, Result};
+
+/// Options of `cluster up`.
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// Number of shard databases (the keyspace is split evenly over them)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub shards: u64,
+
+    /// Number of PostgreSQL servers; shard i lives on server i % K [default: min(N, 4)]
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..=256))]
+    pub servers: Option<u64>,
+
+    #[command(flatten)]
+    pub dir: DirArgs,
+
+    /// Port of server 0; server i listens on 127.0.0.1:(P + i)
+    #[arg(long, value_name = "P", default_value_t = 5433)]
+    pub base_port: u16,
+
+    /// SQL applied to every shard database [default: <repo>/deploy/local/schema.sql]
+    #[arg(long, value_name = "FILE")]
+    pub schema: Option<PathBuf>,
+
+    /// max_connections of every server
+    #[arg(long, value_name = "N", default_value_t = 200)]
+    pub max_connections: u32,
+
+    /// shared_buffers of every server (PostgreSQL units)
+    #[arg(long, value_name = "SIZE", default_value = "64MB")]
+    pub shared_buffers: String,
+}
+
+/// Everything `up` decided and started so far.
+struct Up {
+    dir: PathBuf,
+    /// Whether `up` created `dir` (removed again when `up` fails early).
+    created_dir: bool,
+    data_root: PathBuf,
+    data_root_external: bool,
+    schema: PathBuf,
+    shards: usize,
+    servers: usize,
+    base_port: u16,
+    server_options: ServerOptions,
+    state: Option<ClusterState>,
+    cluster: Option<Cluster>,
+    started_at: Instant,
+}
+
+/// Runs `cluster up`.
+pub fn run(args: &UpArgs) -> Result<ExitCode> {
+    let mut up = plan(args)?;
+    if already_up(&up)? {
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Err(e) = check_ports(&up) {
+        if up.created_dir {
+            let _ = std::fs::remove_dir(&up.dir);
+        }
+        return Err(e);
+    }
+    write_initial_state(&mut up)?;
+    if let Err(e) = start_postgres(&mut up) {
+        // Cluster::start already stopped what it started; forget the half-made cluster.
+        let _ = std::fs::remove_file(ClusterState::path(&up.dir));
+        if up.data_root_external {
+            let _ = std::fs::remove_dir(&up.data_root);
+        }
+        return Err(e);
+    }
+    write_shardmap(&up)?;
+    write_final_state(&mut up)?;
+    print_summary(&up);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Step 1: resolve defaults and decide where the data goes.
+fn plan(args: &UpArgs) -> Result<Up> {
+    let dir = args.dir.resolve()?;
+    let shards = args.shards as usize;
+    let servers = args.servers.map(|k| k as usize).unwrap_or(shards.min(4));
+    if servers > shards {
+        return Err(format!(
+            "--servers {servers} is more than --shards {shards}; every server needs a shard"
+        )
+        .into());
+    }
+    if usize::from(args.base_port) + servers - 1 > usize::from(u16::MAX) || args.base_port == 0 {
+        return Err(format!(
+            "--base-port {} leaves no room for {servers} servers",
+            args.base_port
+        )
+        .into());
+    }
+    let schema = match &args.schema {
+        Some(s) => std::path::absolute(s)
+            .map_err(|e| format!("resolving --schema {}: {e}", s.display()))?,
+        None => crate::normalize(&repo_root().join("deploy/local/schema.sql")),
+    };
+    if !schema.is_file() {
+        return Err(format!("schema file {} does not exist", schema.display()).into());
+    }
+    let created_dir = !dir.exists();
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+
+    // As root, PostgreSQL runs as `postgres`, which cannot enter e.g. /root/...: keep the data
+    // under the system temp dir then, in a directory named after the cluster directory.
+    let reachable = pgharness::postgres_can_reach(&dir)?;
+    let (data_root, data_root_external) = if reachable {
+        (dir.clone(), false)
+    } else {
+        let hash = stable_hash(dir.as_os_str().as_encoded_bytes());
+        (
+            pgharness::temp_root().join(format!("shardgate-cluster-{hash:016x}")),
+            true,
+        )
+    };
+    Ok(Up {
+        dir,
+        created_dir,
+        data_root,
+        data_root_external,
+        schema,
+        shards,
+        servers,
+        base_port: args.base_port,
+        server_options: ServerOptions {
+            persistent: true,
+            max_connections: args.max_connections,
+            shared_buffers: args.shared_buffers.clone(),
+            ..Default::default()
+        },
+        state: None,
+        cluster: None,
+        started_at: Instant::now(),
+    })
+}
+
+/// Step 2: a cluster already running here is left alone; a dead one is cleaned away.
+fn already_up(up: &Up) -> Result<bool> {
+    let Some(state) = ClusterState::load(&up.dir)? else {
+        return Ok(false);
+    };
+    let all_accepting = state.phase == Phase::Up
+        && state.servers.iter().all(|s| {
+            Server::attach(&s.dir)
+                .map(|srv| srv.readiness() == Readiness::Accepting)
+                .unwrap_or(false)
+        });
+    if all_accepting {
+        println!(
+            "cluster in {} is already up: {} servers, {} shards (`cluster down` first to start a different one)",
+            up.dir.display(),
+            state.servers.len(),
+            state.shard_count
+        );
+        if state.shard_count != up.shards || state.servers.len() != up.servers {
+            println!(
+                "note: you asked for {} shards on {} servers; nothing was changed",
+                up.shards, up.servers
+            );
+        }
+        return Ok(true);
+    }
+    println!(
+        "found a cluster state in {} whose servers are not all running; cleaning it up first",
+        up.dir.display()
+    );
+    down::teardown(&state)?;
+    Ok(false)
+}
+
+/// Step 3: every port must be free before anything starts.
+fn check_ports(up: &Up) -> Result<()> {
+    for i in 0..up.servers {
+        let port = up.base_port + i as u16;
+        if pgharness::check_port_free(port).is_err() {
+            return Err(format!(
+                "port {port} (for server {i}) is already in use on 127.0.0.1; stop what listens there or pick another --base-port"
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
+fn server_dir(up: &Up, i: usize) -> PathBuf {
+    up.data_root.join(format!("pg-{i}"))
+}
+
+/// Step 4: record the plan before starting anything, so `down` can clean up after an `up` that
+/// was interrupted.
+fn write_initial_state(up: &mut Up) -> Result<()> {
+    let servers = (0..up.servers)
+        .map(|i| {
+            let dir = server_dir(up, i);
+            ServerState {
+                index: i,
+                port: up.base_port + i as u16,
+                data_dir: dir.join("data"),
+                socket_dir: dir.join("sock"),
+                log_file: dir.join("postgres.log"),
+                dir,
+                pid: None,
+            }
+        })
+        .collect();
+    let state = ClusterState {
+        format: 1,
+        phase: Phase::Starting,
+        created_unix: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        dir: up.dir.clone(),
+        data_root: up.data_root.clone(),
+        data_root_external: up.data_root_external,
+        shardmap: up.dir.join(SHARDMAP_FILE),
+        schema: Some(up.schema.clone()),
+        shard_count: up.shards,
+        servers,
+        shards: Vec::new(),
+    };
+    state.save()?;
+    up.state = Some(state);
+    Ok(())
+}
+
+/// Step 5: start the servers, create the shard databases, apply the schema.
+fn start_postgres(up: &mut Up) -> Result<()> {
+    if up.data_root_external {
+        std::fs::create_dir_all(&up.data_root)
+            .map_err(|e| format!("creating {}: {e}", up.data_root.display()))?;
+    }
+    println!(
+        "starting {} PostgreSQL servers on ports {}-{} with {} shard databases...",
+        up.servers,
+        up.base_port,
+        up.base_port + up.servers as u16 - 1,
+        up.shards
+    );
+    let cluster = Cluster::start(&ClusterOptions {
+        shards: up.shards,
+        servers: up.servers,
+        schema_sql: Some(Schema::File(up.schema.clone())),
+        database_prefix: "shard_".into(),
+        server: ServerOptions {
+            port: Some(up.base_port),
+            dir: Some(up.data_root.clone()),
+            ..up.server_options.clone()
+        },
+    })?;
+    up.cluster = Some(cluster);
+    Ok(())
+}
+
+/// Step 6: the shard map: an even split of the keyspace over the shard databases, table `kv`.
+fn write_shardmap(up: &Up) -> Result<()> {
+    let cluster = up.cluster.as_ref().ok_or("internal error: no cluster")?;
+    let tables = vec![shardmap::Table::new("kv", "id", shardmap::KeyType::BigInt)];
+    let map = shardmap::ShardMap::even_split(&cluster.shard_urls(), tables)
+        .map_err(|e| format!("building the shard map: {e}"))?;
+    let path = up.dir.join(SHARDMAP_FILE);
+    std::fs::write(&path, map.to_toml()).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    Ok(())
+}
+
+/// Step 7: the state file with pids and shard databases.
+fn write_final_state(up: &mut Up) -> Result<()> {
+    let cluster = up.cluster.as_ref().ok_or("internal error: no cluster")?;
+    let state = up.state.as_mut().ok_or("internal error: no state")?;
+    state.servers = cluster
+        .servers()
+        .iter()
+        .enumerate()
+        .map(|(i, s)| ServerState {
+            index: i,
+            port: s.port(),
+            dir: s.dir().to_path_buf(),
+            data_dir: s.data_dir().to_path_buf(),
+            socket_dir: s.socket_dir().to_path_buf(),
+            log_file: s.log_file().to_path_buf(),
+            pid: s.pid(),
+        })
+        .collect();
+    state.shards = cluster
+        .shards()
+        .iter()
+        .enumerate()
+        .map(|(i, d)| ShardState {
+            shard: i,
+            server: d.server,
+            database: d.database.clone(),
+            url: d.url.clone(),
+        })
+        .collect();
+    state.phase = Phase::Up;
+    state.save()
+}
+
+/// Step 8: tell the user what runs where.
+fn print_summary(up: &Up) {
+    let (Some(cluster), Some(state)) = (up.cluster.as_ref(), up.state.as_ref()) else {
+        return;
+    };
+    println!(
+        "cluster up in {:.1}s:",
+        up.started_at.elapsed().as_secs_f64()
+    );
+    for (i, s) in cluster.servers().iter().enumerate() {
+        let count = cluster.shards().iter().filter(|d| d.server == i).count();
+        println!(
+            "  server 127.0.0.1:{}  pid {}  {} shard databases  data {}",
+            s.port(),
+            s.pid().map(|p| p.to_string()).unwrap_or_else(|| "?".into()),
+            count,
+            s.data_dir().display()
+        );
+    }
+    let shards = cluster.shards();
+    if let (Some(first), Some(last)) = (shards.first(), shards.last()) {
+        println!(
+            "  {} shards: {} .. {}",
+            shards.len(),
+            first.database,
+            last.database
+        );
+        println!("  shard map:  {}", state.shardmap.display());
+        println!("  state file: {}", ClusterState::path(&up.dir).display());
+        println!("try:  psql '{}' -c 'SELECT count(*) FROM kv'", first.url);
+    }
+}

@@ -1,0 +1,253 @@
+//! One raw connection to a Postgres primary.
+//!
+//! Login (startup, SCRAM-SHA-256 / MD5 / cleartext / trust) uses the `postgres-protocol`
+//! crate's sans-IO pieces. After that the connection is a byte pipe: the session writes
+//! client frames (rewritten where needed) and reads reply frames without decoding rows.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use fallible_iterator::FallibleIterator;
+use postgres_protocol::authentication::sasl::{self, ScramSha256};
+use postgres_protocol::message::{backend, frontend};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Where and as whom to log in; one per pool.
+#[derive(Clone, Debug)]
+pub struct Endpoint {
+    pub host: String,
+    pub port: u16,
+    pub database: String,
+    pub user: String,
+    pub password: Option<String>,
+    pub application_name: String,
+    pub connect_timeout: Duration,
+}
+
+impl Endpoint {
+    /// `host:port/database`, how operators and errors name this endpoint.
+    pub fn name(&self) -> String {
+        format!("{}:{}/{}", self.host, self.port, self.database)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("cannot connect to {endpoint}: {source}")]
+    Connect {
+        endpoint: String,
+        source: std::io::Error,
+    },
+    #[error("connecting to {endpoint} timed out after {timeout:?}")]
+    ConnectTimeout { endpoint: String, timeout: Duration },
+    #[error("{endpoint} refused the login: {message} (SQLSTATE {code})")]
+    Refused {
+        endpoint: String,
+        code: String,
+        message: String,
+    },
+    #[error("{endpoint} asks for a password but none is configured for the router's backend user")]
+    NoPassword { endpoint: String },
+    #[error("login to {endpoint} failed: {why}")]
+    Protocol { endpoint: String, why: String },
+    #[error("connection to {endpoint} failed: {source}")]
+    Io {
+        endpoint: String,
+        source: std::io::Error,
+    },
+}
+
+/// A logged-in connection.
+pub struct BackendConn {
+    pub stream: TcpStream,
+    /// Bytes read from Postgres and not yet handled.
+    pub rbuf: BytesMut,
+    /// The backend's own BackendKeyData, for forwarding cancel requests.
+    pub pid: i32,
+    pub secret: i32,
+    /// ParameterStatus values Postgres sent at login (server_version, ...).
+    pub params: Vec<(String, String)>,
+    /// Router-wide ids of the statements prepared on this connection.
+    pub prepared: HashSet<u64>,
+    /// Set when the connection may hold state another client must not see, or when its
+    /// protocol state is unknown; such a connection is never reused.
+    pub broken: bool,
+    /// Ran a session-level `SET`: reset before another client uses it.
+    pub needs_reset: bool,
+    pub created: Instant,
+}
+
+impl BackendConn {
+    /// Connects and logs in; the whole login is bounded by the endpoint's connect timeout.
+    pub async fn connect(ep: &Endpoint) -> Result<BackendConn, BackendError> {
+        match tokio::time::timeout(ep.connect_timeout, Self::login(ep)).await {
+            Ok(r) => r,
+            Err(_) => Err(BackendError::ConnectTimeout {
+                endpoint: ep.name(),
+                timeout: ep.connect_timeout,
+            }),
+        }
+    }
+
+    async fn login(ep: &Endpoint) -> Result<BackendConn, BackendError> {
+        let name = ep.name();
+        let io = |source| BackendError::Io {
+            endpoint: name.clone(),
+            source,
+        };
+        let proto = |why: String| BackendError::Protocol {
+            endpoint: name.clone(),
+            why,
+        };
+        let stream = TcpStream::connect((ep.host.as_str(), ep.port))
+            .await
+            .map_err(|source| BackendError::Connect {
+                endpoint: name.clone(),
+                source,
+            })?;
+        stream.set_nodelay(true).map_err(io)?;
+        let mut conn = BackendConn {
+            stream,
+            rbuf: BytesMut::with_capacity(16 * 1024),
+            pid: 0,
+            secret: 0,
+            params: Vec::new(),
+            prepared: HashSet::new(),
+            broken: false,
+            needs_reset: false,
+            created: Instant::now(),
+        };
+        let mut out = BytesMut::new();
+        let params = [
+            ("user", ep.user.as_str()),
+            ("database", ep.database.as_str()),
+            ("application_name", ep.application_name.as_str()),
+            ("client_encoding", "UTF8"),
+        ];
+        frontend::startup_message(params.iter().copied(), &mut out).map_err(io)?;
+        conn.stream.write_all(&out).await.map_err(io)?;
+
+        let mut scram: Option<ScramSha256> = None;
+        loop {
+            let msg = conn.read_message().await.map_err(io)?;
+            out.clear();
+            match msg {
+                backend::Message::AuthenticationOk => {}
+                backend::Message::AuthenticationCleartextPassword => {
+                    let pw = ep.password.as_deref().ok_or(BackendError::NoPassword {
+                        endpoint: name.clone(),
+                    })?;
+                    frontend::password_message(pw.as_bytes(), &mut out).map_err(io)?;
+                }
+                backend::Message::AuthenticationMd5Password(body) => {
+                    let pw = ep.password.as_deref().ok_or(BackendError::NoPassword {
+                        endpoint: name.clone(),
+                    })?;
+                    let hash = postgres_protocol::authentication::md5_hash(
+                        ep.user.as_bytes(),
+                        pw.as_bytes(),
+                        body.salt(),
+                    );
+                    frontend::password_message(hash.as_bytes(), &mut out).map_err(io)?;
+                }
+                backend::Message::AuthenticationSasl(body) => {
+                    let pw = ep.password.as_deref().ok_or(BackendError::NoPassword {
+                        endpoint: name.clone(),
+                    })?;
+                    let mut mechs = body.mechanisms();
+                    let mut offered = false;
+                    while let Some(m) = mechs.next().map_err(io)? {
+                        offered |= m == sasl::SCRAM_SHA_256;
+                    }
+                    if !offered {
+                        return Err(proto("the server offers no SASL mechanism the router supports (SCRAM-SHA-256)".into()));
+                    }
+                    let s = ScramSha256::new(pw.as_bytes(), sasl::ChannelBinding::unsupported());
+                    frontend::sasl_initial_response(sasl::SCRAM_SHA_256, s.message(), &mut out)
+                        .map_err(io)?;
+                    scram = Some(s);
+                }
+                backend::Message::AuthenticationSaslContinue(body) => {
+                    let s = scram
+                        .as_mut()
+                        .ok_or_else(|| proto("SASL continue without SASL start".into()))?;
+                    s.update(body.data())
+                        .map_err(|e| proto(format!("SCRAM: {e}")))?;
+                    frontend::sasl_response(s.message(), &mut out).map_err(io)?;
+                }
+                backend::Message::AuthenticationSaslFinal(body) => {
+                    let s = scram
+                        .as_mut()
+                        .ok_or_else(|| proto("SASL final without SASL start".into()))?;
+                    s.finish(body.data())
+                        .map_err(|e| proto(format!("SCRAM server signature: {e}")))?;
+                }
+                backend::Message::ParameterStatus(body) => {
+                    let (k, v) = (body.name().map_err(io)?, body.value().map_err(io)?);
+                    conn.params.push((k.to_string(), v.to_string()));
+                }
+                backend::Message::BackendKeyData(body) => {
+                    conn.pid = body.process_id();
+                    conn.secret = body.secret_key();
+                }
+                backend::Message::ReadyForQuery(_) => return Ok(conn),
+                backend::Message::ErrorResponse(body) => {
+                    let (code, message) = error_fields(&body);
+                    return Err(BackendError::Refused {
+                        endpoint: name.clone(),
+                        code,
+                        message,
+                    });
+                }
+                backend::Message::NoticeResponse(_) => {}
+                _ => return Err(proto("unexpected message during login".into())),
+            }
+            if !out.is_empty() {
+                conn.stream.write_all(&out).await.map_err(io)?;
+            }
+        }
+    }
+
+    /// Reads one whole message during login (the hot path reads raw frames instead).
+    async fn read_message(&mut self) -> std::io::Result<backend::Message> {
+        loop {
+            if let Some(msg) = backend::Message::parse(&mut self.rbuf)? {
+                return Ok(msg);
+            }
+            if self.stream.read_buf(&mut self.rbuf).await? == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the server closed the connection",
+                ));
+            }
+        }
+    }
+
+    /// Whether an idle connection still looks usable: no unread bytes and no EOF. Postgres
+    /// only talks unprompted to say goodbye (admin shutdown, idle timeout), so anything
+    /// readable means the connection is finished. tokio answers from its readiness state
+    /// when nothing happened, so this costs no syscall on a healthy connection.
+    pub fn is_idle_healthy(&self) -> bool {
+        if self.broken || !self.rbuf.is_empty() {
+            return false;
+        }
+        let mut probe = [0u8; 1];
+        matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+}
+
+fn error_fields(body: &backend::ErrorResponseBody) -> (String, String) {
+    let mut code = String::new();
+    let mut message = String::new();
+    let mut fields = body.fields();
+    while let Ok(Some(f)) = fields.next() {
+        match f.type_() {
+            b'C' => code = String::from_utf8_lossy(f.value_bytes()).into_owned(),
+            b'M' => message = String::from_utf8_lossy(f.value_bytes()).into_owned(),
+            _ => {}
+        }
+    }
+    (code, message)
+}

@@ -1,0 +1,155 @@
+//! One independent pool of backend connections per (host, port, database).
+//!
+//! Pools are deadpool `managed::Pool`s with our own manager. Each has its own lock, size and
+//! wait queue, so a slow or dead host only ever delays the clients whose statements go to it.
+//! Shards that share a database endpoint share its pool.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool::managed::{self, Metrics, Object, PoolError, RecycleError, RecycleResult, Timeouts};
+use shardmap::ShardMap;
+
+use super::conn::{BackendConn, BackendError, Endpoint};
+
+/// How the pools of a router are sized and timed.
+#[derive(Clone, Debug)]
+pub struct PoolSettings {
+    pub max_size: usize,
+    pub checkout_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub user: String,
+    pub password: Option<String>,
+    pub application_name: String,
+}
+
+pub struct Manager {
+    endpoint: Endpoint,
+}
+
+impl managed::Manager for Manager {
+    type Type = BackendConn;
+    type Error = BackendError;
+
+    async fn create(&self) -> Result<BackendConn, BackendError> {
+        BackendConn::connect(&self.endpoint).await
+    }
+
+    async fn recycle(&self, conn: &mut BackendConn, _: &Metrics) -> RecycleResult<BackendError> {
+        if conn.is_idle_healthy() {
+            Ok(())
+        } else {
+            Err(RecycleError::message(
+                "the connection was closed or left in an unknown state",
+            ))
+        }
+    }
+}
+
+pub type PooledConn = Object<Manager>;
+
+/// The pool of one endpoint.
+pub struct ShardPool {
+    pub endpoint: Endpoint,
+    pool: managed::Pool<Manager>,
+    checkout_timeout: Duration,
+}
+
+/// Why no connection could be had; the session turns these into SQLSTATEs.
+#[derive(Debug)]
+pub enum CheckoutError {
+    /// All connections busy for the whole checkout timeout (53300).
+    Exhausted { endpoint: String, waited: Duration },
+    /// Could not connect or log in (08006 / 08001).
+    Unreachable(BackendError),
+}
+
+impl ShardPool {
+    fn new(endpoint: Endpoint, s: &PoolSettings) -> ShardPool {
+        let manager = Manager {
+            endpoint: endpoint.clone(),
+        };
+        let pool = managed::Pool::builder(manager)
+            .max_size(s.max_size)
+            .runtime(deadpool::Runtime::Tokio1)
+            .build()
+            // Only fails when a timeout is set without a runtime; the runtime is set above.
+            .unwrap_or_else(|e| panic!("pool builder: {e}"));
+        ShardPool {
+            endpoint,
+            pool,
+            checkout_timeout: s.checkout_timeout,
+        }
+    }
+
+    /// A connection, waiting at most the checkout timeout for a free one; a new connection
+    /// is bounded by the connect timeout instead, so a dead host fails fast.
+    pub async fn get(&self) -> Result<PooledConn, CheckoutError> {
+        let timeouts = Timeouts {
+            wait: Some(self.checkout_timeout),
+            create: None,
+            recycle: None,
+        };
+        match self.pool.timeout_get(&timeouts).await {
+            Ok(conn) => Ok(conn),
+            Err(PoolError::Backend(e)) => Err(CheckoutError::Unreachable(e)),
+            Err(PoolError::Timeout(_)) => Err(CheckoutError::Exhausted {
+                endpoint: self.endpoint.name(),
+                waited: self.checkout_timeout,
+            }),
+            Err(other) => Err(CheckoutError::Unreachable(BackendError::Protocol {
+                endpoint: self.endpoint.name(),
+                why: other.to_string(),
+            })),
+        }
+    }
+
+    pub fn status(&self) -> deadpool::Status {
+        self.pool.status()
+    }
+}
+
+/// The pools of every shard of a map: `for_shard(i)` is shard i's pool.
+pub struct Pools {
+    by_shard: Vec<Arc<ShardPool>>,
+}
+
+impl Pools {
+    pub fn new(map: &ShardMap, settings: &PoolSettings) -> Pools {
+        let mut by_endpoint: HashMap<String, Arc<ShardPool>> = HashMap::new();
+        let by_shard = map
+            .shards()
+            .iter()
+            .map(|shard| {
+                let p = &shard.primary;
+                let endpoint = Endpoint {
+                    host: p.host.clone(),
+                    port: p.port,
+                    database: p.database.clone(),
+                    user: p.user.clone().unwrap_or_else(|| settings.user.clone()),
+                    password: p.password.clone().or_else(|| settings.password.clone()),
+                    application_name: settings.application_name.clone(),
+                    connect_timeout: settings.connect_timeout,
+                };
+                by_endpoint
+                    .entry(endpoint.name())
+                    .or_insert_with(|| Arc::new(ShardPool::new(endpoint, settings)))
+                    .clone()
+            })
+            .collect();
+        Pools { by_shard }
+    }
+
+    pub fn for_shard(&self, shard: usize) -> &Arc<ShardPool> {
+        &self.by_shard[shard]
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_shard.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_shard.is_empty()
+    }
+}

@@ -1,0 +1,122 @@
+//! Command line of the `shardgate` binary.
+//!
+//! Subcommands that only read or write shard maps live in [`maps`]; they do no network I/O
+//! and are safe to run anywhere, e.g. in deploy scripts.
+
+mod maps;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+/// shardgate: a sharded query router for PostgreSQL.
+///
+/// Run a router with `shardgate --config router.toml`: it listens for Postgres clients (psql,
+/// pgbench, any driver) and sends each statement to the shard that owns its key. The config
+/// format is described in docs/configuration.md. The subcommands below work on shard maps and
+/// need no running router.
+#[derive(Parser, Debug)]
+#[command(name = "shardgate", version, about, long_about)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Args {
+    /// Run a router with this config file (router.toml).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// With --config: check the config and its shard map, print a summary and exit.
+    #[arg(long, requires = "config")]
+    pub check: bool,
+    /// Log filter, e.g. `info`, `debug`, `shardgate=debug` (the RUST_LOG syntax). Default: info,
+    /// or RUST_LOG when set.
+    #[arg(long, value_name = "FILTER")]
+    pub log: Option<String>,
+    /// Worker threads of the router (default: one per CPU core).
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Print the keyspace ID (16 hex digits) and the owning shard range of each KEY.
+    ///
+    /// One line per key: `KEYSPACE_ID RANGE`. The key is read as the table's key type
+    /// (bigint, integer, smallint, text or uuid).
+    Locate {
+        /// The shard map file (shardmap.toml).
+        #[arg(long, value_name = "FILE")]
+        shardmap: PathBuf,
+        /// The sharded table, as named in the map (e.g. `kv` or `app.kv`).
+        #[arg(long)]
+        table: String,
+        /// Key values; negative numbers are fine (`-- -5` is not needed).
+        #[arg(
+            required = true,
+            allow_negative_numbers = true,
+            allow_hyphen_values = true
+        )]
+        keys: Vec<String>,
+    },
+    /// Generate, split, check and audit shard maps.
+    #[command(subcommand)]
+    Shardmap(maps::ShardmapCommand),
+}
+
+/// Runs a parsed command line; the error is the message to print.
+pub fn run(args: Args) -> Result<(), String> {
+    match (args.command, args.config) {
+        (Some(Command::Locate { shardmap, table, keys }), _) => maps::locate(&shardmap, &table, &keys),
+        (Some(Command::Shardmap(cmd)), _) => maps::run(cmd),
+        (None, Some(config)) => serve(&config, args.check, args.log.as_deref(), args.threads),
+        (None, None) => Err("nothing to do: run a router with --config FILE, or see --help".into()),
+    }
+}
+
+fn serve(config: &std::path::Path, check: bool, log: Option<&str>, threads: Option<usize>) -> Result<(), String> {
+    let shared = crate::server::load(config)?;
+    if check {
+        println!(
+            "{}: ok: listen {}, database {:?}, {} shards (shard map version {}), {} users",
+            config.display(),
+            shared.config.listen,
+            shared.config.database,
+            shared.map.shards().len(),
+            shared.map.version(),
+            shared.config.users.len()
+        );
+        return Ok(());
+    }
+    let filter = match log {
+        Some(f) => tracing_subscriber::EnvFilter::try_new(f).map_err(|e| format!("--log {f:?}: {e}"))?,
+        None => tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+    };
+    tracing_subscriber::fmt().with_env_filter(filter).with_target(false).init();
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    rt.enable_all();
+    if let Some(n) = threads {
+        rt.worker_threads(n.max(1));
+    }
+    let rt = rt.build().map_err(|e| format!("cannot start the runtime: {e}"))?;
+    rt.block_on(async {
+        tokio::select! {
+            r = crate::server::run(shared) => r,
+            _ = shutdown_signal() => {
+                tracing::info!("shutting down");
+                Ok(())
+            }
+        }
+    })
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

@@ -1,0 +1,346 @@
+//! Matching a backend's reply stream to what the client asked for, sans-IO.
+//!
+//! Every message the router sends to a backend is recorded, in order, as an [`Expect`]: which
+//! replies it produces, and whether the client sees them (its own messages) or not (messages
+//! the router injected, such as a `Parse` of a statement the connection has not seen yet).
+//! Replies the router makes up itself (a `ParseComplete` for a statement that is already
+//! prepared on the connection) sit in the same queue, so everything reaches the client in
+//! the order Postgres would have sent it. Only the tags of reply frames are read.
+
+use std::collections::VecDeque;
+
+use crate::protocol::reply::TxStatus;
+
+/// What one message sent to the backend will answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `P` → `1`
+    Parse,
+    /// `B` → `2`
+    Bind,
+    /// `C` → `3`
+    Close,
+    /// `D` of a statement → `t` then `T` or `n`
+    DescribeStatement,
+    /// `D` of a portal → `T` or `n`
+    DescribePortal,
+    /// `E` → rows, then `C`, `I` or `s` (or a COPY sub-protocol)
+    Execute,
+    /// `Q` → anything, ending with `Z`
+    Query,
+    /// `S` → `Z`
+    Sync,
+}
+
+/// Who sees a reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Audience {
+    /// The client's own message: forward every reply.
+    Client,
+    /// Injected by the router: forward nothing, but an error still reaches the client (it
+    /// is the error of the client statement that needed the injection).
+    Router,
+    /// Injected, and even its errors stay hidden.
+    Silent,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expect {
+    /// `stmt` is the router-wide id of the statement a Parse prepares (0 for none), so a
+    /// Parse that fails or is skipped can be forgotten again.
+    Reply { kind: Kind, audience: Audience, stmt: u64 },
+    /// Bytes the router answers itself, sent when the queue reaches them.
+    Synthetic(Vec<u8>),
+}
+
+/// What to do with one reply frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Forward,
+    Drop,
+}
+
+/// A reply that fits no outstanding request: the connection's state is unknown.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unexpected reply {tag:?} from the backend while expecting {expecting}")]
+pub struct Desync {
+    pub tag: char,
+    pub expecting: String,
+}
+
+/// Outcome of handing one frame to [`Replies::on_frame`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step {
+    pub action: Action,
+    /// Set by `Z`: the transaction status the backend reported.
+    pub ready: Option<TxStatus>,
+    /// The backend switched to COPY FROM STDIN: the client's CopyData must now be relayed.
+    pub copy_in: bool,
+    /// The reply was a `CommandComplete` whose tag is `SET`: the session changed settings.
+    pub session_set: bool,
+}
+
+#[derive(Default, Debug)]
+pub struct Replies {
+    queue: VecDeque<Expect>,
+    /// Inside the rows of an Execute or Query, or between `t` and `T`/`n` of a Describe.
+    mid: bool,
+    /// After an error of an extended-protocol message: Postgres skips everything until Sync.
+    skipping: bool,
+    /// Statements whose Parse failed or was skipped: not prepared after all. The flag says
+    /// whether it was the client's own Parse (so the client's name is gone too).
+    failed: Vec<(u64, bool)>,
+}
+
+impl Replies {
+    pub fn push(&mut self, kind: Kind, audience: Audience) {
+        self.queue.push_back(Expect::Reply { kind, audience, stmt: 0 });
+    }
+
+    /// A Parse that prepares router statement `stmt`.
+    pub fn push_parse(&mut self, stmt: u64, audience: Audience) {
+        self.queue.push_back(Expect::Reply {
+            kind: Kind::Parse,
+            audience,
+            stmt,
+        });
+    }
+
+    /// Statements whose Parse turned out not to happen since the last call.
+    pub fn take_failed(&mut self) -> std::vec::Drain<'_, (u64, bool)> {
+        self.failed.drain(..)
+    }
+
+    pub fn push_synthetic(&mut self, bytes: Vec<u8>) {
+        self.queue.push_back(Expect::Synthetic(bytes));
+    }
+
+    /// Whether replies are still owed (synthetic ones included).
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// Whether a `Z` is still owed: the exchange is not finished before it arrives.
+    pub fn awaits_ready(&self) -> bool {
+        self.queue
+            .iter()
+            .any(|e| matches!(e, Expect::Reply { kind: Kind::Sync | Kind::Query, .. }))
+    }
+
+    /// Whether a backend reply is still owed (as opposed to only synthetic ones).
+    pub fn awaits_backend(&self) -> bool {
+        self.queue.iter().any(|e| matches!(e, Expect::Reply { .. }))
+    }
+
+    /// Moves the synthetic replies at the head of the queue to `out`.
+    pub fn drain_synthetic(&mut self, out: &mut Vec<u8>) {
+        while let Some(Expect::Synthetic(_)) = self.queue.front() {
+            if let Some(Expect::Synthetic(bytes)) = self.queue.pop_front() {
+                out.extend_from_slice(&bytes);
+            }
+        }
+    }
+
+    /// Decides what to do with a reply frame; `body` is only read for `Z` and `C`.
+    pub fn on_frame(&mut self, tag: u8, body: &[u8]) -> Result<Step, Desync> {
+        let mut step = Step {
+            action: Action::Forward,
+            ready: None,
+            copy_in: false,
+            session_set: false,
+        };
+        let front = match self.queue.front() {
+            Some(Expect::Reply { kind, audience, stmt }) => Some((*kind, *audience, *stmt)),
+            _ => None,
+        };
+        // Asynchronous messages may come at any time; they reach the client unless the
+        // router's own silent exchange (a RESET after the client is done) caused them.
+        if matches!(tag, b'N' | b'A' | b'S') {
+            if matches!(front, Some((_, Audience::Silent, _))) {
+                step.action = Action::Drop;
+            }
+            return Ok(step);
+        }
+        let (kind, audience, stmt) = match front {
+            Some(f) => f,
+            None => {
+                return Err(Desync {
+                    tag: char::from(tag),
+                    expecting: format!("{:?}", self.queue.front()),
+                })
+            }
+        };
+        let show = |forward_errors: bool| {
+            if audience == Audience::Client || (forward_errors && audience == Audience::Router) {
+                Action::Forward
+            } else {
+                Action::Drop
+            }
+        };
+        step.action = show(tag == b'E');
+        let done = match (kind, tag) {
+            (_, b'E') if kind != Kind::Query && kind != Kind::Sync => {
+                // Extended protocol: everything up to the next Sync is skipped by Postgres,
+                // so drop the expectations (and synthetic replies) in between.
+                if stmt != 0 {
+                    self.failed.push((stmt, audience == Audience::Client));
+                }
+                self.queue.pop_front();
+                while let Some(e) = self.queue.front() {
+                    match e {
+                        Expect::Reply { kind: Kind::Sync, .. } => break,
+                        Expect::Reply { stmt, audience, .. } if *stmt != 0 => {
+                            self.failed.push((*stmt, *audience == Audience::Client))
+                        }
+                        _ => {}
+                    }
+                    self.queue.pop_front();
+                }
+                self.mid = false;
+                self.skipping = true;
+                return Ok(step);
+            }
+            (Kind::Parse, b'1') | (Kind::Bind, b'2') | (Kind::Close, b'3') => true,
+            (Kind::DescribeStatement, b't') if !self.mid => {
+                self.mid = true;
+                false
+            }
+            (Kind::DescribeStatement, b'T' | b'n') if self.mid => true,
+            (Kind::DescribePortal, b'T' | b'n') => true,
+            (Kind::Execute, b'D' | b'd' | b'c' | b'H' | b'W') => false,
+            (Kind::Execute, b'G') => {
+                step.copy_in = true;
+                false
+            }
+            (Kind::Execute, b'C' | b'I' | b's') => {
+                step.session_set = tag == b'C' && is_set_tag(body);
+                true
+            }
+            (Kind::Query, b'Z') | (Kind::Sync, b'Z') => {
+                // A silent exchange (an injected BEGIN) does not speak for the client.
+                if audience != Audience::Silent {
+                    step.ready = body.first().copied().and_then(TxStatus::from_byte);
+                }
+                self.skipping = false;
+                true
+            }
+            (Kind::Query, b'E') => false,
+            (Kind::Query, b'G') => {
+                step.copy_in = true;
+                false
+            }
+            (Kind::Query, b'C') => {
+                step.session_set = is_set_tag(body);
+                false
+            }
+            (Kind::Query, _) => false,
+            (Kind::Sync, b'E') => false,
+            _ => {
+                return Err(Desync {
+                    tag: char::from(tag),
+                    expecting: format!("{kind:?}"),
+                })
+            }
+        };
+        if done {
+            self.mid = false;
+            self.queue.pop_front();
+        }
+        Ok(step)
+    }
+}
+
+/// `SET` changes the session for whoever uses the connection next; `SET LOCAL` does not
+/// (its tag is also `SET`, so a transaction-local change is counted too, which only costs a
+/// needless reset).
+fn is_set_tag(body: &[u8]) -> bool {
+    body.strip_suffix(b"\0").unwrap_or(body) == b"SET"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed(r: &mut Replies, frames: &[(u8, &[u8])]) -> Vec<Action> {
+        frames.iter().map(|(t, b)| r.on_frame(*t, b).unwrap().action).collect()
+    }
+
+    #[test]
+    fn injected_parse_is_hidden_and_synthetic_replies_keep_their_place() {
+        let mut r = Replies::default();
+        r.push_synthetic(b"1".to_vec());
+        r.push(Kind::Parse, Audience::Router);
+        r.push(Kind::Bind, Audience::Client);
+        r.push(Kind::Execute, Audience::Client);
+        r.push(Kind::Sync, Audience::Client);
+        let mut out = Vec::new();
+        r.drain_synthetic(&mut out);
+        assert_eq!(out, b"1");
+        let actions = feed(&mut r, &[(b'1', b""), (b'2', b""), (b'D', b"row"), (b'C', b"SELECT 1\0"), (b'Z', b"I")]);
+        assert_eq!(actions, [Action::Drop, Action::Forward, Action::Forward, Action::Forward, Action::Forward]);
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn an_error_skips_to_sync() {
+        let mut r = Replies::default();
+        r.push(Kind::Parse, Audience::Router);
+        r.push(Kind::Bind, Audience::Client);
+        r.push_synthetic(b"x".to_vec());
+        r.push(Kind::Execute, Audience::Client);
+        r.push(Kind::Sync, Audience::Client);
+        let e = r.on_frame(b'E', b"").unwrap();
+        assert_eq!(e.action, Action::Forward, "an injected Parse's error is the client's error");
+        let z = r.on_frame(b'Z', b"I").unwrap();
+        assert_eq!(z.ready, Some(TxStatus::Idle));
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn failed_and_skipped_parses_are_reported() {
+        let mut r = Replies::default();
+        r.push_parse(7, Audience::Client);
+        r.push(Kind::Bind, Audience::Client);
+        r.push_parse(8, Audience::Router);
+        r.push(Kind::Sync, Audience::Client);
+        r.on_frame(b'1', b"").unwrap();
+        r.on_frame(b'E', b"").unwrap();
+        assert_eq!(r.take_failed().collect::<Vec<_>>(), [(8, false)]);
+        r.on_frame(b'Z', b"I").unwrap();
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn describe_statement_takes_two_replies() {
+        let mut r = Replies::default();
+        r.push(Kind::DescribeStatement, Audience::Client);
+        r.push(Kind::Sync, Audience::Client);
+        feed(&mut r, &[(b't', b""), (b'T', b"")]);
+        assert!(r.awaits_ready());
+        feed(&mut r, &[(b'Z', b"T")]);
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn query_runs_until_ready_and_notes_set_and_copy() {
+        let mut r = Replies::default();
+        r.push(Kind::Query, Audience::Client);
+        let s = r.on_frame(b'C', b"SET\0").unwrap();
+        assert!(s.session_set);
+        let s = r.on_frame(b'G', b"").unwrap();
+        assert!(s.copy_in);
+        r.on_frame(b'E', b"").unwrap();
+        let s = r.on_frame(b'Z', b"E").unwrap();
+        assert_eq!(s.ready, Some(TxStatus::Failed));
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn silent_queries_hide_everything_and_stray_replies_are_desyncs() {
+        let mut r = Replies::default();
+        r.push(Kind::Query, Audience::Silent);
+        assert_eq!(feed(&mut r, &[(b'C', b"BEGIN\0"), (b'E', b""), (b'Z', b"T")]), [Action::Drop; 3]);
+        assert!(r.on_frame(b'D', b"").is_err());
+        assert_eq!(r.on_frame(b'N', b"").unwrap().action, Action::Forward);
+    }
+}

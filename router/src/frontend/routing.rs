@@ -1,0 +1,164 @@
+//! From a plan and the values of its parameters to where the statement runs. Pure: no I/O.
+//!
+//! A plan says *how* to find the shard (which parameters hold the key); this module reads
+//! those values from a Bind message or from the literals the planner took out of the text,
+//! hashes them and looks the shard up in the map. All statements of one message must agree
+//! on one shard; a key that cannot be read is an error, never a guess.
+
+use shardmap::{Key, ShardMap};
+
+use crate::errors;
+use crate::planner::{keys, KeySource, Plan, Route};
+use crate::protocol::frontend::{Bind, Format};
+use crate::protocol::reply::SqlError;
+
+/// Where a message's statements go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// This shard (by key, or the default shard for unsharded tables).
+    Shard(usize),
+    /// Any shard will do: no user table is touched.
+    Any,
+    /// Only `BEGIN`: the shard is decided by the transaction's first statement.
+    Begin,
+    /// Only `COMMIT` (or `END`).
+    Commit,
+    /// Only `ROLLBACK` (or `ABORT`).
+    Rollback,
+}
+
+/// The literal values a plan's `$n` placeholders beyond the client's own parameters stand for.
+pub trait Literals {
+    fn literal(&self, i: usize) -> Option<&str>;
+}
+
+impl Literals for crate::planner::PlanRef<'_> {
+    fn literal(&self, i: usize) -> Option<&str> {
+        crate::planner::PlanRef::literal(self, i)
+    }
+}
+
+impl Literals for [Box<str>] {
+    fn literal(&self, i: usize) -> Option<&str> {
+        self.get(i).map(|s| &**s)
+    }
+}
+
+/// Decides where `plan` runs. `bind` holds the client's parameters (extended protocol);
+/// `literals` the values normalization took out of the text.
+pub fn decide(
+    plan: &Plan,
+    bind: Option<&Bind<'_>>,
+    literals: &(impl Literals + ?Sized),
+    map: &ShardMap,
+) -> Result<Decision, SqlError> {
+    let params_before = plan.param_count_before;
+    let mut shard: Option<usize> = None;
+    let mut agree = |s: usize| -> Result<(), SqlError> {
+        match shard {
+            Some(prev) if prev != s => Err(SqlError::new(
+                errors::FEATURE_NOT_SUPPORTED,
+                format!(
+                    "the statements of this query need two shards, {} and {}",
+                    map.shards()[prev].range,
+                    map.shards()[s].range
+                ),
+            )
+            .with_hint("send statements for different shards separately; each query or transaction runs on one shard")),
+            _ => {
+                shard = Some(s);
+                Ok(())
+            }
+        }
+    };
+    let mut only_txn: Option<Decision> = None;
+    let single = plan.statements.len() == 1;
+    for route in &plan.statements {
+        match route {
+            Route::Keyed { table, key_type, keys } => {
+                let mut first: Option<usize> = None;
+                for source in keys {
+                    let Some(key) = read_key(source, *key_type, bind, params_before, literals)? else {
+                        continue;
+                    };
+                    let s = map.shard_for_key(&key);
+                    match first {
+                        Some(f) if f != s => {
+                            return Err(SqlError::new(
+                                errors::FEATURE_NOT_SUPPORTED,
+                                format!(
+                                    "the keys of this statement on {table} fall on several shards ({} and {})",
+                                    map.shards()[f].range,
+                                    map.shards()[s].range
+                                ),
+                            )
+                            .with_hint("split the statement so that each one names keys of one shard"))
+                        }
+                        _ => first = Some(s),
+                    }
+                }
+                // All keys NULL: the statement matches no row anywhere; any shard answers it.
+                if let Some(s) = first {
+                    agree(s)?;
+                }
+            }
+            Route::Default | Route::Unparsed => agree(map.default_shard())?,
+            Route::Any | Route::Savepoint => {}
+            Route::Begin if single => only_txn = Some(Decision::Begin),
+            Route::Commit if single => only_txn = Some(Decision::Commit),
+            Route::Rollback if single => only_txn = Some(Decision::Rollback),
+            Route::Begin | Route::Commit | Route::Rollback => {}
+            Route::Unroutable { message } => {
+                return Err(SqlError::new(errors::FEATURE_NOT_SUPPORTED, message.clone()));
+            }
+        }
+    }
+    Ok(match (shard, only_txn) {
+        (Some(s), _) => Decision::Shard(s),
+        (None, Some(d)) => d,
+        (None, None) => Decision::Any,
+    })
+}
+
+/// The key a source stands for; `None` when it is NULL.
+fn read_key<'v>(
+    source: &'v KeySource,
+    key_type: shardmap::KeyType,
+    bind: Option<&Bind<'v>>,
+    params_before: usize,
+    literals: &'v (impl Literals + ?Sized),
+) -> Result<Option<Key<'v>>, SqlError> {
+    let bad = |e: keys::KeyValueError| SqlError::new(errors::INVALID_TEXT_REPRESENTATION, e.to_string());
+    match source {
+        KeySource::Literal(text) => keys::key_from_text(key_type, text).map(Some).map_err(bad),
+        KeySource::Param(i) if *i < params_before => {
+            let Some(b) = bind else {
+                return Err(SqlError::new(
+                    errors::PROTOCOL_VIOLATION,
+                    format!("the statement needs parameter ${} but no parameters were bound", i + 1),
+                ));
+            };
+            match b.param(*i) {
+                None => Err(SqlError::new(
+                    errors::PROTOCOL_VIOLATION,
+                    format!("bind message supplies {} parameters, but the statement needs ${}", b.param_count, i + 1),
+                )),
+                Some((_, None)) => Ok(None),
+                Some((Format::Binary, Some(v))) => keys::key_from_binary(key_type, v).map(Some).map_err(bad),
+                Some((Format::Text, Some(v))) => {
+                    let text = std::str::from_utf8(v).map_err(|_| {
+                        SqlError::new(errors::INVALID_TEXT_REPRESENTATION, "a key parameter is not valid UTF-8")
+                    })?;
+                    keys::key_from_text(key_type, text).map(Some).map_err(bad)
+                }
+            }
+        }
+        KeySource::Param(i) => match literals.literal(i - params_before) {
+            Some(text) => keys::key_from_text(key_type, text).map(Some).map_err(bad),
+            None => Err(SqlError::new(
+                errors::PROTOCOL_VIOLATION,
+                format!("internal: literal ${} of a cached plan is missing", i + 1),
+            )),
+        },
+    }
+}

@@ -1,0 +1,1012 @@
+//! One client's session after login: the statement loop of transaction pooling.
+//!
+//! Messages are handled as they arrive. A simple `Query` is routed as a whole; extended
+//! protocol messages are held until the first `Bind` that names a shard (or the `Sync` that
+//! ends the batch), then everything goes to that shard's connection in one write. Replies are
+//! streamed back as raw frames; [`Replies`] says which to forward. At `ReadyForQuery` with
+//! status idle the connection goes back to its pool; inside a transaction it stays pinned.
+//!
+//! `BEGIN` alone is answered by the router and sent later, in front of the transaction's first
+//! statement, on the shard that statement names. A statement for a second shard inside a
+//! transaction is refused *on the pinned backend* (a `RAISE` with SQLSTATE 0A000), so that
+//! Postgres's transaction state and the client's stay the same.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::{Buf, BytesMut};
+use deadpool::managed::Object;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::replies::{Audience, Kind, Replies};
+use super::routing::{self, Decision};
+use crate::backend::pool::{CheckoutError, PooledConn};
+use crate::errors;
+use crate::planner::{NormalizeBuf, Plan};
+use crate::protocol::frame::{begin_frame, end_frame, next_frame, put_frame};
+use crate::protocol::frontend::{self, Bind, Malformed, Parse, Target};
+use crate::protocol::reply::{self, SqlError, TxStatus};
+use crate::shared::{CancelTarget, ClientSlot, Shared};
+use crate::statements::Statement;
+
+/// A backend connection held by this client.
+struct Pinned {
+    shard: usize,
+    conn: PooledConn,
+}
+
+/// A client's named prepared statement.
+struct Named {
+    stmt: Arc<Statement>,
+    plan: Arc<Plan>,
+    literals: Vec<Box<str>>,
+}
+
+/// The client's unnamed statement: kept in reused buffers, since drivers replace it with
+/// every execution.
+#[derive(Default)]
+struct Unnamed {
+    sql: String,
+    param_types: Vec<u8>,
+    plan: Option<Arc<Plan>>,
+    literals: Vec<Box<str>>,
+}
+
+/// Why a session ended abnormally (the client has been told where it could be).
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("client connection: {0}")]
+    Client(std::io::Error),
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+    #[error("backend connection lost inside a transaction: {0}")]
+    BackendLost(String),
+}
+
+impl From<Malformed> for SessionError {
+    fn from(m: Malformed) -> Self {
+        SessionError::Protocol(m.to_string())
+    }
+}
+
+/// Outcome of a backend exchange that failed.
+enum ExchangeError {
+    Client(std::io::Error),
+    /// The backend broke or sent something unexpected; the connection is unusable.
+    Backend(String),
+}
+
+pub struct Session {
+    shared: Arc<Shared>,
+    client: TcpStream,
+    slot: Arc<ClientSlot>,
+    cbuf: BytesMut,
+    cout: Vec<u8>,
+    bout: Vec<u8>,
+    pinned: Option<Pinned>,
+    replies: Replies,
+    /// The transaction status the client was last told.
+    tx: TxStatus,
+    /// A `BEGIN` the client sent that no backend has seen yet.
+    pending_begin: Option<String>,
+    /// After a router error mid-batch: drop client messages until `Sync`.
+    skip_until_sync: bool,
+    /// Extended messages waiting for a route.
+    held: Vec<u8>,
+    /// Extended messages were sent since the last `Sync`: the connection must stay.
+    in_batch: bool,
+    named: HashMap<String, Named>,
+    unnamed: Unnamed,
+    /// The pinned connection holds the client's current unnamed statement.
+    unnamed_on_conn: bool,
+    nbuf: NormalizeBuf,
+}
+
+impl Session {
+    pub fn new(shared: Arc<Shared>, client: TcpStream, cbuf: BytesMut, slot: Arc<ClientSlot>) -> Session {
+        Session {
+            shared,
+            client,
+            slot,
+            cbuf,
+            cout: Vec::with_capacity(16 * 1024),
+            bout: Vec::with_capacity(4 * 1024),
+            pinned: None,
+            replies: Replies::default(),
+            tx: TxStatus::Idle,
+            pending_begin: None,
+            skip_until_sync: false,
+            held: Vec::new(),
+            in_batch: false,
+            named: HashMap::new(),
+            unnamed: Unnamed::default(),
+            unnamed_on_conn: false,
+            nbuf: NormalizeBuf::new(),
+        }
+    }
+
+    /// Runs until the client leaves; a pinned connection that is not clean is discarded.
+    pub async fn run(mut self) -> Result<(), SessionError> {
+        let result = self.serve().await;
+        if let Some(p) = self.pinned.take() {
+            let clean = self.tx == TxStatus::Idle && !self.in_batch && self.replies.is_empty() && !p.conn.needs_reset;
+            if !clean {
+                // Never hand another client an open transaction or a half-read reply.
+                drop(Object::take(p.conn));
+            }
+        }
+        result
+    }
+
+    async fn serve(&mut self) -> Result<(), SessionError> {
+        loop {
+            while let Some(h) = next_frame(&self.cbuf).map_err(|e| SessionError::Protocol(e.to_string()))? {
+                let frame = self.cbuf.split_to(h.total);
+                match h.tag {
+                    b'Q' => self.simple_query(&frame).await?,
+                    b'P' | b'B' | b'D' | b'E' | b'C' | b'H' | b'S' => self.extended(h.tag, &frame).await?,
+                    b'X' => return Ok(()),
+                    // Stray COPY messages after a failed COPY are ignored, as Postgres does.
+                    b'd' | b'c' | b'f' => {}
+                    other => {
+                        let err = SqlError::fatal(
+                            errors::PROTOCOL_VIOLATION,
+                            format!("invalid frontend message type {}", other),
+                        );
+                        err.write(&mut self.cout);
+                        let _ = self.flush_client().await;
+                        return Err(SessionError::Protocol(err.message));
+                    }
+                }
+            }
+            self.replies.drain_synthetic(&mut self.cout);
+            self.flush_client().await.map_err(SessionError::Client)?;
+            if self.cbuf.capacity() - self.cbuf.len() < 4096 {
+                self.cbuf.reserve(16 * 1024);
+            }
+            if self.client.read_buf(&mut self.cbuf).await.map_err(SessionError::Client)? == 0 {
+                return Ok(());
+            }
+        }
+    }
+
+    async fn flush_client(&mut self) -> std::io::Result<()> {
+        if !self.cout.is_empty() {
+            self.client.write_all(&self.cout).await?;
+            self.cout.clear();
+        }
+        Ok(())
+    }
+
+    fn shard_name(&self, shard: usize) -> String {
+        self.shared.map.shards()[shard].range.to_string()
+    }
+
+    // ---- simple query ------------------------------------------------------------------
+
+    async fn simple_query(&mut self, frame: &[u8]) -> Result<(), SessionError> {
+        let sql = frontend::query(&frame[5..])?;
+        let planned = self.shared.planner.plan(sql, &mut self.nbuf);
+        let decision = routing::decide(&planned, None, &planned, &self.shared.map);
+        drop(planned);
+
+        // A transaction that failed before reaching any shard accepts only its end.
+        if self.tx == TxStatus::Failed && self.pinned.is_none() {
+            return match decision {
+                Ok(Decision::Commit | Decision::Rollback) => {
+                    self.end_virtual_transaction();
+                    reply::command_complete(&mut self.cout, "ROLLBACK");
+                    reply::ready_for_query(&mut self.cout, TxStatus::Idle);
+                    Ok(())
+                }
+                _ => {
+                    self.router_error_simple(in_failed_transaction());
+                    Ok(())
+                }
+            };
+        }
+        let decision = match decision {
+            Ok(d) => d,
+            Err(err) => return self.refuse_simple(err).await,
+        };
+        if self.pinned.is_none() {
+            match decision {
+                Decision::Begin if self.tx == TxStatus::Idle => {
+                    self.pending_begin = Some(sql.to_string());
+                    self.tx = TxStatus::InTransaction;
+                    reply::command_complete(&mut self.cout, "BEGIN");
+                    reply::ready_for_query(&mut self.cout, self.tx);
+                    return Ok(());
+                }
+                Decision::Commit | Decision::Rollback if self.pending_begin.is_some() => {
+                    self.end_virtual_transaction();
+                    let tag = if decision == Decision::Commit { "COMMIT" } else { "ROLLBACK" };
+                    reply::command_complete(&mut self.cout, tag);
+                    reply::ready_for_query(&mut self.cout, TxStatus::Idle);
+                    return Ok(());
+                }
+                _ => {}
+            }
+        }
+        let wanted = match decision {
+            Decision::Shard(s) => Some(s),
+            _ => None,
+        };
+        if let Err(err) = self.attach(wanted).await {
+            self.router_error_simple(err);
+            return Ok(());
+        }
+        if let (Some(p), Some(w)) = (&self.pinned, wanted) {
+            if p.shard != w {
+                let err = errors::cross_shard_transaction(&self.shard_name(p.shard), &self.shard_name(w));
+                return self.refuse_simple(err).await;
+            }
+        }
+        self.bout.extend_from_slice(frame);
+        self.replies.push(Kind::Query, Audience::Client);
+        self.exchange().await?;
+        self.release_if_idle().await;
+        Ok(())
+    }
+
+    /// An error found by the router for a simple query. Inside a transaction on a backend it
+    /// is raised there, so the backend's transaction fails exactly as the client is told.
+    async fn refuse_simple(&mut self, err: SqlError) -> Result<(), SessionError> {
+        if self.pinned.is_some() {
+            self.push_raise_query(&err, Audience::Client);
+            self.exchange().await?;
+            self.release_if_idle().await;
+            return Ok(());
+        }
+        self.router_error_simple(err);
+        Ok(())
+    }
+
+    /// Answers a simple query with an error, without any backend.
+    fn router_error_simple(&mut self, err: SqlError) {
+        err.write(&mut self.cout);
+        if self.tx != TxStatus::Idle {
+            self.tx = TxStatus::Failed;
+        }
+        reply::ready_for_query(&mut self.cout, self.tx);
+    }
+
+    fn end_virtual_transaction(&mut self) {
+        self.pending_begin = None;
+        self.tx = TxStatus::Idle;
+    }
+
+    // ---- extended protocol -------------------------------------------------------------
+
+    async fn extended(&mut self, tag: u8, frame: &[u8]) -> Result<(), SessionError> {
+        if self.skip_until_sync && tag != b'S' {
+            return Ok(());
+        }
+        let body = &frame[5..];
+        match tag {
+            b'P' => {
+                let parse = frontend::parse(body)?;
+                if let Err(err) = self.admit_parse(&parse) {
+                    return self.batch_error(err).await;
+                }
+                self.route_or_hold(frame).await
+            }
+            b'B' => {
+                let bind = frontend::bind(body)?;
+                let decision = match self.decide_bind(&bind) {
+                    Ok(d) => d,
+                    Err(err) => return self.batch_error(err).await,
+                };
+                if let Decision::Shard(shard) = decision {
+                    match &self.pinned {
+                        Some(p) if p.shard != shard => {
+                            let err = errors::cross_shard_transaction(&self.shard_name(p.shard), &self.shard_name(shard));
+                            return self.batch_error(err).await;
+                        }
+                        Some(_) => {}
+                        None => {
+                            if let Err(err) = self.attach(Some(shard)).await {
+                                return self.batch_error(err).await;
+                            }
+                        }
+                    }
+                }
+                self.route_or_hold(frame).await
+            }
+            b'D' | b'C' => {
+                let target = frontend::target(body, if tag == b'D' { "Describe" } else { "Close" })?;
+                if target.kind == b'S' && !target.name.is_empty() && !self.named.contains_key(target.name) {
+                    if tag == b'C' {
+                        // Closing a statement that does not exist is not an error in Postgres.
+                        return self.route_or_hold(frame).await;
+                    }
+                    let err = SqlError::new(
+                        errors::UNDEFINED_PREPARED_STATEMENT,
+                        format!("prepared statement \"{}\" does not exist", target.name),
+                    );
+                    return self.batch_error(err).await;
+                }
+                self.route_or_hold(frame).await
+            }
+            b'E' => self.route_or_hold(frame).await,
+            b'H' => {
+                if self.pinned.is_none() && self.held_needs_backend()? {
+                    if let Err(err) = self.attach(None).await {
+                        return self.batch_error(err).await;
+                    }
+                }
+                self.release_held().await?;
+                if self.pinned.is_some() {
+                    self.bout.extend_from_slice(frame);
+                    self.exchange().await?;
+                }
+                Ok(())
+            }
+            b'S' => self.sync(frame).await,
+            _ => Ok(()),
+        }
+    }
+
+    /// Sends a message now when a connection is pinned, or holds it until the route is known.
+    async fn route_or_hold(&mut self, frame: &[u8]) -> Result<(), SessionError> {
+        if self.pinned.is_some() {
+            self.release_held().await?;
+            self.send(frame)?;
+            Ok(())
+        } else {
+            self.held.extend_from_slice(frame);
+            Ok(())
+        }
+    }
+
+    async fn sync(&mut self, frame: &[u8]) -> Result<(), SessionError> {
+        if self.skip_until_sync {
+            self.skip_until_sync = false;
+            self.held.clear();
+            if self.pinned.is_some() {
+                self.bout.extend_from_slice(frame);
+                self.replies.push(Kind::Sync, Audience::Client);
+                self.exchange().await?;
+            } else {
+                self.replies.push_synthetic(ready_bytes(self.tx));
+            }
+            self.in_batch = false;
+            self.release_if_idle().await;
+            return Ok(());
+        }
+        if self.pinned.is_none() {
+            if let Some(outcome) = self.virtual_batch()? {
+                self.held.clear();
+                self.replies.push_synthetic(outcome);
+                return Ok(());
+            }
+            if self.held_needs_backend()? {
+                if let Err(err) = self.attach(None).await {
+                    self.held.clear();
+                    err.write(&mut self.cout);
+                    self.replies.push_synthetic(ready_bytes(self.tx));
+                    return Ok(());
+                }
+            }
+        }
+        self.release_held().await?;
+        if self.pinned.is_some() {
+            self.bout.extend_from_slice(frame);
+            self.replies.push(Kind::Sync, Audience::Client);
+            self.exchange().await?;
+            self.in_batch = false;
+            self.release_if_idle().await;
+        } else {
+            self.replies.push_synthetic(ready_bytes(self.tx));
+        }
+        Ok(())
+    }
+
+    /// A batch of only `BEGIN`, `COMMIT` or `ROLLBACK` with no connection pinned is answered
+    /// by the router, as in the simple protocol. Returns the replies, or `None` when the
+    /// batch needs a backend.
+    fn virtual_batch(&mut self) -> Result<Option<Vec<u8>>, SessionError> {
+        if self.held.is_empty() {
+            return Ok(None);
+        }
+        let held = std::mem::take(&mut self.held);
+        let result = self.virtual_batch_of(&held);
+        self.held = held;
+        result
+    }
+
+    fn virtual_batch_of(&mut self, held: &[u8]) -> Result<Option<Vec<u8>>, SessionError> {
+        let mut out = Vec::new();
+        let mut effect: Option<(Decision, String)> = None;
+        let mut bound: Option<(Decision, String)> = None;
+        let mut at = 0;
+        while let Some(h) = next_frame(&held[at..]).map_err(|e| SessionError::Protocol(e.to_string()))? {
+            let frame = &held[at..at + h.total];
+            let body = &frame[5..];
+            at += h.total;
+            match h.tag {
+                b'P' => {
+                    let p = frontend::parse(body)?;
+                    if txn_control(&self.plan_of(p.name)).is_none() {
+                        return Ok(None);
+                    }
+                    reply::parse_complete(&mut out);
+                }
+                b'B' => {
+                    let b = frontend::bind(body)?;
+                    let plan = self.plan_of(b.statement);
+                    let Some(d) = txn_control(&plan) else { return Ok(None) };
+                    bound = Some((d, self.sql_of(b.statement)));
+                    reply::bind_complete(&mut out);
+                }
+                b'D' => {
+                    let t = frontend::target(body, "Describe")?;
+                    if t.kind == b'S' {
+                        out.extend_from_slice(b"t\0\0\0\x06\0\0");
+                    }
+                    put_frame(&mut out, b'n', &[]);
+                }
+                b'E' => {
+                    let Some((d, sql)) = bound.clone() else { return Ok(None) };
+                    let tag = match d {
+                        Decision::Begin => "BEGIN",
+                        Decision::Commit if self.tx != TxStatus::Failed => "COMMIT",
+                        _ => "ROLLBACK",
+                    };
+                    reply::command_complete(&mut out, tag);
+                    effect = Some((d, sql));
+                }
+                b'C' => {
+                    let t = frontend::target(body, "Close")?;
+                    self.close_statement(&t);
+                    reply::close_complete(&mut out);
+                }
+                _ => return Ok(None),
+            }
+        }
+        match effect {
+            Some((Decision::Begin, sql)) if self.tx == TxStatus::Idle => {
+                self.pending_begin = Some(sql);
+                self.tx = TxStatus::InTransaction;
+            }
+            Some((Decision::Begin, _)) => return Ok(None),
+            Some(_) => self.end_virtual_transaction(),
+            None => {}
+        }
+        reply::ready_for_query(&mut out, self.tx);
+        Ok(Some(out))
+    }
+
+    fn plan_of(&self, statement: &str) -> Option<Arc<Plan>> {
+        if statement.is_empty() {
+            self.unnamed.plan.clone()
+        } else {
+            self.named.get(statement).map(|n| n.plan.clone())
+        }
+    }
+
+    fn sql_of(&self, statement: &str) -> String {
+        if statement.is_empty() {
+            self.unnamed.sql.clone()
+        } else {
+            self.named.get(statement).map(|n| n.stmt.sql.to_string()).unwrap_or_default()
+        }
+    }
+
+    /// Whether the held messages need a backend at all (Close of a statement does not).
+    fn held_needs_backend(&self) -> Result<bool, SessionError> {
+        let mut at = 0;
+        while let Some(h) = next_frame(&self.held[at..]).map_err(|e| SessionError::Protocol(e.to_string()))? {
+            let frame = &self.held[at..at + h.total];
+            at += h.total;
+            if h.tag != b'C' || frontend::target(&frame[5..], "Close")?.kind != b'S' {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Sends the held messages, in order, now that a connection is pinned (or answers them
+    /// itself when none is needed).
+    async fn release_held(&mut self) -> Result<(), SessionError> {
+        if self.held.is_empty() {
+            return Ok(());
+        }
+        let held = std::mem::take(&mut self.held);
+        let mut at = 0;
+        while let Some(h) = next_frame(&held[at..]).map_err(|e| SessionError::Protocol(e.to_string()))? {
+            self.send(&held[at..at + h.total])?;
+            at += h.total;
+        }
+        self.held = held;
+        self.held.clear();
+        Ok(())
+    }
+
+    /// Registers a client Parse; the statement is prepared on a backend when one is chosen.
+    fn admit_parse(&mut self, p: &Parse<'_>) -> Result<(), SqlError> {
+        let planned = self.shared.planner.plan(p.sql, &mut self.nbuf);
+        let literals = stored_literals(&planned);
+        let plan = planned.plan().clone();
+        drop(planned);
+        if p.name.is_empty() {
+            self.unnamed.sql.clear();
+            self.unnamed.sql.push_str(p.sql);
+            self.unnamed.param_types.clear();
+            self.unnamed.param_types.extend_from_slice(p.param_types);
+            self.unnamed.plan = Some(plan);
+            self.unnamed.literals = literals;
+            return Ok(());
+        }
+        if self.named.contains_key(p.name) {
+            return Err(SqlError::new(
+                errors::DUPLICATE_PREPARED_STATEMENT,
+                format!("prepared statement \"{}\" already exists", p.name),
+            ));
+        }
+        let stmt = self.shared.statements.intern(p.sql, p.param_types);
+        self.named.insert(
+            p.name.to_string(),
+            Named { stmt, plan, literals },
+        );
+        Ok(())
+    }
+
+    fn decide_bind(&self, b: &Bind<'_>) -> Result<Decision, SqlError> {
+        let map = &self.shared.map;
+        if b.statement.is_empty() {
+            let Some(plan) = &self.unnamed.plan else {
+                return Err(SqlError::new(errors::UNDEFINED_PREPARED_STATEMENT, "unnamed prepared statement does not exist"));
+            };
+            return routing::decide(plan, Some(b), &self.unnamed.literals[..], map);
+        }
+        match self.named.get(b.statement) {
+            Some(n) => routing::decide(&n.plan, Some(b), &n.literals[..], map),
+            None => Err(SqlError::new(
+                errors::UNDEFINED_PREPARED_STATEMENT,
+                format!("prepared statement \"{}\" does not exist", b.statement),
+            )),
+        }
+    }
+
+    fn close_statement(&mut self, t: &Target<'_>) {
+        if t.kind == b'S' {
+            if t.name.is_empty() {
+                self.unnamed.plan = None;
+            } else {
+                self.named.remove(t.name);
+            }
+        }
+    }
+
+    /// Writes one extended message to the backend buffer, rewritten for the pinned
+    /// connection, and records the replies it will produce. Without a connection only
+    /// messages the router answers itself can be sent.
+    fn send(&mut self, frame: &[u8]) -> Result<(), SessionError> {
+        let tag = frame[0];
+        let body = &frame[5..];
+        let has_conn = self.pinned.is_some();
+        match tag {
+            b'P' => {
+                let p = frontend::parse(body)?;
+                if p.name.is_empty() {
+                    self.bout.extend_from_slice(frame);
+                    self.replies.push(Kind::Parse, Audience::Client);
+                    self.unnamed_on_conn = true;
+                } else if let Some(named) = self.named.get(p.name) {
+                    let stmt = named.stmt.clone();
+                    let Some(pinned) = self.pinned.as_mut() else {
+                        return Err(SessionError::Protocol("internal: Parse without a connection".into()));
+                    };
+                    if pinned.conn.prepared.contains(&stmt.id) {
+                        self.replies.push_synthetic(parse_complete_bytes());
+                    } else {
+                        write_parse(&mut self.bout, &stmt.backend_name, &stmt.sql, &stmt.param_types);
+                        pinned.conn.prepared.insert(stmt.id);
+                        self.replies.push_parse(stmt.id, Audience::Client);
+                    }
+                }
+                self.in_batch = true;
+            }
+            b'B' => {
+                let b = frontend::bind(body)?;
+                let name = self.prepare_for_use(b.statement)?;
+                let at = begin_frame(&mut self.bout, b'B');
+                self.bout.extend_from_slice(b.portal.as_bytes());
+                self.bout.push(0);
+                self.bout.extend_from_slice(&name);
+                self.bout.extend_from_slice(b.tail);
+                end_frame(&mut self.bout, at);
+                self.replies.push(Kind::Bind, Audience::Client);
+                self.in_batch = true;
+            }
+            b'D' => {
+                let t = frontend::target(body, "Describe")?;
+                if t.kind == b'S' {
+                    let name = self.prepare_for_use(t.name)?;
+                    let at = begin_frame(&mut self.bout, b'D');
+                    self.bout.push(b'S');
+                    self.bout.extend_from_slice(&name);
+                    end_frame(&mut self.bout, at);
+                    self.replies.push(Kind::DescribeStatement, Audience::Client);
+                } else {
+                    self.bout.extend_from_slice(frame);
+                    self.replies.push(Kind::DescribePortal, Audience::Client);
+                }
+                self.in_batch = true;
+            }
+            b'E' => {
+                self.bout.extend_from_slice(frame);
+                self.replies.push(Kind::Execute, Audience::Client);
+                self.in_batch = true;
+            }
+            b'C' => {
+                let t = frontend::target(body, "Close")?;
+                if t.kind == b'S' || !has_conn {
+                    // Statements stay prepared on backends for whoever needs them next; only
+                    // the client's name goes.
+                    self.close_statement(&t);
+                    self.replies.push_synthetic(close_complete_bytes());
+                } else {
+                    self.bout.extend_from_slice(frame);
+                    self.replies.push(Kind::Close, Audience::Client);
+                    self.in_batch = true;
+                }
+            }
+            _ => return Err(SessionError::Protocol(format!("internal: cannot send message {}", tag as char))),
+        }
+        Ok(())
+    }
+
+    /// Makes sure the pinned connection has the client's statement `name` prepared (injecting
+    /// a Parse the client does not see if not) and returns its backend name, NUL-terminated.
+    fn prepare_for_use(&mut self, name: &str) -> Result<Vec<u8>, SessionError> {
+        let Some(pinned) = self.pinned.as_mut() else {
+            return Err(SessionError::Protocol("internal: statement use without a connection".into()));
+        };
+        if name.is_empty() {
+            if !self.unnamed_on_conn && self.unnamed.plan.is_some() {
+                write_parse(&mut self.bout, b"\0", &self.unnamed.sql, &self.unnamed.param_types);
+                self.replies.push(Kind::Parse, Audience::Router);
+                self.unnamed_on_conn = true;
+            }
+            return Ok(vec![0]);
+        }
+        let Some(named) = self.named.get(name) else {
+            // Checked when the message arrived; a Close in between can only come later.
+            return Ok(format!("{name}\0").into_bytes());
+        };
+        let stmt = &named.stmt;
+        if !pinned.conn.prepared.contains(&stmt.id) {
+            write_parse(&mut self.bout, &stmt.backend_name, &stmt.sql, &stmt.param_types);
+            pinned.conn.prepared.insert(stmt.id);
+            self.replies.push_parse(stmt.id, Audience::Router);
+        }
+        Ok(stmt.backend_name.to_vec())
+    }
+
+    /// An error the router finds in the middle of an extended batch. With a connection pinned
+    /// the error is raised on it (so the backend skips to Sync like the client); without one
+    /// it is answered directly. Either way the client's messages are dropped until `Sync`.
+    async fn batch_error(&mut self, err: SqlError) -> Result<(), SessionError> {
+        self.held.clear();
+        self.skip_until_sync = true;
+        if self.pinned.is_some() {
+            let raise = raise_sql(&err);
+            write_parse(&mut self.bout, b"\0", &raise, &[0, 0]);
+            self.replies.push(Kind::Parse, Audience::Silent);
+            let at = begin_frame(&mut self.bout, b'B');
+            self.bout.extend_from_slice(b"\0\0\0\0\0\0\0\0");
+            end_frame(&mut self.bout, at);
+            self.replies.push(Kind::Bind, Audience::Silent);
+            let at = begin_frame(&mut self.bout, b'E');
+            self.bout.extend_from_slice(b"\0\0\0\0\0");
+            end_frame(&mut self.bout, at);
+            self.replies.push(Kind::Execute, Audience::Router);
+            self.unnamed_on_conn = false;
+            self.in_batch = true;
+            self.exchange().await
+        } else {
+            err.write(&mut self.cout);
+            if self.tx != TxStatus::Idle {
+                self.tx = TxStatus::Failed;
+            }
+            Ok(())
+        }
+    }
+
+    // ---- connections -------------------------------------------------------------------
+
+    /// Pins a connection for `wanted` (or any shard) unless one is pinned already, sending a
+    /// pending `BEGIN` first.
+    async fn attach(&mut self, wanted: Option<usize>) -> Result<(), SqlError> {
+        if self.pinned.is_some() {
+            return Ok(());
+        }
+        let shard = wanted.unwrap_or_else(|| self.shared.any_shard());
+        let pool = self.shared.pools.for_shard(shard).clone();
+        let conn = pool.get().await.map_err(|e| match e {
+            CheckoutError::Exhausted { endpoint, waited } => {
+                errors::pool_exhausted(&self.shard_name(shard), &endpoint, waited)
+            }
+            CheckoutError::Unreachable(e) => errors::shard_unreachable(&self.shard_name(shard), &e),
+        })?;
+        if !self.shared.server_params_learned() {
+            self.shared.learn_server_params(&conn.params);
+        }
+        *self.slot.running_on.lock().unwrap_or_else(|p| p.into_inner()) = Some(CancelTarget {
+            host: pool.endpoint.host.clone(),
+            port: pool.endpoint.port,
+            pid: conn.pid,
+            secret: conn.secret,
+        });
+        self.pinned = Some(Pinned { shard, conn });
+        self.unnamed_on_conn = false;
+        if let Some(begin) = self.pending_begin.take() {
+            let at = begin_frame(&mut self.bout, b'Q');
+            self.bout.extend_from_slice(begin.as_bytes());
+            self.bout.push(0);
+            end_frame(&mut self.bout, at);
+            // Its error, if any, is the client's; its ReadyForQuery is not.
+            self.replies.push(Kind::Query, Audience::Router);
+        }
+        Ok(())
+    }
+
+    /// Returns the connection to its pool once the client is idle between transactions,
+    /// resetting session settings first if the client changed any.
+    async fn release_if_idle(&mut self) {
+        let idle = self.tx == TxStatus::Idle && !self.in_batch && self.replies.is_empty() && self.held.is_empty();
+        if !idle || self.pinned.is_none() {
+            return;
+        }
+        if self.pinned.as_ref().is_some_and(|p| p.conn.needs_reset) {
+            let at = begin_frame(&mut self.bout, b'Q');
+            self.bout.extend_from_slice(b"RESET ALL\0");
+            end_frame(&mut self.bout, at);
+            self.replies.push(Kind::Query, Audience::Silent);
+            if self.exchange().await.is_err() {
+                return;
+            }
+            if let Some(p) = self.pinned.as_mut() {
+                p.conn.needs_reset = false;
+            }
+        }
+        *self.slot.running_on.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.pinned = None;
+    }
+
+    /// Writes what is buffered for the backend and forwards replies until none are owed.
+    /// A broken backend is discarded; the client hears about it as an error, or, inside a
+    /// transaction (which is gone with the connection), as a FATAL error that ends the session.
+    async fn exchange(&mut self) -> Result<(), SessionError> {
+        let result = self.pump().await;
+        match result {
+            Ok(()) => Ok(()),
+            Err(ExchangeError::Client(e)) => Err(SessionError::Client(e)),
+            Err(ExchangeError::Backend(why)) => {
+                let Some(p) = self.pinned.take() else {
+                    return Err(SessionError::BackendLost(why));
+                };
+                let name = self.shard_name(p.shard);
+                let endpoint = self.shared.pools.for_shard(p.shard).endpoint.name();
+                drop(Object::take(p.conn));
+                *self.slot.running_on.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                self.replies = Replies::default();
+                self.bout.clear();
+                self.in_batch = false;
+                self.unnamed_on_conn = false;
+                tracing::warn!(shard = %name, %endpoint, "backend connection lost: {why}");
+                let was_in_transaction = self.tx != TxStatus::Idle;
+                let mut err = errors::shard_lost(&name, &endpoint, &why);
+                if was_in_transaction {
+                    err.severity = "FATAL";
+                    err.write(&mut self.cout);
+                    let _ = self.flush_client().await;
+                    return Err(SessionError::BackendLost(why));
+                }
+                err.write(&mut self.cout);
+                self.skip_until_sync = false;
+                reply::ready_for_query(&mut self.cout, TxStatus::Idle);
+                Ok(())
+            }
+        }
+    }
+
+    async fn pump(&mut self) -> Result<(), ExchangeError> {
+        let Some(pinned) = self.pinned.as_mut() else {
+            return Err(ExchangeError::Backend("internal: no connection to exchange with".into()));
+        };
+        let conn = &mut *pinned.conn;
+        let mut written = 0;
+        self.replies.drain_synthetic(&mut self.cout);
+        loop {
+            let want_read = self.replies.awaits_backend();
+            if written == self.bout.len() && !want_read {
+                break;
+            }
+            let (mut rd, mut wr) = conn.stream.split();
+            tokio::select! {
+                r = wr.write(&self.bout[written..]), if written < self.bout.len() => {
+                    match r {
+                        Ok(0) => return Err(ExchangeError::Backend("the server closed the connection".into())),
+                        Ok(n) => written += n,
+                        Err(e) => return Err(ExchangeError::Backend(e.to_string())),
+                    }
+                }
+                r = rd.read_buf(&mut conn.rbuf), if want_read => {
+                    match r {
+                        Ok(0) => return Err(ExchangeError::Backend("the server closed the connection".into())),
+                        Ok(_) => {}
+                        Err(e) => return Err(ExchangeError::Backend(e.to_string())),
+                    }
+                }
+            }
+            let mut copy_in = false;
+            loop {
+                let h = match next_frame(&conn.rbuf) {
+                    Ok(Some(h)) => h,
+                    Ok(None) => break,
+                    Err(e) => return Err(ExchangeError::Backend(e.to_string())),
+                };
+                let step = self
+                    .replies
+                    .on_frame(h.tag, &conn.rbuf[5..h.total])
+                    .map_err(|d| ExchangeError::Backend(d.to_string()))?;
+                if step.action == super::replies::Action::Forward {
+                    self.cout.extend_from_slice(&conn.rbuf[..h.total]);
+                }
+                if let Some(status) = step.ready {
+                    self.tx = status;
+                }
+                conn.needs_reset |= step.session_set;
+                copy_in |= step.copy_in;
+                conn.rbuf.advance(h.total);
+                self.replies.drain_synthetic(&mut self.cout);
+                for (id, clients_own) in self.replies.take_failed() {
+                    conn.prepared.remove(&id);
+                    if clients_own {
+                        self.named.retain(|_, n| n.stmt.id != id);
+                    }
+                }
+            }
+            if !self.cout.is_empty() {
+                self.client.write_all(&self.cout).await.map_err(ExchangeError::Client)?;
+                self.cout.clear();
+            }
+            if copy_in {
+                relay_copy_in(&mut self.client, &mut self.cbuf, conn).await?;
+            }
+        }
+        self.bout.clear();
+        Ok(())
+    }
+}
+
+/// Forwards the client's COPY data to the backend until CopyDone or CopyFail.
+async fn relay_copy_in(
+    client: &mut TcpStream,
+    cbuf: &mut BytesMut,
+    conn: &mut crate::backend::BackendConn,
+) -> Result<(), ExchangeError> {
+    loop {
+        while let Some(h) = next_frame(cbuf).map_err(|e| ExchangeError::Client(std::io::Error::other(e)))? {
+            let frame = cbuf.split_to(h.total);
+            match h.tag {
+                b'd' | b'c' | b'f' | b'H' | b'S' => {
+                    conn.stream.write_all(&frame).await.map_err(|e| ExchangeError::Backend(e.to_string()))?;
+                    if h.tag == b'c' || h.tag == b'f' {
+                        return Ok(());
+                    }
+                }
+                other => {
+                    // Postgres ends the COPY with an error when anything else arrives; tell it so.
+                    let mut fail = Vec::new();
+                    put_frame(&mut fail, b'f', format!("unexpected message type {other} during COPY from stdin\0").as_bytes());
+                    conn.stream.write_all(&fail).await.map_err(|e| ExchangeError::Backend(e.to_string()))?;
+                    return Ok(());
+                }
+            }
+        }
+        if client.read_buf(cbuf).await.map_err(ExchangeError::Client)? == 0 {
+            return Err(ExchangeError::Client(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the client left during COPY",
+            )));
+        }
+    }
+}
+
+fn in_failed_transaction() -> SqlError {
+    SqlError::new(
+        errors::IN_FAILED_TRANSACTION,
+        "current transaction is aborted, commands ignored until end of transaction block",
+    )
+}
+
+/// `Some` when the plan is only a BEGIN, COMMIT or ROLLBACK.
+fn txn_control(plan: &Option<Arc<Plan>>) -> Option<Decision> {
+    let plan = plan.as_ref()?;
+    match plan.statements.as_slice() {
+        [crate::planner::Route::Begin] => Some(Decision::Begin),
+        [crate::planner::Route::Commit] => Some(Decision::Commit),
+        [crate::planner::Route::Rollback] => Some(Decision::Rollback),
+        _ => None,
+    }
+}
+
+/// The literal values of a planned text, kept with a prepared statement for its Binds. Most
+/// prepared statements have none, and then nothing is allocated.
+fn stored_literals(planned: &crate::planner::PlanRef<'_>) -> Vec<Box<str>> {
+    (0..).map_while(|i| planned.literal(i)).map(Box::from).collect()
+}
+
+fn write_parse(out: &mut Vec<u8>, name_nul: &[u8], sql: &str, param_types: &[u8]) {
+    let at = begin_frame(out, b'P');
+    out.extend_from_slice(name_nul);
+    out.extend_from_slice(sql.as_bytes());
+    out.push(0);
+    out.extend_from_slice(param_types);
+    end_frame(out, at);
+}
+
+fn ready_bytes(status: TxStatus) -> Vec<u8> {
+    let mut v = Vec::with_capacity(6);
+    reply::ready_for_query(&mut v, status);
+    v
+}
+
+fn parse_complete_bytes() -> Vec<u8> {
+    let mut v = Vec::with_capacity(5);
+    reply::parse_complete(&mut v);
+    v
+}
+
+fn close_complete_bytes() -> Vec<u8> {
+    let mut v = Vec::with_capacity(5);
+    reply::close_complete(&mut v);
+    v
+}
+
+/// A statement that fails on the backend with the router's error, so that the backend's
+/// transaction is aborted exactly when the client is told it is.
+fn raise_sql(err: &SqlError) -> String {
+    let lit = |s: &str| format!("'{}'", s.replace('\'', "''").replace("$sg$", "$ sg$"));
+    let mut sql = format!(
+        "DO $sg$BEGIN RAISE EXCEPTION USING ERRCODE = {}, MESSAGE = {}",
+        lit(err.code),
+        lit(&err.message)
+    );
+    if let Some(h) = &err.hint {
+        sql.push_str(&format!(", HINT = {}", lit(h)));
+    }
+    sql.push_str("; END$sg$");
+    sql
+}
+
+impl Session {
+    /// Pushes a simple-protocol raise of `err` for the pinned connection.
+    fn push_raise_query(&mut self, err: &SqlError, audience: Audience) {
+        let at = begin_frame(&mut self.bout, b'Q');
+        self.bout.extend_from_slice(raise_sql(err).as_bytes());
+        self.bout.push(0);
+        end_frame(&mut self.bout, at);
+        self.replies.push(Kind::Query, audience);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raise_sql_quotes_everything() {
+        let err = SqlError::new("0A000", "it's $sg$ bad").with_hint("don't");
+        let sql = raise_sql(&err);
+        assert_eq!(
+            sql,
+            "DO $sg$BEGIN RAISE EXCEPTION USING ERRCODE = '0A000', MESSAGE = 'it''s $ sg$ bad', HINT = 'don''t'; END$sg$"
+        );
+    }
+}

@@ -1,0 +1,219 @@
+//! The planner: statement text → where each of its statements must run.
+//!
+//! Step 2 of the statement path (see DESIGN.md). The text of a Query or Parse message is
+//! normalized ([`normalize`]: literals become `$N`), and the normalized text is looked up in a
+//! plan cache shared by all sessions ([`cache`]). On a miss it is parsed with `sqlparser`
+//! (Postgres dialect) and each statement gets a [`Route`] ([`route`], from the table references
+//! and key pins that [`refs`] and [`pins`] find). The key values themselves are not in the plan:
+//! a [`KeySource`] says which parameter holds each one, and [`PlanRef`] resolves it against the
+//! statement's literals; [`keys`] turns the value into a [`shardmap::Key`].
+//!
+//! When the normalized text does not parse (typed literals such as `DATE '2020-01-01'` become
+//! `DATE $1`, which sqlparser rejects), the normalized entry records that, and the original text
+//! is planned and cached under itself, literals kept as literals. Text that does not parse at
+//! all is [`Route::Unparsed`]: the caller sends it to the default shard so that Postgres reports
+//! the real error (or runs it, if Postgres accepts what sqlparser does not).
+//!
+//! Sans-IO: nothing here touches a socket, a file or a clock.
+
+pub mod cache;
+pub mod keys;
+pub mod normalize;
+mod pins;
+mod refs;
+mod route;
+
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+use shardmap::{KeyType, ShardMap};
+use sqlparser::dialect::PostgreSqlDialect;
+use sqlparser::parser::Parser;
+
+pub use cache::{CacheStats, PlanCache};
+pub use keys::{key_from_binary, key_from_text, KeyValueError};
+pub use normalize::{normalize, LiteralKind, NormalizeBuf};
+
+/// Where one statement must run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// One shard, decided by key values. `table` is the first sharded table the statement
+    /// names, as written in the map. There is one key per pinned reference (several for
+    /// `key IN (...)` and multi-row INSERTs, or when several sharded tables of the same key
+    /// type are each pinned): all of them must land on one shard, which the caller checks.
+    Keyed {
+        table: String,
+        key_type: KeyType,
+        keys: Vec<KeySource>,
+    },
+    /// Touches no user table (`SELECT 1`, `SET`, `SHOW`, catalog queries): any healthy shard.
+    Any,
+    /// Touches only tables that are not in the shard map, or calls functions that may: the
+    /// map's default shard.
+    Default,
+    /// `BEGIN`, `START TRANSACTION`.
+    Begin,
+    /// `COMMIT`, `END`.
+    Commit,
+    /// `ROLLBACK`, `ABORT` (not `ROLLBACK TO SAVEPOINT`, which is [`Route::Savepoint`]).
+    Rollback,
+    /// `SAVEPOINT`, `RELEASE`, `ROLLBACK TO`: runs wherever the transaction runs.
+    Savepoint,
+    /// Names a sharded table but cannot be pinned to one shard (or needs a broadcast that
+    /// does not exist yet); the message says why and what would make it routable.
+    Unroutable { message: String },
+    /// Text that does not parse: send it to the default shard for Postgres to judge.
+    Unparsed,
+}
+
+/// Where a key value comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeySource {
+    /// `$n` as a 0-based index into the statement's parameters after normalization: indices
+    /// below [`Plan::param_count_before`] are the client's Bind parameters, the rest are the
+    /// normalized literals in text order (across all statements of a multi-statement Query).
+    Param(usize),
+    /// A constant that is part of the planned text itself (plans of un-normalized text, or
+    /// literals the normalizer leaves alone).
+    Literal(String),
+}
+
+/// The plan of one statement text.
+#[derive(Debug)]
+pub struct Plan {
+    /// One route per statement, in order. Empty for empty text; a single
+    /// [`Route::Unparsed`] when the text does not parse (it cannot be split reliably).
+    pub statements: Vec<Route>,
+    /// Planned from the normalized text (literals are `KeySource::Param`s), or from the
+    /// original text (literals are `KeySource::Literal`s).
+    pub normalized: bool,
+    /// The highest `$n` already in the client's text.
+    pub param_count_before: usize,
+    /// Marker entry under a normalized text that does not parse: plan the original instead.
+    pub(crate) use_original: bool,
+}
+
+/// A key value to hash, once resolved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyValue<'a> {
+    /// Bind parameter `i` (0-based), in whatever format the client sent it.
+    Bind(usize),
+    /// A literal's text form.
+    Text(&'a str),
+}
+
+/// A plan together with the literal values of the statement it was looked up for.
+pub struct PlanRef<'b> {
+    plan: Arc<Plan>,
+    buf: &'b NormalizeBuf,
+}
+
+impl PlanRef<'_> {
+    /// The shared plan (the same `Arc` for every text with the same shape).
+    pub fn plan(&self) -> &Arc<Plan> {
+        &self.plan
+    }
+
+    pub fn statements(&self) -> &[Route] {
+        &self.plan.statements
+    }
+
+    /// Literal `i` of this statement's text (0-based, text order).
+    pub fn literal(&self, i: usize) -> Option<&str> {
+        self.buf.literal(i)
+    }
+
+    /// Where the value of `source` is: a Bind parameter or a literal's text. `None` only if
+    /// the source does not fit this text (a `$n` past both parameters and literals).
+    pub fn key_value<'s>(&'s self, source: &'s KeySource) -> Option<KeyValue<'s>> {
+        match source {
+            KeySource::Literal(text) => Some(KeyValue::Text(text)),
+            KeySource::Param(i) if *i < self.plan.param_count_before => Some(KeyValue::Bind(*i)),
+            KeySource::Param(i) if self.plan.normalized => self
+                .buf
+                .literal(i - self.plan.param_count_before)
+                .map(KeyValue::Text),
+            KeySource::Param(_) => None,
+        }
+    }
+}
+
+impl std::ops::Deref for PlanRef<'_> {
+    type Target = Plan;
+    fn deref(&self) -> &Plan {
+        &self.plan
+    }
+}
+
+/// Plans statements against one shard map; shared by all sessions of a router.
+pub struct Planner {
+    map: Arc<ShardMap>,
+    cache: PlanCache,
+}
+
+impl Planner {
+    /// A planner with room for about `capacity` cached plans.
+    pub fn new(map: Arc<ShardMap>, capacity: usize) -> Planner {
+        Planner {
+            map,
+            cache: PlanCache::new(capacity),
+        }
+    }
+
+    pub fn map(&self) -> &Arc<ShardMap> {
+        &self.map
+    }
+
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.stats()
+    }
+
+    /// Plans `sql` (the text of a Query or Parse message). `buf` is the caller's reusable
+    /// scratch and holds this statement's literal values until the next call. A cache hit
+    /// allocates nothing once `buf` has grown to fit.
+    pub fn plan<'b>(&self, sql: &str, buf: &'b mut NormalizeBuf) -> PlanRef<'b> {
+        normalize(sql, buf);
+        let buf: &'b NormalizeBuf = buf;
+        let text = buf.normalized();
+        let plan = match self.cache.get(text) {
+            Some(plan) => plan,
+            None => self.cache.insert(text, Arc::new(self.build(text, buf, true))),
+        };
+        let plan = if plan.use_original {
+            match self.cache.get(sql) {
+                Some(plan) => plan,
+                None => self.cache.insert(sql, Arc::new(self.build(sql, buf, false))),
+            }
+        } else {
+            plan
+        };
+        PlanRef { plan, buf }
+    }
+
+    fn build(&self, text: &str, buf: &NormalizeBuf, normalized: bool) -> Plan {
+        let param_count_before = buf.params_before();
+        match Parser::parse_sql(&PostgreSqlDialect {}, text) {
+            Ok(statements) => Plan {
+                statements: statements.iter().map(|s| route::route(s, &self.map)).collect(),
+                normalized,
+                param_count_before,
+                use_original: false,
+            },
+            // Normalization may have broken it: try the original (unless they are the same).
+            Err(_) if normalized && buf.literal_count() > 0 => Plan {
+                statements: Vec::new(),
+                normalized,
+                param_count_before,
+                use_original: true,
+            },
+            Err(_) => Plan {
+                statements: vec![Route::Unparsed],
+                normalized,
+                param_count_before,
+                use_original: false,
+            },
+        }
+    }
+}

@@ -1,0 +1,714 @@
+//! Literal normalization: statement text → the same text with every constant replaced by `$N`.
+//!
+//! The plan cache is keyed by the normalized text, so `... WHERE id = 41` and `... WHERE id = 42`
+//! share one plan, and the literal values (kept here, in the caller's reusable
+//! [`NormalizeBuf`]) say which key this particular statement carries. Normalized text is only a
+//! cache key and parser input: the statement sent to Postgres is always the original.
+//!
+//! The scanner follows Postgres's lexer (`scan.l`) closely enough to never mistake the inside of
+//! a comment, quoted identifier or string for code, and assumes `standard_conforming_strings =
+//! on` (the default since 9.1): in a plain `'...'` a backslash is an ordinary character. Where it
+//! is unsure whether a token is a constant (bit strings, `N'..'`, `U&'..'`, numbers glued to
+//! letters) it leaves the token alone: an unreplaced literal costs only plan sharing, while
+//! text that no longer parses is handled by the planner's fallback to the original text.
+
+use std::fmt::Write as _;
+
+/// What kind of constant a literal was, for callers that care (`5.0` vs `'5.0'`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LiteralKind {
+    /// An integer or numeric constant, possibly with a unary minus folded in.
+    Number,
+    /// A string constant: `'..'`, `E'..'` or `$tag$..$tag$`.
+    String,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    /// Bytes of the literal in the original text.
+    src: (usize, usize),
+    /// Bytes of its value in `NormalizeBuf::values`.
+    value: (usize, usize),
+    kind: LiteralKind,
+}
+
+/// Reusable output of [`normalize`]: keep one per session so that, once its buffers have grown
+/// to the size of the session's statements, normalizing allocates nothing.
+#[derive(Debug, Default)]
+pub struct NormalizeBuf {
+    text: String,
+    /// The values of all literals, back to back (strings unescaped, numbers as written).
+    values: Vec<u8>,
+    literals: Vec<Span>,
+    params_before: usize,
+}
+
+impl NormalizeBuf {
+    pub fn new() -> NormalizeBuf {
+        NormalizeBuf::default()
+    }
+
+    /// The normalized text of the last [`normalize`] call.
+    pub fn normalized(&self) -> &str {
+        &self.text
+    }
+
+    /// The highest `$n` parameter that was already in the text (0 when none): literal `i` is
+    /// placeholder `$(params_before + i + 1)`.
+    pub fn params_before(&self) -> usize {
+        self.params_before
+    }
+
+    /// Number of literals replaced.
+    pub fn literal_count(&self) -> usize {
+        self.literals.len()
+    }
+
+    /// The value of literal `i` (0-based, in text order).
+    pub fn literal(&self, i: usize) -> Option<&str> {
+        let span = self.literals.get(i)?;
+        // Every value was checked to be UTF-8 when it was recorded.
+        std::str::from_utf8(&self.values[span.value.0..span.value.1]).ok()
+    }
+
+    /// The kind of literal `i`.
+    pub fn literal_kind(&self, i: usize) -> Option<LiteralKind> {
+        self.literals.get(i).map(|s| s.kind)
+    }
+
+    /// Where literal `i` sits in the original text, as a byte range.
+    pub fn literal_source(&self, i: usize) -> Option<std::ops::Range<usize>> {
+        self.literals.get(i).map(|s| s.src.0..s.src.1)
+    }
+
+    fn clear(&mut self) {
+        self.text.clear();
+        self.values.clear();
+        self.literals.clear();
+        self.params_before = 0;
+    }
+}
+
+/// Normalizes `sql` into `buf` and returns the number of parameters already in the text (the
+/// highest `$n`). Never fails: text Postgres would reject is passed through as well as it can
+/// be, and parsing reports the error.
+pub fn normalize(sql: &str, buf: &mut NormalizeBuf) -> usize {
+    buf.clear();
+    Scanner {
+        b: sql.as_bytes(),
+        i: 0,
+        buf: &mut *buf,
+        unary: true,
+        after_dot: false,
+    }
+    .run();
+    // Numbering depends on the highest `$n`, which may come after the first literal, so the
+    // text is assembled after the scan from the recorded spans (a copy, not a second scan).
+    let mut copied = 0;
+    for (n, lit) in buf.literals.iter().enumerate() {
+        buf.text.push_str(&sql[copied..lit.src.0]);
+        // Writing into a String cannot fail.
+        let _ = write!(buf.text, "${}", buf.params_before + n + 1);
+        copied = lit.src.1;
+    }
+    buf.text.push_str(&sql[copied..]);
+    buf.params_before
+}
+
+struct Scanner<'a> {
+    b: &'a [u8],
+    i: usize,
+    buf: &'a mut NormalizeBuf,
+    /// Whether a `-` here would be a prefix (unary) minus: at the start, after `(`, `,`, an
+    /// operator or one of a few reserved keywords.
+    unary: bool,
+    /// The previous token was `.`, so a keyword here is a column or table label.
+    after_dot: bool,
+}
+
+fn is_ident_start(c: u8) -> bool {
+    c.is_ascii_alphabetic() || c == b'_' || c >= 0x80
+}
+
+fn is_ident_cont(c: u8) -> bool {
+    is_ident_start(c) || c.is_ascii_digit() || c == b'$'
+}
+
+fn is_op_char(c: u8) -> bool {
+    matches!(
+        c,
+        b'+' | b'-' | b'*' | b'/' | b'<' | b'>' | b'=' | b'~' | b'!' | b'@' | b'#' | b'%' | b'^' | b'&' | b'|' | b'`' | b'?'
+    )
+}
+
+/// Reserved keywords after which `-` can only be a prefix minus. Only reserved words are listed:
+/// an unreserved one could be a column name, as in `SELECT value -1`.
+const UNARY_AFTER: &[&str] = &[
+    "select", "where", "and", "or", "not", "then", "else", "when", "case", "limit", "offset",
+    "on", "having", "default", "returning", "in", "to",
+];
+
+impl Scanner<'_> {
+    fn at(&self, i: usize) -> u8 {
+        self.b.get(i).copied().unwrap_or(0)
+    }
+
+    fn run(&mut self) {
+        while self.i < self.b.len() {
+            let c = self.b[self.i];
+            let next = self.at(self.i + 1);
+            let dot = c == b'.' && !next.is_ascii_digit();
+            match c {
+                b' ' | b'\t' | b'\n' | b'\r' | b'\x0c' => {
+                    self.i += 1;
+                    continue;
+                }
+                b'-' if next == b'-' => self.line_comment(),
+                b'/' if next == b'*' => self.block_comment(),
+                b'\'' => {
+                    let start = self.i;
+                    self.i += 1;
+                    self.quoted_string(start, false, true);
+                    self.unary = false;
+                }
+                b'"' => {
+                    self.quoted_identifier();
+                    self.unary = false;
+                }
+                b'$' => self.dollar(),
+                b'0'..=b'9' => self.number(self.i, self.i),
+                b'.' if next.is_ascii_digit() => self.number(self.i, self.i),
+                b'(' | b',' | b'[' | b';' => {
+                    self.i += 1;
+                    self.unary = true;
+                }
+                _ if is_op_char(c) => self.operator(),
+                _ if is_ident_start(c) => self.word(),
+                _ => {
+                    // `)`, `]`, `.`, `:` and anything else end an operand or qualify a name.
+                    self.i += 1;
+                    self.unary = false;
+                }
+            }
+            // Comments do not separate a `.` from the name after it in Postgres either.
+            if !(c == b'-' && next == b'-') && !(c == b'/' && next == b'*') {
+                self.after_dot = dot;
+            }
+        }
+    }
+
+    fn line_comment(&mut self) {
+        while self.i < self.b.len() && self.b[self.i] != b'\n' && self.b[self.i] != b'\r' {
+            self.i += 1;
+        }
+    }
+
+    /// `/* ... */`, which nests in Postgres; an unterminated one runs to the end.
+    fn block_comment(&mut self) {
+        let mut depth = 0usize;
+        while self.i < self.b.len() {
+            match (self.b[self.i], self.at(self.i + 1)) {
+                (b'/', b'*') => {
+                    depth += 1;
+                    self.i += 2;
+                }
+                (b'*', b'/') => {
+                    depth -= 1;
+                    self.i += 2;
+                    if depth == 0 {
+                        return;
+                    }
+                }
+                _ => self.i += 1,
+            }
+        }
+    }
+
+    fn quoted_identifier(&mut self) {
+        self.i += 1;
+        while self.i < self.b.len() {
+            if self.b[self.i] == b'"' {
+                if self.at(self.i + 1) == b'"' {
+                    self.i += 2;
+                    continue;
+                }
+                self.i += 1;
+                return;
+            }
+            self.i += 1;
+        }
+    }
+
+    /// A string body from `self.i` (just after the opening quote) to its closing quote;
+    /// `start` is where the literal began (its prefix included). `escapes` selects `E'..'`
+    /// rules; `record` whether it becomes a placeholder.
+    fn quoted_string(&mut self, start: usize, escapes: bool, record: bool) {
+        let value_start = self.buf.values.len();
+        let mut ok = true;
+        loop {
+            let Some(&c) = self.b.get(self.i) else {
+                // Unterminated: Postgres will say so; leave the text as it is.
+                self.buf.values.truncate(value_start);
+                return;
+            };
+            match c {
+                b'\'' if self.at(self.i + 1) == b'\'' => {
+                    self.buf.values.push(b'\'');
+                    self.i += 2;
+                }
+                b'\'' => {
+                    self.i += 1;
+                    break;
+                }
+                b'\\' if escapes => ok &= self.escape(),
+                _ => {
+                    self.buf.values.push(c);
+                    self.i += 1;
+                }
+            }
+        }
+        let valid = std::str::from_utf8(&self.buf.values[value_start..]).is_ok();
+        if record && ok && valid {
+            self.record(start, self.i, value_start, LiteralKind::String);
+        } else {
+            self.buf.values.truncate(value_start);
+        }
+    }
+
+    /// One backslash escape of an `E'..'` string, at `self.i`; false when its value is not
+    /// a character (the literal is then left in the text).
+    fn escape(&mut self) -> bool {
+        let c = self.at(self.i + 1);
+        self.i += 2;
+        let simple = match c {
+            b'b' => Some(0x08),
+            b'f' => Some(0x0c),
+            b'n' => Some(b'\n'),
+            b'r' => Some(b'\r'),
+            b't' => Some(b'\t'),
+            _ => None,
+        };
+        if let Some(v) = simple {
+            self.buf.values.push(v);
+            return true;
+        }
+        match c {
+            b'0'..=b'7' => {
+                let mut v = u32::from(c - b'0');
+                for _ in 0..2 {
+                    match self.at(self.i) {
+                        d @ b'0'..=b'7' => {
+                            v = v * 8 + u32::from(d - b'0');
+                            self.i += 1;
+                        }
+                        _ => break,
+                    }
+                }
+                // Postgres keeps the low byte of `\777`.
+                self.buf.values.push(v as u8);
+                true
+            }
+            b'x' if self.at(self.i).is_ascii_hexdigit() => {
+                let v = self.hex_digits(2);
+                self.buf.values.push(v as u8);
+                true
+            }
+            b'u' | b'U' => {
+                let width = if c == b'u' { 4 } else { 8 };
+                let Some(mut code) = self.exact_hex(width) else {
+                    return false;
+                };
+                // A UTF-16 surrogate pair written as two `\u` escapes.
+                if (0xd800..0xdc00).contains(&code) {
+                    if self.at(self.i) != b'\\' || self.at(self.i + 1) != b'u' {
+                        return false;
+                    }
+                    self.i += 2;
+                    match self.exact_hex(4) {
+                        Some(low @ 0xdc00..=0xdfff) => {
+                            code = 0x10000 + ((code - 0xd800) << 10) + (low - 0xdc00);
+                        }
+                        _ => return false,
+                    }
+                }
+                match char::from_u32(code) {
+                    Some(ch) => {
+                        let mut tmp = [0u8; 4];
+                        self.buf
+                            .values
+                            .extend_from_slice(ch.encode_utf8(&mut tmp).as_bytes());
+                        true
+                    }
+                    None => false,
+                }
+            }
+            0 if self.i > self.b.len() => {
+                // A backslash at the very end: the string is unterminated anyway.
+                self.i = self.b.len();
+                true
+            }
+            _ => {
+                // `\'`, `\\` and any other character stand for themselves; copy a whole
+                // UTF-8 sequence, not just its first byte.
+                let start = self.i - 1;
+                let mut end = self.i;
+                while end < self.b.len() && (self.b[end] & 0xc0) == 0x80 {
+                    end += 1;
+                }
+                self.buf.values.extend_from_slice(&self.b[start..end]);
+                self.i = end;
+                true
+            }
+        }
+    }
+
+    fn hex_digits(&mut self, max: usize) -> u32 {
+        let mut v = 0;
+        for _ in 0..max {
+            match (self.at(self.i) as char).to_digit(16) {
+                Some(d) => {
+                    v = v * 16 + d;
+                    self.i += 1;
+                }
+                None => break,
+            }
+        }
+        v
+    }
+
+    fn exact_hex(&mut self, width: usize) -> Option<u32> {
+        let digits = self.b.get(self.i..self.i + width)?;
+        if !digits.iter().all(u8::is_ascii_hexdigit) {
+            return None;
+        }
+        Some(self.hex_digits(width))
+    }
+
+    /// `$n` parameters and `$tag$...$tag$` strings.
+    fn dollar(&mut self) {
+        let start = self.i;
+        if self.at(start + 1).is_ascii_digit() {
+            let mut n = 0usize;
+            self.i += 1;
+            while self.at(self.i).is_ascii_digit() {
+                n = n
+                    .saturating_mul(10)
+                    .saturating_add(usize::from(self.b[self.i] - b'0'));
+                self.i += 1;
+            }
+            self.buf.params_before = self.buf.params_before.max(n);
+            self.unary = false;
+            return;
+        }
+        // The tag is an identifier without `$`, possibly empty.
+        let mut end = start + 1;
+        if is_ident_start(self.at(end)) {
+            while is_ident_cont(self.at(end)) && self.at(end) != b'$' {
+                end += 1;
+            }
+        }
+        if self.at(end) != b'$' {
+            self.i += 1;
+            self.unary = false;
+            return;
+        }
+        let delim = &self.b[start..=end];
+        let body = end + 1;
+        let close = self.b[body..]
+            .windows(delim.len())
+            .position(|w| w == delim)
+            .map(|p| body + p);
+        match close {
+            Some(close) => {
+                let value_start = self.buf.values.len();
+                self.buf.values.extend_from_slice(&self.b[body..close]);
+                self.i = close + delim.len();
+                self.record(start, self.i, value_start, LiteralKind::String);
+            }
+            // Unterminated: Postgres reports it; nothing after it can be scanned reliably.
+            None => self.i = self.b.len(),
+        }
+        self.unary = false;
+    }
+
+    /// A numeric constant whose digits start at `digits`; `start` is where the literal starts
+    /// (one byte earlier when a unary minus is folded in).
+    fn number(&mut self, start: usize, digits: usize) {
+        let mut j = digits;
+        while self.at(j).is_ascii_digit() {
+            j += 1;
+        }
+        // `1..5` is an integer followed by `..` (PL/pgSQL ranges), not `1.` then `.5`.
+        if self.at(j) == b'.' && self.at(j + 1) != b'.' {
+            j += 1;
+            while self.at(j).is_ascii_digit() {
+                j += 1;
+            }
+        }
+        if matches!(self.at(j), b'e' | b'E') {
+            let mut k = j + 1;
+            if matches!(self.at(k), b'+' | b'-') {
+                k += 1;
+            }
+            if self.at(k).is_ascii_digit() {
+                j = k;
+                while self.at(j).is_ascii_digit() {
+                    j += 1;
+                }
+            }
+        }
+        self.unary = false;
+        if is_ident_cont(self.at(j)) {
+            // `0x1F`, `1_000`, `123abc`: newer Postgres reads these as one number or rejects
+            // them, older ones as a number and an alias. Leave the whole token alone.
+            while is_ident_cont(self.at(j)) {
+                j += 1;
+            }
+            self.i = j;
+            return;
+        }
+        let value_start = self.buf.values.len();
+        self.buf.values.extend_from_slice(&self.b[start..j]);
+        self.i = j;
+        self.record(start, j, value_start, LiteralKind::Number);
+    }
+
+    /// An operator, split as Postgres splits it: a run of operator characters, cut before any
+    /// comment start, with trailing `+`/`-` given back unless the run holds a character that
+    /// only multi-character operators use (so `=-1` is `=` then `-1`, but `@-1` is `@-` `1`).
+    fn operator(&mut self) {
+        let start = self.i;
+        let mut end = start;
+        while end < self.b.len() && is_op_char(self.b[end]) {
+            if end > start && matches!((self.b[end], self.at(end + 1)), (b'-', b'-') | (b'/', b'*')) {
+                break;
+            }
+            end += 1;
+        }
+        let run = &self.b[start..end];
+        let special = run
+            .iter()
+            .any(|c| matches!(c, b'~' | b'!' | b'@' | b'#' | b'%' | b'^' | b'&' | b'|' | b'`' | b'?'));
+        if run.len() > 1 && !special {
+            while end > start + 1 && matches!(self.b[end - 1], b'+' | b'-') {
+                end -= 1;
+            }
+        }
+        if end == start + 1 && self.b[start] == b'-' && self.unary {
+            let next = self.at(end);
+            let starts_number = next.is_ascii_digit() || (next == b'.' && self.at(end + 1).is_ascii_digit());
+            if starts_number && !self.cast_follows(end) {
+                self.number(start, end);
+                return;
+            }
+        }
+        self.i = end;
+        self.unary = true;
+    }
+
+    /// Whether the number starting at `digits` is followed by `::`: `-1::text` is
+    /// `-(1::text)`, so the minus must stay an operator.
+    fn cast_follows(&self, digits: usize) -> bool {
+        let mut j = digits;
+        while self.at(j).is_ascii_alphanumeric() || matches!(self.at(j), b'.' | b'_') {
+            j += 1;
+        }
+        while self.at(j).is_ascii_whitespace() {
+            j += 1;
+        }
+        self.at(j) == b':' && self.at(j + 1) == b':'
+    }
+
+    /// An identifier or keyword, or the prefix of a special string (`E'..'`, `B'..'`, ...).
+    fn word(&mut self) {
+        let start = self.i;
+        let c = self.b[start];
+        let next = self.at(start + 1);
+        if next == b'\'' {
+            match c {
+                b'e' | b'E' => {
+                    self.i += 2;
+                    self.quoted_string(start, true, true);
+                    self.unary = false;
+                    return;
+                }
+                // Bit strings and national characters keep their own types: left alone.
+                b'b' | b'B' | b'x' | b'X' | b'n' | b'N' => {
+                    self.i += 2;
+                    self.quoted_string(start, false, false);
+                    self.unary = false;
+                    return;
+                }
+                _ => {}
+            }
+        }
+        if matches!(c, b'u' | b'U') && next == b'&' && self.at(start + 2) == b'\'' {
+            // U&'..' has its own escapes (and UESCAPE): left alone.
+            self.i += 3;
+            self.quoted_string(start, false, false);
+            self.unary = false;
+            return;
+        }
+        let mut end = start;
+        while is_ident_cont(self.at(end)) {
+            end += 1;
+        }
+        self.i = end;
+        let word = &self.b[start..end];
+        self.unary = !self.after_dot
+            && UNARY_AFTER
+                .iter()
+                .any(|k| k.as_bytes().eq_ignore_ascii_case(word));
+    }
+
+    fn record(&mut self, start: usize, end: usize, value_start: usize, kind: LiteralKind) {
+        self.buf.literals.push(Span {
+            src: (start, end),
+            value: (value_start, self.buf.values.len()),
+            kind,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn norm(sql: &str) -> (String, Vec<String>, usize) {
+        let mut buf = NormalizeBuf::new();
+        let before = normalize(sql, &mut buf);
+        let lits = (0..buf.literal_count())
+            .map(|i| buf.literal(i).unwrap_or("<bad>").to_string())
+            .collect();
+        (buf.normalized().to_string(), lits, before)
+    }
+
+    fn check(sql: &str, text: &str, lits: &[&str]) {
+        let (t, l, _) = norm(sql);
+        assert_eq!(t, text, "text of {sql:?}");
+        assert_eq!(l, lits, "literals of {sql:?}");
+    }
+
+    #[test]
+    fn replaces_numbers_and_strings() {
+        check(
+            "SELECT * FROM kv WHERE id = 42 AND name = 'bob'",
+            "SELECT * FROM kv WHERE id = $1 AND name = $2",
+            &["42", "bob"],
+        );
+        check("SELECT 1.5, .5, 1e5, 2.5E-3, 7.", "SELECT $1, $2, $3, $4, $5", &["1.5", ".5", "1e5", "2.5E-3", "7."]);
+    }
+
+    #[test]
+    fn numbering_continues_after_existing_params() {
+        let (t, l, before) = norm("SELECT $2, 'a', $1 FROM t WHERE x = 3");
+        assert_eq!(t, "SELECT $2, $3, $1 FROM t WHERE x = $4");
+        assert_eq!(l, ["a", "3"]);
+        assert_eq!(before, 2);
+        assert_eq!(norm("SELECT $1").2, 1);
+        assert_eq!(norm("SELECT 1").2, 0);
+    }
+
+    #[test]
+    fn unary_minus_is_folded_but_subtraction_is_not() {
+        check("SELECT a-1, a - 1, a -1", "SELECT a-$1, a - $2, a -$3", &["1", "1", "1"]);
+        check("WHERE id = -5", "WHERE id = $1", &["-5"]);
+        check("WHERE id=-5", "WHERE id=$1", &["-5"]);
+        check("WHERE id IN (-1,-2)", "WHERE id IN ($1,$2)", &["-1", "-2"]);
+        check("SELECT -1", "SELECT $1", &["-1"]);
+        check("SELECT (x)-1, f(x)-2", "SELECT (x)-$1, f(x)-$2", &["1", "2"]);
+        check("SELECT 2 - -1", "SELECT $1 - $2", &["2", "-1"]);
+        check("SELECT t.and -1", "SELECT t.and -$1", &["1"]);
+        // `@-` is one operator: the minus belongs to it.
+        check("SELECT x @-1", "SELECT x @-$1", &["1"]);
+        // `-1::text` is -(1::text): the minus stays.
+        check("SELECT -1::text", "SELECT -$1::text", &["1"]);
+        check("WHERE id = - 5", "WHERE id = - $1", &["5"]);
+    }
+
+    #[test]
+    fn leaves_identifiers_params_and_junk_alone() {
+        check("SELECT t1.c2, x$1, \"col 3\" FROM t2", "SELECT t1.c2, x$1, \"col 3\" FROM t2", &[]);
+        check("SELECT $1, $12", "SELECT $1, $12", &[]);
+        check("SELECT 0x1F, 1_000, 12abc", "SELECT 0x1F, 1_000, 12abc", &[]);
+        check("SELECT 1e", "SELECT 1e", &[]);
+        check("SELECT 1..2", "SELECT $1..$2", &["1", "2"]);
+    }
+
+    #[test]
+    fn strings_with_tricky_contents() {
+        check("SELECT 'it''s'", "SELECT $1", &["it's"]);
+        check("SELECT '-- not a comment; $1 /* */'", "SELECT $1", &["-- not a comment; $1 /* */"]);
+        check("SELECT 'a\\'", "SELECT $1", &["a\\"]);
+        check("SELECT ''", "SELECT $1", &[""]);
+        check("SELECT 'ünïcødé'", "SELECT $1", &["ünïcødé"]);
+        let (_, _, before) = norm("SELECT '$9'");
+        assert_eq!(before, 0, "a $n inside a string is not a parameter");
+    }
+
+    #[test]
+    fn e_strings_unescape() {
+        check(r"SELECT E'a\'b\\c\nd'", "SELECT $1", &["a'b\\c\nd"]);
+        check(r"SELECT e'\x41\101\u00e9\U0001F600'", "SELECT $1", &["AAé😀"]);
+        check(r"SELECT E'\ud83d\ude00'", "SELECT $1", &["😀"]);
+        check(r"SELECT E'it''s \q'", "SELECT $1", &["it's q"]);
+        // Invalid UTF-8 from a byte escape: left in the text for Postgres to judge.
+        check(r"SELECT E'\xff'", r"SELECT E'\xff'", &[]);
+        // An identifier ending in e is not an E-string prefix.
+        check("SELECT some'x'", "SELECT some$1", &["x"]);
+    }
+
+    #[test]
+    fn dollar_quotes() {
+        check("SELECT $$it's $1$$", "SELECT $1", &["it's $1"]);
+        check("SELECT $fn$ $$ inner $$ $fn$, 2", "SELECT $1, $2", &[" $$ inner $$ ", "2"]);
+        check("SELECT $a$x$a$$b$y$b$", "SELECT $1$2", &["x", "y"]);
+        // Unterminated: left alone.
+        check("SELECT $q$ oops", "SELECT $q$ oops", &[]);
+    }
+
+    #[test]
+    fn special_strings_are_left_alone() {
+        check("SELECT B'101', X'1F', N'abc', U&'d\\0061t'", "SELECT B'101', X'1F', N'abc', U&'d\\0061t'", &[]);
+    }
+
+    #[test]
+    fn skips_comments_and_quoted_identifiers() {
+        check(
+            "SELECT /* 1 /* nested 2 */ 3 */ 4 -- 5 'x\nFROM \"t'1\" WHERE \"a\"\"b\" = 6",
+            "SELECT /* 1 /* nested 2 */ 3 */ $1 -- 5 'x\nFROM \"t'1\" WHERE \"a\"\"b\" = $2",
+            &["4", "6"],
+        );
+        check("SELECT 1 /* unterminated 2", "SELECT $1 /* unterminated 2", &["1"]);
+        check("SELECT 1--2", "SELECT $1--2", &["1"]);
+    }
+
+    #[test]
+    fn typed_literals_and_casts() {
+        check("SELECT DATE '2020-01-01', '1'::int", "SELECT DATE $1, $2::int", &["2020-01-01", "1"]);
+    }
+
+    #[test]
+    fn unterminated_string_is_left_as_is() {
+        check("SELECT 1, 'abc", "SELECT $1, 'abc", &["1"]);
+        check("SELECT E'abc\\", "SELECT E'abc\\", &[]);
+    }
+
+    #[test]
+    fn multi_statement_numbering_is_global() {
+        check("SELECT 1; SELECT 'a'", "SELECT $1; SELECT $2", &["1", "a"]);
+    }
+
+    #[test]
+    fn buffer_is_reused() {
+        let mut buf = NormalizeBuf::new();
+        normalize("SELECT 'aaaaaaaaaaaaaaaaaaaaa', 123456789 FROM kv WHERE id = 1", &mut buf);
+        let caps = (buf.text.capacity(), buf.values.capacity(), buf.literals.capacity());
+        normalize("SELECT 'b', 2 FROM kv WHERE id = 3", &mut buf);
+        assert_eq!(caps, (buf.text.capacity(), buf.values.capacity(), buf.literals.capacity()));
+        assert_eq!(buf.literal(2), Some("3"));
+        assert_eq!(buf.literal(3), None);
+        assert_eq!(buf.literal_kind(0), Some(LiteralKind::String));
+        assert_eq!(buf.literal_source(1), Some(12..13));
+    }
+}

@@ -1,0 +1,196 @@
+//! Key pins: which conditions fix a sharded table's key to known values.
+//!
+//! A table reference is pinned when a top-level `AND` conjunct of the `WHERE` of the query that
+//! reads it (or an inner join's `ON`) says `key = value` or `key IN (values)`, where each value
+//! is a parameter or a literal, possibly cast to a type of the key's own family. Anything
+//! else (an `OR`, a function of the key, a cast that could change the value) pins nothing, so
+//! the statement is refused rather than sent to a shard that may lack some rows.
+
+use shardmap::{KeyType, Table};
+use sqlparser::ast::{
+    BinaryOperator, CastKind, DataType, Expr, Ident, InTarget, ObjectName, ObjectNamePart,
+    UnaryOperator, Value,
+};
+
+use super::KeySource;
+
+/// An identifier as Postgres sees it: unquoted ones are folded to lower case.
+pub(crate) fn fold(ident: &Ident) -> String {
+    match ident.quote_style {
+        None => ident.value.to_ascii_lowercase(),
+        Some(_) => ident.value.clone(),
+    }
+}
+
+/// The folded parts of a name; `None` when a part is not a plain identifier.
+pub(crate) fn name_parts(name: &ObjectName) -> Option<Vec<String>> {
+    name.0
+        .iter()
+        .map(|part| match part {
+            ObjectNamePart::Identifier(ident) => Some(fold(ident)),
+            ObjectNamePart::Function(_) => None,
+        })
+        .collect()
+}
+
+/// A sharded table as one query's `FROM` names it.
+pub(crate) struct ScopeRel<'m> {
+    pub table: &'m Table,
+    pub schema: Option<String>,
+    pub name: String,
+    pub alias: Option<String>,
+}
+
+/// The keys that pin `scope[index]`, from the conjuncts that hold for the query; the pin
+/// with the fewest keys wins (`id = 1 AND id IN (1, 2)` needs only `1`).
+pub(crate) fn pin(scope: &[ScopeRel<'_>], index: usize, conjuncts: &[&Expr]) -> Option<Vec<KeySource>> {
+    let mut best: Option<Vec<KeySource>> = None;
+    for c in conjuncts {
+        if let Some(keys) = pin_of(c, scope, index) {
+            if best.as_ref().is_none_or(|b| keys.len() < b.len()) {
+                best = Some(keys);
+            }
+        }
+    }
+    best
+}
+
+/// Appends the top-level `AND` conjuncts of `expr` (parentheses looked through).
+pub(crate) fn conjuncts<'e>(expr: &'e Expr, out: &mut Vec<&'e Expr>) {
+    match expr {
+        Expr::BinaryOp {
+            left,
+            op: BinaryOperator::And,
+            right,
+        } => {
+            conjuncts(left, out);
+            conjuncts(right, out);
+        }
+        Expr::Nested(inner) => conjuncts(inner, out),
+        _ => out.push(expr),
+    }
+}
+
+fn pin_of(expr: &Expr, scope: &[ScopeRel<'_>], index: usize) -> Option<Vec<KeySource>> {
+    let key_type = scope[index].table.key_type;
+    match expr {
+        Expr::Nested(inner) => pin_of(inner, scope, index),
+        Expr::BinaryOp {
+            left,
+            op: BinaryOperator::Eq,
+            right,
+        } => {
+            if is_key_column(left, scope, index) {
+                key_source(right, key_type).map(|k| vec![k])
+            } else if is_key_column(right, scope, index) {
+                key_source(left, key_type).map(|k| vec![k])
+            } else {
+                None
+            }
+        }
+        Expr::In {
+            expr,
+            target: InTarget::List(list),
+            negated: false,
+            ..
+        } if is_key_column(expr, scope, index) && !list.is_empty() => {
+            list.iter().map(|e| key_source(e, key_type)).collect()
+        }
+        _ => None,
+    }
+}
+
+/// Whether `expr` is the key column of `scope[index]`: `key` (when no other sharded table in
+/// the scope has a column of that name), `qualifier.key`, or `schema.table.key`.
+pub(crate) fn is_key_column(expr: &Expr, scope: &[ScopeRel<'_>], index: usize) -> bool {
+    let rel = &scope[index];
+    match expr {
+        Expr::Nested(inner) => is_key_column(inner, scope, index),
+        Expr::Identifier(ident) => {
+            let col = fold(ident);
+            col == rel.table.key && scope.iter().filter(|r| r.table.key == col).count() == 1
+        }
+        Expr::CompoundIdentifier(parts) => {
+            let parts: Vec<String> = parts.iter().map(fold).collect();
+            match parts.as_slice() {
+                [q, col] => *col == rel.table.key && rel.alias.as_ref().unwrap_or(&rel.name) == q,
+                [schema, table, col] => {
+                    *col == rel.table.key
+                        && rel.alias.is_none()
+                        && rel.name == *table
+                        && rel.schema.as_deref().is_none_or(|s| s == schema)
+                }
+                _ => false,
+            }
+        }
+        _ => false,
+    }
+}
+
+/// Where the value of a key comes from, if `expr` is a parameter or a constant.
+pub(crate) fn key_source(expr: &Expr, key_type: KeyType) -> Option<KeySource> {
+    match expr {
+        Expr::Nested(inner) => key_source(inner, key_type),
+        Expr::Value(v) => match &v.value {
+            Value::Placeholder(p) => {
+                let n: usize = p.strip_prefix('$')?.parse().ok()?;
+                n.checked_sub(1).map(KeySource::Param)
+            }
+            Value::Number(n, _) => Some(KeySource::Literal(n.clone())),
+            Value::SingleQuotedString(s) | Value::EscapedStringLiteral(s) => Some(KeySource::Literal(s.clone())),
+            Value::DollarQuotedString(d) => Some(KeySource::Literal(d.value.clone())),
+            _ => None,
+        },
+        Expr::UnaryOp {
+            op: UnaryOperator::Minus,
+            expr,
+        } => match &**expr {
+            Expr::Value(v) => match &v.value {
+                Value::Number(n, _) => Some(KeySource::Literal(format!("-{n}"))),
+                _ => None,
+            },
+            _ => None,
+        },
+        Expr::Cast {
+            kind: CastKind::Cast | CastKind::DoubleColon,
+            expr,
+            data_type,
+            format: None,
+            ..
+        } if cast_keeps_value(data_type, key_type) => key_source(expr, key_type),
+        _ => None,
+    }
+}
+
+/// Whether casting a key value to `data_type` leaves it equal to itself: an int of any width
+/// for an int key, unbounded text for a text key, uuid for uuid. `varchar(3)` truncates and
+/// `numeric` compares differently, so those do not pin.
+fn cast_keeps_value(data_type: &DataType, key_type: KeyType) -> bool {
+    let named = |names: &[&str]| match data_type {
+        DataType::Custom(name, modifiers) if modifiers.is_empty() => name_parts(name)
+            .and_then(|p| p.last().cloned())
+            .is_some_and(|n| names.contains(&n.as_str())),
+        _ => false,
+    };
+    match key_type {
+        KeyType::SmallInt | KeyType::Integer | KeyType::BigInt => {
+            matches!(
+                data_type,
+                DataType::Int2(None)
+                    | DataType::SmallInt(None)
+                    | DataType::Int(None)
+                    | DataType::Int4(None)
+                    | DataType::Integer(None)
+                    | DataType::Int8(None)
+                    | DataType::BigInt(None)
+            ) || named(&["int2", "int4", "int8", "smallint", "integer", "bigint", "int"])
+        }
+        KeyType::Text => {
+            matches!(
+                data_type,
+                DataType::Text | DataType::Varchar(None) | DataType::CharacterVarying(None)
+            ) || named(&["text", "varchar"])
+        }
+        KeyType::Uuid => matches!(data_type, DataType::Uuid) || named(&["uuid"]),
+    }
+}

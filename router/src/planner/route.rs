@@ -1,0 +1,235 @@
+//! Statement → route: the rules, one statement kind at a time.
+//!
+//! Data statements (queries, INSERT/UPDATE/DELETE, COPY of a query) are decided from what
+//! [`super::refs`] found: no user table → `Any`, only unsharded tables → `Default`, sharded
+//! tables all pinned to keys of one type → `Keyed`, anything else → `Unroutable` with a message
+//! saying what would make it routable. DDL goes to the default shard unless it names a sharded
+//! table or is schema-wide, which needs a broadcast shardgate does not do yet.
+
+use shardmap::{ShardMap, Table};
+use sqlparser::ast::{CommentObject, CopySource, ObjectName, ObjectType, Statement};
+
+use super::refs::{Refs, Rel};
+use super::Route;
+
+/// The route of one parsed statement.
+pub(crate) fn route(stmt: &Statement, map: &ShardMap) -> Route {
+    match stmt {
+        Statement::Query(_) | Statement::Insert(_) | Statement::Update(_) | Statement::Delete(_) => data(stmt, map),
+        Statement::Copy { source, .. } => match source {
+            CopySource::Table { table_name, .. } => match sharded(map, table_name) {
+                Some(t) => Route::Unroutable {
+                    message: format!(
+                        "COPY of the sharded table {} is not supported yet: copy a query with `WHERE {} = <value>`, or copy on each shard directly",
+                        t.qualified_name(),
+                        t.key
+                    ),
+                },
+                None => Route::Default,
+            },
+            CopySource::Query(_) => data(stmt, map),
+        },
+        Statement::Explain { statement, .. } => route(statement, map),
+
+        Statement::StartTransaction { .. } => Route::Begin,
+        Statement::Commit { .. } => Route::Commit,
+        Statement::Rollback { savepoint: None, .. } => Route::Rollback,
+        Statement::Rollback { savepoint: Some(_), .. }
+        | Statement::Savepoint { .. }
+        | Statement::ReleaseSavepoint { .. } => Route::Savepoint,
+
+        Statement::Set(_)
+        | Statement::Reset(_)
+        | Statement::ShowVariable { .. }
+        | Statement::ShowVariables { .. }
+        | Statement::Discard { .. }
+        | Statement::Deallocate { .. }
+        | Statement::Prepare { .. }
+        | Statement::Execute { .. } => Route::Any,
+
+        // Function and procedure bodies are not analyzed: like user functions in a query,
+        // they are assumed to work on unsharded tables.
+        Statement::Call(_) => Route::Default,
+
+        Statement::CreateTable(_)
+        | Statement::AlterTable(_)
+        | Statement::CreateIndex(_)
+        | Statement::AlterIndex { .. }
+        | Statement::Truncate(_)
+        | Statement::CreateView(_)
+        | Statement::AlterView(_)
+        | Statement::Lock(_)
+        | Statement::Analyze(_)
+        | Statement::Vacuum(_)
+        | Statement::RefreshMaterializedView(_)
+        | Statement::CreateSequence { .. }
+        | Statement::CreatePolicy(_)
+        | Statement::DropPolicy(_)
+        | Statement::AlterPolicy(_)
+        | Statement::CreateTrigger(_)
+        | Statement::DropTrigger(_) => table_ddl(stmt, map),
+        Statement::Drop { object_type, names, .. } => drop(map, *object_type, names),
+        Statement::Comment { object_type, object_name, .. } => {
+            let table = match object_type {
+                CommentObject::Table => sharded(map, object_name),
+                CommentObject::Column => {
+                    let mut parts = object_name.0.clone();
+                    parts.pop();
+                    sharded(map, &ObjectName(parts))
+                }
+                _ => None,
+            };
+            match table {
+                Some(t) => ddl_on_sharded(t),
+                None => Route::Default,
+            }
+        }
+
+        Statement::CreateExtension(_)
+        | Statement::DropExtension(_)
+        | Statement::CreateSchema { .. }
+        | Statement::AlterSchema(_)
+        | Statement::CreateFunction(_)
+        | Statement::AlterFunction(_)
+        | Statement::DropFunction(_)
+        | Statement::CreateProcedure { .. }
+        | Statement::DropProcedure { .. }
+        | Statement::CreateType { .. }
+        | Statement::AlterType(_)
+        | Statement::CreateDomain(_)
+        | Statement::DropDomain(_)
+        | Statement::CreateRole(_)
+        | Statement::AlterRole { .. }
+        | Statement::CreateDatabase { .. }
+        | Statement::CreateCollation(_)
+        | Statement::Grant(_)
+        | Statement::Revoke(_) => schema_wide(),
+
+        Statement::LISTEN { .. } | Statement::UNLISTEN { .. } | Statement::NOTIFY { .. } => Route::Unroutable {
+            message: "LISTEN/NOTIFY need a session that keeps one server connection, which shardgate does not offer yet".to_string(),
+        },
+        _ => Route::Unroutable {
+            message: format!(
+                "shardgate cannot route this kind of statement yet ({}); run it on the shards directly",
+                first_words(stmt)
+            ),
+        },
+    }
+}
+
+/// The first two words of a statement, to name its kind in a message.
+fn first_words(stmt: &Statement) -> String {
+    stmt.to_string().split_whitespace().take(2).collect::<Vec<_>>().join(" ")
+}
+
+fn sharded<'m>(map: &'m ShardMap, name: &ObjectName) -> Option<&'m Table> {
+    match Refs::new(map).classify(name) {
+        Rel::Sharded(t) => Some(t),
+        _ => None,
+    }
+}
+
+fn ddl_on_sharded(t: &Table) -> Route {
+    Route::Unroutable {
+        message: format!(
+            "{} is sharded: DDL broadcast to every shard comes later; apply this statement on every shard directly",
+            t.qualified_name()
+        ),
+    }
+}
+
+fn schema_wide() -> Route {
+    Route::Unroutable {
+        message: "schema-wide DDL (extensions, schemas, functions, types, roles, grants) must reach every shard, which shardgate does not do yet: run it on every shard directly".to_string(),
+    }
+}
+
+fn table_ddl(stmt: &Statement, map: &ShardMap) -> Route {
+    let refs = Refs::collect(stmt, map);
+    match refs.sharded.first() {
+        Some(t) => ddl_on_sharded(t),
+        None => Route::Default,
+    }
+}
+
+fn drop(map: &ShardMap, object_type: ObjectType, names: &[ObjectName]) -> Route {
+    match object_type {
+        ObjectType::Table | ObjectType::View | ObjectType::MaterializedView | ObjectType::Sequence => {
+            match names.iter().find_map(|n| sharded(map, n)) {
+                Some(t) => ddl_on_sharded(t),
+                None => Route::Default,
+            }
+        }
+        // An index name does not say which table it belongs to, and one of a sharded table
+        // exists on every shard.
+        ObjectType::Index => Route::Unroutable {
+            message: "DROP INDEX cannot be routed: shardgate cannot tell which table the index belongs to; drop it on the shards directly".to_string(),
+        },
+        _ => schema_wide(),
+    }
+}
+
+fn data(stmt: &Statement, map: &ShardMap) -> Route {
+    let refs = Refs::collect(stmt, map);
+    if let Some(message) = refs.problem {
+        return Route::Unroutable { message };
+    }
+    let Some(first) = refs.sharded.first() else {
+        return if !refs.unsharded.is_empty() || refs.calls_functions || refs.select_into {
+            Route::Default
+        } else {
+            Route::Any
+        };
+    };
+    let name = first.qualified_name();
+    if refs.select_into {
+        return Route::Unroutable {
+            message: format!("SELECT INTO from the sharded table {name} is not supported: create the table, then INSERT ... VALUES into it"),
+        };
+    }
+    if let Some(other) = refs.unsharded.first() {
+        return Route::Unroutable {
+            message: format!(
+                "this statement uses the sharded table {name} and the unsharded table {other}, which live on different shards: query them separately"
+            ),
+        };
+    }
+    if refs.pins.len() != refs.sharded.len() {
+        // Name a table with fewer pins than references.
+        let unpinned = refs
+            .sharded
+            .iter()
+            .find(|t| {
+                let refs_of = refs.sharded.iter().filter(|u| std::ptr::eq(**u, **t)).count();
+                let pins_of = refs.pins.iter().filter(|p| std::ptr::eq(p.table, **t)).count();
+                pins_of < refs_of
+            })
+            .unwrap_or(first);
+        let (t, key) = (unpinned.qualified_name(), &unpinned.key);
+        let more = if refs.sharded.len() > 1 {
+            " Each reference to a sharded table (in a join, subquery or CTE) needs its own `alias.key = <value>` in the WHERE of the query that reads it."
+        } else {
+            ""
+        };
+        return Route::Unroutable {
+            message: format!(
+                "{t} is sharded by {key}, and this statement does not fix {key} to one value: add `WHERE {key} = <value>` (or `{key} IN (...)` with values on one shard); statements across all shards are not supported yet.{more}"
+            ),
+        };
+    }
+    let key_type = first.key_type;
+    if let Some(p) = refs.pins.iter().find(|p| p.table.key_type != key_type) {
+        return Route::Unroutable {
+            message: format!(
+                "this statement uses {name} (keyed by {key_type}) and {} (keyed by {}): tables with different key types are not on the same shard",
+                p.table.qualified_name(),
+                p.table.key_type
+            ),
+        };
+    }
+    Route::Keyed {
+        table: name,
+        key_type,
+        keys: refs.pins.into_iter().flat_map(|p| p.keys).collect(),
+    }
+}

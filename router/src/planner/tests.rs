@@ -1,0 +1,350 @@
+//! End-to-end planner tests: text in, routes and resolved keys out, against a 4-shard map
+//! with `kv (id bigint)`, `users (user_id uuid)`, `names (name text)` and unsharded `settings`.
+
+use std::sync::Arc;
+
+use shardmap::{Key, KeyType, ShardMap, Table};
+
+use super::*;
+
+fn planner() -> Planner {
+    let urls: Vec<String> = (0..4).map(|i| format!("postgres://h/s{i}")).collect();
+    let tables = vec![
+        Table::new("kv", "id", KeyType::BigInt),
+        Table::new("users", "user_id", KeyType::Uuid),
+        Table::new("names", "name", KeyType::Text),
+    ];
+    let map = ShardMap::even_split(&urls, tables).expect("valid map");
+    Planner::new(Arc::new(map), 1000)
+}
+
+fn routes(p: &Planner, sql: &str) -> Vec<Route> {
+    let mut buf = NormalizeBuf::new();
+    p.plan(sql, &mut buf).statements().to_vec()
+}
+
+fn route(p: &Planner, sql: &str) -> Route {
+    let r = routes(p, sql);
+    assert_eq!(r.len(), 1, "{sql}: {r:?}");
+    r.into_iter().next().unwrap_or(Route::Unparsed)
+}
+
+/// The key values of a single keyed statement, resolved: literals as text, Bind as `$i`.
+fn keys(p: &Planner, sql: &str) -> Vec<String> {
+    let mut buf = NormalizeBuf::new();
+    let plan = p.plan(sql, &mut buf);
+    match plan.statements() {
+        [Route::Keyed { keys, .. }] => keys
+            .iter()
+            .map(|k| match plan.key_value(k) {
+                Some(KeyValue::Text(t)) => t.to_string(),
+                Some(KeyValue::Bind(i)) => format!("bind {i}"),
+                None => "?".to_string(),
+            })
+            .collect(),
+        other => panic!("{sql}: not keyed: {other:?}"),
+    }
+}
+
+fn unroutable(p: &Planner, sql: &str, needle: &str) {
+    match route(p, sql) {
+        Route::Unroutable { message } => assert!(message.contains(needle), "{sql}: {message}"),
+        other => panic!("{sql}: expected Unroutable, got {other:?}"),
+    }
+}
+
+#[test]
+fn point_statements_are_keyed() {
+    let p = planner();
+    for (sql, want) in [
+        ("SELECT * FROM kv WHERE id = 42", vec!["42"]),
+        ("select v from KV where 42 = ID", vec!["42"]),
+        ("SELECT * FROM kv k WHERE k.id = -7 AND k.v > 3", vec!["-7"]),
+        ("SELECT * FROM public.kv WHERE kv.id = '9'", vec!["9"]),
+        ("SELECT * FROM kv WHERE public.kv.id = 9", vec!["9"]),
+        ("SELECT * FROM kv WHERE (id = $1::bigint) AND v = 'x'", vec!["bind 0"]),
+        ("SELECT * FROM kv WHERE id = CAST($2 AS int8) AND v = $1", vec!["bind 1"]),
+        ("SELECT * FROM kv WHERE id IN (1, 2, 3)", vec!["1", "2", "3"]),
+        ("SELECT * FROM kv WHERE id IN (1, 2) AND id = 2", vec!["2"]),
+        ("UPDATE kv SET v = v + 1 WHERE id = 5", vec!["5"]),
+        ("DELETE FROM kv WHERE id = 6 RETURNING *", vec!["6"]),
+        ("SELECT * FROM names WHERE name = E'it\\'s'", vec!["it's"]),
+        ("SELECT * FROM names WHERE name = $$a$$", vec!["a"]),
+        ("SELECT * FROM users WHERE user_id = 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'::uuid", vec!["a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"]),
+        ("EXPLAIN ANALYZE SELECT * FROM kv WHERE id = 8", vec!["8"]),
+        ("SELECT count(*) FROM kv WHERE id = 1 GROUP BY v ORDER BY 1 LIMIT 10", vec!["1"]),
+    ] {
+        assert_eq!(keys(&p, sql), want, "{sql}");
+    }
+    match route(&p, "SELECT * FROM users WHERE user_id = $1") {
+        Route::Keyed { table, key_type, keys } => {
+            assert_eq!((table.as_str(), key_type), ("users", KeyType::Uuid));
+            assert_eq!(keys, [KeySource::Param(0)]);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn inserts() {
+    let p = planner();
+    assert_eq!(keys(&p, "INSERT INTO kv (id, v) VALUES (1, 'a')"), ["1"]);
+    assert_eq!(keys(&p, "INSERT INTO kv (v, id) VALUES ('a', 1), ('b', $1)"), ["1", "bind 0"]);
+    assert_eq!(keys(&p, "INSERT INTO kv (id, v) VALUES (1, 'a') ON CONFLICT (id) DO UPDATE SET v = excluded.v"), ["1"]);
+    unroutable(&p, "INSERT INTO kv VALUES (1, 'a')", "column list");
+    unroutable(&p, "INSERT INTO kv (v) VALUES ('a')", "sharding key id");
+    unroutable(&p, "INSERT INTO kv (id, v) SELECT id, v FROM kv WHERE id = 1", "VALUES");
+    unroutable(&p, "INSERT INTO kv (id, v) VALUES (1 + 1, 'a')", "literal or a parameter");
+    unroutable(&p, "INSERT INTO kv (id, v) VALUES (1, 'a') ON CONFLICT (v) DO UPDATE SET id = 2", "move the row");
+    unroutable(&p, "INSERT INTO kv DEFAULT VALUES", "column list");
+    assert_eq!(route(&p, "INSERT INTO settings VALUES ('a', 1)"), Route::Default);
+    unroutable(&p, "INSERT INTO settings SELECT * FROM kv WHERE id = 1", "unsharded table");
+}
+
+#[test]
+fn keys_that_cannot_be_pinned() {
+    let p = planner();
+    unroutable(&p, "SELECT * FROM kv", "add `WHERE id = <value>`");
+    unroutable(&p, "SELECT * FROM kv WHERE id > 5", "add `WHERE id");
+    unroutable(&p, "SELECT * FROM kv WHERE id = 1 OR id = 2", "WHERE id");
+    unroutable(&p, "SELECT * FROM kv WHERE id = 1 OR v = 'x'", "WHERE id");
+    unroutable(&p, "SELECT * FROM kv WHERE id + 0 = 1", "WHERE id");
+    unroutable(&p, "SELECT * FROM kv WHERE id::text = '1'", "WHERE id");
+    unroutable(&p, "SELECT * FROM kv WHERE id = v", "WHERE id");
+    unroutable(&p, "SELECT * FROM kv WHERE id NOT IN (1)", "WHERE id");
+    unroutable(&p, "SELECT * FROM names WHERE name = $1::varchar(2)", "WHERE name");
+    unroutable(&p, "SELECT * FROM kv WHERE id = 1.5::numeric", "WHERE id");
+    unroutable(&p, "UPDATE kv SET id = 7 WHERE id = 5", "delete the row");
+    unroutable(&p, "DELETE FROM kv", "WHERE id");
+    unroutable(&p, "TABLE kv", "WHERE id");
+}
+
+#[test]
+fn joins_and_subqueries() {
+    let p = planner();
+    unroutable(&p, "SELECT * FROM kv JOIN settings s ON s.k = kv.v WHERE kv.id = 1", "unsharded table settings");
+    unroutable(&p, "SELECT * FROM kv a JOIN kv b ON a.v = b.v WHERE a.id = 1", "its own");
+    unroutable(&p, "SELECT * FROM kv WHERE id = 1 AND v IN (SELECT v FROM kv)", "its own");
+    unroutable(&p, "SELECT * FROM kv WHERE id IN (SELECT id FROM kv WHERE id = 1)", "WHERE id");
+    unroutable(&p, "SELECT * FROM kv, names WHERE kv.id = 1 AND names.name = 'x'", "different key types");
+    unroutable(&p, "SELECT * FROM kv a LEFT JOIN kv b ON b.id = 1 WHERE a.id = 1", "its own");
+    // Every reference pinned (the caller checks the keys share a shard).
+    assert_eq!(keys(&p, "SELECT * FROM kv a JOIN kv b ON b.id = 2 WHERE a.id = 1"), ["1", "2"]);
+    assert_eq!(keys(&p, "SELECT * FROM kv a, kv b WHERE a.id = 1 AND b.id = 1"), ["1", "1"]);
+    assert_eq!(
+        keys(&p, "SELECT * FROM kv WHERE id = 1 AND EXISTS (SELECT 1 FROM kv k2 WHERE k2.id = 1)"),
+        ["1", "1"]
+    );
+    assert_eq!(keys(&p, "WITH x AS (SELECT * FROM kv WHERE id = 3) SELECT * FROM x"), ["3"]);
+    assert_eq!(keys(&p, "SELECT * FROM (SELECT * FROM kv WHERE id = 4) sub"), ["4"]);
+    assert_eq!(keys(&p, "SELECT * FROM kv WHERE id = 4 UNION ALL SELECT * FROM kv WHERE id = 5"), ["4", "5"]);
+    // Catalogs are on every shard.
+    assert_eq!(keys(&p, "SELECT * FROM kv WHERE id = 4 AND EXISTS (SELECT 1 FROM pg_catalog.pg_class)"), ["4"]);
+    // An unqualified key with two sharded tables of that column is ambiguous: not a pin.
+    unroutable(&p, "SELECT * FROM kv a, kv b WHERE id = 1", "its own");
+    unroutable(&p, "WITH kv AS (SELECT 1) SELECT * FROM kv", "rename");
+}
+
+#[test]
+fn tables_outside_the_map_and_no_tables() {
+    let p = planner();
+    assert_eq!(route(&p, "SELECT * FROM settings"), Route::Default);
+    assert_eq!(route(&p, "UPDATE settings SET v = 1"), Route::Default);
+    assert_eq!(route(&p, "SELECT * FROM app.other o JOIN settings s ON true"), Route::Default);
+    assert_eq!(route(&p, "SELECT nextval('ids')"), Route::Default);
+    assert_eq!(route(&p, "SELECT my_func(1)"), Route::Default);
+    assert_eq!(route(&p, "WITH settings AS (SELECT * FROM settings) SELECT * FROM settings"), Route::Default);
+    for sql in [
+        "SELECT 1",
+        "select now(), version()",
+        "SELECT * FROM pg_catalog.pg_type",
+        "SELECT * FROM pg_class",
+        "SELECT table_name FROM information_schema.tables",
+        "SELECT * FROM generate_series(1, 3)",
+        "WITH x AS (SELECT 1) SELECT * FROM x",
+        "SET search_path = app, public",
+        "SET application_name TO 'x'",
+        "RESET ALL",
+        "SHOW server_version",
+        "DISCARD ALL",
+        "DEALLOCATE ALL",
+        "PREPARE p AS SELECT * FROM kv WHERE id = $1",
+        "EXECUTE p(1)",
+        "VALUES (1), (2)",
+    ] {
+        assert_eq!(route(&p, sql), Route::Any, "{sql}");
+    }
+}
+
+#[test]
+fn transaction_control() {
+    let p = planner();
+    for (sql, want) in [
+        ("BEGIN", Route::Begin),
+        ("START TRANSACTION ISOLATION LEVEL SERIALIZABLE", Route::Begin),
+        ("COMMIT", Route::Commit),
+        ("END", Route::Commit),
+        ("ROLLBACK", Route::Rollback),
+        ("ABORT", Route::Rollback),
+        ("SAVEPOINT s1", Route::Savepoint),
+        ("RELEASE SAVEPOINT s1", Route::Savepoint),
+        ("ROLLBACK TO SAVEPOINT s1", Route::Savepoint),
+    ] {
+        assert_eq!(route(&p, sql), want, "{sql}");
+    }
+}
+
+#[test]
+fn ddl() {
+    let p = planner();
+    for sql in [
+        "CREATE TABLE kv (id bigint primary key, v text)",
+        "ALTER TABLE kv ADD COLUMN w int",
+        "CREATE INDEX kv_v ON kv (v)",
+        "TRUNCATE kv",
+        "DROP TABLE kv",
+        "DROP TABLE settings, kv",
+        "COMMENT ON TABLE kv IS 'x'",
+    ] {
+        unroutable(&p, sql, "DDL broadcast");
+    }
+    for sql in [
+        "CREATE TABLE settings2 (k text, v text)",
+        "ALTER TABLE settings ADD COLUMN w int",
+        "CREATE INDEX ON settings (k)",
+        "DROP TABLE settings",
+        "TRUNCATE settings",
+        "CREATE SEQUENCE ids",
+    ] {
+        assert_eq!(route(&p, sql), Route::Default, "{sql}");
+    }
+    unroutable(&p, "CREATE TABLE t2 AS SELECT * FROM kv", "DDL broadcast");
+    for sql in [
+        "CREATE EXTENSION pgcrypto",
+        "CREATE SCHEMA app",
+        "CREATE TYPE mood AS ENUM ('sad', 'ok')",
+        "CREATE FUNCTION f() RETURNS int AS $$ SELECT 1 $$ LANGUAGE sql",
+        "DROP SCHEMA app",
+    ] {
+        unroutable(&p, sql, "schema-wide");
+    }
+    unroutable(&p, "DROP INDEX kv_v", "which table");
+}
+
+#[test]
+fn copy() {
+    let p = planner();
+    assert_eq!(route(&p, "COPY settings FROM STDIN"), Route::Default);
+    unroutable(&p, "COPY kv TO STDOUT", "COPY of the sharded table kv");
+    assert_eq!(keys(&p, "COPY (SELECT * FROM kv WHERE id = 3) TO STDOUT"), ["3"]);
+}
+
+#[test]
+fn cache_shares_plans_across_literals() {
+    let p = planner();
+    let mut buf = NormalizeBuf::new();
+    let a = p.plan("SELECT v FROM kv WHERE id = 41", &mut buf);
+    let a_plan = Arc::clone(a.plan());
+    let a_key = match a.statements() {
+        [Route::Keyed { keys, .. }] => a.key_value(&keys[0]).map(|k| format!("{k:?}")),
+        _ => None,
+    };
+    assert_eq!(a_key.as_deref(), Some("Text(\"41\")"));
+    let mut buf2 = NormalizeBuf::new();
+    let b = p.plan("SELECT v FROM kv WHERE id = 42", &mut buf2);
+    assert!(Arc::ptr_eq(&a_plan, b.plan()), "same shape, same plan");
+    let Route::Keyed { keys, key_type, .. } = &b.statements()[0] else {
+        panic!("not keyed")
+    };
+    let Some(KeyValue::Text(text)) = b.key_value(&keys[0]) else {
+        panic!("no literal")
+    };
+    assert_eq!(key_from_text(*key_type, text), Ok(Key::Int(42)));
+    let stats = p.cache_stats();
+    assert_eq!((stats.hits, stats.misses, stats.len), (1, 1, 1));
+}
+
+#[test]
+fn cache_hit_does_not_reparse_and_keeps_params() {
+    let p = planner();
+    let mut buf = NormalizeBuf::new();
+    let first = Arc::clone(p.plan("SELECT v FROM kv WHERE id = $1 AND v = 'a'", &mut buf).plan());
+    let second = p.plan("SELECT v FROM kv WHERE id = $1 AND v = 'b'", &mut buf);
+    assert!(Arc::ptr_eq(&first, second.plan()));
+    assert_eq!(second.param_count_before, 1);
+    assert_eq!(second.literal(0), Some("b"));
+}
+
+#[test]
+fn multi_statement_query() {
+    let p = planner();
+    let mut buf = NormalizeBuf::new();
+    let plan = p.plan("BEGIN; UPDATE kv SET v = 'x' WHERE id = 10; SELECT 1; COMMIT;", &mut buf);
+    assert_eq!(plan.statements().len(), 4);
+    assert_eq!(plan.statements()[0], Route::Begin);
+    assert_eq!(plan.statements()[2], Route::Any);
+    assert_eq!(plan.statements()[3], Route::Commit);
+    let Route::Keyed { keys, .. } = &plan.statements()[1] else {
+        panic!("{:?}", plan.statements())
+    };
+    // Literal numbering runs across the statements: 'x' is $1, 10 is $2.
+    assert_eq!(keys, &[KeySource::Param(1)]);
+    assert_eq!(plan.key_value(&keys[0]), Some(KeyValue::Text("10")));
+    assert!(routes(&p, "").is_empty());
+}
+
+#[test]
+fn fallback_to_the_original_text() {
+    let p = planner();
+    assert_eq!(route(&p, "SELECT INTERVAL '1 day'"), Route::Any);
+    let mut buf = NormalizeBuf::new();
+    let plan = p.plan("SELECT DATE '2020-01-01' FROM kv WHERE id = 3", &mut buf);
+    assert!(!plan.normalized, "DATE $1 does not parse: the original is planned");
+    match plan.statements() {
+        [Route::Keyed { keys, .. }] => {
+            assert_eq!(keys, &[KeySource::Literal("3".to_string())]);
+            assert_eq!(plan.key_value(&keys[0]), Some(KeyValue::Text("3")));
+        }
+        other => panic!("{other:?}"),
+    }
+    // Another date, another key: each original text has its own plan, still correct.
+    let plan = p.plan("SELECT DATE '2021-02-02' FROM kv WHERE id = 4", &mut buf);
+    assert_eq!(plan.statements()[0], Route::Keyed {
+        table: "kv".to_string(),
+        key_type: KeyType::BigInt,
+        keys: vec![KeySource::Literal("4".to_string())],
+    });
+    // The same original again is a cache hit on both entries.
+    let before = p.cache_stats();
+    let again = p.plan("SELECT DATE '2021-02-02' FROM kv WHERE id = 4", &mut buf);
+    assert!(!again.normalized);
+    let after = p.cache_stats();
+    assert_eq!((after.hits - before.hits, after.misses - before.misses), (2, 0));
+}
+
+#[test]
+fn malformed_sql_is_unparsed() {
+    let p = planner();
+    for sql in ["SELEKT 1", "SELECT * FROM kv WHERE id = ", "SELECT 'unterminated", "SELECT (1"] {
+        assert_eq!(routes(&p, sql), [Route::Unparsed], "{sql}");
+    }
+}
+
+#[test]
+fn keys_resolve_to_the_right_shard() {
+    let p = planner();
+    let map = Arc::clone(p.map());
+    let mut buf = NormalizeBuf::new();
+    for id in [-5i64, 0, 1, 41, 42, 1 << 40] {
+        let sql = format!("SELECT * FROM kv WHERE id = {id}");
+        let plan = p.plan(&sql, &mut buf);
+        let Route::Keyed { keys, key_type, .. } = &plan.statements()[0] else {
+            panic!("not keyed")
+        };
+        let Some(KeyValue::Text(text)) = plan.key_value(&keys[0]) else {
+            panic!("no literal")
+        };
+        let key = key_from_text(*key_type, text).expect("valid key");
+        assert_eq!(map.shard_for_key(&key), map.shard_for_key(&Key::Int(id)));
+    }
+}

@@ -1,0 +1,184 @@
+//! Backend messages the router writes to clients itself: its own errors, synthesized
+//! completions, and the startup sequence. Replies from Postgres are forwarded, not built here.
+
+use super::frame::{begin_frame, end_frame, put_frame};
+
+/// Transaction status in ReadyForQuery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxStatus {
+    Idle,
+    InTransaction,
+    Failed,
+}
+
+impl TxStatus {
+    pub fn byte(self) -> u8 {
+        match self {
+            TxStatus::Idle => b'I',
+            TxStatus::InTransaction => b'T',
+            TxStatus::Failed => b'E',
+        }
+    }
+
+    pub fn from_byte(b: u8) -> Option<TxStatus> {
+        match b {
+            b'I' => Some(TxStatus::Idle),
+            b'T' => Some(TxStatus::InTransaction),
+            b'E' => Some(TxStatus::Failed),
+            _ => None,
+        }
+    }
+}
+
+/// An error or notice as Postgres would send it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqlError {
+    /// `ERROR` or `FATAL`.
+    pub severity: &'static str,
+    pub code: &'static str,
+    pub message: String,
+    pub detail: Option<String>,
+    pub hint: Option<String>,
+}
+
+impl SqlError {
+    pub fn new(code: &'static str, message: impl Into<String>) -> SqlError {
+        SqlError {
+            severity: "ERROR",
+            code,
+            message: message.into(),
+            detail: None,
+            hint: None,
+        }
+    }
+
+    pub fn fatal(code: &'static str, message: impl Into<String>) -> SqlError {
+        SqlError {
+            severity: "FATAL",
+            ..SqlError::new(code, message)
+        }
+    }
+
+    pub fn with_hint(mut self, hint: impl Into<String>) -> SqlError {
+        self.hint = Some(hint.into());
+        self
+    }
+
+    pub fn with_detail(mut self, detail: impl Into<String>) -> SqlError {
+        self.detail = Some(detail.into());
+        self
+    }
+
+    /// Appends this error as an ErrorResponse.
+    pub fn write(&self, out: &mut Vec<u8>) {
+        let at = begin_frame(out, b'E');
+        let mut field = |tag: u8, value: &str| {
+            out.push(tag);
+            // A NUL inside would end the field early; Postgres never sends one either.
+            out.extend(value.bytes().filter(|&b| b != 0));
+            out.push(0);
+        };
+        field(b'S', self.severity);
+        field(b'V', self.severity);
+        field(b'C', self.code);
+        field(b'M', &self.message);
+        if let Some(d) = &self.detail {
+            field(b'D', d);
+        }
+        if let Some(h) = &self.hint {
+            field(b'H', h);
+        }
+        out.push(0);
+        end_frame(out, at);
+    }
+}
+
+impl std::fmt::Display for SqlError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.message, self.code)
+    }
+}
+
+pub fn ready_for_query(out: &mut Vec<u8>, status: TxStatus) {
+    put_frame(out, b'Z', &[status.byte()]);
+}
+
+pub fn command_complete(out: &mut Vec<u8>, tag: &str) {
+    let at = begin_frame(out, b'C');
+    out.extend_from_slice(tag.as_bytes());
+    out.push(0);
+    end_frame(out, at);
+}
+
+pub fn parse_complete(out: &mut Vec<u8>) {
+    put_frame(out, b'1', &[]);
+}
+
+pub fn bind_complete(out: &mut Vec<u8>) {
+    put_frame(out, b'2', &[]);
+}
+
+pub fn close_complete(out: &mut Vec<u8>) {
+    put_frame(out, b'3', &[]);
+}
+
+pub fn empty_query(out: &mut Vec<u8>) {
+    put_frame(out, b'I', &[]);
+}
+
+pub fn auth_ok(out: &mut Vec<u8>) {
+    put_frame(out, b'R', &0i32.to_be_bytes());
+}
+
+/// AuthenticationSASL (10), SASLContinue (11) or SASLFinal (12) with `data`.
+pub fn auth_sasl(out: &mut Vec<u8>, kind: i32, data: &[u8]) {
+    let at = begin_frame(out, b'R');
+    out.extend_from_slice(&kind.to_be_bytes());
+    out.extend_from_slice(data);
+    end_frame(out, at);
+}
+
+/// AuthenticationCleartextPassword is never used: passwords only travel as SCRAM proofs.
+pub fn parameter_status(out: &mut Vec<u8>, name: &str, value: &str) {
+    let at = begin_frame(out, b'S');
+    out.extend_from_slice(name.as_bytes());
+    out.push(0);
+    out.extend_from_slice(value.as_bytes());
+    out.push(0);
+    end_frame(out, at);
+}
+
+pub fn backend_key_data(out: &mut Vec<u8>, pid: i32, secret: i32) {
+    let at = begin_frame(out, b'K');
+    out.extend_from_slice(&pid.to_be_bytes());
+    out.extend_from_slice(&secret.to_be_bytes());
+    end_frame(out, at);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::frame::next_frame;
+
+    #[test]
+    fn error_response_has_the_fields_clients_read() {
+        let mut out = Vec::new();
+        SqlError::new("0A000", "cannot route")
+            .with_hint("add a key")
+            .write(&mut out);
+        let h = next_frame(&out).unwrap().unwrap();
+        assert_eq!((h.tag, h.total), (b'E', out.len()));
+        let body = &out[h.body()];
+        let fields: Vec<&[u8]> = body.split(|&b| b == 0).filter(|f| !f.is_empty()).collect();
+        assert_eq!(
+            fields,
+            [
+                &b"SERROR"[..],
+                b"VERROR",
+                b"C0A000",
+                b"Mcannot route",
+                b"Hadd a key"
+            ]
+        );
+    }
+}

@@ -1,0 +1,144 @@
+//! What all client sessions of one router share: configuration, shard map, pools, planner,
+//! the prepared-statement registry, and the table of clients for cancel requests.
+//!
+//! Nothing here is locked per statement: pools lock per host, the planner cache and the
+//! statement registry per part, and the client table only on connect, disconnect and cancel.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use shardmap::ShardMap;
+
+use crate::backend::pool::{PoolSettings, Pools};
+use crate::config::Config;
+use crate::planner::Planner;
+use crate::statements::Registry;
+
+/// Where a client's current statement runs, for forwarding its cancel request.
+#[derive(Clone, Debug)]
+pub struct CancelTarget {
+    pub host: String,
+    pub port: u16,
+    pub pid: i32,
+    pub secret: i32,
+}
+
+/// The part of a client session other tasks may touch.
+pub struct ClientSlot {
+    pub secret: i32,
+    pub running_on: Mutex<Option<CancelTarget>>,
+}
+
+pub struct Shared {
+    pub config: Config,
+    pub map: Arc<ShardMap>,
+    pub pools: Pools,
+    pub planner: Planner,
+    pub statements: Registry,
+    /// ParameterStatus values of a real backend, reported to clients at startup.
+    pub server_params: RwLock<Vec<(String, String)>>,
+    params_learned: AtomicBool,
+    clients: Mutex<HashMap<i32, Arc<ClientSlot>>>,
+    /// Salts the fake SCRAM verifiers of unknown users, stable for this process.
+    pub mock_key: [u8; 32],
+    next_client: AtomicI32,
+    next_any: AtomicUsize,
+}
+
+impl Shared {
+    pub fn new(config: Config, map: ShardMap) -> Shared {
+        let settings = PoolSettings {
+            max_size: config.pool.max_size,
+            checkout_timeout: config.pool.checkout_timeout,
+            connect_timeout: config.pool.connect_timeout,
+            user: config.backend.user.clone(),
+            password: config.backend.password.clone(),
+            application_name: config.backend.application_name.clone(),
+        };
+        let map = Arc::new(map);
+        Shared {
+            pools: Pools::new(&map, &settings),
+            planner: Planner::new(map.clone(), config.limits.plan_cache_size),
+            map,
+            config,
+            statements: Registry::default(),
+            server_params: RwLock::new(default_server_params()),
+            params_learned: AtomicBool::new(false),
+            clients: Mutex::new(HashMap::new()),
+            mock_key: rand::random(),
+            next_client: AtomicI32::new(1),
+            next_any: AtomicUsize::new(0),
+        }
+    }
+
+    /// Registers a new client; its id is the pid in the BackendKeyData it is given.
+    pub fn add_client(&self) -> (i32, Arc<ClientSlot>) {
+        let slot = Arc::new(ClientSlot {
+            secret: rand::random::<i32>(),
+            running_on: Mutex::new(None),
+        });
+        let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let id = self.next_client.fetch_add(1, Ordering::Relaxed) & 0x7fff_ffff;
+            if id != 0 && !clients.contains_key(&id) {
+                clients.insert(id, slot.clone());
+                return (id, slot);
+            }
+        }
+    }
+
+    pub fn remove_client(&self, id: i32) {
+        self.clients.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+    }
+
+    pub fn client_count(&self) -> usize {
+        self.clients.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// The backend running client `pid`'s statement, if the secret matches.
+    pub fn cancel_target(&self, pid: i32, secret: i32) -> Option<CancelTarget> {
+        let slot = self.clients.lock().unwrap_or_else(|p| p.into_inner()).get(&pid).cloned()?;
+        if slot.secret != secret {
+            return None;
+        }
+        let target = slot.running_on.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        target
+    }
+
+    /// A shard for statements that touch no user table: round robin.
+    pub fn any_shard(&self) -> usize {
+        self.next_any.fetch_add(1, Ordering::Relaxed) % self.map.shards().len()
+    }
+
+    /// Remembers a real backend's ParameterStatus values (the first login wins).
+    pub fn learn_server_params(&self, params: &[(String, String)]) {
+        if self.params_learned.load(Ordering::Relaxed) || params.is_empty() {
+            return;
+        }
+        *self.server_params.write().unwrap_or_else(|p| p.into_inner()) = params.to_vec();
+        self.params_learned.store(true, Ordering::Relaxed);
+    }
+
+    pub fn server_params_learned(&self) -> bool {
+        self.params_learned.load(Ordering::Relaxed)
+    }
+}
+
+/// Used until a backend has been reached (the first real login replaces them).
+fn default_server_params() -> Vec<(String, String)> {
+    [
+        ("server_version", "15.0"),
+        ("server_encoding", "UTF8"),
+        ("client_encoding", "UTF8"),
+        ("DateStyle", "ISO, MDY"),
+        ("TimeZone", "UTC"),
+        ("integer_datetimes", "on"),
+        ("standard_conforming_strings", "on"),
+        ("IntervalStyle", "postgres"),
+        ("is_superuser", "off"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}

@@ -1,0 +1,253 @@
+//! Shared pieces of the router's integration tests: a real cluster of Postgres shards
+//! (pgharness), a real `shardgate` process in front of it, and clients.
+//!
+//! Most tests share one 4-shard cluster and router per test binary (started on first use,
+//! stopped at process exit); tests that stop servers start their own.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use shardmap::{KeyType, ShardMap, Table};
+use tokio_postgres::{Client, NoTls};
+
+pub const USER: &str = "app";
+pub const PASSWORD: &str = "app-secret";
+pub const DATABASE: &str = "app";
+
+pub const SCHEMA: &str = "
+CREATE TABLE kv (id bigint PRIMARY KEY, v text NOT NULL);
+CREATE TABLE users (user_id uuid PRIMARY KEY, name text);
+CREATE TABLE names (name text PRIMARY KEY, n int);
+CREATE TABLE settings (k text PRIMARY KEY, v text);
+CREATE TABLE pgbench_kv (id bigint PRIMARY KEY, v text);
+";
+
+pub fn tables() -> Vec<Table> {
+    vec![
+        Table::new("kv", "id", KeyType::BigInt),
+        Table::new("users", "user_id", KeyType::Uuid),
+        Table::new("names", "name", KeyType::Text),
+    ]
+}
+
+/// A cluster of shards with a router in front.
+pub struct Env {
+    pub cluster: pgharness::Cluster,
+    pub map: ShardMap,
+    pub router: Router,
+}
+
+impl Env {
+    pub fn start(shards: usize, servers: usize, pool_size: usize) -> Env {
+        let cluster = pgharness::Cluster::start(&pgharness::ClusterOptions {
+            shards,
+            servers,
+            schema_sql: Some(pgharness::Schema::Sql(SCHEMA.into())),
+            ..Default::default()
+        })
+        .expect("start the shard cluster");
+        let map = ShardMap::even_split(&cluster.shard_urls(), tables()).expect("shard map");
+        let router = Router::start(&map, pool_size);
+        Env { cluster, map, router }
+    }
+
+    /// The shard index of a bigint key.
+    pub fn shard_of(&self, id: i64) -> usize {
+        self.map.shard_for_key(&shardmap::Key::Int(id))
+    }
+
+    /// A key of table kv that lives on `shard`, from `from` upwards.
+    pub fn key_on(&self, shard: usize, from: i64) -> i64 {
+        (from..).find(|&k| self.shard_of(k) == shard).expect("a key on every shard")
+    }
+
+    /// psql in shard `shard`'s database, directly (not through the router).
+    pub fn on_shard(&self, shard: usize, sql: &str) -> String {
+        self.cluster.psql_shard(shard, sql).unwrap_or_else(|e| panic!("{sql} on shard {shard}: {e}"))
+    }
+}
+
+/// The cluster and router shared by the tests of one binary.
+pub fn shared_env() -> &'static Env {
+    static ENV: OnceLock<Env> = OnceLock::new();
+    ENV.get_or_init(|| Env::start(4, 2, 8))
+}
+
+/// A `shardgate` process; stopped on drop and at process exit.
+pub struct Router {
+    pub port: u16,
+    pub dir: PathBuf,
+    child: Mutex<Option<Child>>,
+    log: PathBuf,
+}
+
+static ROUTER_PIDS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+extern "C" fn kill_routers() {
+    if let Ok(pids) = ROUTER_PIDS.lock() {
+        for pid in pids.iter() {
+            // SAFETY: kill(2) on a pid this process started.
+            unsafe {
+                libc::kill(*pid as i32, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+pub fn shardgate_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_shardgate")
+}
+
+impl Router {
+    pub fn start(map: &ShardMap, pool_size: usize) -> Router {
+        Self::start_with(map, &format!("[pool]\nmax_size = {pool_size}\nconnect_timeout_ms = 1000\ncheckout_timeout_ms = 3000\n"))
+    }
+
+    /// Starts a router with extra config sections appended to the basic config.
+    pub fn start_with(map: &ShardMap, extra: &str) -> Router {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        // SAFETY: registers a plain extern "C" function once.
+        ONCE.call_once(|| unsafe {
+            libc::atexit(kill_routers);
+        });
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "shardgate-router-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("router test dir");
+        std::fs::write(dir.join("shardmap.toml"), map.to_toml()).expect("write shard map");
+        let port = free_port();
+        let config = format!(
+            "listen = \"127.0.0.1:{port}\"\nshardmap = \"shardmap.toml\"\ndatabase = \"{DATABASE}\"\n\n[[users]]\nname = \"{USER}\"\npassword = \"{PASSWORD}\"\n\n[backend]\nuser = \"{}\"\npassword = \"{}\"\n\n{extra}",
+            pgharness::SUPERUSER,
+            pgharness::PASSWORD
+        );
+        std::fs::write(dir.join("router.toml"), config).expect("write router config");
+        let log = dir.join("router.log");
+        let child = Command::new(shardgate_bin())
+            .arg("--config")
+            .arg(dir.join("router.toml"))
+            .arg("--threads")
+            .arg("2")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log).expect("router log"))
+            .stderr(std::fs::File::options().append(true).open(&log).expect("router log"))
+            .spawn()
+            .expect("start shardgate");
+        ROUTER_PIDS.lock().unwrap_or_else(|p| p.into_inner()).push(child.id());
+        let router = Router {
+            port,
+            dir,
+            child: Mutex::new(Some(child)),
+            log,
+        };
+        router.wait_ready();
+        router
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            if let Some(status) = self.child.lock().unwrap().as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("shardgate exited with {status}:\n{}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("shardgate did not start listening:\n{}", self.log_text());
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn url(&self) -> String {
+        self.url_as(USER, PASSWORD, DATABASE)
+    }
+
+    pub fn url_as(&self, user: &str, password: &str, db: &str) -> String {
+        format!("postgres://{user}:{password}@127.0.0.1:{}/{db}", self.port)
+    }
+
+    pub async fn connect(&self) -> Client {
+        connect(&self.url()).await.unwrap_or_else(|e| panic!("connect to the router: {e}\n{}", self.log_text()))
+    }
+
+    /// Whether the router process is still running.
+    pub fn is_alive(&self) -> bool {
+        self.child
+            .lock()
+            .unwrap()
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Lines of the router's log that contain `needle`.
+    pub fn log_lines(&self, needle: &str) -> Vec<String> {
+        std::fs::File::open(&self.log)
+            .map(|f| BufReader::new(f).lines().map_while(Result::ok).filter(|l| l.contains(needle)).collect())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub async fn connect(url: &str) -> Result<Client, tokio_postgres::Error> {
+    let (client, conn) = tokio_postgres::connect(url, NoTls).await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(client)
+}
+
+/// The SQLSTATE of a failed statement.
+pub fn sqlstate(err: &tokio_postgres::Error) -> String {
+    err.code().map(|c| c.code().to_string()).unwrap_or_else(|| format!("no SQLSTATE: {err}"))
+}
+
+/// Runs a command, returning (success, stdout, stderr).
+pub fn run(cmd: &mut Command) -> (bool, String, String) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A client binary of the Postgres installation the harness uses (psql, pgbench).
+pub fn pg_program(name: &str) -> PathBuf {
+    let install = pgharness::pg_install().expect("postgres installation");
+    let p = install.program(name);
+    if p.exists() {
+        p
+    } else {
+        Path::new("/usr/bin").join(name)
+    }
+}
