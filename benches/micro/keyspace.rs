@@ -17,18 +17,27 @@ fn keyspace_ids(c: &mut Criterion) {
         })
     });
     let text = "user-000123456@example.com";
-    g.bench_function("text_26_bytes", |b| b.iter(|| black_box(Key::Text(black_box(text)).keyspace_id())));
+    g.bench_function("text_26_bytes", |b| {
+        b.iter(|| black_box(Key::Text(black_box(text)).keyspace_id()))
+    });
     let uuid = *uuid_bytes();
-    g.bench_function("uuid", |b| b.iter(|| black_box(Key::Uuid(black_box(uuid)).keyspace_id())));
+    g.bench_function("uuid", |b| {
+        b.iter(|| black_box(Key::Uuid(black_box(uuid)).keyspace_id()))
+    });
     g.finish();
 }
 
 fn uuid_bytes() -> &'static [u8; 16] {
-    &[0xa0, 0xee, 0xbc, 0x99, 0x9c, 0x0b, 0x4e, 0xf8, 0xbb, 0x6d, 0x6b, 0xb9, 0xbd, 0x38, 0x0a, 0x11]
+    &[
+        0xa0, 0xee, 0xbc, 0x99, 0x9c, 0x0b, 0x4e, 0xf8, 0xbb, 0x6d, 0x6b, 0xb9, 0xbd, 0x38, 0x0a,
+        0x11,
+    ]
 }
 
 fn lookups(c: &mut Criterion) {
-    let urls: Vec<String> = (0..512).map(|i| format!("postgres://10.0.{}.{}:5432/app", i / 256, i % 256)).collect();
+    let urls: Vec<String> = (0..512)
+        .map(|i| format!("postgres://10.0.{}.{}:5432/app", i / 256, i % 256))
+        .collect();
     let map = ShardMap::even_split(&urls, vec![]).expect("512-shard map");
     let mut g = c.benchmark_group("lookup_512_shards");
     g.throughput(Throughput::Elements(1));

@@ -716,6 +716,30 @@ slow_statement_ms = 250
         );
     }
 
+    /// The examples in docs/configuration.md stay valid.
+    #[test]
+    fn documented_examples_parse() {
+        let doc = include_str!("../../docs/configuration.md");
+        let examples: Vec<&str> = doc
+            .split("```toml\n")
+            .skip(1)
+            .filter_map(|block| block.split("```").next())
+            .collect();
+        assert_eq!(examples.len(), 2);
+        let full = parse_str(examples[0]).unwrap();
+        assert_eq!(full.users.len(), 2);
+        assert_eq!(full.admin_users, ["admin"]);
+        let small = parse_str(examples[1]).unwrap();
+        assert_eq!(small.pool, full.pool);
+        assert_eq!(small.limits, full.limits);
+        // The full example spells out every default except the backend password.
+        assert_eq!(small.backend.user, full.backend.user);
+        assert_eq!(
+            small.backend.application_name,
+            full.backend.application_name
+        );
+    }
+
     #[test]
     fn defaults() {
         let c = parse_str(MINIMAL).unwrap();

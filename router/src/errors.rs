@@ -25,7 +25,10 @@ pub const ADMIN_SHUTDOWN: &str = "57P01";
 pub fn pool_exhausted(shard: &str, endpoint: &str, waited: Duration) -> SqlError {
     SqlError::new(
         TOO_MANY_CONNECTIONS,
-        format!("no free connection to shard {shard} ({endpoint}) within {} ms", waited.as_millis()),
+        format!(
+            "no free connection to shard {shard} ({endpoint}) within {} ms",
+            waited.as_millis()
+        ),
     )
     .with_hint("the shard is overloaded or its pool is too small: raise [pool] max_size, or retry")
 }

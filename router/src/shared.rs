@@ -89,7 +89,10 @@ impl Shared {
     }
 
     pub fn remove_client(&self, id: i32) {
-        self.clients.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        self.clients
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
     }
 
     pub fn client_count(&self) -> usize {
@@ -98,11 +101,20 @@ impl Shared {
 
     /// The backend running client `pid`'s statement, if the secret matches.
     pub fn cancel_target(&self, pid: i32, secret: i32) -> Option<CancelTarget> {
-        let slot = self.clients.lock().unwrap_or_else(|p| p.into_inner()).get(&pid).cloned()?;
+        let slot = self
+            .clients
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&pid)
+            .cloned()?;
         if slot.secret != secret {
             return None;
         }
-        let target = slot.running_on.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let target = slot
+            .running_on
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         target
     }
 
@@ -116,7 +128,10 @@ impl Shared {
         if self.params_learned.load(Ordering::Relaxed) || params.is_empty() {
             return;
         }
-        *self.server_params.write().unwrap_or_else(|p| p.into_inner()) = params.to_vec();
+        *self
+            .server_params
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = params.to_vec();
         self.params_learned.store(true, Ordering::Relaxed);
     }
 

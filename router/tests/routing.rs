@@ -5,23 +5,345 @@
 mod common;
 
 use common::{shared_env, sqlstate};
-use shardmap::predicate;
+use shardmap::{predicate, Key};
 
+/// 10,000 rows inserted through the router, half in the simple protocol and half as a
+/// prepared statement, are on exactly the shards the keyspace says, as the placement
+/// predicates of the shard map confirm on every shard directly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn smoke_simple_and_extended() {
+async fn ten_thousand_rows_land_where_the_keyspace_says() {
     let env = shared_env();
     let client = env.router.connect().await;
-    let rows = client.simple_query("SELECT 1").await.expect("select 1");
-    assert!(!rows.is_empty());
-    client
-        .execute("INSERT INTO kv (id, v) VALUES ($1, $2)", &[&-77i64, &"minus"])
+    let (lo, hi) = (1_000_000i64, 1_010_000i64);
+    let insert = client
+        .prepare("INSERT INTO kv (id, v) VALUES ($1, $2)")
         .await
-        .expect("insert");
-    let row = client.query_one("SELECT v FROM kv WHERE id = $1", &[&-77i64]).await.expect("select");
-    assert_eq!(row.get::<_, String>(0), "minus");
-    let shard = env.shard_of(-77);
-    assert_eq!(env.on_shard(shard, "SELECT v FROM kv WHERE id = -77"), "minus");
-    let err = client.simple_query("SELECT * FROM kv").await.expect_err("unroutable");
+        .expect("prepare");
+    for id in lo..hi {
+        if id % 2 == 0 {
+            client
+                .simple_query(&format!("INSERT INTO kv (id, v) VALUES ({id}, 'row {id}')"))
+                .await
+                .unwrap_or_else(|e| panic!("insert {id}: {e}"));
+        } else {
+            client
+                .execute(&insert, &[&id, &format!("row {id}")])
+                .await
+                .unwrap_or_else(|e| panic!("insert {id}: {e}"));
+        }
+    }
+    let kv = env.map.table_by_name("kv").expect("kv is sharded");
+    let mut expected = vec![0usize; env.map.shards().len()];
+    for id in lo..hi {
+        expected[env.shard_of(id)] += 1;
+    }
+    let mut total = 0;
+    for (i, shard) in env.map.shards().iter().enumerate() {
+        let pred = predicate::predicate(kv, &shard.range);
+        let here: usize = env
+            .on_shard(
+                i,
+                &format!("SELECT count(*) FROM kv WHERE id >= {lo} AND id < {hi}"),
+            )
+            .parse()
+            .expect("count");
+        let misplaced: usize = env
+            .on_shard(
+                i,
+                &format!("SELECT count(*) FROM kv WHERE id >= {lo} AND id < {hi} AND NOT ({pred})"),
+            )
+            .parse()
+            .expect("count");
+        assert_eq!(
+            misplaced, 0,
+            "shard {} holds rows of other shards",
+            shard.range
+        );
+        assert_eq!(here, expected[i], "shard {}", shard.range);
+        assert!(
+            here > 1000,
+            "an even split puts about a quarter of the rows on each shard"
+        );
+        total += here;
+    }
+    assert_eq!(total, 10_000);
+}
+
+/// Point selects return the right rows in simple, extended (unnamed and named statements)
+/// and prepared modes, for bigint, text and uuid keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn point_selects_in_every_protocol_mode() {
+    let env = shared_env();
+    let client = env.router.connect().await;
+    let ids: Vec<i64> = (2_000_000..2_000_200).collect();
+    for &id in &ids {
+        client
+            .execute(
+                "INSERT INTO kv (id, v) VALUES ($1, $2)",
+                &[&id, &format!("v{id}")],
+            )
+            .await
+            .expect("insert");
+    }
+    let prepared = client
+        .prepare("SELECT v FROM kv WHERE id = $1")
+        .await
+        .expect("prepare");
+    for &id in &ids {
+        let want = format!("v{id}");
+        // Simple protocol, literal key.
+        let rows = client
+            .simple_query(&format!("SELECT v FROM kv WHERE id = {id}"))
+            .await
+            .expect("simple");
+        let got: Vec<String> = rows
+            .iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(got, std::slice::from_ref(&want), "simple, id {id}");
+        // Extended protocol, a fresh statement each time.
+        let row = client
+            .query_one("SELECT v FROM kv WHERE id = $1", &[&id])
+            .await
+            .expect("extended");
+        assert_eq!(row.get::<_, String>(0), want, "extended, id {id}");
+        // The unnamed statement with explicit types.
+        let rows = client
+            .query_typed(
+                "SELECT v FROM kv WHERE id = $1",
+                &[(&id, tokio_postgres::types::Type::INT8)],
+            )
+            .await
+            .expect("typed");
+        assert_eq!(rows[0].get::<_, String>(0), want, "unnamed, id {id}");
+        // One prepared statement, many executions.
+        let row = client.query_one(&prepared, &[&id]).await.expect("prepared");
+        assert_eq!(row.get::<_, String>(0), want, "prepared, id {id}");
+        // A literal key inside an extended-protocol statement.
+        let row = client
+            .query_one(
+                &format!("SELECT v FROM kv WHERE id = {id} AND v = $1"),
+                &[&want],
+            )
+            .await
+            .expect("literal in extended");
+        assert_eq!(row.get::<_, String>(0), want);
+    }
+
+    // int4 parameters hash like int8: the key's declared width does not matter.
+    let small: i32 = 2_000_007;
+    let row = client
+        .query_one("SELECT v FROM kv WHERE id = $1::int4", &[&small])
+        .await
+        .expect("int4 key");
+    assert_eq!(row.get::<_, String>(0), "v2000007");
+
+    // Text and uuid keys.
+    for i in 0..100 {
+        let name = format!("näme-{i}-漢");
+        client
+            .execute("INSERT INTO names (name, n) VALUES ($1, $2)", &[&name, &i])
+            .await
+            .expect("insert name");
+        let row = client
+            .query_one("SELECT n FROM names WHERE name = $1", &[&name])
+            .await
+            .expect("name");
+        assert_eq!(row.get::<_, i32>(0), i);
+        let shard = env.map.shard_for_key(&Key::Text(&name));
+        assert_eq!(
+            env.on_shard(shard, &format!("SELECT n FROM names WHERE name = '{name}'")),
+            i.to_string()
+        );
+
+        let id = uuid::Uuid::new_v4();
+        client
+            .execute(
+                "INSERT INTO users (user_id, name) VALUES ($1, $2)",
+                &[&id, &name],
+            )
+            .await
+            .expect("insert user");
+        let rows = client
+            .simple_query(&format!("SELECT name FROM users WHERE user_id = '{id}'"))
+            .await
+            .expect("user by literal");
+        assert!(rows.iter().any(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some(name.as_str()))));
+        let shard = env.map.shard_for_key(&Key::Uuid(*id.as_bytes()));
+        assert_eq!(
+            env.on_shard(
+                shard,
+                &format!("SELECT name FROM users WHERE user_id = '{id}'")
+            ),
+            name
+        );
+    }
+}
+
+/// Named and unnamed prepared statements on one client, across many pooled connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_and_unnamed_statements_mix() {
+    let env = shared_env();
+    let client = env.router.connect().await;
+    let ins = client
+        .prepare("INSERT INTO kv (id, v) VALUES ($1, 'mix')")
+        .await
+        .expect("prepare insert");
+    let sel = client
+        .prepare("SELECT count(*) FROM kv WHERE id = $1")
+        .await
+        .expect("prepare select");
+    for id in 3_000_000i64..3_000_100 {
+        client.execute(&ins, &[&id]).await.expect("insert");
+        let n: i64 = client.query_one(&sel, &[&id]).await.expect("select").get(0);
+        assert_eq!(n, 1);
+        let rows = client
+            .query_typed(
+                "SELECT v FROM kv WHERE id = $1",
+                &[(&id, tokio_postgres::types::Type::INT8)],
+            )
+            .await
+            .expect("unnamed");
+        assert_eq!(rows[0].get::<_, String>(0), "mix");
+    }
+}
+
+/// Statements without a user table go to any shard; unsharded tables live on the default
+/// shard only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_table_and_unsharded_tables() {
+    let env = shared_env();
+    let client = env.router.connect().await;
+    for _ in 0..8 {
+        let row = client
+            .query_one("SELECT 1 + 1", &[])
+            .await
+            .expect("no table");
+        assert_eq!(row.get::<_, i32>(0), 2);
+        client
+            .simple_query("SHOW server_version")
+            .await
+            .expect("show");
+        client
+            .query("SELECT relname FROM pg_class LIMIT 1", &[])
+            .await
+            .expect("catalog");
+    }
+    client
+        .execute("INSERT INTO settings (k, v) VALUES ('theme', 'dark') ON CONFLICT (k) DO UPDATE SET v = 'dark'", &[])
+        .await
+        .expect("unsharded insert");
+    let row = client
+        .query_one("SELECT v FROM settings WHERE k = 'theme'", &[])
+        .await
+        .expect("unsharded select");
+    assert_eq!(row.get::<_, String>(0), "dark");
+    let default = env.map.default_shard();
+    for i in 0..env.map.shards().len() {
+        let n = env.on_shard(i, "SELECT count(*) FROM settings WHERE k = 'theme'");
+        assert_eq!(n, if i == default { "1" } else { "0" }, "shard {i}");
+    }
+}
+
+/// IN lists and multi-row inserts are routed when all keys share a shard and refused with
+/// 0A000 when they do not; several statements in one query likewise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_and_multi_statement_queries() {
+    let env = shared_env();
+    let client = env.router.connect().await;
+    let a = env.key_on(0, 4_000_000);
+    let b = env.key_on(0, a + 1);
+    let c = env.key_on(1, 4_000_000);
+    client
+        .simple_query(&format!(
+            "INSERT INTO kv (id, v) VALUES ({a}, 'a'), ({b}, 'b')"
+        ))
+        .await
+        .expect("multi-row insert on one shard");
+    let rows = client
+        .query(
+            &format!("SELECT v FROM kv WHERE id IN ({a}, {b}) ORDER BY v"),
+            &[],
+        )
+        .await
+        .expect("IN on one shard");
+    assert_eq!(rows.len(), 2);
+
+    let err = client
+        .simple_query(&format!(
+            "INSERT INTO kv (id, v) VALUES ({a}, 'x'), ({c}, 'y')"
+        ))
+        .await
+        .expect_err("multi-row insert across shards");
     assert_eq!(sqlstate(&err), "0A000");
-    let _ = predicate::quote_ident("x");
+    let err = client
+        .query(&format!("SELECT v FROM kv WHERE id IN ({a}, {c})"), &[])
+        .await
+        .expect_err("IN across shards");
+    assert_eq!(sqlstate(&err), "0A000");
+    let message = err
+        .as_db_error()
+        .map(|e| e.message().to_string())
+        .unwrap_or_default();
+    assert!(
+        message.contains("several shards") && message.contains("kv"),
+        "{message}"
+    );
+
+    // Several statements in one simple query, all on one shard.
+    let msgs = client
+        .simple_query(&format!(
+            "UPDATE kv SET v = 'a2' WHERE id = {a}; SELECT v FROM kv WHERE id = {a}"
+        ))
+        .await
+        .expect("two statements, one shard");
+    assert!(msgs.iter().any(
+        |m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("a2"))
+    ));
+    let err = client
+        .simple_query(&format!(
+            "SELECT v FROM kv WHERE id = {a}; SELECT v FROM kv WHERE id = {c}"
+        ))
+        .await
+        .expect_err("two statements, two shards");
+    assert_eq!(sqlstate(&err), "0A000");
+
+    // The connection is fine afterwards.
+    let row = client
+        .query_one("SELECT v FROM kv WHERE id = $1", &[&b])
+        .await
+        .expect("still usable");
+    assert_eq!(row.get::<_, String>(0), "b");
+}
+
+/// A sharded table without a pinned key is refused with 0A000 naming the table, and the
+/// client's connection keeps working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unroutable_statements_are_refused_clearly() {
+    let env = shared_env();
+    let client = env.router.connect().await;
+    for sql in [
+        "SELECT * FROM kv",
+        "SELECT * FROM kv WHERE v = 'x'",
+        "UPDATE kv SET v = 'y'",
+        "DELETE FROM kv WHERE id > 5",
+        "SELECT * FROM kv WHERE abs(id) = 5",
+    ] {
+        let err = client.simple_query(sql).await.expect_err(sql);
+        assert_eq!(sqlstate(&err), "0A000", "{sql}");
+        assert!(
+            err.as_db_error()
+                .is_some_and(|e| e.message().contains("kv")),
+            "{sql}: {err:?}"
+        );
+        let err = client.query(sql, &[]).await.expect_err(sql);
+        assert_eq!(sqlstate(&err), "0A000", "{sql} (extended)");
+        client
+            .query_one("SELECT 1", &[])
+            .await
+            .expect("usable after the refusal");
+    }
 }

@@ -136,7 +136,17 @@ mod tests {
 
     #[test]
     fn int_widths_agree() {
-        for v in [0i64, 1, -1, 42, -42, i32::MAX as i64, i32::MIN as i64, 32767, -32768] {
+        for v in [
+            0i64,
+            1,
+            -1,
+            42,
+            -42,
+            i32::MAX as i64,
+            i32::MIN as i64,
+            32767,
+            -32768,
+        ] {
             let h8 = hashint8extended(v, 0);
             assert_eq!(h8, hashint4extended(v as i32, 0), "int4 vs int8 for {v}");
             if let Ok(small) = i16::try_from(v) {
@@ -148,7 +158,10 @@ mod tests {
     #[test]
     fn int8_outside_int4_range_differs_from_truncation() {
         // 2^32 + 5 must not collide with 5: the high half is folded in.
-        assert_ne!(hashint8extended((1i64 << 32) + 5, 0), hashint8extended(5, 0));
+        assert_ne!(
+            hashint8extended((1i64 << 32) + 5, 0),
+            hashint8extended(5, 0)
+        );
     }
 
     #[test]

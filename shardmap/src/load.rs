@@ -60,7 +60,10 @@ pub fn parse(text: &str, origin: &str) -> Result<ShardMap, MapError> {
 
     let version = raw.version.get_ref();
     let version = if *version < 0 {
-        problems.add(line(raw.version.span()), format!("version must be 0 or more, not {version}"));
+        problems.add(
+            line(raw.version.span()),
+            format!("version must be 0 or more, not {version}"),
+        );
         0
     } else {
         *version as u64
@@ -73,11 +76,17 @@ pub fn parse(text: &str, origin: &str) -> Result<ShardMap, MapError> {
         let name = t.name.get_ref().trim();
         let key = t.key.get_ref().trim();
         if name.is_empty() || name.starts_with('.') || name.ends_with('.') {
-            problems.add(line(t.name.span()), format!("table name {name:?} is not a table name"));
+            problems.add(
+                line(t.name.span()),
+                format!("table name {name:?} is not a table name"),
+            );
             continue;
         }
         if key.is_empty() {
-            problems.add(line(t.key.span()), format!("table {name:?} needs its key column in `key`"));
+            problems.add(
+                line(t.key.span()),
+                format!("table {name:?} needs its key column in `key`"),
+            );
             continue;
         }
         match KeyType::parse(t.key_type.get_ref()) {

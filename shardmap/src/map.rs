@@ -113,7 +113,9 @@ impl ShardMap {
         for (i, (table, lines)) in tables.iter().enumerate() {
             for (other, other_lines) in &tables[..i] {
                 let same = table.name == other.name
-                    && (table.schema.is_none() || other.schema.is_none() || table.schema == other.schema);
+                    && (table.schema.is_none()
+                        || other.schema.is_none()
+                        || table.schema == other.schema);
                 if same {
                     problems.add(
                         lines.item,
@@ -134,7 +136,10 @@ impl ShardMap {
             return problems.into_result(origin, ShardMap::empty());
         }
         if shards.is_empty() {
-            problems.add(1, "the map has no [[shards]]: add at least one, e.g. range = \"-\"");
+            problems.add(
+                1,
+                "the map has no [[shards]]: add at least one, e.g. range = \"-\"",
+            );
             return problems.into_result(origin, ShardMap::empty());
         }
         shards.sort_by_key(|(s, _)| (s.range.start, s.range.end_u128()));
@@ -164,10 +169,17 @@ impl ShardMap {
             if a.0.range.overlaps(&b.0.range) {
                 problems.add(
                     b.1.item,
-                    format!("{} overlaps {}: every keyspace ID must belong to exactly one shard", describe(b), describe(a)),
+                    format!(
+                        "{} overlaps {}: every keyspace ID must belong to exactly one shard",
+                        describe(b),
+                        describe(a)
+                    ),
                 );
             } else if a_end < b_start {
-                let gap = KeyRange { start: a_end as u64, end: Some(b.0.range.start) };
+                let gap = KeyRange {
+                    start: a_end as u64,
+                    end: Some(b.0.range.start),
+                };
                 problems.add(
                     b.1.item,
                     format!(
@@ -179,7 +191,10 @@ impl ShardMap {
             }
         }
         // Overlaps can hide the true end; the shard reaching furthest decides coverage.
-        let furthest = shards.iter().max_by_key(|(s, _)| s.range.end_u128()).unwrap_or(first);
+        let furthest = shards
+            .iter()
+            .max_by_key(|(s, _)| s.range.end_u128())
+            .unwrap_or(first);
         if furthest.0.range.end.is_some() {
             problems.add(
                 furthest.1.item,
@@ -304,7 +319,11 @@ impl ShardMap {
         let mut out = String::new();
         let _ = writeln!(out, "# shardgate shard map: see docs/shardmap.md");
         let _ = writeln!(out, "version = {}", self.version);
-        let _ = writeln!(out, "default_shard = {}", q(&self.shards[self.default_shard].range.to_string()));
+        let _ = writeln!(
+            out,
+            "default_shard = {}",
+            q(&self.shards[self.default_shard].range.to_string())
+        );
         for t in &self.tables {
             let _ = writeln!(out, "\n[[tables]]");
             let _ = writeln!(out, "name = {}", q(&t.qualified_name()));

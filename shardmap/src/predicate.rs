@@ -31,12 +31,24 @@ pub fn predicate(table: &Table, range: &KeyRange) -> String {
     let mut parts = Vec::with_capacity(2);
     // Unsigned IDs below 2^63 are the non-negative bigints.
     if start < SIGN {
-        parts.push(interval(&id, start as i128, end.min(SIGN) as i128, 0, SIGN as i128));
+        parts.push(interval(
+            &id,
+            start as i128,
+            end.min(SIGN) as i128,
+            0,
+            SIGN as i128,
+        ));
     }
     // Unsigned IDs from 2^63 on are the negative bigints, in the same order.
     if end > SIGN {
         let shift = |v: u128| v as i128 - (1i128 << 64);
-        parts.push(interval(&id, shift(start.max(SIGN)), shift(end), -(SIGN as i128), 0));
+        parts.push(interval(
+            &id,
+            shift(start.max(SIGN)),
+            shift(end),
+            -(SIGN as i128),
+            0,
+        ));
     }
     if range == &KeyRange::FULL {
         return format!("{id} IS NOT NULL");
@@ -61,8 +73,13 @@ fn interval(id: &str, lo: i128, hi: i128, floor: i128, ceiling: i128) -> String 
 
 /// Quotes an identifier unless Postgres would read it unquoted as the same name.
 pub fn quote_ident(name: &str) -> String {
-    let plain = name.chars().next().is_some_and(|c| c.is_ascii_lowercase() || c == '_')
-        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    let plain = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
     if plain {
         name.to_string()
     } else {
@@ -76,7 +93,10 @@ mod tests {
     use crate::keyspace::KeyType;
 
     fn p(range: &str) -> String {
-        predicate(&Table::new("kv", "id", KeyType::BigInt), &KeyRange::parse(range).unwrap())
+        predicate(
+            &Table::new("kv", "id", KeyType::BigInt),
+            &KeyRange::parse(range).unwrap(),
+        )
     }
 
     #[test]
@@ -88,10 +108,7 @@ mod tests {
 
     #[test]
     fn inner_and_crossing_ranges() {
-        assert_eq!(
-            p("40-80"),
-            "hashint8extended(id, 0) >= 4611686018427387904"
-        );
+        assert_eq!(p("40-80"), "hashint8extended(id, 0) >= 4611686018427387904");
         assert_eq!(
             p("-40"),
             "hashint8extended(id, 0) >= 0 AND hashint8extended(id, 0) < 4611686018427387904"
@@ -100,10 +117,7 @@ mod tests {
             p("c0-"),
             "hashint8extended(id, 0) >= -4611686018427387904 AND hashint8extended(id, 0) < 0"
         );
-        assert_eq!(
-            p("80-c0"),
-            "hashint8extended(id, 0) < -4611686018427387904"
-        );
+        assert_eq!(p("80-c0"), "hashint8extended(id, 0) < -4611686018427387904");
         assert_eq!(
             p("40-c0"),
             "(hashint8extended(id, 0) >= 4611686018427387904 OR hashint8extended(id, 0) < -4611686018427387904)"

@@ -21,8 +21,12 @@ pub struct Primary {
 impl Primary {
     /// Parses and checks a primary URL; the error is a sentence for an operator.
     pub fn parse(text: &str) -> Result<Primary, String> {
-        let url = Url::parse(text.trim())
-            .map_err(|e| format!("primary {:?} is not a URL ({e}); write it as postgres://HOST:PORT/DATABASE", redact(text)))?;
+        let url = Url::parse(text.trim()).map_err(|e| {
+            format!(
+                "primary {:?} is not a URL ({e}); write it as postgres://HOST:PORT/DATABASE",
+                redact(text)
+            )
+        })?;
         if url.scheme() != "postgres" && url.scheme() != "postgresql" {
             return Err(format!(
                 "primary {:?} must start with postgres:// (found {}://)",
@@ -47,9 +51,8 @@ impl Primary {
             ));
         }
         let decode = |s: &str| {
-            percent_decode(s).ok_or_else(|| {
-                format!("primary {:?} has a malformed %-escape", redact(text))
-            })
+            percent_decode(s)
+                .ok_or_else(|| format!("primary {:?} has a malformed %-escape", redact(text)))
         };
         let database = decode(database)?;
         let user = match url.username() {
@@ -125,7 +128,8 @@ mod tests {
 
     #[test]
     fn parses_a_full_url() {
-        let p = Primary::parse("postgres://app:s%40cret@10.0.0.5:5433/shard_001?sslmode=disable").unwrap();
+        let p = Primary::parse("postgres://app:s%40cret@10.0.0.5:5433/shard_001?sslmode=disable")
+            .unwrap();
         assert_eq!(p.host, "10.0.0.5");
         assert_eq!(p.port, 5433);
         assert_eq!(p.database, "shard_001");
@@ -137,7 +141,10 @@ mod tests {
 
     #[test]
     fn defaults_the_port() {
-        assert_eq!(Primary::parse("postgresql://db.internal/app").unwrap().port, 5432);
+        assert_eq!(
+            Primary::parse("postgresql://db.internal/app").unwrap().port,
+            5432
+        );
     }
 
     #[test]

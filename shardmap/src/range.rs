@@ -20,7 +20,9 @@ pub struct KeyRange {
 /// Why a range string is not a range.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RangeError {
-    #[error("range {0:?} has no '-': write it as START-END in hex, e.g. \"-80\", \"40-80\" or \"80-\"")]
+    #[error(
+        "range {0:?} has no '-': write it as START-END in hex, e.g. \"-80\", \"40-80\" or \"80-\""
+    )]
     NoDash(String),
     #[error("range bound {bound:?} is not hex: use only 0-9 and a-f")]
     NotHex { bound: String },
@@ -89,7 +91,7 @@ fn parse_bound(text: &str) -> Result<Option<u64>, RangeError> {
     if !text.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(RangeError::NotHex { bound: bound() });
     }
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return Err(RangeError::OddDigits { bound: bound() });
     }
     if text.len() > 16 {
@@ -114,7 +116,12 @@ fn fmt_bound(f: &mut fmt::Formatter<'_>, value: u64, bytes: usize) -> fmt::Resul
     if value == 0 || bytes == 0 {
         return Ok(());
     }
-    write!(f, "{:0width$x}", value >> (64 - 8 * bytes), width = bytes * 2)
+    write!(
+        f,
+        "{:0width$x}",
+        value >> (64 - 8 * bytes),
+        width = bytes * 2
+    )
 }
 
 /// Both bounds are written with the same number of bytes (`0080-0100`, not `0080-01`), the
@@ -149,8 +156,20 @@ mod tests {
     #[test]
     fn parses_vitess_notation() {
         assert_eq!(r("-"), KeyRange::FULL);
-        assert_eq!(r("-80"), KeyRange { start: 0, end: Some(1 << 63) });
-        assert_eq!(r("80-"), KeyRange { start: 1 << 63, end: None });
+        assert_eq!(
+            r("-80"),
+            KeyRange {
+                start: 0,
+                end: Some(1 << 63)
+            }
+        );
+        assert_eq!(
+            r("80-"),
+            KeyRange {
+                start: 1 << 63,
+                end: None
+            }
+        );
         assert_eq!(r("40-80").start, 0x4000_0000_0000_0000);
         assert_eq!(r("0080-0100").end, Some(0x0100_0000_0000_0000));
         assert_eq!(r("ffffffffffffffff-").start, u64::MAX);
@@ -160,21 +179,44 @@ mod tests {
     #[test]
     fn rejects_malformed() {
         assert!(matches!(KeyRange::parse("80"), Err(RangeError::NoDash(_))));
-        assert!(matches!(KeyRange::parse("8-"), Err(RangeError::OddDigits { .. })));
-        assert!(matches!(KeyRange::parse("zz-"), Err(RangeError::NotHex { .. })));
-        assert!(matches!(KeyRange::parse("+1-"), Err(RangeError::NotHex { .. })));
+        assert!(matches!(
+            KeyRange::parse("8-"),
+            Err(RangeError::OddDigits { .. })
+        ));
+        assert!(matches!(
+            KeyRange::parse("zz-"),
+            Err(RangeError::NotHex { .. })
+        ));
+        assert!(matches!(
+            KeyRange::parse("+1-"),
+            Err(RangeError::NotHex { .. })
+        ));
         assert!(matches!(
             KeyRange::parse("112233445566778899-"),
             Err(RangeError::TooLong { .. })
         ));
-        assert!(matches!(KeyRange::parse("80-40"), Err(RangeError::Empty(_))));
-        assert!(matches!(KeyRange::parse("80-80"), Err(RangeError::Empty(_))));
+        assert!(matches!(
+            KeyRange::parse("80-40"),
+            Err(RangeError::Empty(_))
+        ));
+        assert!(matches!(
+            KeyRange::parse("80-80"),
+            Err(RangeError::Empty(_))
+        ));
         assert!(matches!(KeyRange::parse("-00"), Err(RangeError::Empty(_))));
     }
 
     #[test]
     fn displays_compactly_and_round_trips() {
-        for s in ["-", "-80", "80-", "40-80", "0080-0100", "555555-aaaaaa", "ffffffffffffffff-"] {
+        for s in [
+            "-",
+            "-80",
+            "80-",
+            "40-80",
+            "0080-0100",
+            "555555-aaaaaa",
+            "ffffffffffffffff-",
+        ] {
             assert_eq!(r(s).to_string(), s);
         }
         assert_eq!(r("4000-8000").to_string(), "40-80");

@@ -14,14 +14,16 @@ pub const MAX_SHARDS: usize = 4096;
 /// The ranges of an even split of the keyspace into `n` shards, in keyspace order.
 pub fn even_ranges(n: usize) -> Result<Vec<KeyRange>, String> {
     if n == 0 || n > MAX_SHARDS {
-        return Err(format!("the number of shards must be 1 to {MAX_SHARDS}, not {n}"));
+        return Err(format!(
+            "the number of shards must be 1 to {MAX_SHARDS}, not {n}"
+        ));
     }
     let n128 = n as u128;
     // Smallest number of whole bytes that splits exactly, or nearly so.
     let bytes = (1u32..=8)
         .find(|&p| {
             let units = 1u128 << (8 * p);
-            units % n128 == 0 || units / n128 >= 1 << 16
+            units.is_multiple_of(n128) || units / n128 >= 1 << 16
         })
         .unwrap_or(8);
     let units = 1u128 << (8 * bytes);
@@ -62,16 +64,32 @@ impl ShardMap {
         let index = self
             .shard_by_range(range)
             .ok_or_else(|| fail(format!("no shard has the range {range}")))?;
-        let (low, high) = range
-            .halves()
-            .ok_or_else(|| fail(format!("shard {range} holds one keyspace ID and cannot be split")))?;
+        let (low, high) = range.halves().ok_or_else(|| {
+            fail(format!(
+                "shard {range} holds one keyspace ID and cannot be split"
+            ))
+        })?;
         let parse = |url: &str| Primary::parse(url).map_err(fail);
         let mut shards = self.shards().to_vec();
-        shards[index] = Shard { range: low, primary: parse(low_primary)? };
-        shards.insert(index + 1, Shard { range: high, primary: parse(high_primary)? });
+        shards[index] = Shard {
+            range: low,
+            primary: parse(low_primary)?,
+        };
+        shards.insert(
+            index + 1,
+            Shard {
+                range: high,
+                primary: parse(high_primary)?,
+            },
+        );
         let default = self.shards()[self.default_shard()].range;
         let default = if default == *range { low } else { default };
-        ShardMap::new(self.version() + 1, self.tables().to_vec(), shards, Some(default))
+        ShardMap::new(
+            self.version() + 1,
+            self.tables().to_vec(),
+            shards,
+            Some(default),
+        )
     }
 }
 
@@ -83,8 +101,14 @@ impl KeyRange {
         }
         let mid = (u128::from(self.start) + self.width() / 2) as u64;
         Some((
-            KeyRange { start: self.start, end: Some(mid) },
-            KeyRange { start: mid, end: self.end },
+            KeyRange {
+                start: self.start,
+                end: Some(mid),
+            },
+            KeyRange {
+                start: mid,
+                end: self.end,
+            },
         ))
     }
 }
@@ -107,7 +131,10 @@ mod tests {
             }
             for r in &ranges {
                 let off = r.width().abs_diff(ideal);
-                assert!(off * 65_536 <= ideal, "n={n} range {r} is {off} IDs off even");
+                assert!(
+                    off * 65_536 <= ideal,
+                    "n={n} range {r} is {off} IDs off even"
+                );
             }
         }
         assert!(even_ranges(0).is_err());
@@ -116,7 +143,13 @@ mod tests {
 
     #[test]
     fn familiar_boundaries() {
-        let s = |n| even_ranges(n).unwrap().iter().map(|r| r.to_string()).collect::<Vec<_>>();
+        let s = |n| {
+            even_ranges(n)
+                .unwrap()
+                .iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+        };
         assert_eq!(s(1), ["-"]);
         assert_eq!(s(2), ["-80", "80-"]);
         assert_eq!(s(4), ["-40", "40-80", "80-c0", "c0-"]);
@@ -127,11 +160,17 @@ mod tests {
     #[test]
     fn halves_meet_in_the_middle() {
         let (a, b) = KeyRange::parse("40-80").unwrap().halves().unwrap();
-        assert_eq!((a.to_string(), b.to_string()), ("40-60".into(), "60-80".into()));
+        assert_eq!(
+            (a.to_string(), b.to_string()),
+            ("40-60".into(), "60-80".into())
+        );
         let (a, b) = KeyRange::FULL.halves().unwrap();
         assert_eq!((a.to_string(), b.to_string()), ("-80".into(), "80-".into()));
         let (a, b) = KeyRange::parse("c0-").unwrap().halves().unwrap();
-        assert_eq!((a.to_string(), b.to_string()), ("c0-e0".into(), "e0-".into()));
+        assert_eq!(
+            (a.to_string(), b.to_string()),
+            ("c0-e0".into(), "e0-".into())
+        );
         let one = KeyRange::parse("ffffffffffffffff-").unwrap();
         assert!(one.halves().is_none());
         assert!(one.contains(KeyspaceId(u64::MAX)));
@@ -142,11 +181,21 @@ mod tests {
         let urls: Vec<String> = (0..2).map(|i| format!("postgres://h/s{i}")).collect();
         let map = ShardMap::even_split(&urls, vec![]).unwrap();
         let split = map
-            .split_shard(&KeyRange::parse("80-").unwrap(), "postgres://h/s1", "postgres://h/s2")
+            .split_shard(
+                &KeyRange::parse("80-").unwrap(),
+                "postgres://h/s1",
+                "postgres://h/s2",
+            )
             .unwrap();
         assert_eq!(split.version(), 2);
         let ranges: Vec<String> = split.shards().iter().map(|s| s.range.to_string()).collect();
         assert_eq!(ranges, ["-80", "80-c0", "c0-"]);
-        assert!(map.split_shard(&KeyRange::parse("40-80").unwrap(), "postgres://h/a", "postgres://h/b").is_err());
+        assert!(map
+            .split_shard(
+                &KeyRange::parse("40-80").unwrap(),
+                "postgres://h/a",
+                "postgres://h/b"
+            )
+            .is_err());
     }
 }

@@ -28,7 +28,10 @@ primary = "postgres://app:secret@127.0.0.1:5434/app"
 
 fn problems(text: &str) -> Vec<(usize, String)> {
     let err = parse(text, "test.toml").expect_err("the map should be rejected");
-    err.problems.into_iter().map(|p| (p.line, p.message)).collect()
+    err.problems
+        .into_iter()
+        .map(|p| (p.line, p.message))
+        .collect()
 }
 
 fn one_problem(text: &str) -> (usize, String) {
@@ -45,7 +48,10 @@ fn loads_the_design_example() {
     assert_eq!(map.shards()[map.default_shard()].range.to_string(), "80-");
     let users = map.table(Some("app"), "users").unwrap();
     assert_eq!(users.key_type, KeyType::Uuid);
-    assert!(map.table(None, "users").is_some(), "unqualified reference matches");
+    assert!(
+        map.table(None, "users").is_some(),
+        "unqualified reference matches"
+    );
     assert!(map.table(Some("other"), "users").is_none());
     assert_eq!(map.table(Some("public"), "kv").unwrap().key, "id");
     assert_eq!(map.shards()[1].primary.password.as_deref(), Some("secret"));
@@ -60,15 +66,32 @@ fn round_trips_through_toml() {
 
 #[test]
 fn lookup_agrees_with_ranges() {
-    let urls: Vec<String> = (0..512).map(|i| format!("postgres://h{}:5432/s{i}", i % 4)).collect();
+    let urls: Vec<String> = (0..512)
+        .map(|i| format!("postgres://h{}:5432/s{i}", i % 4))
+        .collect();
     let map = ShardMap::even_split(&urls, vec![]).unwrap();
-    let probes = [0u64, 1, 0x0080_0000_0000_0000 - 1, 0x0080_0000_0000_0000, 1 << 63, u64::MAX];
-    for id in probes.into_iter().chain((0..10_000u64).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))) {
+    let probes = [
+        0u64,
+        1,
+        0x0080_0000_0000_0000 - 1,
+        0x0080_0000_0000_0000,
+        1 << 63,
+        u64::MAX,
+    ];
+    for id in probes
+        .into_iter()
+        .chain((0..10_000u64).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
+    {
         let i = map.shard_for(KeyspaceId(id));
-        assert!(map.shards()[i].range.contains(KeyspaceId(id)), "{id:016x} -> {i}");
+        assert!(
+            map.shards()[i].range.contains(KeyspaceId(id)),
+            "{id:016x} -> {i}"
+        );
     }
     let k = Key::Int(42);
-    assert!(map.shards()[map.shard_for_key(&k)].range.contains(k.keyspace_id()));
+    assert!(map.shards()[map.shard_for_key(&k)]
+        .range
+        .contains(k.keyspace_id()));
 }
 
 #[test]
@@ -79,7 +102,9 @@ fn reports_toml_syntax_errors_with_the_line() {
 
 #[test]
 fn reports_unknown_and_missing_fields() {
-    let (line, msg) = one_problem("version = 1\n[[shards]]\nrange = \"-\"\nprimary = \"postgres://h/a\"\nreplica = \"x\"\n");
+    let (line, msg) = one_problem(
+        "version = 1\n[[shards]]\nrange = \"-\"\nprimary = \"postgres://h/a\"\nreplica = \"x\"\n",
+    );
     assert_eq!(line, 5, "{msg}");
     assert!(msg.contains("replica"), "{msg}");
     let (_, msg) = one_problem("[[shards]]\nrange = \"-\"\nprimary = \"postgres://h/a\"\n");
@@ -88,7 +113,9 @@ fn reports_unknown_and_missing_fields() {
 
 #[test]
 fn reports_overlaps_gaps_and_coverage() {
-    let shard = |r: &str, db: &str| format!("[[shards]]\nrange = \"{r}\"\nprimary = \"postgres://h/{db}\"\n");
+    let shard = |r: &str, db: &str| {
+        format!("[[shards]]\nrange = \"{r}\"\nprimary = \"postgres://h/{db}\"\n")
+    };
     let map = |shards: &[(&str, &str)]| {
         let mut t = String::from("version = 1\n");
         for (r, db) in shards {
@@ -143,7 +170,10 @@ primary = "http://h/b"
     let all = problems(text);
     let lines: Vec<usize> = all.iter().map(|p| p.0).collect();
     assert_eq!(lines, [5, 11, 14, 15], "{all:?}");
-    assert!(all[0].1.contains("numeric") && all[0].1.contains("bigint"), "{all:?}");
+    assert!(
+        all[0].1.contains("numeric") && all[0].1.contains("bigint"),
+        "{all:?}"
+    );
     assert!(all[1].1.contains("odd number of hex digits"), "{all:?}");
     assert!(all[2].1.contains("not hex"), "{all:?}");
     assert!(all[3].1.contains("postgres://"), "{all:?}");
@@ -175,7 +205,11 @@ primary = "postgres://h/a"
 
 #[test]
 fn error_display_names_file_and_line() {
-    let err = parse("version = 1\n[[shards]]\nrange = \"-\"\nprimary = \"nope\"\n", "maps/x.toml").unwrap_err();
+    let err = parse(
+        "version = 1\n[[shards]]\nrange = \"-\"\nprimary = \"nope\"\n",
+        "maps/x.toml",
+    )
+    .unwrap_err();
     let text = err.to_string();
     assert!(text.starts_with("maps/x.toml:4: "), "{text}");
 }

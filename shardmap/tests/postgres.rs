@@ -26,7 +26,13 @@ fn rng() -> rand::rngs::StdRng {
 }
 
 /// Runs `SELECT f(v, seed) FROM unnest($1) WITH ORDINALITY` and returns the hashes in order.
-async fn pg_hashes<T>(client: &Client, func: &str, array_type: &str, values: &[T], seed: u64) -> Vec<u64>
+async fn pg_hashes<T>(
+    client: &Client,
+    func: &str,
+    array_type: &str,
+    values: &[T],
+    seed: u64,
+) -> Vec<u64>
 where
     T: tokio_postgres::types::ToSql + Sync,
 {
@@ -52,7 +58,12 @@ fn assert_same<T: std::fmt::Debug>(what: &str, values: &[T], pg: &[u64], ours: i
             }
         }
     }
-    assert_eq!(mismatches, 0, "{what}: {mismatches} of {} values differ", values.len());
+    assert_eq!(
+        mismatches,
+        0,
+        "{what}: {mismatches} of {} values differ",
+        values.len()
+    );
 }
 
 fn int8_values() -> Vec<i64> {
@@ -82,12 +93,36 @@ fn int8_values() -> Vec<i64> {
 }
 
 fn text_values() -> Vec<String> {
-    const ALPHABET: &[&str] = &["a", "Z", "0", " ", "-", "'", "é", "ß", "漢", "字", "😀", "\u{10ffff}", "\t"];
+    const ALPHABET: &[&str] = &[
+        "a",
+        "Z",
+        "0",
+        " ",
+        "-",
+        "'",
+        "é",
+        "ß",
+        "漢",
+        "字",
+        "😀",
+        "\u{10ffff}",
+        "\t",
+    ];
     let mut r = rng();
-    let mut v: Vec<String> = ["", "a", "abc", "hello world", "é", "漢字", "😀😀😀", "x".repeat(12).as_str(), "y".repeat(1000).as_str()]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let mut v: Vec<String> = [
+        "",
+        "a",
+        "abc",
+        "hello world",
+        "é",
+        "漢字",
+        "😀😀😀",
+        "x".repeat(12).as_str(),
+        "y".repeat(1000).as_str(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     // Every tail length of the 12-byte blocks, in ASCII and multi-byte text.
     for len in 0..=40 {
         v.push("q".repeat(len));
@@ -95,7 +130,11 @@ fn text_values() -> Vec<String> {
     }
     for _ in 0..RANDOM_VALUES {
         let len = r.random_range(0..48);
-        v.push((0..len).map(|_| ALPHABET[r.random_range(0..ALPHABET.len())]).collect());
+        v.push(
+            (0..len)
+                .map(|_| ALPHABET[r.random_range(0..ALPHABET.len())])
+                .collect(),
+        );
     }
     v
 }
@@ -119,8 +158,15 @@ async fn hashes_match_postgres_bit_for_bit() {
     let client = connect(&server).await;
 
     let int8 = int8_values();
-    let int4: Vec<i32> = int8.iter().map(|&v| v as i32).chain([0, 1, -1, i32::MIN, i32::MAX]).collect();
-    let int2: Vec<i16> = (i16::MIN..=i16::MAX).step_by(3).chain([0, 1, -1, i16::MIN, i16::MAX]).collect();
+    let int4: Vec<i32> = int8
+        .iter()
+        .map(|&v| v as i32)
+        .chain([0, 1, -1, i32::MIN, i32::MAX])
+        .collect();
+    let int2: Vec<i16> = (i16::MIN..=i16::MAX)
+        .step_by(3)
+        .chain([0, 1, -1, i16::MIN, i16::MAX])
+        .collect();
     assert!(int2.len() >= 10_000);
     let text = text_values();
     let uuids = uuid_values();
@@ -131,22 +177,35 @@ async fn hashes_match_postgres_bit_for_bit() {
 
     for seed in SEEDS {
         let pg = pg_hashes(&client, "hashint8extended", "int8[]", &int8, seed).await;
-        assert_same("hashint8extended", &int8, &pg, |&v| hash::hashint8extended(v, seed));
+        assert_same("hashint8extended", &int8, &pg, |&v| {
+            hash::hashint8extended(v, seed)
+        });
 
         let pg = pg_hashes(&client, "hashint4extended", "int4[]", &int4, seed).await;
-        assert_same("hashint4extended", &int4, &pg, |&v| hash::hashint4extended(v, seed));
+        assert_same("hashint4extended", &int4, &pg, |&v| {
+            hash::hashint4extended(v, seed)
+        });
 
         let pg = pg_hashes(&client, "hashint2extended", "int2[]", &int2, seed).await;
-        assert_same("hashint2extended", &int2, &pg, |&v| hash::hashint2extended(v, seed));
+        assert_same("hashint2extended", &int2, &pg, |&v| {
+            hash::hashint2extended(v, seed)
+        });
 
         let pg = pg_hashes(&client, "hashtextextended", "text[]", &text, seed).await;
-        assert_same("hashtextextended", &text, &pg, |v| hash::hashtextextended(v, seed));
+        assert_same("hashtextextended", &text, &pg, |v| {
+            hash::hashtextextended(v, seed)
+        });
 
         // uuid[] is sent as text[] and cast, so the test needs no uuid support in the driver.
         let sql = "SELECT uuid_hash_extended(v::uuid, $2) FROM unnest($1::text[]) WITH ORDINALITY AS t(v, n) ORDER BY n";
-        let rows = client.query(sql, &[&uuids, &(seed as i64)]).await.expect("uuid hashes");
+        let rows = client
+            .query(sql, &[&uuids, &(seed as i64)])
+            .await
+            .expect("uuid hashes");
         let pg: Vec<u64> = rows.iter().map(|r| r.get::<_, i64>(0) as u64).collect();
-        assert_same("uuid_hash_extended", &uuid_bytes, &pg, |b| hash::uuid_hash_extended(b, seed));
+        assert_same("uuid_hash_extended", &uuid_bytes, &pg, |b| {
+            hash::uuid_hash_extended(b, seed)
+        });
     }
 
     // The same value as int2, int4 and int8 gets one keyspace ID, in Postgres as here.
@@ -164,7 +223,11 @@ async fn hashes_match_postgres_bit_for_bit() {
 
 /// A map whose ranges cross the signed/unsigned boundary in every way the predicate handles.
 fn maps_to_audit() -> Vec<ShardMap> {
-    let urls = |n: usize| (0..n).map(|i| format!("postgres://h/s{i}")).collect::<Vec<_>>();
+    let urls = |n: usize| {
+        (0..n)
+            .map(|i| format!("postgres://h/s{i}"))
+            .collect::<Vec<_>>()
+    };
     let mut maps: Vec<ShardMap> = [1, 2, 3, 4, 7, 16]
         .into_iter()
         .map(|n| ShardMap::even_split(&urls(n), vec![]).expect("even split"))
@@ -205,12 +268,19 @@ async fn placement_predicates_count_every_row_exactly_once() {
     let tables = [
         (Table::new("kv", "id", KeyType::BigInt), "id::text"),
         (Table::new("names", "name", KeyType::Text), "name"),
-        (Table::new("things", "thingId", KeyType::Uuid), "\"thingId\"::text"),
+        (
+            Table::new("things", "thingId", KeyType::Uuid),
+            "\"thingId\"::text",
+        ),
         (Table::new("small", "k", KeyType::Integer), "k::text"),
     ];
     for map in maps_to_audit() {
         for (table, key_text) in &tables {
-            let preds: Vec<String> = map.shards().iter().map(|s| predicate::predicate(table, &s.range)).collect();
+            let preds: Vec<String> = map
+                .shards()
+                .iter()
+                .map(|s| predicate::predicate(table, &s.range))
+                .collect();
             // Which shard's predicate each row satisfies, and how many predicates it satisfies.
             let which = preds
                 .iter()
@@ -218,31 +288,55 @@ async fn placement_predicates_count_every_row_exactly_once() {
                 .map(|(i, p)| format!("WHEN {p} THEN {i}"))
                 .collect::<Vec<_>>()
                 .join(" ");
-            let hits = preds.iter().map(|p| format!("({p})::int")).collect::<Vec<_>>().join(" + ");
+            let hits = preds
+                .iter()
+                .map(|p| format!("({p})::int"))
+                .collect::<Vec<_>>()
+                .join(" + ");
             let sql = format!(
                 "SELECT {key_text}, CASE {which} END, {hits} FROM {}",
                 predicate::quote_ident(&table.name)
             );
-            let rows = client.query(&sql, &[]).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+            let rows = client
+                .query(&sql, &[])
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
             assert!(rows.len() >= 5000);
             let mut per_shard = vec![0usize; preds.len()];
             for row in &rows {
                 let key: String = row.get(0);
                 let pg_shard: Option<i32> = row.get(1);
                 let hits: i32 = row.get(2);
-                assert_eq!(hits, 1, "{}: row {key:?} matched {hits} shard predicates", table.name);
-                let ours = map.shard_for_key(&table.key_type.parse_key(&key).expect("key from postgres"));
+                assert_eq!(
+                    hits, 1,
+                    "{}: row {key:?} matched {hits} shard predicates",
+                    table.name
+                );
+                let ours =
+                    map.shard_for_key(&table.key_type.parse_key(&key).expect("key from postgres"));
                 assert_eq!(pg_shard, Some(ours as i32), "{}: row {key:?}", table.name);
                 per_shard[ours] += 1;
             }
             // Counting per shard with each predicate on its own gives the same split.
             for (i, p) in preds.iter().enumerate() {
                 let n: i64 = client
-                    .query_one(&format!("SELECT count(*) FROM {} WHERE {p}", predicate::quote_ident(&table.name)), &[])
+                    .query_one(
+                        &format!(
+                            "SELECT count(*) FROM {} WHERE {p}",
+                            predicate::quote_ident(&table.name)
+                        ),
+                        &[],
+                    )
                     .await
                     .expect("count")
                     .get(0);
-                assert_eq!(n as usize, per_shard[i], "{} shard {}", table.name, map.shards()[i].range);
+                assert_eq!(
+                    n as usize,
+                    per_shard[i],
+                    "{} shard {}",
+                    table.name,
+                    map.shards()[i].range
+                );
             }
         }
     }

@@ -65,14 +65,26 @@ pub enum Command {
 /// Runs a parsed command line; the error is the message to print.
 pub fn run(args: Args) -> Result<(), String> {
     match (args.command, args.config) {
-        (Some(Command::Locate { shardmap, table, keys }), _) => maps::locate(&shardmap, &table, &keys),
+        (
+            Some(Command::Locate {
+                shardmap,
+                table,
+                keys,
+            }),
+            _,
+        ) => maps::locate(&shardmap, &table, &keys),
         (Some(Command::Shardmap(cmd)), _) => maps::run(cmd),
         (None, Some(config)) => serve(&config, args.check, args.log.as_deref(), args.threads),
         (None, None) => Err("nothing to do: run a router with --config FILE, or see --help".into()),
     }
 }
 
-fn serve(config: &std::path::Path, check: bool, log: Option<&str>, threads: Option<usize>) -> Result<(), String> {
+fn serve(
+    config: &std::path::Path,
+    check: bool,
+    log: Option<&str>,
+    threads: Option<usize>,
+) -> Result<(), String> {
     let shared = crate::server::load(config)?;
     if check {
         println!(
@@ -87,17 +99,24 @@ fn serve(config: &std::path::Path, check: bool, log: Option<&str>, threads: Opti
         return Ok(());
     }
     let filter = match log {
-        Some(f) => tracing_subscriber::EnvFilter::try_new(f).map_err(|e| format!("--log {f:?}: {e}"))?,
+        Some(f) => {
+            tracing_subscriber::EnvFilter::try_new(f).map_err(|e| format!("--log {f:?}: {e}"))?
+        }
         None => tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
     };
-    tracing_subscriber::fmt().with_env_filter(filter).with_target(false).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .init();
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     rt.enable_all();
     if let Some(n) = threads {
         rt.worker_threads(n.max(1));
     }
-    let rt = rt.build().map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let rt = rt
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
     rt.block_on(async {
         tokio::select! {
             r = crate::server::run(shared) => r,

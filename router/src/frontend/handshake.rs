@@ -48,7 +48,11 @@ pub enum HandshakeError {
     Timeout(Duration),
 }
 
-pub async fn run(stream: &mut TcpStream, buf: &mut BytesMut, shared: &Shared) -> Result<Outcome, HandshakeError> {
+pub async fn run(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    shared: &Shared,
+) -> Result<Outcome, HandshakeError> {
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(stream, buf, shared)).await {
         Ok(r) => r,
         Err(_) => Err(HandshakeError::Timeout(HANDSHAKE_TIMEOUT)),
@@ -70,13 +74,20 @@ async fn fill(stream: &mut TcpStream, buf: &mut BytesMut, n: usize) -> std::io::
             if buf.is_empty() {
                 return Ok(false);
             }
-            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the client left mid-message"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the client left mid-message",
+            ));
         }
     }
     Ok(true)
 }
 
-async fn handshake(stream: &mut TcpStream, buf: &mut BytesMut, shared: &Shared) -> Result<Outcome, HandshakeError> {
+async fn handshake(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    shared: &Shared,
+) -> Result<Outcome, HandshakeError> {
     let params = loop {
         if !fill(stream, buf, 4).await? {
             return Ok(Outcome::Done);
@@ -84,7 +95,13 @@ async fn handshake(stream: &mut TcpStream, buf: &mut BytesMut, shared: &Shared) 
         let len = match startup::packet_len(buf) {
             Ok(Some(len)) => len,
             Ok(None) => continue,
-            Err(e) => return Err(refuse(stream, SqlError::fatal(errors::PROTOCOL_VIOLATION, e.to_string())).await),
+            Err(e) => {
+                return Err(refuse(
+                    stream,
+                    SqlError::fatal(errors::PROTOCOL_VIOLATION, e.to_string()),
+                )
+                .await)
+            }
         };
         fill(stream, buf, len).await?;
         let packet = startup::decode(&buf[..len]);
@@ -96,21 +113,38 @@ async fn handshake(stream: &mut TcpStream, buf: &mut BytesMut, shared: &Shared) 
                 return Ok(Outcome::Done);
             }
             Ok(Startup::Startup { params }) => break params,
-            Err(e) => return Err(refuse(stream, SqlError::fatal(errors::PROTOCOL_VIOLATION, e.to_string())).await),
+            Err(e) => {
+                return Err(refuse(
+                    stream,
+                    SqlError::fatal(errors::PROTOCOL_VIOLATION, e.to_string()),
+                )
+                .await)
+            }
         }
     };
 
     let user = match Startup::param(&params, "user") {
         Some(u) if !u.is_empty() => u.to_string(),
         _ => {
-            let err = SqlError::fatal(errors::INVALID_AUTHORIZATION, "no PostgreSQL user name specified in startup packet");
+            let err = SqlError::fatal(
+                errors::INVALID_AUTHORIZATION,
+                "no PostgreSQL user name specified in startup packet",
+            );
             return Err(refuse(stream, err).await);
         }
     };
-    let database = Startup::param(&params, "database").unwrap_or(&user).to_string();
+    let database = Startup::param(&params, "database")
+        .unwrap_or(&user)
+        .to_string();
     if database != shared.config.database {
-        let err = SqlError::fatal(errors::UNKNOWN_DATABASE, format!("database \"{database}\" does not exist"))
-            .with_hint(format!("this router serves the database \"{}\"", shared.config.database));
+        let err = SqlError::fatal(
+            errors::UNKNOWN_DATABASE,
+            format!("database \"{database}\" does not exist"),
+        )
+        .with_hint(format!(
+            "this router serves the database \"{}\"",
+            shared.config.database
+        ));
         return Err(refuse(stream, err).await);
     }
 
@@ -124,7 +158,11 @@ async fn handshake(stream: &mut TcpStream, buf: &mut BytesMut, shared: &Shared) 
     let (id, slot) = shared.add_client();
     let mut out = Vec::with_capacity(512);
     reply::auth_ok(&mut out);
-    let server_params = shared.server_params.read().unwrap_or_else(|p| p.into_inner()).clone();
+    let server_params = shared
+        .server_params
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
     for (name, value) in &server_params {
         // What the client asked for itself is what it is told, as Postgres does.
         let value = match name.as_str() {
@@ -142,7 +180,12 @@ async fn handshake(stream: &mut TcpStream, buf: &mut BytesMut, shared: &Shared) 
         shared.remove_client(id);
         return Err(e.into());
     }
-    Ok(Outcome::LoggedIn(Login { user, params, id, slot }))
+    Ok(Outcome::LoggedIn(Login {
+        user,
+        params,
+        id,
+        slot,
+    }))
 }
 
 /// Runs SCRAM-SHA-256; the outer error is I/O, the inner one a failed login.
@@ -183,7 +226,10 @@ async fn authenticate(
 }
 
 /// Reads one `p` message (PasswordMessage / SASLInitialResponse / SASLResponse) body.
-async fn read_password_message(stream: &mut TcpStream, buf: &mut BytesMut) -> Result<Vec<u8>, HandshakeError> {
+async fn read_password_message(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+) -> Result<Vec<u8>, HandshakeError> {
     loop {
         match next_frame(buf) {
             Ok(Some(h)) if h.tag == b'p' && h.total <= 64 * 1024 => {
@@ -194,16 +240,29 @@ async fn read_password_message(stream: &mut TcpStream, buf: &mut BytesMut) -> Re
             Ok(Some(h)) => {
                 let err = SqlError::fatal(
                     errors::PROTOCOL_VIOLATION,
-                    format!("expected a password message during authentication, got message type {:?}", char::from(h.tag)),
+                    format!(
+                        "expected a password message during authentication, got message type {:?}",
+                        char::from(h.tag)
+                    ),
                 );
                 return Err(refuse(stream, err).await);
             }
             Ok(None) => {
                 if stream.read_buf(buf).await? == 0 {
-                    return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the client left during authentication").into());
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "the client left during authentication",
+                    )
+                    .into());
                 }
             }
-            Err(e) => return Err(refuse(stream, SqlError::fatal(errors::PROTOCOL_VIOLATION, e.to_string())).await),
+            Err(e) => {
+                return Err(refuse(
+                    stream,
+                    SqlError::fatal(errors::PROTOCOL_VIOLATION, e.to_string()),
+                )
+                .await)
+            }
         }
     }
 }
@@ -212,7 +271,10 @@ async fn read_password_message(stream: &mut TcpStream, buf: &mut BytesMut) -> Re
 /// matches; like Postgres, says nothing back either way.
 async fn forward_cancel(shared: &Shared, pid: i32, secret: i32) {
     let Some(target) = shared.cancel_target(pid, secret) else {
-        tracing::debug!(pid, "cancel request for an unknown client or with a wrong secret");
+        tracing::debug!(
+            pid,
+            "cancel request for an unknown client or with a wrong secret"
+        );
         return;
     };
     let mut packet = Vec::with_capacity(16);

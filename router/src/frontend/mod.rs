@@ -42,9 +42,12 @@ async fn client(mut stream: TcpStream, shared: Arc<Shared>, peer: std::net::Sock
     let _ = stream.set_nodelay(true);
     if shared.client_count() >= shared.config.limits.max_clients {
         let mut out = Vec::new();
-        SqlError::fatal(errors::TOO_MANY_CONNECTIONS, "sorry, too many clients already")
-            .with_hint("raise [limits] max_clients in the router config, or use fewer connections")
-            .write(&mut out);
+        SqlError::fatal(
+            errors::TOO_MANY_CONNECTIONS,
+            "sorry, too many clients already",
+        )
+        .with_hint("raise [limits] max_clients in the router config, or use fewer connections")
+        .write(&mut out);
         let _ = stream.write_all(&out).await;
         return;
     }

@@ -48,7 +48,11 @@ pub enum Audience {
 pub enum Expect {
     /// `stmt` is the router-wide id of the statement a Parse prepares (0 for none), so a
     /// Parse that fails or is skipped can be forgotten again.
-    Reply { kind: Kind, audience: Audience, stmt: u64 },
+    Reply {
+        kind: Kind,
+        audience: Audience,
+        stmt: u64,
+    },
     /// Bytes the router answers itself, sent when the queue reaches them.
     Synthetic(Vec<u8>),
 }
@@ -94,7 +98,11 @@ pub struct Replies {
 
 impl Replies {
     pub fn push(&mut self, kind: Kind, audience: Audience) {
-        self.queue.push_back(Expect::Reply { kind, audience, stmt: 0 });
+        self.queue.push_back(Expect::Reply {
+            kind,
+            audience,
+            stmt: 0,
+        });
     }
 
     /// A Parse that prepares router statement `stmt`.
@@ -122,9 +130,15 @@ impl Replies {
 
     /// Whether a `Z` is still owed: the exchange is not finished before it arrives.
     pub fn awaits_ready(&self) -> bool {
-        self.queue
-            .iter()
-            .any(|e| matches!(e, Expect::Reply { kind: Kind::Sync | Kind::Query, .. }))
+        self.queue.iter().any(|e| {
+            matches!(
+                e,
+                Expect::Reply {
+                    kind: Kind::Sync | Kind::Query,
+                    ..
+                }
+            )
+        })
     }
 
     /// Whether a backend reply is still owed (as opposed to only synthetic ones).
@@ -150,7 +164,11 @@ impl Replies {
             session_set: false,
         };
         let front = match self.queue.front() {
-            Some(Expect::Reply { kind, audience, stmt }) => Some((*kind, *audience, *stmt)),
+            Some(Expect::Reply {
+                kind,
+                audience,
+                stmt,
+            }) => Some((*kind, *audience, *stmt)),
             _ => None,
         };
         // Asynchronous messages may come at any time; they reach the client unless the
@@ -170,14 +188,13 @@ impl Replies {
                 })
             }
         };
-        let show = |forward_errors: bool| {
-            if audience == Audience::Client || (forward_errors && audience == Audience::Router) {
-                Action::Forward
-            } else {
-                Action::Drop
-            }
+        // The router's injected messages stay hidden, except that their errors are the
+        // client's errors (a failed injected Parse is why the client's Bind fails).
+        step.action = match audience {
+            Audience::Client => Action::Forward,
+            Audience::Router if tag == b'E' => Action::Forward,
+            _ => Action::Drop,
         };
-        step.action = show(tag == b'E');
         let done = match (kind, tag) {
             (_, b'E') if kind != Kind::Query && kind != Kind::Sync => {
                 // Extended protocol: everything up to the next Sync is skipped by Postgres,
@@ -188,7 +205,9 @@ impl Replies {
                 self.queue.pop_front();
                 while let Some(e) = self.queue.front() {
                     match e {
-                        Expect::Reply { kind: Kind::Sync, .. } => break,
+                        Expect::Reply {
+                            kind: Kind::Sync, ..
+                        } => break,
                         Expect::Reply { stmt, audience, .. } if *stmt != 0 => {
                             self.failed.push((*stmt, *audience == Audience::Client))
                         }
@@ -262,7 +281,10 @@ mod tests {
     use super::*;
 
     fn feed(r: &mut Replies, frames: &[(u8, &[u8])]) -> Vec<Action> {
-        frames.iter().map(|(t, b)| r.on_frame(*t, b).unwrap().action).collect()
+        frames
+            .iter()
+            .map(|(t, b)| r.on_frame(*t, b).unwrap().action)
+            .collect()
     }
 
     #[test]
@@ -276,8 +298,26 @@ mod tests {
         let mut out = Vec::new();
         r.drain_synthetic(&mut out);
         assert_eq!(out, b"1");
-        let actions = feed(&mut r, &[(b'1', b""), (b'2', b""), (b'D', b"row"), (b'C', b"SELECT 1\0"), (b'Z', b"I")]);
-        assert_eq!(actions, [Action::Drop, Action::Forward, Action::Forward, Action::Forward, Action::Forward]);
+        let actions = feed(
+            &mut r,
+            &[
+                (b'1', b""),
+                (b'2', b""),
+                (b'D', b"row"),
+                (b'C', b"SELECT 1\0"),
+                (b'Z', b"I"),
+            ],
+        );
+        assert_eq!(
+            actions,
+            [
+                Action::Drop,
+                Action::Forward,
+                Action::Forward,
+                Action::Forward,
+                Action::Forward
+            ]
+        );
         assert!(r.is_empty());
     }
 
@@ -290,7 +330,11 @@ mod tests {
         r.push(Kind::Execute, Audience::Client);
         r.push(Kind::Sync, Audience::Client);
         let e = r.on_frame(b'E', b"").unwrap();
-        assert_eq!(e.action, Action::Forward, "an injected Parse's error is the client's error");
+        assert_eq!(
+            e.action,
+            Action::Forward,
+            "an injected Parse's error is the client's error"
+        );
         let z = r.on_frame(b'Z', b"I").unwrap();
         assert_eq!(z.ready, Some(TxStatus::Idle));
         assert!(r.is_empty());
@@ -339,7 +383,10 @@ mod tests {
     fn silent_queries_hide_everything_and_stray_replies_are_desyncs() {
         let mut r = Replies::default();
         r.push(Kind::Query, Audience::Silent);
-        assert_eq!(feed(&mut r, &[(b'C', b"BEGIN\0"), (b'E', b""), (b'Z', b"T")]), [Action::Drop; 3]);
+        assert_eq!(
+            feed(&mut r, &[(b'C', b"BEGIN\0"), (b'E', b""), (b'Z', b"T")]),
+            [Action::Drop; 3]
+        );
         assert!(r.on_frame(b'D', b"").is_err());
         assert_eq!(r.on_frame(b'N', b"").unwrap().action, Action::Forward);
     }

@@ -45,14 +45,16 @@ impl Literals for [Box<str>] {
 }
 
 /// Decides where `plan` runs. `bind` holds the client's parameters (extended protocol);
-/// `literals` the values normalization took out of the text.
+/// `params_before` is how many `$n` the client's own text had (the plan is shared by texts
+/// that differ only in literals, so this belongs to the text, not the plan); `literals` are
+/// the values normalization took out of the text.
 pub fn decide(
     plan: &Plan,
     bind: Option<&Bind<'_>>,
+    params_before: usize,
     literals: &(impl Literals + ?Sized),
     map: &ShardMap,
 ) -> Result<Decision, SqlError> {
-    let params_before = plan.param_count_before;
     let mut shard: Option<usize> = None;
     let mut agree = |s: usize| -> Result<(), SqlError> {
         match shard {
@@ -75,10 +77,15 @@ pub fn decide(
     let single = plan.statements.len() == 1;
     for route in &plan.statements {
         match route {
-            Route::Keyed { table, key_type, keys } => {
+            Route::Keyed {
+                table,
+                key_type,
+                keys,
+            } => {
                 let mut first: Option<usize> = None;
                 for source in keys {
-                    let Some(key) = read_key(source, *key_type, bind, params_before, literals)? else {
+                    let Some(key) = read_key(source, *key_type, bind, params_before, literals)?
+                    else {
                         continue;
                     };
                     let s = map.shard_for_key(&key);
@@ -109,7 +116,10 @@ pub fn decide(
             Route::Rollback if single => only_txn = Some(Decision::Rollback),
             Route::Begin | Route::Commit | Route::Rollback => {}
             Route::Unroutable { message } => {
-                return Err(SqlError::new(errors::FEATURE_NOT_SUPPORTED, message.clone()));
+                return Err(SqlError::new(
+                    errors::FEATURE_NOT_SUPPORTED,
+                    message.clone(),
+                ));
             }
         }
     }
@@ -128,26 +138,39 @@ fn read_key<'v>(
     params_before: usize,
     literals: &'v (impl Literals + ?Sized),
 ) -> Result<Option<Key<'v>>, SqlError> {
-    let bad = |e: keys::KeyValueError| SqlError::new(errors::INVALID_TEXT_REPRESENTATION, e.to_string());
+    let bad =
+        |e: keys::KeyValueError| SqlError::new(errors::INVALID_TEXT_REPRESENTATION, e.to_string());
     match source {
         KeySource::Literal(text) => keys::key_from_text(key_type, text).map(Some).map_err(bad),
         KeySource::Param(i) if *i < params_before => {
             let Some(b) = bind else {
                 return Err(SqlError::new(
                     errors::PROTOCOL_VIOLATION,
-                    format!("the statement needs parameter ${} but no parameters were bound", i + 1),
+                    format!(
+                        "the statement needs parameter ${} but no parameters were bound",
+                        i + 1
+                    ),
                 ));
             };
             match b.param(*i) {
                 None => Err(SqlError::new(
                     errors::PROTOCOL_VIOLATION,
-                    format!("bind message supplies {} parameters, but the statement needs ${}", b.param_count, i + 1),
+                    format!(
+                        "bind message supplies {} parameters, but the statement needs ${}",
+                        b.param_count,
+                        i + 1
+                    ),
                 )),
                 Some((_, None)) => Ok(None),
-                Some((Format::Binary, Some(v))) => keys::key_from_binary(key_type, v).map(Some).map_err(bad),
+                Some((Format::Binary, Some(v))) => {
+                    keys::key_from_binary(key_type, v).map(Some).map_err(bad)
+                }
                 Some((Format::Text, Some(v))) => {
                     let text = std::str::from_utf8(v).map_err(|_| {
-                        SqlError::new(errors::INVALID_TEXT_REPRESENTATION, "a key parameter is not valid UTF-8")
+                        SqlError::new(
+                            errors::INVALID_TEXT_REPRESENTATION,
+                            "a key parameter is not valid UTF-8",
+                        )
                     })?;
                     keys::key_from_text(key_type, text).map(Some).map_err(bad)
                 }

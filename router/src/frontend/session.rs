@@ -40,6 +40,8 @@ struct Pinned {
 struct Named {
     stmt: Arc<Statement>,
     plan: Arc<Plan>,
+    /// How many `$n` the client's text had (the rest of the plan's parameters are literals).
+    params_before: usize,
     literals: Vec<Box<str>>,
 }
 
@@ -50,6 +52,7 @@ struct Unnamed {
     sql: String,
     param_types: Vec<u8>,
     plan: Option<Arc<Plan>>,
+    params_before: usize,
     literals: Vec<Box<str>>,
 }
 
@@ -104,7 +107,12 @@ pub struct Session {
 }
 
 impl Session {
-    pub fn new(shared: Arc<Shared>, client: TcpStream, cbuf: BytesMut, slot: Arc<ClientSlot>) -> Session {
+    pub fn new(
+        shared: Arc<Shared>,
+        client: TcpStream,
+        cbuf: BytesMut,
+        slot: Arc<ClientSlot>,
+    ) -> Session {
         Session {
             shared,
             client,
@@ -130,7 +138,10 @@ impl Session {
     pub async fn run(mut self) -> Result<(), SessionError> {
         let result = self.serve().await;
         if let Some(p) = self.pinned.take() {
-            let clean = self.tx == TxStatus::Idle && !self.in_batch && self.replies.is_empty() && !p.conn.needs_reset;
+            let clean = self.tx == TxStatus::Idle
+                && !self.in_batch
+                && self.replies.is_empty()
+                && !p.conn.needs_reset;
             if !clean {
                 // Never hand another client an open transaction or a half-read reply.
                 drop(Object::take(p.conn));
@@ -141,11 +152,18 @@ impl Session {
 
     async fn serve(&mut self) -> Result<(), SessionError> {
         loop {
-            while let Some(h) = next_frame(&self.cbuf).map_err(|e| SessionError::Protocol(e.to_string()))? {
+            while let Some(h) =
+                next_frame(&self.cbuf).map_err(|e| SessionError::Protocol(e.to_string()))?
+            {
                 let frame = self.cbuf.split_to(h.total);
+                // Replies the router made up for earlier messages go first: nothing is owed
+                // by a backend between messages, so they are next in line.
+                self.replies.drain_synthetic(&mut self.cout);
                 match h.tag {
                     b'Q' => self.simple_query(&frame).await?,
-                    b'P' | b'B' | b'D' | b'E' | b'C' | b'H' | b'S' => self.extended(h.tag, &frame).await?,
+                    b'P' | b'B' | b'D' | b'E' | b'C' | b'H' | b'S' => {
+                        self.extended(h.tag, &frame).await?
+                    }
                     b'X' => return Ok(()),
                     // Stray COPY messages after a failed COPY are ignored, as Postgres does.
                     b'd' | b'c' | b'f' => {}
@@ -165,18 +183,20 @@ impl Session {
             if self.cbuf.capacity() - self.cbuf.len() < 4096 {
                 self.cbuf.reserve(16 * 1024);
             }
-            if self.client.read_buf(&mut self.cbuf).await.map_err(SessionError::Client)? == 0 {
+            if self
+                .client
+                .read_buf(&mut self.cbuf)
+                .await
+                .map_err(SessionError::Client)?
+                == 0
+            {
                 return Ok(());
             }
         }
     }
 
     async fn flush_client(&mut self) -> std::io::Result<()> {
-        if !self.cout.is_empty() {
-            self.client.write_all(&self.cout).await?;
-            self.cout.clear();
-        }
-        Ok(())
+        write_client(&mut self.client, &mut self.cout).await
     }
 
     fn shard_name(&self, shard: usize) -> String {
@@ -188,7 +208,8 @@ impl Session {
     async fn simple_query(&mut self, frame: &[u8]) -> Result<(), SessionError> {
         let sql = frontend::query(&frame[5..])?;
         let planned = self.shared.planner.plan(sql, &mut self.nbuf);
-        let decision = routing::decide(&planned, None, &planned, &self.shared.map);
+        let params_before = planned.params_before();
+        let decision = routing::decide(&planned, None, params_before, &planned, &self.shared.map);
         drop(planned);
 
         // A transaction that failed before reaching any shard accepts only its end.
@@ -221,7 +242,11 @@ impl Session {
                 }
                 Decision::Commit | Decision::Rollback if self.pending_begin.is_some() => {
                     self.end_virtual_transaction();
-                    let tag = if decision == Decision::Commit { "COMMIT" } else { "ROLLBACK" };
+                    let tag = if decision == Decision::Commit {
+                        "COMMIT"
+                    } else {
+                        "ROLLBACK"
+                    };
                     reply::command_complete(&mut self.cout, tag);
                     reply::ready_for_query(&mut self.cout, TxStatus::Idle);
                     return Ok(());
@@ -239,7 +264,8 @@ impl Session {
         }
         if let (Some(p), Some(w)) = (&self.pinned, wanted) {
             if p.shard != w {
-                let err = errors::cross_shard_transaction(&self.shard_name(p.shard), &self.shard_name(w));
+                let err =
+                    errors::cross_shard_transaction(&self.shard_name(p.shard), &self.shard_name(w));
                 return self.refuse_simple(err).await;
             }
         }
@@ -301,7 +327,10 @@ impl Session {
                 if let Decision::Shard(shard) = decision {
                     match &self.pinned {
                         Some(p) if p.shard != shard => {
-                            let err = errors::cross_shard_transaction(&self.shard_name(p.shard), &self.shard_name(shard));
+                            let err = errors::cross_shard_transaction(
+                                &self.shard_name(p.shard),
+                                &self.shard_name(shard),
+                            );
                             return self.batch_error(err).await;
                         }
                         Some(_) => {}
@@ -315,8 +344,12 @@ impl Session {
                 self.route_or_hold(frame).await
             }
             b'D' | b'C' => {
-                let target = frontend::target(body, if tag == b'D' { "Describe" } else { "Close" })?;
-                if target.kind == b'S' && !target.name.is_empty() && !self.named.contains_key(target.name) {
+                let target =
+                    frontend::target(body, if tag == b'D' { "Describe" } else { "Close" })?;
+                if target.kind == b'S'
+                    && !target.name.is_empty()
+                    && !self.named.contains_key(target.name)
+                {
                     if tag == b'C' {
                         // Closing a statement that does not exist is not an error in Postgres.
                         return self.route_or_hold(frame).await;
@@ -421,7 +454,9 @@ impl Session {
         let mut effect: Option<(Decision, String)> = None;
         let mut bound: Option<(Decision, String)> = None;
         let mut at = 0;
-        while let Some(h) = next_frame(&held[at..]).map_err(|e| SessionError::Protocol(e.to_string()))? {
+        while let Some(h) =
+            next_frame(&held[at..]).map_err(|e| SessionError::Protocol(e.to_string()))?
+        {
             let frame = &held[at..at + h.total];
             let body = &frame[5..];
             at += h.total;
@@ -436,7 +471,9 @@ impl Session {
                 b'B' => {
                     let b = frontend::bind(body)?;
                     let plan = self.plan_of(b.statement);
-                    let Some(d) = txn_control(&plan) else { return Ok(None) };
+                    let Some(d) = txn_control(&plan) else {
+                        return Ok(None);
+                    };
                     bound = Some((d, self.sql_of(b.statement)));
                     reply::bind_complete(&mut out);
                 }
@@ -448,7 +485,9 @@ impl Session {
                     put_frame(&mut out, b'n', &[]);
                 }
                 b'E' => {
-                    let Some((d, sql)) = bound.clone() else { return Ok(None) };
+                    let Some((d, sql)) = bound.clone() else {
+                        return Ok(None);
+                    };
                     let tag = match d {
                         Decision::Begin => "BEGIN",
                         Decision::Commit if self.tx != TxStatus::Failed => "COMMIT",
@@ -490,14 +529,19 @@ impl Session {
         if statement.is_empty() {
             self.unnamed.sql.clone()
         } else {
-            self.named.get(statement).map(|n| n.stmt.sql.to_string()).unwrap_or_default()
+            self.named
+                .get(statement)
+                .map(|n| n.stmt.sql.to_string())
+                .unwrap_or_default()
         }
     }
 
     /// Whether the held messages need a backend at all (Close of a statement does not).
     fn held_needs_backend(&self) -> Result<bool, SessionError> {
         let mut at = 0;
-        while let Some(h) = next_frame(&self.held[at..]).map_err(|e| SessionError::Protocol(e.to_string()))? {
+        while let Some(h) =
+            next_frame(&self.held[at..]).map_err(|e| SessionError::Protocol(e.to_string()))?
+        {
             let frame = &self.held[at..at + h.total];
             at += h.total;
             if h.tag != b'C' || frontend::target(&frame[5..], "Close")?.kind != b'S' {
@@ -515,7 +559,9 @@ impl Session {
         }
         let held = std::mem::take(&mut self.held);
         let mut at = 0;
-        while let Some(h) = next_frame(&held[at..]).map_err(|e| SessionError::Protocol(e.to_string()))? {
+        while let Some(h) =
+            next_frame(&held[at..]).map_err(|e| SessionError::Protocol(e.to_string()))?
+        {
             self.send(&held[at..at + h.total])?;
             at += h.total;
         }
@@ -529,6 +575,7 @@ impl Session {
         let planned = self.shared.planner.plan(p.sql, &mut self.nbuf);
         let literals = stored_literals(&planned);
         let plan = planned.plan().clone();
+        let params_before = planned.params_before();
         drop(planned);
         if p.name.is_empty() {
             self.unnamed.sql.clear();
@@ -536,6 +583,7 @@ impl Session {
             self.unnamed.param_types.clear();
             self.unnamed.param_types.extend_from_slice(p.param_types);
             self.unnamed.plan = Some(plan);
+            self.unnamed.params_before = params_before;
             self.unnamed.literals = literals;
             return Ok(());
         }
@@ -548,7 +596,12 @@ impl Session {
         let stmt = self.shared.statements.intern(p.sql, p.param_types);
         self.named.insert(
             p.name.to_string(),
-            Named { stmt, plan, literals },
+            Named {
+                stmt,
+                plan,
+                params_before,
+                literals,
+            },
         );
         Ok(())
     }
@@ -557,12 +610,21 @@ impl Session {
         let map = &self.shared.map;
         if b.statement.is_empty() {
             let Some(plan) = &self.unnamed.plan else {
-                return Err(SqlError::new(errors::UNDEFINED_PREPARED_STATEMENT, "unnamed prepared statement does not exist"));
+                return Err(SqlError::new(
+                    errors::UNDEFINED_PREPARED_STATEMENT,
+                    "unnamed prepared statement does not exist",
+                ));
             };
-            return routing::decide(plan, Some(b), &self.unnamed.literals[..], map);
+            return routing::decide(
+                plan,
+                Some(b),
+                self.unnamed.params_before,
+                &self.unnamed.literals[..],
+                map,
+            );
         }
         match self.named.get(b.statement) {
-            Some(n) => routing::decide(&n.plan, Some(b), &n.literals[..], map),
+            Some(n) => routing::decide(&n.plan, Some(b), n.params_before, &n.literals[..], map),
             None => Err(SqlError::new(
                 errors::UNDEFINED_PREPARED_STATEMENT,
                 format!("prepared statement \"{}\" does not exist", b.statement),
@@ -597,12 +659,19 @@ impl Session {
                 } else if let Some(named) = self.named.get(p.name) {
                     let stmt = named.stmt.clone();
                     let Some(pinned) = self.pinned.as_mut() else {
-                        return Err(SessionError::Protocol("internal: Parse without a connection".into()));
+                        return Err(SessionError::Protocol(
+                            "internal: Parse without a connection".into(),
+                        ));
                     };
                     if pinned.conn.prepared.contains(&stmt.id) {
                         self.replies.push_synthetic(parse_complete_bytes());
                     } else {
-                        write_parse(&mut self.bout, &stmt.backend_name, &stmt.sql, &stmt.param_types);
+                        write_parse(
+                            &mut self.bout,
+                            &stmt.backend_name,
+                            &stmt.sql,
+                            &stmt.param_types,
+                        );
                         pinned.conn.prepared.insert(stmt.id);
                         self.replies.push_parse(stmt.id, Audience::Client);
                     }
@@ -654,7 +723,12 @@ impl Session {
                     self.in_batch = true;
                 }
             }
-            _ => return Err(SessionError::Protocol(format!("internal: cannot send message {}", tag as char))),
+            _ => {
+                return Err(SessionError::Protocol(format!(
+                    "internal: cannot send message {}",
+                    tag as char
+                )))
+            }
         }
         Ok(())
     }
@@ -663,11 +737,18 @@ impl Session {
     /// a Parse the client does not see if not) and returns its backend name, NUL-terminated.
     fn prepare_for_use(&mut self, name: &str) -> Result<Vec<u8>, SessionError> {
         let Some(pinned) = self.pinned.as_mut() else {
-            return Err(SessionError::Protocol("internal: statement use without a connection".into()));
+            return Err(SessionError::Protocol(
+                "internal: statement use without a connection".into(),
+            ));
         };
         if name.is_empty() {
             if !self.unnamed_on_conn && self.unnamed.plan.is_some() {
-                write_parse(&mut self.bout, b"\0", &self.unnamed.sql, &self.unnamed.param_types);
+                write_parse(
+                    &mut self.bout,
+                    b"\0",
+                    &self.unnamed.sql,
+                    &self.unnamed.param_types,
+                );
                 self.replies.push(Kind::Parse, Audience::Router);
                 self.unnamed_on_conn = true;
             }
@@ -679,7 +760,12 @@ impl Session {
         };
         let stmt = &named.stmt;
         if !pinned.conn.prepared.contains(&stmt.id) {
-            write_parse(&mut self.bout, &stmt.backend_name, &stmt.sql, &stmt.param_types);
+            write_parse(
+                &mut self.bout,
+                &stmt.backend_name,
+                &stmt.sql,
+                &stmt.param_types,
+            );
             pinned.conn.prepared.insert(stmt.id);
             self.replies.push_parse(stmt.id, Audience::Router);
         }
@@ -735,7 +821,11 @@ impl Session {
         if !self.shared.server_params_learned() {
             self.shared.learn_server_params(&conn.params);
         }
-        *self.slot.running_on.lock().unwrap_or_else(|p| p.into_inner()) = Some(CancelTarget {
+        *self
+            .slot
+            .running_on
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(CancelTarget {
             host: pool.endpoint.host.clone(),
             port: pool.endpoint.port,
             pid: conn.pid,
@@ -757,7 +847,10 @@ impl Session {
     /// Returns the connection to its pool once the client is idle between transactions,
     /// resetting session settings first if the client changed any.
     async fn release_if_idle(&mut self) {
-        let idle = self.tx == TxStatus::Idle && !self.in_batch && self.replies.is_empty() && self.held.is_empty();
+        let idle = self.tx == TxStatus::Idle
+            && !self.in_batch
+            && self.replies.is_empty()
+            && self.held.is_empty();
         if !idle || self.pinned.is_none() {
             return;
         }
@@ -773,7 +866,11 @@ impl Session {
                 p.conn.needs_reset = false;
             }
         }
-        *self.slot.running_on.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self
+            .slot
+            .running_on
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
         self.pinned = None;
     }
 
@@ -792,7 +889,11 @@ impl Session {
                 let name = self.shard_name(p.shard);
                 let endpoint = self.shared.pools.for_shard(p.shard).endpoint.name();
                 drop(Object::take(p.conn));
-                *self.slot.running_on.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                *self
+                    .slot
+                    .running_on
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = None;
                 self.replies = Replies::default();
                 self.bout.clear();
                 self.in_batch = false;
@@ -816,7 +917,9 @@ impl Session {
 
     async fn pump(&mut self) -> Result<(), ExchangeError> {
         let Some(pinned) = self.pinned.as_mut() else {
-            return Err(ExchangeError::Backend("internal: no connection to exchange with".into()));
+            return Err(ExchangeError::Backend(
+                "internal: no connection to exchange with".into(),
+            ));
         };
         let conn = &mut *pinned.conn;
         let mut written = 0;
@@ -871,10 +974,9 @@ impl Session {
                     }
                 }
             }
-            if !self.cout.is_empty() {
-                self.client.write_all(&self.cout).await.map_err(ExchangeError::Client)?;
-                self.cout.clear();
-            }
+            write_client(&mut self.client, &mut self.cout)
+                .await
+                .map_err(ExchangeError::Client)?;
             if copy_in {
                 relay_copy_in(&mut self.client, &mut self.cbuf, conn).await?;
             }
@@ -884,6 +986,25 @@ impl Session {
     }
 }
 
+/// Writes what is buffered for the client.
+async fn write_client(client: &mut TcpStream, cout: &mut Vec<u8>) -> std::io::Result<()> {
+    if cout.is_empty() {
+        return Ok(());
+    }
+    if tracing::enabled!(tracing::Level::TRACE) {
+        let mut at = 0;
+        let mut tags = String::new();
+        while let Ok(Some(h)) = next_frame(&cout[at..]) {
+            tags.push(h.tag as char);
+            at += h.total;
+        }
+        tracing::trace!(%tags, "to client");
+    }
+    client.write_all(cout).await?;
+    cout.clear();
+    Ok(())
+}
+
 /// Forwards the client's COPY data to the backend until CopyDone or CopyFail.
 async fn relay_copy_in(
     client: &mut TcpStream,
@@ -891,11 +1012,16 @@ async fn relay_copy_in(
     conn: &mut crate::backend::BackendConn,
 ) -> Result<(), ExchangeError> {
     loop {
-        while let Some(h) = next_frame(cbuf).map_err(|e| ExchangeError::Client(std::io::Error::other(e)))? {
+        while let Some(h) =
+            next_frame(cbuf).map_err(|e| ExchangeError::Client(std::io::Error::other(e)))?
+        {
             let frame = cbuf.split_to(h.total);
             match h.tag {
                 b'd' | b'c' | b'f' | b'H' | b'S' => {
-                    conn.stream.write_all(&frame).await.map_err(|e| ExchangeError::Backend(e.to_string()))?;
+                    conn.stream
+                        .write_all(&frame)
+                        .await
+                        .map_err(|e| ExchangeError::Backend(e.to_string()))?;
                     if h.tag == b'c' || h.tag == b'f' {
                         return Ok(());
                     }
@@ -903,8 +1029,16 @@ async fn relay_copy_in(
                 other => {
                     // Postgres ends the COPY with an error when anything else arrives; tell it so.
                     let mut fail = Vec::new();
-                    put_frame(&mut fail, b'f', format!("unexpected message type {other} during COPY from stdin\0").as_bytes());
-                    conn.stream.write_all(&fail).await.map_err(|e| ExchangeError::Backend(e.to_string()))?;
+                    put_frame(
+                        &mut fail,
+                        b'f',
+                        format!("unexpected message type {other} during COPY from stdin\0")
+                            .as_bytes(),
+                    );
+                    conn.stream
+                        .write_all(&fail)
+                        .await
+                        .map_err(|e| ExchangeError::Backend(e.to_string()))?;
                     return Ok(());
                 }
             }
@@ -939,7 +1073,10 @@ fn txn_control(plan: &Option<Arc<Plan>>) -> Option<Decision> {
 /// The literal values of a planned text, kept with a prepared statement for its Binds. Most
 /// prepared statements have none, and then nothing is allocated.
 fn stored_literals(planned: &crate::planner::PlanRef<'_>) -> Vec<Box<str>> {
-    (0..).map_while(|i| planned.literal(i)).map(Box::from).collect()
+    (0..)
+        .map_while(|i| planned.literal(i))
+        .map(Box::from)
+        .collect()
 }
 
 fn write_parse(out: &mut Vec<u8>, name_nul: &[u8], sql: &str, param_types: &[u8]) {

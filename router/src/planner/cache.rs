@@ -93,7 +93,11 @@ impl PlanCache {
             .from_hash(hash, |k| **k == *text)
             .map(|(_, plan)| Arc::clone(plan));
         drop(map);
-        let counter = if found.is_some() { &shard.hits } else { &shard.misses };
+        let counter = if found.is_some() {
+            &shard.hits
+        } else {
+            &shard.misses
+        };
         counter.fetch_add(1, Ordering::Relaxed);
         found
     }
@@ -146,7 +150,6 @@ mod tests {
         Arc::new(Plan {
             statements: Vec::new(),
             normalized: true,
-            param_count_before: 0,
             use_original: false,
         })
     }

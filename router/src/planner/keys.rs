@@ -43,7 +43,12 @@ pub fn key_from_binary(key_type: KeyType, bytes: &[u8]) -> Result<Key<'_>, KeyVa
                 [a, b] => i64::from(i16::from_be_bytes([a, b])),
                 [a, b, c, d] => i64::from(i32::from_be_bytes([a, b, c, d])),
                 [a, b, c, d, e, f, g, h] => i64::from_be_bytes([a, b, c, d, e, f, g, h]),
-                _ => return Err(bad(format!("{} bytes; an integer is sent as 2, 4 or 8", bytes.len()))),
+                _ => {
+                    return Err(bad(format!(
+                        "{} bytes; an integer is sent as 2, 4 or 8",
+                        bytes.len()
+                    )))
+                }
             };
             // Postgres would refuse a value outside the column's range before it could match.
             let fits = match key_type {
@@ -57,7 +62,8 @@ pub fn key_from_binary(key_type: KeyType, bytes: &[u8]) -> Result<Key<'_>, KeyVa
             Key::Int(value)
         }
         KeyType::Text => Key::Text(
-            std::str::from_utf8(bytes).map_err(|_| bad("the text is not valid UTF-8".to_string()))?,
+            std::str::from_utf8(bytes)
+                .map_err(|_| bad("the text is not valid UTF-8".to_string()))?,
         ),
         KeyType::Uuid => Key::Uuid(
             bytes
@@ -85,7 +91,10 @@ mod tests {
     fn binary_ints_of_any_width() {
         for kt in [KeyType::SmallInt, KeyType::Integer, KeyType::BigInt] {
             assert_eq!(key_from_binary(kt, &7i16.to_be_bytes()), Ok(Key::Int(7)));
-            assert_eq!(key_from_binary(kt, &(-7i32).to_be_bytes()), Ok(Key::Int(-7)));
+            assert_eq!(
+                key_from_binary(kt, &(-7i32).to_be_bytes()),
+                Ok(Key::Int(-7))
+            );
             assert_eq!(key_from_binary(kt, &7i64.to_be_bytes()), Ok(Key::Int(7)));
             assert!(key_from_binary(kt, &[1, 2, 3]).is_err());
         }
@@ -99,7 +108,10 @@ mod tests {
 
     #[test]
     fn binary_text_and_uuid() {
-        assert_eq!(key_from_binary(KeyType::Text, "é".as_bytes()), Ok(Key::Text("é")));
+        assert_eq!(
+            key_from_binary(KeyType::Text, "é".as_bytes()),
+            Ok(Key::Text("é"))
+        );
         assert!(key_from_binary(KeyType::Text, &[0xff]).is_err());
         let u = [7u8; 16];
         assert_eq!(key_from_binary(KeyType::Uuid, &u), Ok(Key::Uuid(u)));

@@ -64,7 +64,9 @@ pub enum Route {
     /// Names a sharded table but cannot be pinned to one shard (or needs a broadcast that
     /// does not exist yet); the message says why and what would make it routable.
     Unroutable { message: String },
-    /// Text that does not parse: send it to the default shard for Postgres to judge.
+    /// Text that does not parse and names no sharded table: send it to the default shard for
+    /// Postgres to judge. (Unparseable text that names a sharded table is `Unroutable`: if
+    /// Postgres accepted it, the default shard would answer with only its part of the table.)
     Unparsed,
 }
 
@@ -72,8 +74,9 @@ pub enum Route {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KeySource {
     /// `$n` as a 0-based index into the statement's parameters after normalization: indices
-    /// below [`Plan::param_count_before`] are the client's Bind parameters, the rest are the
-    /// normalized literals in text order (across all statements of a multi-statement Query).
+    /// below [`PlanRef::params_before`] (a property of the client's text, not of the shared
+    /// plan) are the client's Bind parameters, the rest are the normalized literals in text
+    /// order (across all statements of a multi-statement Query).
     Param(usize),
     /// A constant that is part of the planned text itself (plans of un-normalized text, or
     /// literals the normalizer leaves alone).
@@ -89,8 +92,6 @@ pub struct Plan {
     /// Planned from the normalized text (literals are `KeySource::Param`s), or from the
     /// original text (literals are `KeySource::Literal`s).
     pub normalized: bool,
-    /// The highest `$n` already in the client's text.
-    pub param_count_before: usize,
     /// Marker entry under a normalized text that does not parse: plan the original instead.
     pub(crate) use_original: bool,
 }
@@ -120,6 +121,12 @@ impl PlanRef<'_> {
         &self.plan.statements
     }
 
+    /// How many `$n` the client's own text had. Texts that differ only in literals share one
+    /// plan, but not this: `id = $1` from a Parse and `id = 5` from a Query normalize alike.
+    pub fn params_before(&self) -> usize {
+        self.buf.params_before()
+    }
+
     /// Literal `i` of this statement's text (0-based, text order).
     pub fn literal(&self, i: usize) -> Option<&str> {
         self.buf.literal(i)
@@ -130,10 +137,10 @@ impl PlanRef<'_> {
     pub fn key_value<'s>(&'s self, source: &'s KeySource) -> Option<KeyValue<'s>> {
         match source {
             KeySource::Literal(text) => Some(KeyValue::Text(text)),
-            KeySource::Param(i) if *i < self.plan.param_count_before => Some(KeyValue::Bind(*i)),
+            KeySource::Param(i) if *i < self.params_before() => Some(KeyValue::Bind(*i)),
             KeySource::Param(i) if self.plan.normalized => self
                 .buf
-                .literal(i - self.plan.param_count_before)
+                .literal(i - self.params_before())
                 .map(KeyValue::Text),
             KeySource::Param(_) => None,
         }
@@ -179,12 +186,16 @@ impl Planner {
         let text = buf.normalized();
         let plan = match self.cache.get(text) {
             Some(plan) => plan,
-            None => self.cache.insert(text, Arc::new(self.build(text, buf, true))),
+            None => self
+                .cache
+                .insert(text, Arc::new(self.build(text, buf, true))),
         };
         let plan = if plan.use_original {
             match self.cache.get(sql) {
                 Some(plan) => plan,
-                None => self.cache.insert(sql, Arc::new(self.build(sql, buf, false))),
+                None => self
+                    .cache
+                    .insert(sql, Arc::new(self.build(sql, buf, false))),
             }
         } else {
             plan
@@ -193,25 +204,24 @@ impl Planner {
     }
 
     fn build(&self, text: &str, buf: &NormalizeBuf, normalized: bool) -> Plan {
-        let param_count_before = buf.params_before();
         match Parser::parse_sql(&PostgreSqlDialect {}, text) {
             Ok(statements) => Plan {
-                statements: statements.iter().map(|s| route::route(s, &self.map)).collect(),
+                statements: statements
+                    .iter()
+                    .map(|s| route::route(s, &self.map))
+                    .collect(),
                 normalized,
-                param_count_before,
                 use_original: false,
             },
             // Normalization may have broken it: try the original (unless they are the same).
             Err(_) if normalized && buf.literal_count() > 0 => Plan {
                 statements: Vec::new(),
                 normalized,
-                param_count_before,
                 use_original: true,
             },
-            Err(_) => Plan {
-                statements: vec![Route::Unparsed],
+            Err(e) => Plan {
+                statements: vec![route::unparsed(text, &self.map, &e.to_string())],
                 normalized,
-                param_count_before,
                 use_original: false,
             },
         }

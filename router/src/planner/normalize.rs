@@ -137,15 +137,45 @@ fn is_ident_cont(c: u8) -> bool {
 fn is_op_char(c: u8) -> bool {
     matches!(
         c,
-        b'+' | b'-' | b'*' | b'/' | b'<' | b'>' | b'=' | b'~' | b'!' | b'@' | b'#' | b'%' | b'^' | b'&' | b'|' | b'`' | b'?'
+        b'+' | b'-'
+            | b'*'
+            | b'/'
+            | b'<'
+            | b'>'
+            | b'='
+            | b'~'
+            | b'!'
+            | b'@'
+            | b'#'
+            | b'%'
+            | b'^'
+            | b'&'
+            | b'|'
+            | b'`'
+            | b'?'
     )
 }
 
 /// Reserved keywords after which `-` can only be a prefix minus. Only reserved words are listed:
 /// an unreserved one could be a column name, as in `SELECT value -1`.
 const UNARY_AFTER: &[&str] = &[
-    "select", "where", "and", "or", "not", "then", "else", "when", "case", "limit", "offset",
-    "on", "having", "default", "returning", "in", "to",
+    "select",
+    "where",
+    "and",
+    "or",
+    "not",
+    "then",
+    "else",
+    "when",
+    "case",
+    "limit",
+    "offset",
+    "on",
+    "having",
+    "default",
+    "returning",
+    "in",
+    "to",
 ];
 
 impl Scanner<'_> {
@@ -178,6 +208,11 @@ impl Scanner<'_> {
                 b'$' => self.dollar(),
                 b'0'..=b'9' => self.number(self.i, self.i),
                 b'.' if next.is_ascii_digit() => self.number(self.i, self.i),
+                b'.' if next == b'.' => {
+                    // `..` (PL/pgSQL ranges) is one token: `1..2` is not `1` and `.2`.
+                    self.i += 2;
+                    self.unary = true;
+                }
                 b'(' | b',' | b'[' | b';' => {
                     self.i += 1;
                     self.unary = true;
@@ -191,7 +226,8 @@ impl Scanner<'_> {
                 }
             }
             // Comments do not separate a `.` from the name after it in Postgres either.
-            if !(c == b'-' && next == b'-') && !(c == b'/' && next == b'*') {
+            let comment = (c == b'-' && next == b'-') || (c == b'/' && next == b'*');
+            if !comment {
                 self.after_dot = dot;
             }
         }
@@ -480,15 +516,19 @@ impl Scanner<'_> {
         let start = self.i;
         let mut end = start;
         while end < self.b.len() && is_op_char(self.b[end]) {
-            if end > start && matches!((self.b[end], self.at(end + 1)), (b'-', b'-') | (b'/', b'*')) {
+            if end > start && matches!((self.b[end], self.at(end + 1)), (b'-', b'-') | (b'/', b'*'))
+            {
                 break;
             }
             end += 1;
         }
         let run = &self.b[start..end];
-        let special = run
-            .iter()
-            .any(|c| matches!(c, b'~' | b'!' | b'@' | b'#' | b'%' | b'^' | b'&' | b'|' | b'`' | b'?'));
+        let special = run.iter().any(|c| {
+            matches!(
+                c,
+                b'~' | b'!' | b'@' | b'#' | b'%' | b'^' | b'&' | b'|' | b'`' | b'?'
+            )
+        });
         if run.len() > 1 && !special {
             while end > start + 1 && matches!(self.b[end - 1], b'+' | b'-') {
                 end -= 1;
@@ -496,7 +536,8 @@ impl Scanner<'_> {
         }
         if end == start + 1 && self.b[start] == b'-' && self.unary {
             let next = self.at(end);
-            let starts_number = next.is_ascii_digit() || (next == b'.' && self.at(end + 1).is_ascii_digit());
+            let starts_number =
+                next.is_ascii_digit() || (next == b'.' && self.at(end + 1).is_ascii_digit());
             if starts_number && !self.cast_follows(end) {
                 self.number(start, end);
                 return;
@@ -596,7 +637,11 @@ mod tests {
             "SELECT * FROM kv WHERE id = $1 AND name = $2",
             &["42", "bob"],
         );
-        check("SELECT 1.5, .5, 1e5, 2.5E-3, 7.", "SELECT $1, $2, $3, $4, $5", &["1.5", ".5", "1e5", "2.5E-3", "7."]);
+        check(
+            "SELECT 1.5, .5, 1e5, 2.5E-3, 7.",
+            "SELECT $1, $2, $3, $4, $5",
+            &["1.5", ".5", "1e5", "2.5E-3", "7."],
+        );
     }
 
     #[test]
@@ -611,12 +656,20 @@ mod tests {
 
     #[test]
     fn unary_minus_is_folded_but_subtraction_is_not() {
-        check("SELECT a-1, a - 1, a -1", "SELECT a-$1, a - $2, a -$3", &["1", "1", "1"]);
+        check(
+            "SELECT a-1, a - 1, a -1",
+            "SELECT a-$1, a - $2, a -$3",
+            &["1", "1", "1"],
+        );
         check("WHERE id = -5", "WHERE id = $1", &["-5"]);
         check("WHERE id=-5", "WHERE id=$1", &["-5"]);
         check("WHERE id IN (-1,-2)", "WHERE id IN ($1,$2)", &["-1", "-2"]);
         check("SELECT -1", "SELECT $1", &["-1"]);
-        check("SELECT (x)-1, f(x)-2", "SELECT (x)-$1, f(x)-$2", &["1", "2"]);
+        check(
+            "SELECT (x)-1, f(x)-2",
+            "SELECT (x)-$1, f(x)-$2",
+            &["1", "2"],
+        );
         check("SELECT 2 - -1", "SELECT $1 - $2", &["2", "-1"]);
         check("SELECT t.and -1", "SELECT t.and -$1", &["1"]);
         // `@-` is one operator: the minus belongs to it.
@@ -628,9 +681,17 @@ mod tests {
 
     #[test]
     fn leaves_identifiers_params_and_junk_alone() {
-        check("SELECT t1.c2, x$1, \"col 3\" FROM t2", "SELECT t1.c2, x$1, \"col 3\" FROM t2", &[]);
+        check(
+            "SELECT t1.c2, x$1, \"col 3\" FROM t2",
+            "SELECT t1.c2, x$1, \"col 3\" FROM t2",
+            &[],
+        );
         check("SELECT $1, $12", "SELECT $1, $12", &[]);
-        check("SELECT 0x1F, 1_000, 12abc", "SELECT 0x1F, 1_000, 12abc", &[]);
+        check(
+            "SELECT 0x1F, 1_000, 12abc",
+            "SELECT 0x1F, 1_000, 12abc",
+            &[],
+        );
         check("SELECT 1e", "SELECT 1e", &[]);
         check("SELECT 1..2", "SELECT $1..$2", &["1", "2"]);
     }
@@ -638,7 +699,11 @@ mod tests {
     #[test]
     fn strings_with_tricky_contents() {
         check("SELECT 'it''s'", "SELECT $1", &["it's"]);
-        check("SELECT '-- not a comment; $1 /* */'", "SELECT $1", &["-- not a comment; $1 /* */"]);
+        check(
+            "SELECT '-- not a comment; $1 /* */'",
+            "SELECT $1",
+            &["-- not a comment; $1 /* */"],
+        );
         check("SELECT 'a\\'", "SELECT $1", &["a\\"]);
         check("SELECT ''", "SELECT $1", &[""]);
         check("SELECT 'ünïcødé'", "SELECT $1", &["ünïcødé"]);
@@ -649,7 +714,11 @@ mod tests {
     #[test]
     fn e_strings_unescape() {
         check(r"SELECT E'a\'b\\c\nd'", "SELECT $1", &["a'b\\c\nd"]);
-        check(r"SELECT e'\x41\101\u00e9\U0001F600'", "SELECT $1", &["AAé😀"]);
+        check(
+            r"SELECT e'\x41\101\u00e9\U0001F600'",
+            "SELECT $1",
+            &["AAé😀"],
+        );
         check(r"SELECT E'\ud83d\ude00'", "SELECT $1", &["😀"]);
         check(r"SELECT E'it''s \q'", "SELECT $1", &["it's q"]);
         // Invalid UTF-8 from a byte escape: left in the text for Postgres to judge.
@@ -661,7 +730,11 @@ mod tests {
     #[test]
     fn dollar_quotes() {
         check("SELECT $$it's $1$$", "SELECT $1", &["it's $1"]);
-        check("SELECT $fn$ $$ inner $$ $fn$, 2", "SELECT $1, $2", &[" $$ inner $$ ", "2"]);
+        check(
+            "SELECT $fn$ $$ inner $$ $fn$, 2",
+            "SELECT $1, $2",
+            &[" $$ inner $$ ", "2"],
+        );
         check("SELECT $a$x$a$$b$y$b$", "SELECT $1$2", &["x", "y"]);
         // Unterminated: left alone.
         check("SELECT $q$ oops", "SELECT $q$ oops", &[]);
@@ -669,7 +742,11 @@ mod tests {
 
     #[test]
     fn special_strings_are_left_alone() {
-        check("SELECT B'101', X'1F', N'abc', U&'d\\0061t'", "SELECT B'101', X'1F', N'abc', U&'d\\0061t'", &[]);
+        check(
+            "SELECT B'101', X'1F', N'abc', U&'d\\0061t'",
+            "SELECT B'101', X'1F', N'abc', U&'d\\0061t'",
+            &[],
+        );
     }
 
     #[test]
@@ -679,13 +756,21 @@ mod tests {
             "SELECT /* 1 /* nested 2 */ 3 */ $1 -- 5 'x\nFROM \"t'1\" WHERE \"a\"\"b\" = $2",
             &["4", "6"],
         );
-        check("SELECT 1 /* unterminated 2", "SELECT $1 /* unterminated 2", &["1"]);
+        check(
+            "SELECT 1 /* unterminated 2",
+            "SELECT $1 /* unterminated 2",
+            &["1"],
+        );
         check("SELECT 1--2", "SELECT $1--2", &["1"]);
     }
 
     #[test]
     fn typed_literals_and_casts() {
-        check("SELECT DATE '2020-01-01', '1'::int", "SELECT DATE $1, $2::int", &["2020-01-01", "1"]);
+        check(
+            "SELECT DATE '2020-01-01', '1'::int",
+            "SELECT DATE $1, $2::int",
+            &["2020-01-01", "1"],
+        );
     }
 
     #[test]
@@ -702,10 +787,24 @@ mod tests {
     #[test]
     fn buffer_is_reused() {
         let mut buf = NormalizeBuf::new();
-        normalize("SELECT 'aaaaaaaaaaaaaaaaaaaaa', 123456789 FROM kv WHERE id = 1", &mut buf);
-        let caps = (buf.text.capacity(), buf.values.capacity(), buf.literals.capacity());
+        normalize(
+            "SELECT 'aaaaaaaaaaaaaaaaaaaaa', 123456789 FROM kv WHERE id = 1",
+            &mut buf,
+        );
+        let caps = (
+            buf.text.capacity(),
+            buf.values.capacity(),
+            buf.literals.capacity(),
+        );
         normalize("SELECT 'b', 2 FROM kv WHERE id = 3", &mut buf);
-        assert_eq!(caps, (buf.text.capacity(), buf.values.capacity(), buf.literals.capacity()));
+        assert_eq!(
+            caps,
+            (
+                buf.text.capacity(),
+                buf.values.capacity(),
+                buf.literals.capacity()
+            )
+        );
         assert_eq!(buf.literal(2), Some("3"));
         assert_eq!(buf.literal(3), None);
         assert_eq!(buf.literal_kind(0), Some(LiteralKind::String));

@@ -43,7 +43,11 @@ pub(crate) struct ScopeRel<'m> {
 
 /// The keys that pin `scope[index]`, from the conjuncts that hold for the query; the pin
 /// with the fewest keys wins (`id = 1 AND id IN (1, 2)` needs only `1`).
-pub(crate) fn pin(scope: &[ScopeRel<'_>], index: usize, conjuncts: &[&Expr]) -> Option<Vec<KeySource>> {
+pub(crate) fn pin(
+    scope: &[ScopeRel<'_>],
+    index: usize,
+    conjuncts: &[&Expr],
+) -> Option<Vec<KeySource>> {
     let mut best: Option<Vec<KeySource>> = None;
     for c in conjuncts {
         if let Some(keys) = pin_of(c, scope, index) {
@@ -137,7 +141,9 @@ pub(crate) fn key_source(expr: &Expr, key_type: KeyType) -> Option<KeySource> {
                 n.checked_sub(1).map(KeySource::Param)
             }
             Value::Number(n, _) => Some(KeySource::Literal(n.clone())),
-            Value::SingleQuotedString(s) | Value::EscapedStringLiteral(s) => Some(KeySource::Literal(s.clone())),
+            Value::SingleQuotedString(s) | Value::EscapedStringLiteral(s) => {
+                Some(KeySource::Literal(s.clone()))
+            }
             Value::DollarQuotedString(d) => Some(KeySource::Literal(d.value.clone())),
             _ => None,
         },
@@ -183,7 +189,9 @@ fn cast_keeps_value(data_type: &DataType, key_type: KeyType) -> bool {
                     | DataType::Integer(None)
                     | DataType::Int8(None)
                     | DataType::BigInt(None)
-            ) || named(&["int2", "int4", "int8", "smallint", "integer", "bigint", "int"])
+            ) || named(&[
+                "int2", "int4", "int8", "smallint", "integer", "bigint", "int",
+            ])
         }
         KeyType::Text => {
             matches!(

@@ -12,8 +12,9 @@ use std::ops::ControlFlow;
 
 use shardmap::{ShardMap, Table};
 use sqlparser::ast::{
-    AssignmentTarget, Expr, FromTable, JoinConstraint, JoinOperator, ObjectName, OnConflictAction, OnInsert,
-    Query, Select, SetExpr, Statement, TableFactor, TableObject, TableWithJoins, Visit, Visitor,
+    AssignmentTarget, Expr, FromTable, JoinConstraint, JoinOperator, ObjectName, OnConflictAction,
+    OnInsert, Query, Select, SetExpr, Statement, TableFactor, TableObject, TableWithJoins, Visit,
+    Visitor,
 };
 
 use super::pins::{conjuncts, fold, name_parts, pin, ScopeRel};
@@ -98,7 +99,9 @@ impl<'m> Refs<'m> {
             [table] => (None, table.as_str()),
             [] => return Rel::Unsharded,
         };
-        if matches!(schema, Some("pg_catalog" | "information_schema")) || (schema.is_none() && table.starts_with("pg_")) {
+        if matches!(schema, Some("pg_catalog" | "information_schema"))
+            || (schema.is_none() && table.starts_with("pg_"))
+        {
             return Rel::Catalog;
         }
         if schema.is_none() && self.is_cte(table) {
@@ -111,7 +114,9 @@ impl<'m> Refs<'m> {
     }
 
     fn is_cte(&self, name: &str) -> bool {
-        self.frames.iter().any(|f| f.names[..f.visible].iter().any(|n| n == name))
+        self.frames
+            .iter()
+            .any(|f| f.names[..f.visible].iter().any(|n| n == name))
     }
 
     /// The sharded tables a query names directly in `from`, with their qualifiers.
@@ -132,7 +137,8 @@ impl<'m> Refs<'m> {
                 args: None,
                 ..
             } => {
-                if let (Rel::Sharded(table), Some(parts)) = (self.classify(name), name_parts(name)) {
+                if let (Rel::Sharded(table), Some(parts)) = (self.classify(name), name_parts(name))
+                {
                     let n = parts.len();
                     out.push(ScopeRel {
                         table,
@@ -187,12 +193,18 @@ impl<'m> Refs<'m> {
         self.pin_scope(&scope, &conds);
     }
 
-    fn update(&mut self, table: &TableWithJoins, from: Vec<&TableWithJoins>, selection: Option<&Expr>, keys_set: Vec<String>) {
+    fn update(
+        &mut self,
+        table: &TableWithJoins,
+        from: Vec<&TableWithJoins>,
+        selection: Option<&Expr>,
+        keys_set: Vec<String>,
+    ) {
         let mut scope = Vec::new();
         self.scope(&[table], &mut scope);
         // Moving a row to another key would move it to another shard.
         if let Some(target) = scope.first() {
-            if keys_set.iter().any(|c| *c == target.table.key) {
+            if keys_set.contains(&target.table.key) {
                 let t = target.table;
                 self.refuse(format!(
                     "this UPDATE changes the sharding key {key} of {name}, which would move rows to another shard: delete the row and insert it again instead",
@@ -268,7 +280,9 @@ impl<'m> Refs<'m> {
 /// The ON conditions of inner joins, as conjuncts.
 fn inner_join_conditions<'e>(twj: &'e TableWithJoins, out: &mut Vec<&'e Expr>) {
     for join in &twj.joins {
-        if let JoinOperator::Join(JoinConstraint::On(e)) | JoinOperator::Inner(JoinConstraint::On(e)) = &join.join_operator {
+        if let JoinOperator::Join(JoinConstraint::On(e))
+        | JoinOperator::Inner(JoinConstraint::On(e)) = &join.join_operator
+        {
             conjuncts(e, out);
         }
     }
@@ -282,7 +296,11 @@ fn assigned_columns(assignments: &[sqlparser::ast::Assignment]) -> Vec<String> {
             AssignmentTarget::ColumnName(n) => vec![n],
             AssignmentTarget::Tuple(ns) => ns.iter().collect(),
         };
-        out.extend(names.into_iter().filter_map(|n| name_parts(n).and_then(|p| p.last().cloned())));
+        out.extend(
+            names
+                .into_iter()
+                .filter_map(|n| name_parts(n).and_then(|p| p.last().cloned())),
+        );
     }
     out
 }
@@ -290,16 +308,92 @@ fn assigned_columns(assignments: &[sqlparser::ast::Assignment]) -> Vec<String> {
 /// Functions that read no tables: calling them does not tie a statement to the default shard.
 fn is_plain_function(name: &ObjectName) -> bool {
     const PLAIN: &[&str] = &[
-        "abs", "array_agg", "array_length", "avg", "bool_and", "bool_or", "btrim", "ceil", "char_length", "clock_timestamp",
-        "coalesce", "concat", "concat_ws", "count", "current_database", "current_date", "current_role", "current_schema",
-        "current_schemas", "current_setting", "current_time", "current_timestamp", "current_user", "date_part", "date_trunc",
-        "extract", "floor", "format", "gen_random_uuid", "generate_series", "greatest", "has_table_privilege", "json_agg",
-        "json_build_object", "jsonb_agg", "jsonb_build_object", "least", "left", "length", "localtime", "localtimestamp",
-        "lower", "lpad", "ltrim", "max", "md5", "min", "now", "nullif", "obj_description", "octet_length", "position",
-        "quote_ident", "quote_literal", "random", "regexp_replace", "repeat", "replace", "right", "round", "row_number",
-        "rpad", "rtrim", "session_user", "split_part", "sqrt", "statement_timestamp", "string_agg", "strpos", "substr",
-        "substring", "sum", "timeofday", "to_char", "to_date", "to_json", "to_jsonb", "to_number", "to_timestamp", "trim",
-        "trunc", "unnest", "upper", "user", "uuid_generate_v4", "version",
+        "abs",
+        "array_agg",
+        "array_length",
+        "avg",
+        "bool_and",
+        "bool_or",
+        "btrim",
+        "ceil",
+        "char_length",
+        "clock_timestamp",
+        "coalesce",
+        "concat",
+        "concat_ws",
+        "count",
+        "current_database",
+        "current_date",
+        "current_role",
+        "current_schema",
+        "current_schemas",
+        "current_setting",
+        "current_time",
+        "current_timestamp",
+        "current_user",
+        "date_part",
+        "date_trunc",
+        "extract",
+        "floor",
+        "format",
+        "gen_random_uuid",
+        "generate_series",
+        "greatest",
+        "has_table_privilege",
+        "json_agg",
+        "json_build_object",
+        "jsonb_agg",
+        "jsonb_build_object",
+        "least",
+        "left",
+        "length",
+        "localtime",
+        "localtimestamp",
+        "lower",
+        "lpad",
+        "ltrim",
+        "max",
+        "md5",
+        "min",
+        "now",
+        "nullif",
+        "obj_description",
+        "octet_length",
+        "position",
+        "quote_ident",
+        "quote_literal",
+        "random",
+        "regexp_replace",
+        "repeat",
+        "replace",
+        "right",
+        "round",
+        "row_number",
+        "rpad",
+        "rtrim",
+        "session_user",
+        "split_part",
+        "sqrt",
+        "statement_timestamp",
+        "string_agg",
+        "strpos",
+        "substr",
+        "substring",
+        "sum",
+        "timeofday",
+        "to_char",
+        "to_date",
+        "to_json",
+        "to_jsonb",
+        "to_number",
+        "to_timestamp",
+        "trim",
+        "trunc",
+        "unnest",
+        "upper",
+        "user",
+        "uuid_generate_v4",
+        "version",
     ];
     let Some(parts) = name_parts(name) else {
         return false;
@@ -356,7 +450,12 @@ impl Visitor for Refs<'_> {
     }
 
     fn pre_visit_table_factor(&mut self, factor: &TableFactor) -> ControlFlow<()> {
-        if let TableFactor::Table { name, args: Some(_), .. } = factor {
+        if let TableFactor::Table {
+            name,
+            args: Some(_),
+            ..
+        } = factor
+        {
             self.skip.push(name as *const ObjectName);
         }
         ControlFlow::Continue(())
@@ -393,9 +492,10 @@ impl Visitor for Refs<'_> {
             Statement::Insert(ins) => self.insert(ins),
             Statement::Update(u) => {
                 let from: Vec<&TableWithJoins> = match &u.from {
-                    Some(sqlparser::ast::UpdateTableFromKind::AfterSet(f) | sqlparser::ast::UpdateTableFromKind::BeforeSet(f)) => {
-                        f.iter().collect()
-                    }
+                    Some(
+                        sqlparser::ast::UpdateTableFromKind::AfterSet(f)
+                        | sqlparser::ast::UpdateTableFromKind::BeforeSet(f),
+                    ) => f.iter().collect(),
                     None => Vec::new(),
                 };
                 let keys_set = assigned_columns(&u.assignments);

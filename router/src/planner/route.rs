@@ -9,6 +9,9 @@
 use shardmap::{ShardMap, Table};
 use sqlparser::ast::{CommentObject, CopySource, ObjectName, ObjectType, Statement};
 
+use sqlparser::dialect::PostgreSqlDialect;
+use sqlparser::tokenizer::{Token, Tokenizer};
+
 use super::refs::{Refs, Rel};
 use super::Route;
 
@@ -119,7 +122,11 @@ pub(crate) fn route(stmt: &Statement, map: &ShardMap) -> Route {
 
 /// The first two words of a statement, to name its kind in a message.
 fn first_words(stmt: &Statement) -> String {
-    stmt.to_string().split_whitespace().take(2).collect::<Vec<_>>().join(" ")
+    stmt.to_string()
+        .split_whitespace()
+        .take(2)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn sharded<'m>(map: &'m ShardMap, name: &ObjectName) -> Option<&'m Table> {
@@ -200,8 +207,16 @@ fn data(stmt: &Statement, map: &ShardMap) -> Route {
             .sharded
             .iter()
             .find(|t| {
-                let refs_of = refs.sharded.iter().filter(|u| std::ptr::eq(**u, **t)).count();
-                let pins_of = refs.pins.iter().filter(|p| std::ptr::eq(p.table, **t)).count();
+                let refs_of = refs
+                    .sharded
+                    .iter()
+                    .filter(|u| std::ptr::eq(**u, **t))
+                    .count();
+                let pins_of = refs
+                    .pins
+                    .iter()
+                    .filter(|p| std::ptr::eq(p.table, **t))
+                    .count();
                 pins_of < refs_of
             })
             .unwrap_or(first);
@@ -231,5 +246,34 @@ fn data(stmt: &Statement, map: &ShardMap) -> Route {
         table: name,
         key_type,
         keys: refs.pins.into_iter().flat_map(|p| p.keys).collect(),
+    }
+}
+
+/// The route of text the parser rejects: `Unparsed`, unless a word of it is the name of a
+/// sharded table. sqlparser accepts less than Postgres does (`TABLE kv`, some DDL), and such a
+/// statement run on the default shard would see only that shard's rows.
+pub(crate) fn unparsed(text: &str, map: &ShardMap, parse_error: &str) -> Route {
+    // Text that does not even tokenize (an unterminated string) is rejected by Postgres too.
+    let Ok(tokens) = Tokenizer::new(&PostgreSqlDialect {}, text).tokenize() else {
+        return Route::Unparsed;
+    };
+    let table = tokens.iter().find_map(|t| match t {
+        Token::Word(w) => {
+            let name = match w.quote_style {
+                None => w.value.to_ascii_lowercase(),
+                Some(_) => w.value.clone(),
+            };
+            map.tables().iter().find(|t| t.name == name)
+        }
+        _ => None,
+    });
+    match table {
+        Some(t) => Route::Unroutable {
+            message: format!(
+                "shardgate's SQL parser does not understand this statement ({parse_error}), and it names the sharded table {}, so it cannot be routed safely; rewrite it, or run it on the shards directly",
+                t.qualified_name()
+            ),
+        },
+        None => Route::Unparsed,
     }
 }

@@ -62,22 +62,41 @@ fn point_statements_are_keyed() {
         ("SELECT * FROM kv k WHERE k.id = -7 AND k.v > 3", vec!["-7"]),
         ("SELECT * FROM public.kv WHERE kv.id = '9'", vec!["9"]),
         ("SELECT * FROM kv WHERE public.kv.id = 9", vec!["9"]),
-        ("SELECT * FROM kv WHERE (id = $1::bigint) AND v = 'x'", vec!["bind 0"]),
-        ("SELECT * FROM kv WHERE id = CAST($2 AS int8) AND v = $1", vec!["bind 1"]),
-        ("SELECT * FROM kv WHERE id IN (1, 2, 3)", vec!["1", "2", "3"]),
+        (
+            "SELECT * FROM kv WHERE (id = $1::bigint) AND v = 'x'",
+            vec!["bind 0"],
+        ),
+        (
+            "SELECT * FROM kv WHERE id = CAST($2 AS int8) AND v = $1",
+            vec!["bind 1"],
+        ),
+        (
+            "SELECT * FROM kv WHERE id IN (1, 2, 3)",
+            vec!["1", "2", "3"],
+        ),
         ("SELECT * FROM kv WHERE id IN (1, 2) AND id = 2", vec!["2"]),
         ("UPDATE kv SET v = v + 1 WHERE id = 5", vec!["5"]),
         ("DELETE FROM kv WHERE id = 6 RETURNING *", vec!["6"]),
         ("SELECT * FROM names WHERE name = E'it\\'s'", vec!["it's"]),
         ("SELECT * FROM names WHERE name = $$a$$", vec!["a"]),
-        ("SELECT * FROM users WHERE user_id = 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'::uuid", vec!["a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"]),
+        (
+            "SELECT * FROM users WHERE user_id = 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'::uuid",
+            vec!["a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"],
+        ),
         ("EXPLAIN ANALYZE SELECT * FROM kv WHERE id = 8", vec!["8"]),
-        ("SELECT count(*) FROM kv WHERE id = 1 GROUP BY v ORDER BY 1 LIMIT 10", vec!["1"]),
+        (
+            "SELECT count(*) FROM kv WHERE id = 1 GROUP BY v ORDER BY 1 LIMIT 10",
+            vec!["1"],
+        ),
     ] {
         assert_eq!(keys(&p, sql), want, "{sql}");
     }
     match route(&p, "SELECT * FROM users WHERE user_id = $1") {
-        Route::Keyed { table, key_type, keys } => {
+        Route::Keyed {
+            table,
+            key_type,
+            keys,
+        } => {
             assert_eq!((table.as_str(), key_type), ("users", KeyType::Uuid));
             assert_eq!(keys, [KeySource::Param(0)]);
         }
@@ -89,16 +108,44 @@ fn point_statements_are_keyed() {
 fn inserts() {
     let p = planner();
     assert_eq!(keys(&p, "INSERT INTO kv (id, v) VALUES (1, 'a')"), ["1"]);
-    assert_eq!(keys(&p, "INSERT INTO kv (v, id) VALUES ('a', 1), ('b', $1)"), ["1", "bind 0"]);
-    assert_eq!(keys(&p, "INSERT INTO kv (id, v) VALUES (1, 'a') ON CONFLICT (id) DO UPDATE SET v = excluded.v"), ["1"]);
+    assert_eq!(
+        keys(&p, "INSERT INTO kv (v, id) VALUES ('a', 1), ('b', $1)"),
+        ["1", "bind 0"]
+    );
+    assert_eq!(
+        keys(
+            &p,
+            "INSERT INTO kv (id, v) VALUES (1, 'a') ON CONFLICT (id) DO UPDATE SET v = excluded.v"
+        ),
+        ["1"]
+    );
     unroutable(&p, "INSERT INTO kv VALUES (1, 'a')", "column list");
     unroutable(&p, "INSERT INTO kv (v) VALUES ('a')", "sharding key id");
-    unroutable(&p, "INSERT INTO kv (id, v) SELECT id, v FROM kv WHERE id = 1", "VALUES");
-    unroutable(&p, "INSERT INTO kv (id, v) VALUES (1 + 1, 'a')", "literal or a parameter");
-    unroutable(&p, "INSERT INTO kv (id, v) VALUES (1, 'a') ON CONFLICT (v) DO UPDATE SET id = 2", "move the row");
+    unroutable(
+        &p,
+        "INSERT INTO kv (id, v) SELECT id, v FROM kv WHERE id = 1",
+        "VALUES",
+    );
+    unroutable(
+        &p,
+        "INSERT INTO kv (id, v) VALUES (1 + 1, 'a')",
+        "literal or a parameter",
+    );
+    unroutable(
+        &p,
+        "INSERT INTO kv (id, v) VALUES (1, 'a') ON CONFLICT (v) DO UPDATE SET id = 2",
+        "move the row",
+    );
     unroutable(&p, "INSERT INTO kv DEFAULT VALUES", "column list");
-    assert_eq!(route(&p, "INSERT INTO settings VALUES ('a', 1)"), Route::Default);
-    unroutable(&p, "INSERT INTO settings SELECT * FROM kv WHERE id = 1", "unsharded table");
+    assert_eq!(
+        route(&p, "INSERT INTO settings VALUES ('a', 1)"),
+        Route::Default
+    );
+    unroutable(
+        &p,
+        "INSERT INTO settings SELECT * FROM kv WHERE id = 1",
+        "unsharded table",
+    );
 }
 
 #[test]
@@ -112,34 +159,94 @@ fn keys_that_cannot_be_pinned() {
     unroutable(&p, "SELECT * FROM kv WHERE id::text = '1'", "WHERE id");
     unroutable(&p, "SELECT * FROM kv WHERE id = v", "WHERE id");
     unroutable(&p, "SELECT * FROM kv WHERE id NOT IN (1)", "WHERE id");
-    unroutable(&p, "SELECT * FROM names WHERE name = $1::varchar(2)", "WHERE name");
+    unroutable(
+        &p,
+        "SELECT * FROM names WHERE name = $1::varchar(2)",
+        "WHERE name",
+    );
     unroutable(&p, "SELECT * FROM kv WHERE id = 1.5::numeric", "WHERE id");
     unroutable(&p, "UPDATE kv SET id = 7 WHERE id = 5", "delete the row");
     unroutable(&p, "DELETE FROM kv", "WHERE id");
-    unroutable(&p, "TABLE kv", "WHERE id");
 }
 
 #[test]
 fn joins_and_subqueries() {
     let p = planner();
-    unroutable(&p, "SELECT * FROM kv JOIN settings s ON s.k = kv.v WHERE kv.id = 1", "unsharded table settings");
-    unroutable(&p, "SELECT * FROM kv a JOIN kv b ON a.v = b.v WHERE a.id = 1", "its own");
-    unroutable(&p, "SELECT * FROM kv WHERE id = 1 AND v IN (SELECT v FROM kv)", "its own");
-    unroutable(&p, "SELECT * FROM kv WHERE id IN (SELECT id FROM kv WHERE id = 1)", "WHERE id");
-    unroutable(&p, "SELECT * FROM kv, names WHERE kv.id = 1 AND names.name = 'x'", "different key types");
-    unroutable(&p, "SELECT * FROM kv a LEFT JOIN kv b ON b.id = 1 WHERE a.id = 1", "its own");
+    unroutable(
+        &p,
+        "SELECT * FROM kv JOIN settings s ON s.k = kv.v WHERE kv.id = 1",
+        "unsharded table settings",
+    );
+    unroutable(
+        &p,
+        "SELECT * FROM kv a JOIN kv b ON a.v = b.v WHERE a.id = 1",
+        "its own",
+    );
+    unroutable(
+        &p,
+        "SELECT * FROM kv WHERE id = 1 AND v IN (SELECT v FROM kv)",
+        "its own",
+    );
+    unroutable(
+        &p,
+        "SELECT * FROM kv WHERE id IN (SELECT id FROM kv WHERE id = 1)",
+        "WHERE id",
+    );
+    unroutable(
+        &p,
+        "SELECT * FROM kv, names WHERE kv.id = 1 AND names.name = 'x'",
+        "different key types",
+    );
+    unroutable(
+        &p,
+        "SELECT * FROM kv a LEFT JOIN kv b ON b.id = 1 WHERE a.id = 1",
+        "its own",
+    );
     // Every reference pinned (the caller checks the keys share a shard).
-    assert_eq!(keys(&p, "SELECT * FROM kv a JOIN kv b ON b.id = 2 WHERE a.id = 1"), ["1", "2"]);
-    assert_eq!(keys(&p, "SELECT * FROM kv a, kv b WHERE a.id = 1 AND b.id = 1"), ["1", "1"]);
     assert_eq!(
-        keys(&p, "SELECT * FROM kv WHERE id = 1 AND EXISTS (SELECT 1 FROM kv k2 WHERE k2.id = 1)"),
+        keys(
+            &p,
+            "SELECT * FROM kv a JOIN kv b ON b.id = 2 WHERE a.id = 1"
+        ),
+        ["1", "2"]
+    );
+    assert_eq!(
+        keys(&p, "SELECT * FROM kv a, kv b WHERE a.id = 1 AND b.id = 1"),
         ["1", "1"]
     );
-    assert_eq!(keys(&p, "WITH x AS (SELECT * FROM kv WHERE id = 3) SELECT * FROM x"), ["3"]);
-    assert_eq!(keys(&p, "SELECT * FROM (SELECT * FROM kv WHERE id = 4) sub"), ["4"]);
-    assert_eq!(keys(&p, "SELECT * FROM kv WHERE id = 4 UNION ALL SELECT * FROM kv WHERE id = 5"), ["4", "5"]);
+    assert_eq!(
+        keys(
+            &p,
+            "SELECT * FROM kv WHERE id = 1 AND EXISTS (SELECT 1 FROM kv k2 WHERE k2.id = 1)"
+        ),
+        ["1", "1"]
+    );
+    assert_eq!(
+        keys(
+            &p,
+            "WITH x AS (SELECT * FROM kv WHERE id = 3) SELECT * FROM x"
+        ),
+        ["3"]
+    );
+    assert_eq!(
+        keys(&p, "SELECT * FROM (SELECT * FROM kv WHERE id = 4) sub"),
+        ["4"]
+    );
+    assert_eq!(
+        keys(
+            &p,
+            "SELECT * FROM kv WHERE id = 4 UNION ALL SELECT * FROM kv WHERE id = 5"
+        ),
+        ["4", "5"]
+    );
     // Catalogs are on every shard.
-    assert_eq!(keys(&p, "SELECT * FROM kv WHERE id = 4 AND EXISTS (SELECT 1 FROM pg_catalog.pg_class)"), ["4"]);
+    assert_eq!(
+        keys(
+            &p,
+            "SELECT * FROM kv WHERE id = 4 AND EXISTS (SELECT 1 FROM pg_catalog.pg_class)"
+        ),
+        ["4"]
+    );
     // An unqualified key with two sharded tables of that column is ambiguous: not a pin.
     unroutable(&p, "SELECT * FROM kv a, kv b WHERE id = 1", "its own");
     unroutable(&p, "WITH kv AS (SELECT 1) SELECT * FROM kv", "rename");
@@ -150,10 +257,19 @@ fn tables_outside_the_map_and_no_tables() {
     let p = planner();
     assert_eq!(route(&p, "SELECT * FROM settings"), Route::Default);
     assert_eq!(route(&p, "UPDATE settings SET v = 1"), Route::Default);
-    assert_eq!(route(&p, "SELECT * FROM app.other o JOIN settings s ON true"), Route::Default);
+    assert_eq!(
+        route(&p, "SELECT * FROM app.other o JOIN settings s ON true"),
+        Route::Default
+    );
     assert_eq!(route(&p, "SELECT nextval('ids')"), Route::Default);
     assert_eq!(route(&p, "SELECT my_func(1)"), Route::Default);
-    assert_eq!(route(&p, "WITH settings AS (SELECT * FROM settings) SELECT * FROM settings"), Route::Default);
+    assert_eq!(
+        route(
+            &p,
+            "WITH settings AS (SELECT * FROM settings) SELECT * FROM settings"
+        ),
+        Route::Default
+    );
     for sql in [
         "SELECT 1",
         "select now(), version()",
@@ -181,7 +297,10 @@ fn transaction_control() {
     let p = planner();
     for (sql, want) in [
         ("BEGIN", Route::Begin),
-        ("START TRANSACTION ISOLATION LEVEL SERIALIZABLE", Route::Begin),
+        (
+            "START TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+            Route::Begin,
+        ),
         ("COMMIT", Route::Commit),
         ("END", Route::Commit),
         ("ROLLBACK", Route::Rollback),
@@ -236,7 +355,10 @@ fn copy() {
     let p = planner();
     assert_eq!(route(&p, "COPY settings FROM STDIN"), Route::Default);
     unroutable(&p, "COPY kv TO STDOUT", "COPY of the sharded table kv");
-    assert_eq!(keys(&p, "COPY (SELECT * FROM kv WHERE id = 3) TO STDOUT"), ["3"]);
+    assert_eq!(
+        keys(&p, "COPY (SELECT * FROM kv WHERE id = 3) TO STDOUT"),
+        ["3"]
+    );
 }
 
 #[test]
@@ -268,18 +390,42 @@ fn cache_shares_plans_across_literals() {
 fn cache_hit_does_not_reparse_and_keeps_params() {
     let p = planner();
     let mut buf = NormalizeBuf::new();
-    let first = Arc::clone(p.plan("SELECT v FROM kv WHERE id = $1 AND v = 'a'", &mut buf).plan());
+    let first = Arc::clone(
+        p.plan("SELECT v FROM kv WHERE id = $1 AND v = 'a'", &mut buf)
+            .plan(),
+    );
     let second = p.plan("SELECT v FROM kv WHERE id = $1 AND v = 'b'", &mut buf);
     assert!(Arc::ptr_eq(&first, second.plan()));
-    assert_eq!(second.param_count_before, 1);
+    assert_eq!(second.params_before(), 1);
     assert_eq!(second.literal(0), Some("b"));
+}
+
+#[test]
+fn parse_and_query_texts_of_one_shape_share_a_plan_but_not_params() {
+    // `id = $1` from a Parse and `id = 5` from a Query normalize to the same text: the plan
+    // is shared, and whether `$1` is a Bind parameter or a literal comes from each text.
+    let p = planner();
+    let mut buf = NormalizeBuf::new();
+    let parsed = p.plan("SELECT v FROM kv WHERE id = $1", &mut buf);
+    let shared = Arc::clone(parsed.plan());
+    let Route::Keyed { keys, .. } = &parsed.statements()[0] else {
+        panic!("not keyed")
+    };
+    assert_eq!(parsed.key_value(&keys[0]), Some(KeyValue::Bind(0)));
+    let mut buf2 = NormalizeBuf::new();
+    let queried = p.plan("SELECT v FROM kv WHERE id = 5", &mut buf2);
+    assert!(Arc::ptr_eq(&shared, queried.plan()));
+    assert_eq!(queried.key_value(&keys[0]), Some(KeyValue::Text("5")));
 }
 
 #[test]
 fn multi_statement_query() {
     let p = planner();
     let mut buf = NormalizeBuf::new();
-    let plan = p.plan("BEGIN; UPDATE kv SET v = 'x' WHERE id = 10; SELECT 1; COMMIT;", &mut buf);
+    let plan = p.plan(
+        "BEGIN; UPDATE kv SET v = 'x' WHERE id = 10; SELECT 1; COMMIT;",
+        &mut buf,
+    );
     assert_eq!(plan.statements().len(), 4);
     assert_eq!(plan.statements()[0], Route::Begin);
     assert_eq!(plan.statements()[2], Route::Any);
@@ -297,9 +443,20 @@ fn multi_statement_query() {
 fn fallback_to_the_original_text() {
     let p = planner();
     assert_eq!(route(&p, "SELECT INTERVAL '1 day'"), Route::Any);
+    // Typed literals still route by key, whichever text got planned.
+    assert_eq!(
+        keys(&p, "SELECT DATE '2020-01-01' FROM kv WHERE id = 3"),
+        ["3"]
+    );
+    assert_eq!(
+        keys(&p, "SELECT DATE '2021-02-02' FROM kv WHERE id = 4"),
+        ["4"]
+    );
+
+    // `varchar($1)` does not parse: the original text is planned, literals kept.
     let mut buf = NormalizeBuf::new();
-    let plan = p.plan("SELECT DATE '2020-01-01' FROM kv WHERE id = 3", &mut buf);
-    assert!(!plan.normalized, "DATE $1 does not parse: the original is planned");
+    let plan = p.plan("SELECT 'x'::varchar(10) FROM kv WHERE id = 3", &mut buf);
+    assert!(!plan.normalized);
     match plan.statements() {
         [Route::Keyed { keys, .. }] => {
             assert_eq!(keys, &[KeySource::Literal("3".to_string())]);
@@ -307,27 +464,42 @@ fn fallback_to_the_original_text() {
         }
         other => panic!("{other:?}"),
     }
-    // Another date, another key: each original text has its own plan, still correct.
-    let plan = p.plan("SELECT DATE '2021-02-02' FROM kv WHERE id = 4", &mut buf);
-    assert_eq!(plan.statements()[0], Route::Keyed {
-        table: "kv".to_string(),
-        key_type: KeyType::BigInt,
-        keys: vec![KeySource::Literal("4".to_string())],
-    });
-    // The same original again is a cache hit on both entries.
+    // Same shape, another key: its own plan under its own text, still correct.
+    assert_eq!(
+        keys(&p, "SELECT 'x'::varchar(10) FROM kv WHERE id = 4"),
+        ["4"]
+    );
+    // The same original again hits both the marker entry and the original's plan.
     let before = p.cache_stats();
-    let again = p.plan("SELECT DATE '2021-02-02' FROM kv WHERE id = 4", &mut buf);
+    let again = p.plan("SELECT 'x'::varchar(10) FROM kv WHERE id = 4", &mut buf);
     assert!(!again.normalized);
     let after = p.cache_stats();
-    assert_eq!((after.hits - before.hits, after.misses - before.misses), (2, 0));
+    assert_eq!(
+        (after.hits - before.hits, after.misses - before.misses),
+        (2, 0)
+    );
+    // DDL with type modifiers takes the same path.
+    assert_eq!(
+        route(&p, "CREATE TABLE t (a varchar(10), b numeric(10, 2))"),
+        Route::Default
+    );
 }
 
 #[test]
 fn malformed_sql_is_unparsed() {
     let p = planner();
-    for sql in ["SELEKT 1", "SELECT * FROM kv WHERE id = ", "SELECT 'unterminated", "SELECT (1"] {
+    for sql in [
+        "SELEKT 1",
+        "SELECT * FROM settings WHERE k = ",
+        "SELECT 'unterminated",
+        "SELECT (1",
+    ] {
         assert_eq!(routes(&p, sql), [Route::Unparsed], "{sql}");
     }
+    // Text the parser rejects but that names a sharded table is never sent to one shard
+    // blindly: Postgres accepts `TABLE kv`, and the default shard would return part of kv.
+    unroutable(&p, "TABLE kv", "does not understand");
+    unroutable(&p, "SELECT * FROM kv WHERE id = ", "sharded table kv");
 }
 
 #[test]

@@ -54,7 +54,11 @@ impl Env {
         .expect("start the shard cluster");
         let map = ShardMap::even_split(&cluster.shard_urls(), tables()).expect("shard map");
         let router = Router::start(&map, pool_size);
-        Env { cluster, map, router }
+        Env {
+            cluster,
+            map,
+            router,
+        }
     }
 
     /// The shard index of a bigint key.
@@ -64,12 +68,16 @@ impl Env {
 
     /// A key of table kv that lives on `shard`, from `from` upwards.
     pub fn key_on(&self, shard: usize, from: i64) -> i64 {
-        (from..).find(|&k| self.shard_of(k) == shard).expect("a key on every shard")
+        (from..)
+            .find(|&k| self.shard_of(k) == shard)
+            .expect("a key on every shard")
     }
 
     /// psql in shard `shard`'s database, directly (not through the router).
     pub fn on_shard(&self, shard: usize, sql: &str) -> String {
-        self.cluster.psql_shard(shard, sql).unwrap_or_else(|e| panic!("{sql} on shard {shard}: {e}"))
+        self.cluster
+            .psql_shard(shard, sql)
+            .unwrap_or_else(|e| panic!("{sql} on shard {shard}: {e}"))
     }
 }
 
@@ -147,10 +155,18 @@ impl Router {
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&log).expect("router log"))
-            .stderr(std::fs::File::options().append(true).open(&log).expect("router log"))
+            .stderr(
+                std::fs::File::options()
+                    .append(true)
+                    .open(&log)
+                    .expect("router log"),
+            )
             .spawn()
             .expect("start shardgate");
-        ROUTER_PIDS.lock().unwrap_or_else(|p| p.into_inner()).push(child.id());
+        ROUTER_PIDS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(child.id());
         let router = Router {
             port,
             dir,
@@ -167,7 +183,13 @@ impl Router {
             if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
                 return;
             }
-            if let Some(status) = self.child.lock().unwrap().as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .lock()
+                .unwrap()
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 panic!("shardgate exited with {status}:\n{}", self.log_text());
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -188,7 +210,9 @@ impl Router {
     }
 
     pub async fn connect(&self) -> Client {
-        connect(&self.url()).await.unwrap_or_else(|e| panic!("connect to the router: {e}\n{}", self.log_text()))
+        connect(&self.url())
+            .await
+            .unwrap_or_else(|e| panic!("connect to the router: {e}\n{}", self.log_text()))
     }
 
     /// Whether the router process is still running.
@@ -203,7 +227,13 @@ impl Router {
     /// Lines of the router's log that contain `needle`.
     pub fn log_lines(&self, needle: &str) -> Vec<String> {
         std::fs::File::open(&self.log)
-            .map(|f| BufReader::new(f).lines().map_while(Result::ok).filter(|l| l.contains(needle)).collect())
+            .map(|f| {
+                BufReader::new(f)
+                    .lines()
+                    .map_while(Result::ok)
+                    .filter(|l| l.contains(needle))
+                    .collect()
+            })
             .unwrap_or_default()
     }
 }
@@ -228,7 +258,9 @@ pub async fn connect(url: &str) -> Result<Client, tokio_postgres::Error> {
 
 /// The SQLSTATE of a failed statement.
 pub fn sqlstate(err: &tokio_postgres::Error) -> String {
-    err.code().map(|c| c.code().to_string()).unwrap_or_else(|| format!("no SQLSTATE: {err}"))
+    err.code()
+        .map(|c| c.code().to_string())
+        .unwrap_or_else(|| format!("no SQLSTATE: {err}"))
 }
 
 /// Runs a command, returning (success, stdout, stderr).
