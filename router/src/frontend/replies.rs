@@ -236,8 +236,10 @@ impl Replies {
                 true
             }
             (Kind::Query, b'Z') | (Kind::Sync, b'Z') => {
-                // A silent exchange (an injected BEGIN) does not speak for the client.
-                if audience != Audience::Silent {
+                // Only the client's own Sync or Query speaks for its transaction status; the
+                // router's exchanges (an injected BEGIN, a Sync outside the client's
+                // transaction) do not.
+                if audience == Audience::Client {
                     step.ready = body.first().copied().and_then(TxStatus::from_byte);
                 }
                 self.skipping = false;

@@ -414,6 +414,9 @@ impl Session {
                 self.replies.push_synthetic(outcome);
                 return Ok(());
             }
+            if self.pending_begin.is_some() && self.held_only_prepares()? {
+                return self.prepare_outside_transaction(frame).await;
+            }
             if self.held_needs_backend()? {
                 if let Err(err) = self.attach(None).await {
                     self.held.clear();
@@ -534,6 +537,49 @@ impl Session {
                 .map(|n| n.stmt.sql.to_string())
                 .unwrap_or_default()
         }
+    }
+
+    /// Drivers prepare a statement (Parse, Describe, Sync) before its first Bind, also right
+    /// after BEGIN. Preparing is not part of the transaction, so it runs on any shard, outside
+    /// it, and the transaction is still free to start on the shard its first statement names.
+    async fn prepare_outside_transaction(&mut self, sync: &[u8]) -> Result<(), SessionError> {
+        if let Err(err) = self.attach_conn(None, false).await {
+            self.held.clear();
+            err.write(&mut self.cout);
+            self.tx = TxStatus::Failed;
+            self.replies.push_synthetic(ready_bytes(self.tx));
+            return Ok(());
+        }
+        self.release_held().await?;
+        self.bout.extend_from_slice(sync);
+        self.replies.push(Kind::Sync, Audience::Router);
+        self.replies.push_synthetic(ready_bytes(self.tx));
+        self.exchange().await?;
+        self.in_batch = false;
+        if self.replies.is_empty() && self.pinned.as_ref().is_some_and(|p| !p.conn.needs_reset) {
+            self.release();
+        }
+        Ok(())
+    }
+
+    /// Whether the held messages only prepare, describe or close statements.
+    fn held_only_prepares(&self) -> Result<bool, SessionError> {
+        let mut at = 0;
+        while let Some(h) =
+            next_frame(&self.held[at..]).map_err(|e| SessionError::Protocol(e.to_string()))?
+        {
+            let frame = &self.held[at..at + h.total];
+            at += h.total;
+            let ok = match h.tag {
+                b'P' => true,
+                b'D' | b'C' => frontend::target(&frame[5..], "Describe")?.kind == b'S',
+                _ => false,
+            };
+            if !ok {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Whether the held messages need a backend at all (Close of a statement does not).
@@ -807,6 +853,16 @@ impl Session {
     /// Pins a connection for `wanted` (or any shard) unless one is pinned already, sending a
     /// pending `BEGIN` first.
     async fn attach(&mut self, wanted: Option<usize>) -> Result<(), SqlError> {
+        self.attach_conn(wanted, true).await
+    }
+
+    /// Pins a connection; `with_begin` sends a pending `BEGIN` on it first (not wanted for work
+    /// that does not belong to the transaction, like preparing a statement).
+    async fn attach_conn(
+        &mut self,
+        wanted: Option<usize>,
+        with_begin: bool,
+    ) -> Result<(), SqlError> {
         if self.pinned.is_some() {
             return Ok(());
         }
@@ -833,7 +889,7 @@ impl Session {
         });
         self.pinned = Some(Pinned { shard, conn });
         self.unnamed_on_conn = false;
-        if let Some(begin) = self.pending_begin.take() {
+        if let Some(begin) = with_begin.then(|| self.pending_begin.take()).flatten() {
             let at = begin_frame(&mut self.bout, b'Q');
             self.bout.extend_from_slice(begin.as_bytes());
             self.bout.push(0);
@@ -866,6 +922,11 @@ impl Session {
                 p.conn.needs_reset = false;
             }
         }
+        self.release();
+    }
+
+    /// Returns the pinned connection to its pool.
+    fn release(&mut self) {
         *self
             .slot
             .running_on

@@ -95,15 +95,17 @@ pub struct Router {
     log: PathBuf,
 }
 
-static ROUTER_PIDS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+/// Routers still running at process exit (the shared one is never dropped) and their dirs.
+static ROUTERS: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
 
 extern "C" fn kill_routers() {
-    if let Ok(pids) = ROUTER_PIDS.lock() {
-        for pid in pids.iter() {
+    if let Ok(routers) = ROUTERS.lock() {
+        for (pid, dir) in routers.iter() {
             // SAFETY: kill(2) on a pid this process started.
             unsafe {
                 libc::kill(*pid as i32, libc::SIGKILL);
             }
+            let _ = std::fs::remove_dir_all(dir);
         }
     }
 }
