@@ -165,10 +165,10 @@ impl Router {
             )
             .spawn()
             .expect("start shardgate");
-        ROUTER_PIDS
+        ROUTERS
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push(child.id());
+            .push((child.id(), dir.clone()));
         let router = Router {
             port,
             dir,
