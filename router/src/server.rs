@@ -29,6 +29,7 @@ pub async fn run(shared: Shared) -> Result<(), String> {
         database = %shared.config.database,
         "shardgate is ready"
     );
+    shared.pools.spawn_maintenance();
     // Learn a real server's ParameterStatus values before the first client asks.
     let warm = shared.clone();
     tokio::spawn(async move {

@@ -50,6 +50,8 @@ impl Shared {
     pub fn new(config: Config, map: ShardMap) -> Shared {
         let settings = PoolSettings {
             max_size: config.pool.max_size,
+            min_idle: config.pool.min_idle,
+            idle_timeout: config.pool.idle_timeout,
             checkout_timeout: config.pool.checkout_timeout,
             connect_timeout: config.pool.connect_timeout,
             user: config.backend.user.clone(),

@@ -318,3 +318,55 @@ async fn an_exhausted_pool_says_53300_and_blocks_only_its_shard() {
         .expect("shard 0 is free again");
     assert_eq!(row.get::<_, String>(0), "held");
 }
+
+/// The router's statement timeout cancels a long statement on its shard (57014), the
+/// slow-statement log names it, and the connection stays usable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statement_timeout_and_slow_statement_log() {
+    let env = shared_env();
+    let router = Router::start_with(
+        &env.map,
+        "[limits]\nstatement_timeout_ms = 300\nslow_statement_ms = 100\n",
+    );
+    let client = router.connect().await;
+    let err = client
+        .simple_query("SELECT pg_sleep(5)")
+        .await
+        .expect_err("timed out");
+    assert_eq!(sqlstate(&err), "57014");
+    client
+        .simple_query("SELECT pg_sleep(0.2)")
+        .await
+        .expect("under the timeout");
+    let row = client
+        .query_one("SELECT 41 + 1", &[])
+        .await
+        .expect("usable");
+    assert_eq!(row.get::<_, i32>(0), 42);
+    let slow = router.log_lines("slow statement");
+    assert!(slow.iter().any(|l| l.contains("pg_sleep(0.2)")), "{slow:?}");
+}
+
+/// A client's CancelRequest reaches the backend running its statement, and only that one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_requests_reach_the_right_backend() {
+    let env = shared_env();
+    let client = env.router.connect().await;
+    let other = env.router.connect().await;
+    let token = client.cancel_token();
+    let sleeper =
+        tokio::spawn(async move { client.simple_query("SELECT pg_sleep(30)").await.map(|_| ()) });
+    let bystander =
+        tokio::spawn(async move { other.simple_query("SELECT pg_sleep(1)").await.map(|_| ()) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    token
+        .cancel_query(tokio_postgres::NoTls)
+        .await
+        .expect("send cancel");
+    let err = sleeper.await.expect("join").expect_err("cancelled");
+    assert_eq!(sqlstate(&err), "57014");
+    bystander
+        .await
+        .expect("join")
+        .expect("the other client's statement is not cancelled");
+}

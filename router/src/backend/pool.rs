@@ -17,6 +17,10 @@ use super::conn::{BackendConn, BackendError, Endpoint};
 #[derive(Clone, Debug)]
 pub struct PoolSettings {
     pub max_size: usize,
+    /// Idle connections kept open per pool (opened in the background).
+    pub min_idle: usize,
+    /// Idle connections beyond `min_idle` unused this long are closed.
+    pub idle_timeout: Option<Duration>,
     pub checkout_timeout: Duration,
     pub connect_timeout: Duration,
     pub user: String,
@@ -54,6 +58,8 @@ pub struct ShardPool {
     pub endpoint: Endpoint,
     pool: managed::Pool<Manager>,
     checkout_timeout: Duration,
+    min_idle: usize,
+    idle_timeout: Option<Duration>,
 }
 
 /// Why no connection could be had; the session turns these into SQLSTATEs.
@@ -80,6 +86,44 @@ impl ShardPool {
             endpoint,
             pool,
             checkout_timeout: s.checkout_timeout,
+            min_idle: s.min_idle.min(s.max_size),
+            idle_timeout: s.idle_timeout,
+        }
+    }
+
+    /// Closes connections idle longer than the idle timeout, then opens connections until
+    /// `min_idle` are there. Runs in the background, never on a client's path.
+    async fn maintain(&self) {
+        if let Some(limit) = self.idle_timeout {
+            let mut keep = self.min_idle;
+            // The first `min_idle` stale connections found are kept open rather than reopened.
+            let retained = self.pool.retain(|_, m| {
+                if m.last_used() < limit {
+                    return true;
+                }
+                if keep > 0 {
+                    keep -= 1;
+                    return true;
+                }
+                false
+            });
+            if !retained.removed.is_empty() {
+                tracing::debug!(endpoint = %self.endpoint.name(), closed = retained.removed.len(), "closed idle connections");
+            }
+        }
+        let status = self.pool.status();
+        let missing = self.min_idle.saturating_sub(status.size);
+        if missing > 0 {
+            let mut opened = Vec::with_capacity(missing);
+            for _ in 0..missing {
+                match self.pool.get().await {
+                    Ok(c) => opened.push(c),
+                    Err(e) => {
+                        tracing::debug!(endpoint = %self.endpoint.name(), "could not open an idle connection: {e}");
+                        break;
+                    }
+                }
+            }
         }
     }
 
@@ -139,6 +183,27 @@ impl Pools {
             })
             .collect();
         Pools { by_shard }
+    }
+
+    /// Keeps every pool within its idle limits, every few seconds, until the runtime stops.
+    pub fn spawn_maintenance(&self) {
+        let mut seen = std::collections::HashSet::new();
+        let pools: Vec<Arc<ShardPool>> = self
+            .by_shard
+            .iter()
+            .filter(|p| seen.insert(p.endpoint.name()))
+            .cloned()
+            .collect();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                for pool in &pools {
+                    pool.maintain().await;
+                }
+            }
+        });
     }
 
     pub fn for_shard(&self, shard: usize) -> &Arc<ShardPool> {

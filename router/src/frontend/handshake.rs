@@ -277,22 +277,10 @@ async fn forward_cancel(shared: &Shared, pid: i32, secret: i32) {
         );
         return;
     };
-    let mut packet = Vec::with_capacity(16);
-    packet.extend_from_slice(&16i32.to_be_bytes());
-    packet.extend_from_slice(&80_877_102i32.to_be_bytes());
-    packet.extend_from_slice(&target.pid.to_be_bytes());
-    packet.extend_from_slice(&target.secret.to_be_bytes());
-    let send = async {
-        let mut s = TcpStream::connect((target.host.as_str(), target.port)).await?;
-        s.write_all(&packet).await?;
-        // Postgres closes the connection when done; wait for that so the cancel has landed.
-        let mut sink = [0u8; 16];
-        let _ = s.read(&mut sink).await;
-        Ok::<_, std::io::Error>(())
-    };
-    match tokio::time::timeout(Duration::from_secs(5), send).await {
-        Ok(Ok(())) => tracing::info!(pid, backend = %target.host, "forwarded a cancel request"),
-        Ok(Err(e)) => tracing::warn!(pid, "could not forward a cancel request: {e}"),
-        Err(_) => tracing::warn!(pid, "forwarding a cancel request timed out"),
+    match crate::backend::conn::send_cancel(&target.host, target.port, target.pid, target.secret)
+        .await
+    {
+        Ok(()) => tracing::info!(pid, backend = %target.host, "forwarded a cancel request"),
+        Err(e) => tracing::warn!(pid, "could not forward a cancel request: {e}"),
     }
 }

@@ -104,6 +104,8 @@ pub struct Session {
     /// The pinned connection holds the client's current unnamed statement.
     unnamed_on_conn: bool,
     nbuf: NormalizeBuf,
+    /// The text of the statement being run, for the slow-statement log (buffer reused).
+    last_sql: String,
 }
 
 impl Session {
@@ -131,6 +133,7 @@ impl Session {
             unnamed: Unnamed::default(),
             unnamed_on_conn: false,
             nbuf: NormalizeBuf::new(),
+            last_sql: String::new(),
         }
     }
 
@@ -207,6 +210,8 @@ impl Session {
 
     async fn simple_query(&mut self, frame: &[u8]) -> Result<(), SessionError> {
         let sql = frontend::query(&frame[5..])?;
+        self.last_sql.clear();
+        self.last_sql.push_str(sql);
         let planned = self.shared.planner.plan(sql, &mut self.nbuf);
         let params_before = planned.params_before();
         let decision = routing::decide(&planned, None, params_before, &planned, &self.shared.map);
@@ -320,6 +325,7 @@ impl Session {
             }
             b'B' => {
                 let bind = frontend::bind(body)?;
+                self.note_sql(bind.statement);
                 let decision = match self.decide_bind(&bind) {
                     Ok(d) => d,
                     Err(err) => return self.batch_error(err).await,
@@ -652,6 +658,16 @@ impl Session {
         Ok(())
     }
 
+    /// Remembers the text of the statement a Bind runs, for the slow-statement log.
+    fn note_sql(&mut self, statement: &str) {
+        self.last_sql.clear();
+        if statement.is_empty() {
+            self.last_sql.push_str(&self.unnamed.sql);
+        } else if let Some(n) = self.named.get(statement) {
+            self.last_sql.push_str(&n.stmt.sql);
+        }
+    }
+
     fn decide_bind(&self, b: &Bind<'_>) -> Result<Decision, SqlError> {
         let map = &self.shared.map;
         if b.statement.is_empty() {
@@ -982,8 +998,14 @@ impl Session {
                 "internal: no connection to exchange with".into(),
             ));
         };
+        let shard = pinned.shard;
         let conn = &mut *pinned.conn;
         let mut written = 0;
+        let started = tokio::time::Instant::now();
+        let limits = &self.shared.config.limits;
+        // The router's statement timeout cancels the statement on its backend, once; Postgres
+        // then answers 57014 like for any cancel, and the exchange ends normally.
+        let mut deadline = limits.statement_timeout.map(|t| started + t);
         self.replies.drain_synthetic(&mut self.cout);
         loop {
             let want_read = self.replies.awaits_backend();
@@ -992,6 +1014,17 @@ impl Session {
             }
             let (mut rd, mut wr) = conn.stream.split();
             tokio::select! {
+                _ = tokio::time::sleep_until(deadline.unwrap_or(started)), if deadline.is_some() => {
+                    deadline = None;
+                    let endpoint = &self.shared.pools.for_shard(shard).endpoint;
+                    let (host, port, pid, secret) = (endpoint.host.clone(), endpoint.port, conn.pid, conn.secret);
+                    tracing::info!(shard = %self.shared.map.shards()[shard].range, "statement timeout: cancelling");
+                    tokio::spawn(async move {
+                        if let Err(e) = crate::backend::conn::send_cancel(&host, port, pid, secret).await {
+                            tracing::warn!("could not cancel a statement past the statement timeout: {e}");
+                        }
+                    });
+                }
                 r = wr.write(&self.bout[written..]), if written < self.bout.len() => {
                     match r {
                         Ok(0) => return Err(ExchangeError::Backend("the server closed the connection".into())),
@@ -1043,8 +1076,31 @@ impl Session {
             }
         }
         self.bout.clear();
+        if let Some(threshold) = limits.slow_statement {
+            let elapsed = started.elapsed();
+            if elapsed >= threshold {
+                tracing::warn!(
+                    shard = %self.shared.map.shards()[shard].range,
+                    elapsed_ms = elapsed.as_secs_f64() * 1e3,
+                    statement = %truncate(&self.last_sql, 300),
+                    "slow statement"
+                );
+            }
+        }
         Ok(())
     }
+}
+
+/// At most `max` bytes of `s`, cut at a character boundary, for logs.
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 /// Writes what is buffered for the client.
