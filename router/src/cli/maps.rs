@@ -35,8 +35,8 @@ pub enum ShardmapCommand {
         /// Shard split: the map that holds the shard.
         #[arg(long, value_name = "FILE", requires_all = ["range", "high_primary"])]
         shardmap: Option<PathBuf>,
-        /// Shard split: the exact range of the shard to split, e.g. 40-80.
-        #[arg(long)]
+        /// Shard split: the exact range of the shard to split, e.g. 40-80 or -80.
+        #[arg(long, allow_hyphen_values = true)]
         range: Option<String>,
         /// Shard split: primary URL of the lower half (default: the shard's current primary).
         #[arg(long, value_name = "URL")]
@@ -57,7 +57,8 @@ pub enum ShardmapCommand {
         /// The sharded table, as named in the map.
         #[arg(long)]
         table: String,
-        /// The shard's range, e.g. 40-80; all shards when left out.
+        /// The shard's range, e.g. 40-80 or -80; all shards when left out.
+        #[arg(allow_hyphen_values = true)]
         range: Option<String>,
     },
     /// Validate a shard map; prints a summary, or every problem with its line.
