@@ -370,3 +370,55 @@ async fn cancel_requests_reach_the_right_backend() {
         .expect("join")
         .expect("the other client's statement is not cancelled");
 }
+
+/// After login, a malformed message ends that session with FATAL 08P01; nothing else notices.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_messages_after_login_get_08p01() {
+    use std::io::Read;
+    let env = shared_env();
+    let router = Router::start_with(&env.map, "auth = \"trust\"\n");
+    let cases: [(&str, Vec<u8>); 3] = [
+        ("unknown message type", vec![b'!', 0, 0, 0, 4]),
+        ("Bind that ends early", vec![b'B', 0, 0, 0, 6, b'x', 0]),
+        (
+            "Query without its NUL",
+            vec![
+                b'Q', 0, 0, 0, 12, b'S', b'E', b'L', b'E', b'C', b'T', b' ', b'1',
+            ],
+        ),
+    ];
+    for (what, message) in cases {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", router.port)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(30)))
+            .expect("timeout");
+        let mut startup = Vec::new();
+        let params = b"user\0app\0database\0app\0\0";
+        startup.extend_from_slice(&((8 + params.len()) as i32).to_be_bytes());
+        startup.extend_from_slice(&196_608i32.to_be_bytes());
+        startup.extend_from_slice(params);
+        s.write_all(&startup).expect("startup");
+        // Read the greeting up to ReadyForQuery.
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !got.windows(6).any(|w| w == [b'Z', 0, 0, 0, 5, b'I']) {
+            let n = s.read(&mut buf).expect("greeting");
+            assert!(n > 0, "closed during login");
+            got.extend_from_slice(&buf[..n]);
+        }
+        s.write_all(&message).expect("send the bad message");
+        let mut reply = Vec::new();
+        let _ = s.read_to_end(&mut reply);
+        assert_eq!(reply.first(), Some(&b'E'), "{what}: {reply:?}");
+        let text = String::from_utf8_lossy(&reply);
+        assert!(
+            text.contains("FATAL") && text.contains("08P01"),
+            "{what}: {text}"
+        );
+    }
+    let client = router.connect().await;
+    client
+        .query_one("SELECT 1", &[])
+        .await
+        .expect("others unaffected");
+    assert!(router.is_alive());
+}

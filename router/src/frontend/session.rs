@@ -140,6 +140,12 @@ impl Session {
     /// Runs until the client leaves; a pinned connection that is not clean is discarded.
     pub async fn run(mut self) -> Result<(), SessionError> {
         let result = self.serve().await;
+        if let Err(SessionError::Protocol(why)) = &result {
+            // Like Postgres: a FATAL protocol-violation error, then the connection closes.
+            self.cout.clear();
+            SqlError::fatal(errors::PROTOCOL_VIOLATION, why.clone()).write(&mut self.cout);
+            let _ = self.flush_client().await;
+        }
         if let Some(p) = self.pinned.take() {
             let clean = self.tx == TxStatus::Idle
                 && !self.in_batch
@@ -171,13 +177,9 @@ impl Session {
                     // Stray COPY messages after a failed COPY are ignored, as Postgres does.
                     b'd' | b'c' | b'f' => {}
                     other => {
-                        let err = SqlError::fatal(
-                            errors::PROTOCOL_VIOLATION,
-                            format!("invalid frontend message type {}", other),
-                        );
-                        err.write(&mut self.cout);
-                        let _ = self.flush_client().await;
-                        return Err(SessionError::Protocol(err.message));
+                        return Err(SessionError::Protocol(format!(
+                            "invalid frontend message type {other}"
+                        )));
                     }
                 }
             }

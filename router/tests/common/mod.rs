@@ -126,8 +126,18 @@ impl Router {
         Self::start_with(map, &format!("[pool]\nmax_size = {pool_size}\nconnect_timeout_ms = 1000\ncheckout_timeout_ms = 3000\n"))
     }
 
-    /// Starts a router with extra config sections appended to the basic config.
+    /// Starts a router with extra config: top-level settings (before any `[section]` in
+    /// `extra`) go to the top of the file, sections are appended.
     pub fn start_with(map: &ShardMap, extra: &str) -> Router {
+        let split = extra
+            .find("\n[")
+            .map(|i| i + 1)
+            .unwrap_or(if extra.starts_with('[') {
+                0
+            } else {
+                extra.len()
+            });
+        let (top, extra) = extra.split_at(split);
         static ONCE: std::sync::Once = std::sync::Once::new();
         // SAFETY: registers a plain extern "C" function once.
         ONCE.call_once(|| unsafe {
@@ -143,7 +153,7 @@ impl Router {
         std::fs::write(dir.join("shardmap.toml"), map.to_toml()).expect("write shard map");
         let port = free_port();
         let config = format!(
-            "listen = \"127.0.0.1:{port}\"\nshardmap = \"shardmap.toml\"\ndatabase = \"{DATABASE}\"\n\n[[users]]\nname = \"{USER}\"\npassword = \"{PASSWORD}\"\n\n[backend]\nuser = \"{}\"\npassword = \"{}\"\n\n{extra}",
+            "listen = \"127.0.0.1:{port}\"\nshardmap = \"shardmap.toml\"\ndatabase = \"{DATABASE}\"\n{top}\n[[users]]\nname = \"{USER}\"\npassword = \"{PASSWORD}\"\n\n[backend]\nuser = \"{}\"\npassword = \"{}\"\n\n{extra}",
             pgharness::SUPERUSER,
             pgharness::PASSWORD
         );
