@@ -15,11 +15,11 @@ use crate::config::Config;
 use crate::planner::Planner;
 use crate::statements::Registry;
 
-/// Where a client's current statement runs, for forwarding its cancel request.
-#[derive(Clone, Debug)]
+/// Where a client's current statement runs, for forwarding its cancel request. Small and
+/// `Copy`: it is set on every checkout, so it must not allocate.
+#[derive(Clone, Copy, Debug)]
 pub struct CancelTarget {
-    pub host: String,
-    pub port: u16,
+    pub shard: usize,
     pub pid: i32,
     pub secret: i32,
 }

@@ -277,10 +277,16 @@ async fn forward_cancel(shared: &Shared, pid: i32, secret: i32) {
         );
         return;
     };
-    match crate::backend::conn::send_cancel(&target.host, target.port, target.pid, target.secret)
-        .await
+    let endpoint = &shared.pools.for_shard(target.shard).endpoint;
+    match crate::backend::conn::send_cancel(
+        &endpoint.host,
+        endpoint.port,
+        target.pid,
+        target.secret,
+    )
+    .await
     {
-        Ok(()) => tracing::info!(pid, backend = %target.host, "forwarded a cancel request"),
+        Ok(()) => tracing::info!(pid, backend = %endpoint.name(), "forwarded a cancel request"),
         Err(e) => tracing::warn!(pid, "could not forward a cancel request: {e}"),
     }
 }

@@ -900,8 +900,7 @@ impl Session {
             .running_on
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = Some(CancelTarget {
-            host: pool.endpoint.host.clone(),
-            port: pool.endpoint.port,
+            shard,
             pid: conn.pid,
             secret: conn.secret,
         });
