@@ -112,11 +112,7 @@ impl Shared {
         if slot.secret != secret {
             return None;
         }
-        let target = slot
-            .running_on
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let target = *slot.running_on.lock().unwrap_or_else(|p| p.into_inner());
         target
     }
 

@@ -99,6 +99,9 @@ pub struct Session {
     held: Vec<u8>,
     /// Extended messages were sent since the last `Sync`: the connection must stay.
     in_batch: bool,
+    /// A Bind, Execute or portal Close was sent since the last `Sync`: the batch has run
+    /// something on its connection and cannot move to another shard.
+    batch_executes: bool,
     named: HashMap<String, Named>,
     unnamed: Unnamed,
     /// The pinned connection holds the client's current unnamed statement.
@@ -129,6 +132,7 @@ impl Session {
             skip_until_sync: false,
             held: Vec::new(),
             in_batch: false,
+            batch_executes: false,
             named: HashMap::new(),
             unnamed: Unnamed::default(),
             unnamed_on_conn: false,
@@ -334,6 +338,15 @@ impl Session {
                 };
                 if let Decision::Shard(shard) = decision {
                     match &self.pinned {
+                        Some(_) if self.batch_only_prepared() => {
+                            // The connection only prepared statements for this batch (a Flush
+                            // needed answers before the key was known): finish that there and
+                            // move to the key's shard.
+                            self.finish_preparation().await?;
+                            if let Err(err) = self.attach(Some(shard)).await {
+                                return self.batch_error(err).await;
+                            }
+                        }
                         Some(p) if p.shard != shard => {
                             let err = errors::cross_shard_transaction(
                                 &self.shard_name(p.shard),
@@ -373,7 +386,9 @@ impl Session {
             b'E' => self.route_or_hold(frame).await,
             b'H' => {
                 if self.pinned.is_none() && self.held_needs_backend()? {
-                    if let Err(err) = self.attach(None).await {
+                    // Answering only Parse/Describe does not start the client's transaction.
+                    let with_begin = !self.held_only_prepares()?;
+                    if let Err(err) = self.attach_conn(None, with_begin).await {
                         return self.batch_error(err).await;
                     }
                 }
@@ -413,6 +428,7 @@ impl Session {
                 self.replies.push_synthetic(ready_bytes(self.tx));
             }
             self.in_batch = false;
+            self.batch_executes = false;
             self.release_if_idle().await;
             return Ok(());
         }
@@ -440,6 +456,7 @@ impl Session {
             self.replies.push(Kind::Sync, Audience::Client);
             self.exchange().await?;
             self.in_batch = false;
+            self.batch_executes = false;
             self.release_if_idle().await;
         } else {
             self.replies.push_synthetic(ready_bytes(self.tx));
@@ -564,9 +581,33 @@ impl Session {
         self.replies.push_synthetic(ready_bytes(self.tx));
         self.exchange().await?;
         self.in_batch = false;
+        self.batch_executes = false;
         if self.replies.is_empty() && self.pinned.as_ref().is_some_and(|p| !p.conn.needs_reset) {
             self.release();
         }
+        Ok(())
+    }
+
+    /// Whether the pinned connection holds nothing of the client's but statements prepared in
+    /// the current batch: no transaction, nothing executed.
+    fn batch_only_prepared(&self) -> bool {
+        self.pinned.is_some()
+            && self.in_batch
+            && !self.batch_executes
+            && (self.tx == TxStatus::Idle || self.pending_begin.is_some())
+    }
+
+    /// Ends the current batch on the pinned connection with a Sync the client does not see
+    /// and returns the connection to its pool.
+    async fn finish_preparation(&mut self) -> Result<(), SessionError> {
+        let mut sync = Vec::with_capacity(5);
+        put_frame(&mut sync, b'S', &[]);
+        self.bout.extend_from_slice(&sync);
+        self.replies.push(Kind::Sync, Audience::Silent);
+        self.exchange().await?;
+        self.in_batch = false;
+        self.batch_executes = false;
+        self.release();
         Ok(())
     }
 
@@ -753,6 +794,7 @@ impl Session {
                 end_frame(&mut self.bout, at);
                 self.replies.push(Kind::Bind, Audience::Client);
                 self.in_batch = true;
+                self.batch_executes = true;
             }
             b'D' => {
                 let t = frontend::target(body, "Describe")?;
@@ -773,6 +815,7 @@ impl Session {
                 self.bout.extend_from_slice(frame);
                 self.replies.push(Kind::Execute, Audience::Client);
                 self.in_batch = true;
+                self.batch_executes = true;
             }
             b'C' => {
                 let t = frontend::target(body, "Close")?;
@@ -785,6 +828,7 @@ impl Session {
                     self.bout.extend_from_slice(frame);
                     self.replies.push(Kind::Close, Audience::Client);
                     self.in_batch = true;
+                    self.batch_executes = true;
                 }
             }
             _ => {
@@ -975,6 +1019,7 @@ impl Session {
                 self.replies = Replies::default();
                 self.bout.clear();
                 self.in_batch = false;
+                self.batch_executes = false;
                 self.unnamed_on_conn = false;
                 tracing::warn!(shard = %name, %endpoint, "backend connection lost: {why}");
                 let was_in_transaction = self.tx != TxStatus::Idle;

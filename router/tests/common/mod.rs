@@ -164,7 +164,10 @@ impl Router {
             .arg(dir.join("router.toml"))
             .arg("--threads")
             .arg("2")
-            .env("RUST_LOG", "info")
+            .env(
+                "RUST_LOG",
+                std::env::var("SHARDGATE_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&log).expect("router log"))
             .stderr(
