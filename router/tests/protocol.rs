@@ -29,7 +29,7 @@ impl Raw {
         s.write_all(&startup).expect("startup");
         let mut raw = Raw { s, buf: Vec::new() };
         let tags = raw.read_until(b'Z');
-        assert!(tags.starts_with(&[b'R']), "{tags:?}");
+        assert!(tags.starts_with(b"R"), "{tags:?}");
         raw
     }
 
