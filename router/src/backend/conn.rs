@@ -74,8 +74,10 @@ pub struct BackendConn {
     /// Set when the connection may hold state another client must not see, or when its
     /// protocol state is unknown; such a connection is never reused.
     pub broken: bool,
-    /// Ran a session-level `SET`: reset before another client uses it.
-    pub needs_reset: bool,
+    /// Fingerprint of the session settings this connection holds (see
+    /// `frontend::settings`): 0 for a fresh connection, `settings::UNKNOWN` after a change the
+    /// router could not follow.
+    pub settings_fp: u64,
     pub created: Instant,
 }
 
@@ -116,7 +118,7 @@ impl BackendConn {
             params: Vec::new(),
             prepared: HashSet::new(),
             broken: false,
-            needs_reset: false,
+            settings_fp: 0,
             created: Instant::now(),
         };
         let mut out = BytesMut::new();

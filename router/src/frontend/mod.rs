@@ -8,6 +8,7 @@ pub mod handshake;
 pub mod replies;
 pub mod routing;
 pub mod session;
+pub mod settings;
 
 use std::sync::Arc;
 
@@ -62,7 +63,8 @@ async fn client(mut stream: TcpStream, shared: Arc<Shared>, peer: std::net::Sock
     };
     let id = login.id;
     tracing::debug!(%peer, user = %login.user, client = id, "client logged in");
-    let session = session::Session::new(shared.clone(), stream, buf, login.slot);
+    let settings = settings::Settings::from_startup(&login.params);
+    let session = session::Session::new(shared.clone(), stream, buf, login.slot, settings);
     if let Err(e) = session.run().await {
         tracing::info!(%peer, client = id, "session ended: {e}");
     }

@@ -80,8 +80,33 @@ pub struct Step {
     pub ready: Option<TxStatus>,
     /// The backend switched to COPY FROM STDIN: the client's CopyData must now be relayed.
     pub copy_in: bool,
-    /// The reply was a `CommandComplete` whose tag is `SET`: the session changed settings.
-    pub session_set: bool,
+    /// A client statement completed with a tag that matters to the session (SET, ROLLBACK, ...).
+    pub completion: Option<Completion>,
+}
+
+/// Command tags the session follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completion {
+    /// `SET`, `RESET`: session settings changed (or, for `SET LOCAL`, the transaction's).
+    Settings,
+    /// `DISCARD ALL`: settings reset and every prepared statement of the connection gone.
+    DiscardAll,
+    /// `DEALLOCATE ALL`: every prepared statement of the connection gone.
+    DeallocateAll,
+    /// `ROLLBACK`: what the transaction changed is undone.
+    Rollback,
+}
+
+impl Completion {
+    fn of(body: &[u8]) -> Option<Completion> {
+        match body.strip_suffix(b"\0").unwrap_or(body) {
+            b"SET" | b"RESET" => Some(Completion::Settings),
+            b"DISCARD ALL" => Some(Completion::DiscardAll),
+            b"DEALLOCATE ALL" => Some(Completion::DeallocateAll),
+            b"ROLLBACK" => Some(Completion::Rollback),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Default, Debug)]
@@ -161,7 +186,7 @@ impl Replies {
             action: Action::Forward,
             ready: None,
             copy_in: false,
-            session_set: false,
+            completion: None,
         };
         let front = match self.queue.front() {
             Some(Expect::Reply {
@@ -232,7 +257,9 @@ impl Replies {
                 false
             }
             (Kind::Execute, b'C' | b'I' | b's') => {
-                step.session_set = tag == b'C' && is_set_tag(body);
+                if tag == b'C' && audience == Audience::Client {
+                    step.completion = Completion::of(body);
+                }
                 true
             }
             (Kind::Query, b'Z') | (Kind::Sync, b'Z') => {
@@ -251,7 +278,9 @@ impl Replies {
                 false
             }
             (Kind::Query, b'C') => {
-                step.session_set = is_set_tag(body);
+                if audience == Audience::Client {
+                    step.completion = Completion::of(body);
+                }
                 false
             }
             (Kind::Query, _) => false,
@@ -269,13 +298,6 @@ impl Replies {
         }
         Ok(step)
     }
-}
-
-/// `SET` changes the session for whoever uses the connection next; `SET LOCAL` does not
-/// (its tag is also `SET`, so a transaction-local change is counted too, which only costs a
-/// needless reset).
-fn is_set_tag(body: &[u8]) -> bool {
-    body.strip_suffix(b"\0").unwrap_or(body) == b"SET"
 }
 
 #[cfg(test)]
@@ -372,7 +394,7 @@ mod tests {
         let mut r = Replies::default();
         r.push(Kind::Query, Audience::Client);
         let s = r.on_frame(b'C', b"SET\0").unwrap();
-        assert!(s.session_set);
+        assert_eq!(s.completion, Some(Completion::Settings));
         let s = r.on_frame(b'G', b"").unwrap();
         assert!(s.copy_in);
         r.on_frame(b'E', b"").unwrap();

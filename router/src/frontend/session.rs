@@ -19,8 +19,9 @@ use deadpool::managed::Object;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::replies::{Audience, Kind, Replies};
+use super::replies::{Audience, Completion, Kind, Replies};
 use super::routing::{self, Decision};
+use super::settings::{self, Change, Settings};
 use crate::backend::pool::{CheckoutError, PooledConn};
 use crate::errors;
 use crate::planner::{NormalizeBuf, Plan};
@@ -109,6 +110,10 @@ pub struct Session {
     nbuf: NormalizeBuf,
     /// The text of the statement being run, for the slow-statement log (buffer reused).
     last_sql: String,
+    /// The client's session settings, applied to whichever connection serves it.
+    settings: Settings,
+    /// Setting changes of the open transaction: kept at COMMIT, dropped at ROLLBACK.
+    tx_changes: Vec<Change>,
 }
 
 impl Session {
@@ -117,6 +122,7 @@ impl Session {
         client: TcpStream,
         cbuf: BytesMut,
         slot: Arc<ClientSlot>,
+        settings: Settings,
     ) -> Session {
         Session {
             shared,
@@ -138,6 +144,8 @@ impl Session {
             unnamed_on_conn: false,
             nbuf: NormalizeBuf::new(),
             last_sql: String::new(),
+            settings,
+            tx_changes: Vec::new(),
         }
     }
 
@@ -151,10 +159,7 @@ impl Session {
             let _ = self.flush_client().await;
         }
         if let Some(p) = self.pinned.take() {
-            let clean = self.tx == TxStatus::Idle
-                && !self.in_batch
-                && self.replies.is_empty()
-                && !p.conn.needs_reset;
+            let clean = self.tx == TxStatus::Idle && !self.in_batch && self.replies.is_empty();
             if !clean {
                 // Never hand another client an open transaction or a half-read reply.
                 drop(Object::take(p.conn));
@@ -582,7 +587,7 @@ impl Session {
         self.exchange().await?;
         self.in_batch = false;
         self.batch_executes = false;
-        if self.replies.is_empty() && self.pinned.as_ref().is_some_and(|p| !p.conn.needs_reset) {
+        if self.replies.is_empty() {
             self.release();
         }
         Ok(())
@@ -948,6 +953,18 @@ impl Session {
             pid: conn.pid,
             secret: conn.secret,
         });
+        let fp = self.settings.fingerprint();
+        let mut conn = conn;
+        if conn.settings_fp != fp {
+            // The client's settings go out in the same write as its statement.
+            let at = begin_frame(&mut self.bout, b'Q');
+            self.bout
+                .extend_from_slice(self.settings.apply_sql().as_bytes());
+            self.bout.push(0);
+            end_frame(&mut self.bout, at);
+            self.replies.push(Kind::Query, Audience::Silent);
+            conn.settings_fp = fp;
+        }
         self.pinned = Some(Pinned { shard, conn });
         self.unnamed_on_conn = false;
         if let Some(begin) = with_begin.then(|| self.pending_begin.take()).flatten() {
@@ -961,8 +978,8 @@ impl Session {
         Ok(())
     }
 
-    /// Returns the connection to its pool once the client is idle between transactions,
-    /// resetting session settings first if the client changed any.
+    /// Returns the connection to its pool once the client is idle between transactions. It
+    /// keeps the client's settings; the next client with other settings resets them.
     async fn release_if_idle(&mut self) {
         let idle = self.tx == TxStatus::Idle
             && !self.in_batch
@@ -970,18 +987,6 @@ impl Session {
             && self.held.is_empty();
         if !idle || self.pinned.is_none() {
             return;
-        }
-        if self.pinned.as_ref().is_some_and(|p| p.conn.needs_reset) {
-            let at = begin_frame(&mut self.bout, b'Q');
-            self.bout.extend_from_slice(b"RESET ALL\0");
-            end_frame(&mut self.bout, at);
-            self.replies.push(Kind::Query, Audience::Silent);
-            if self.exchange().await.is_err() {
-                return;
-            }
-            if let Some(p) = self.pinned.as_mut() {
-                p.conn.needs_reset = false;
-            }
         }
         self.release();
     }
@@ -1103,7 +1108,33 @@ impl Session {
                 if let Some(status) = step.ready {
                     self.tx = status;
                 }
-                conn.needs_reset |= step.session_set;
+                if let Some(c) = step.completion {
+                    match c {
+                        Completion::Settings | Completion::DiscardAll => {
+                            self.tx_changes.push(settings::parse_change(&self.last_sql));
+                        }
+                        Completion::Rollback => self.tx_changes.clear(),
+                        Completion::DeallocateAll => {}
+                    }
+                    if matches!(c, Completion::DiscardAll | Completion::DeallocateAll) {
+                        conn.prepared.clear();
+                    }
+                }
+                if step.ready == Some(TxStatus::Idle) && !self.tx_changes.is_empty() {
+                    // The statement or transaction that made these changes is over and kept.
+                    let mut known = true;
+                    for change in self.tx_changes.drain(..) {
+                        known &= self.settings.apply(&change);
+                    }
+                    conn.settings_fp = if known {
+                        self.settings.fingerprint()
+                    } else {
+                        settings::UNKNOWN
+                    };
+                    if !known {
+                        tracing::debug!(statement = %truncate(&self.last_sql, 200), "a settings change the router does not follow; the connection will be reset");
+                    }
+                }
                 copy_in |= step.copy_in;
                 conn.rbuf.advance(h.total);
                 self.replies.drain_synthetic(&mut self.cout);

@@ -1,0 +1,157 @@
+//! Session settings under transaction pooling: with one backend connection per shard shared
+//! by two clients, each client always sees its own settings (from SET and from its startup
+//! packet) and never the other's.
+
+mod common;
+
+use common::{shared_env, Router};
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+async fn show(client: &Client, sql: &str) -> String {
+    let msgs = client
+        .simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+    msgs.iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(r.get(0).unwrap_or("NULL").to_string()),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_follow_their_client_and_only_their_client() {
+    let env = shared_env();
+    let router = Router::start(&env.map, 1);
+    let mut config: tokio_postgres::Config = router.url().parse().expect("url");
+    config
+        .application_name("client-a")
+        .options("-c app.origin=startup-a");
+    let (a, conn) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("connect a");
+    tokio::spawn(conn);
+    let b = router.connect().await;
+    let b_default_tz = show(&b, "SHOW TimeZone").await;
+
+    a.simple_query("SET TimeZone = 'Asia/Tokyo'")
+        .await
+        .expect("set");
+    a.simple_query("SET app.username = 'alice'")
+        .await
+        .expect("set custom");
+    a.simple_query("SET search_path TO pg_catalog, public")
+        .await
+        .expect("set search_path");
+    for round in 0..12 {
+        // Statements without a table go round robin over the shards, so both clients meet
+        // every shard's single connection.
+        assert_eq!(
+            show(&a, "SHOW TimeZone").await,
+            "Asia/Tokyo",
+            "round {round}"
+        );
+        assert_eq!(
+            show(&a, "SELECT current_setting('app.username')").await,
+            "alice"
+        );
+        assert_eq!(show(&a, "SHOW application_name").await, "client-a");
+        assert_eq!(
+            show(&a, "SELECT current_setting('app.origin')").await,
+            "startup-a"
+        );
+        assert_eq!(show(&a, "SHOW search_path").await, "pg_catalog, public");
+        assert_eq!(
+            show(&b, "SHOW TimeZone").await,
+            b_default_tz,
+            "round {round}: b must not see a's TimeZone"
+        );
+        // Postgres keeps a custom setting defined (empty) on a connection once any session set
+        // it; the value never crosses over.
+        let other = show(&b, "SELECT current_setting('app.username', true)").await;
+        assert!(
+            other == "NULL" || other.is_empty(),
+            "round {round}: b sees {other:?}"
+        );
+        assert_ne!(show(&b, "SHOW application_name").await, "client-a");
+        let origin = show(&b, "SELECT current_setting('app.origin', true)").await;
+        assert!(
+            origin == "NULL" || origin.is_empty(),
+            "round {round}: b sees {origin:?}"
+        );
+    }
+    // Keyed statements too: the setting is there on the key's shard.
+    let id = env.key_on(2, 11_000_000);
+    a.execute(
+        "INSERT INTO kv (id, v) VALUES ($1, current_setting('app.username'))",
+        &[&id],
+    )
+    .await
+    .expect("insert");
+    assert_eq!(
+        env.on_shard(2, &format!("SELECT v FROM kv WHERE id = {id}")),
+        "alice"
+    );
+
+    // A SET inside a rolled-back transaction is undone; SET LOCAL ends with its transaction.
+    a.simple_query("BEGIN").await.expect("begin");
+    a.simple_query(&format!("SELECT v FROM kv WHERE id = {id}"))
+        .await
+        .expect("pin");
+    a.simple_query("SET app.username = 'rolled back'")
+        .await
+        .expect("set in tx");
+    a.simple_query("ROLLBACK").await.expect("rollback");
+    assert_eq!(
+        show(&a, "SELECT current_setting('app.username')").await,
+        "alice"
+    );
+    a.simple_query("BEGIN").await.expect("begin");
+    a.simple_query(&format!("SELECT v FROM kv WHERE id = {id}"))
+        .await
+        .expect("pin");
+    a.simple_query("SET LOCAL app.username = 'local'")
+        .await
+        .expect("set local");
+    assert_eq!(
+        show(&a, "SELECT current_setting('app.username')").await,
+        "local"
+    );
+    a.simple_query("COMMIT").await.expect("commit");
+    assert_eq!(
+        show(&a, "SELECT current_setting('app.username')").await,
+        "alice"
+    );
+    a.simple_query("BEGIN").await.expect("begin");
+    a.simple_query(&format!("SELECT v FROM kv WHERE id = {id}"))
+        .await
+        .expect("pin");
+    a.simple_query("SET app.username = 'committed'")
+        .await
+        .expect("set in tx");
+    a.simple_query("COMMIT").await.expect("commit");
+    assert_eq!(
+        show(&a, "SELECT current_setting('app.username')").await,
+        "committed"
+    );
+
+    // RESET returns to the startup value, RESET ALL to all of them.
+    a.simple_query("SET application_name = 'renamed'")
+        .await
+        .expect("rename");
+    assert_eq!(show(&a, "SHOW application_name").await, "renamed");
+    a.simple_query("RESET application_name")
+        .await
+        .expect("reset");
+    assert_eq!(show(&a, "SHOW application_name").await, "client-a");
+    a.simple_query("RESET ALL").await.expect("reset all");
+    assert_eq!(show(&a, "SHOW TimeZone").await, b_default_tz);
+    assert_eq!(
+        show(&a, "SELECT current_setting('app.origin')").await,
+        "startup-a"
+    );
+    let other = show(&b, "SELECT current_setting('app.username', true)").await;
+    assert!(other == "NULL" || other.is_empty(), "b sees {other:?}");
+}
