@@ -39,6 +39,8 @@ pub struct Settings {
     /// What the startup packet set: `RESET` goes back to these, as on Postgres, where they
     /// are the session's defaults.
     startup: Vec<(String, String)>,
+    /// `fingerprint()`, kept current: it is compared on every checkout.
+    fp: u64,
 }
 
 impl Settings {
@@ -63,6 +65,7 @@ impl Settings {
             s.set(&lower, quote_literal(value));
         }
         s.startup = s.list.clone();
+        s.fp = s.compute_fingerprint();
         s
     }
 
@@ -93,11 +96,16 @@ impl Settings {
             Change::Local => {}
             Change::Unknown => return false,
         }
+        self.fp = self.compute_fingerprint();
         true
     }
 
     /// 0 for no settings (a fresh connection), otherwise a hash of the settings in order.
     pub fn fingerprint(&self) -> u64 {
+        self.fp
+    }
+
+    fn compute_fingerprint(&self) -> u64 {
         if self.list.is_empty() {
             return 0;
         }
