@@ -4,6 +4,7 @@
 //! Each client gets one tokio task. A client's failure (bad protocol, lost connection, bad
 //! password) ends that task only; every other client and the router keep running.
 
+pub mod broadcast;
 pub mod handshake;
 pub mod replies;
 pub mod routing;

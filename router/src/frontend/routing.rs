@@ -25,6 +25,8 @@ pub enum Decision {
     Commit,
     /// Only `ROLLBACK` (or `ABORT`).
     Rollback,
+    /// DDL for every shard.
+    Broadcast,
 }
 
 /// The literal values a plan's `$n` placeholders beyond the client's own parameters stand for.
@@ -73,6 +75,21 @@ pub fn decide(
             }
         }
     };
+    let broadcasts = plan
+        .statements
+        .iter()
+        .filter(|r| matches!(r, Route::Broadcast))
+        .count();
+    if broadcasts > 0 {
+        if broadcasts < plan.statements.len() {
+            return Err(SqlError::new(
+                errors::FEATURE_NOT_SUPPORTED,
+                "this query mixes DDL that goes to every shard with other statements",
+            )
+            .with_hint("send DDL for sharded tables (and schema-wide DDL) in a query of its own"));
+        }
+        return Ok(Decision::Broadcast);
+    }
     let mut only_txn: Option<Decision> = None;
     let single = plan.statements.len() == 1;
     for route in &plan.statements {
@@ -115,6 +132,7 @@ pub fn decide(
             Route::Commit if single => only_txn = Some(Decision::Commit),
             Route::Rollback if single => only_txn = Some(Decision::Rollback),
             Route::Begin | Route::Commit | Route::Rollback => {}
+            Route::Broadcast => {}
             Route::Unroutable { message } => {
                 return Err(SqlError::new(
                     errors::FEATURE_NOT_SUPPORTED,

@@ -19,6 +19,7 @@ use deadpool::managed::Object;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::broadcast::{self, Combined};
 use super::replies::{Audience, Completion, Kind, Replies};
 use super::routing::{self, Decision};
 use super::settings::{self, Change, Settings};
@@ -114,6 +115,9 @@ pub struct Session {
     settings: Settings,
     /// Setting changes of the open transaction: kept at COMMIT, dropped at ROLLBACK.
     tx_changes: Vec<Change>,
+    /// An extended-protocol batch that runs DDL on every shard: the statement text. The batch
+    /// is answered by the router until its Sync.
+    broadcast: Option<String>,
 }
 
 impl Session {
@@ -146,6 +150,7 @@ impl Session {
             last_sql: String::new(),
             settings,
             tx_changes: Vec::new(),
+            broadcast: None,
         }
     }
 
@@ -247,6 +252,16 @@ impl Session {
             Ok(d) => d,
             Err(err) => return self.refuse_simple(err).await,
         };
+        if decision == Decision::Broadcast {
+            if self.pinned.is_some() || self.tx != TxStatus::Idle {
+                return self.refuse_simple(ddl_in_transaction()).await;
+            }
+            let sql = sql.to_string();
+            let answer = self.run_broadcast(&sql).await;
+            self.cout.extend_from_slice(&answer);
+            reply::ready_for_query(&mut self.cout, TxStatus::Idle);
+            return Ok(());
+        }
         if self.pinned.is_none() {
             match decision {
                 Decision::Begin if self.tx == TxStatus::Idle => {
@@ -326,6 +341,9 @@ impl Session {
             return Ok(());
         }
         let body = &frame[5..];
+        if self.broadcast.is_some() {
+            return self.extended_broadcast(tag, body).await;
+        }
         match tag {
             b'P' => {
                 let parse = frontend::parse(body)?;
@@ -341,6 +359,12 @@ impl Session {
                     Ok(d) => d,
                     Err(err) => return self.batch_error(err).await,
                 };
+                if decision == Decision::Broadcast {
+                    if self.pinned.is_some() || self.tx != TxStatus::Idle {
+                        return self.batch_error(ddl_in_transaction()).await;
+                    }
+                    return self.begin_broadcast_batch();
+                }
                 if let Decision::Shard(shard) = decision {
                     match &self.pinned {
                         Some(_) if self.batch_only_prepared() => {
@@ -407,6 +431,101 @@ impl Session {
             b'S' => self.sync(frame).await,
             _ => Ok(()),
         }
+    }
+
+    /// Runs DDL on every shard and returns the client's answer (without ReadyForQuery).
+    async fn run_broadcast(&mut self, sql: &str) -> Vec<u8> {
+        let started = std::time::Instant::now();
+        let outcomes = broadcast::run(&self.shared, sql, &self.settings).await;
+        let names: Vec<String> = self
+            .shared
+            .map
+            .shards()
+            .iter()
+            .map(|s| s.range.to_string())
+            .collect();
+        let mut out = Vec::new();
+        let combined = broadcast::combine(&outcomes, &names);
+        match combined {
+            Combined::Done(tags) => out = tags,
+            Combined::PostgresError(frame) => out = frame,
+            Combined::Error(e) => {
+                tracing::warn!(statement = %truncate(sql, 300), "DDL failed on some shards: {}", e.message);
+                e.write(&mut out);
+            }
+        }
+        tracing::info!(shards = names.len(), elapsed_ms = started.elapsed().as_secs_f64() * 1e3, statement = %truncate(sql, 300), "DDL broadcast");
+        out
+    }
+
+    /// A Bind of DDL for every shard: answer what was held (the driver's Parse/Describe) and
+    /// the Bind itself; the Execute runs the broadcast.
+    fn begin_broadcast_batch(&mut self) -> Result<(), SessionError> {
+        let held = std::mem::take(&mut self.held);
+        let mut at = 0;
+        let mut out = Vec::new();
+        while let Some(h) =
+            next_frame(&held[at..]).map_err(|e| SessionError::Protocol(e.to_string()))?
+        {
+            let body = &held[at + 5..at + h.total];
+            at += h.total;
+            match h.tag {
+                b'P' => reply::parse_complete(&mut out),
+                b'D' => no_data_description(&mut out, frontend::target(body, "Describe")?.kind),
+                b'C' => {
+                    let t = frontend::target(body, "Close")?;
+                    self.close_statement(&t);
+                    reply::close_complete(&mut out);
+                }
+                _ => {}
+            }
+        }
+        reply::bind_complete(&mut out);
+        self.replies.push_synthetic(out);
+        self.broadcast = Some(self.last_sql.clone());
+        Ok(())
+    }
+
+    /// The rest of a DDL batch, up to its Sync.
+    async fn extended_broadcast(&mut self, tag: u8, body: &[u8]) -> Result<(), SessionError> {
+        let mut out = Vec::new();
+        match tag {
+            b'D' => no_data_description(&mut out, frontend::target(body, "Describe")?.kind),
+            b'C' => {
+                let t = frontend::target(body, "Close")?;
+                self.close_statement(&t);
+                reply::close_complete(&mut out);
+            }
+            b'E' => {
+                let sql = self.broadcast.clone().unwrap_or_default();
+                out = self.run_broadcast(&sql).await;
+                if out.first() == Some(&b'E') {
+                    self.skip_until_sync = true;
+                }
+            }
+            b'S' => {
+                self.broadcast = None;
+                self.skip_until_sync = false;
+                reply::ready_for_query(&mut out, TxStatus::Idle);
+            }
+            b'H' => {}
+            _ => {
+                self.broadcast = None;
+                SqlError::new(
+                    errors::FEATURE_NOT_SUPPORTED,
+                    "DDL that goes to every shard must be the only statement of its batch",
+                )
+                .with_hint("send a Sync after the DDL's Execute")
+                .write(&mut out);
+                self.skip_until_sync = true;
+                self.replies.push_synthetic(out);
+                // The rest of the batch is dropped; the Sync still answers.
+                self.broadcast = None;
+                return Ok(());
+            }
+        }
+        self.replies.push_synthetic(out);
+        Ok(())
     }
 
     /// Sends a message now when a connection is pinned, or holds it until the route is known.
@@ -510,13 +629,7 @@ impl Session {
                     bound = Some((d, self.sql_of(b.statement)));
                     reply::bind_complete(&mut out);
                 }
-                b'D' => {
-                    let t = frontend::target(body, "Describe")?;
-                    if t.kind == b'S' {
-                        out.extend_from_slice(b"t\0\0\0\x06\0\0");
-                    }
-                    put_frame(&mut out, b'n', &[]);
-                }
+                b'D' => no_data_description(&mut out, frontend::target(body, "Describe")?.kind),
                 b'E' => {
                     let Some((d, sql)) = bound.clone() else {
                         return Ok(None);
@@ -1246,6 +1359,25 @@ async fn relay_copy_in(
     }
 }
 
+fn ddl_in_transaction() -> SqlError {
+    SqlError::new(
+        errors::FEATURE_NOT_SUPPORTED,
+        "DDL that goes to every shard cannot run inside a transaction",
+    )
+    .with_hint(
+        "run it on its own, outside BEGIN ... COMMIT; each shard applies it in its own transaction",
+    )
+}
+
+/// The answer to Describe of DDL: a statement without parameters (`t` with none) and without
+/// rows (`n`); a portal only `n`.
+fn no_data_description(out: &mut Vec<u8>, kind: u8) {
+    if kind == b'S' {
+        put_frame(out, b't', &0i16.to_be_bytes());
+    }
+    put_frame(out, b'n', &[]);
+}
+
 fn in_failed_transaction() -> SqlError {
     SqlError::new(
         errors::IN_FAILED_TRANSACTION,
@@ -1306,7 +1438,7 @@ fn raise_sql(err: &SqlError) -> String {
     let lit = |s: &str| format!("'{}'", s.replace('\'', "''").replace("$sg$", "$ sg$"));
     let mut sql = format!(
         "DO $sg$BEGIN RAISE EXCEPTION USING ERRCODE = {}, MESSAGE = {}",
-        lit(err.code),
+        lit(&err.code),
         lit(&err.message)
     );
     if let Some(h) = &err.hint {

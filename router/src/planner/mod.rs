@@ -64,6 +64,9 @@ pub enum Route {
     /// Names a sharded table but cannot be pinned to one shard (or needs a broadcast that
     /// does not exist yet); the message says why and what would make it routable.
     Unroutable { message: String },
+    /// DDL that every shard needs: on a sharded table, or schema-wide (schemas, extensions,
+    /// functions, types, grants). Run on all shards, answered once.
+    Broadcast,
     /// Text that does not parse and names no sharded table: send it to the default shard for
     /// Postgres to judge. (Unparseable text that names a sharded table is `Unroutable`: if
     /// Postgres accepted it, the default shard would answer with only its part of the table.)

@@ -4,7 +4,7 @@
 //! [`super::refs`] found: no user table → `Any`, only unsharded tables → `Default`, sharded
 //! tables all pinned to keys of one type → `Keyed`, anything else → `Unroutable` with a message
 //! saying what would make it routable. DDL goes to the default shard unless it names a sharded
-//! table or is schema-wide, which needs a broadcast shardgate does not do yet.
+//! table or is schema-wide: then it is broadcast to every shard.
 
 use shardmap::{ShardMap, Table};
 use sqlparser::ast::{CommentObject, CopySource, ObjectName, ObjectType, Statement};
@@ -83,7 +83,7 @@ pub(crate) fn route(stmt: &Statement, map: &ShardMap) -> Route {
                 _ => None,
             };
             match table {
-                Some(t) => ddl_on_sharded(t),
+                Some(_) => Route::Broadcast,
                 None => Route::Default,
             }
         }
@@ -101,12 +101,14 @@ pub(crate) fn route(stmt: &Statement, map: &ShardMap) -> Route {
         | Statement::AlterType(_)
         | Statement::CreateDomain(_)
         | Statement::DropDomain(_)
-        | Statement::CreateRole(_)
-        | Statement::AlterRole { .. }
-        | Statement::CreateDatabase { .. }
         | Statement::CreateCollation(_)
         | Statement::Grant(_)
-        | Statement::Revoke(_) => schema_wide(),
+        | Statement::Revoke(_) => Route::Broadcast,
+
+        // Roles and databases belong to a server, and a server may hold many shard databases.
+        Statement::CreateRole(_) | Statement::AlterRole { .. } | Statement::CreateDatabase { .. } => Route::Unroutable {
+            message: "roles and databases belong to each Postgres server, not to a shard: create them on every server directly".to_string(),
+        },
 
         Statement::LISTEN { .. } | Statement::UNLISTEN { .. } | Statement::NOTIFY { .. } => Route::Unroutable {
             message: "LISTEN/NOTIFY need a session that keeps one server connection, which shardgate does not offer yet".to_string(),
@@ -136,35 +138,38 @@ fn sharded<'m>(map: &'m ShardMap, name: &ObjectName) -> Option<&'m Table> {
     }
 }
 
-fn ddl_on_sharded(t: &Table) -> Route {
-    Route::Unroutable {
-        message: format!(
-            "{} is sharded: DDL broadcast to every shard comes later; apply this statement on every shard directly",
-            t.qualified_name()
-        ),
-    }
-}
-
-fn schema_wide() -> Route {
-    Route::Unroutable {
-        message: "schema-wide DDL (extensions, schemas, functions, types, roles, grants) must reach every shard, which shardgate does not do yet: run it on every shard directly".to_string(),
-    }
-}
-
 fn table_ddl(stmt: &Statement, map: &ShardMap) -> Route {
     let refs = Refs::collect(stmt, map);
-    match refs.sharded.first() {
-        Some(t) => ddl_on_sharded(t),
-        None => Route::Default,
+    if refs.sharded.is_empty() {
+        return Route::Default;
     }
+    // CREATE TABLE .. AS SELECT from a sharded table would create a different table on every
+    // shard, each from that shard's rows.
+    if let Statement::CreateTable(ct) = stmt {
+        if ct.query.is_some() {
+            return Route::Unroutable {
+                message: format!(
+                    "CREATE TABLE .. AS SELECT from the sharded table {} is not supported: create the table, then insert into it",
+                    refs.sharded[0].qualified_name()
+                ),
+            };
+        }
+    }
+    Route::Broadcast
 }
 
 fn drop(map: &ShardMap, object_type: ObjectType, names: &[ObjectName]) -> Route {
     match object_type {
         ObjectType::Table | ObjectType::View | ObjectType::MaterializedView | ObjectType::Sequence => {
-            match names.iter().find_map(|n| sharded(map, n)) {
-                Some(t) => ddl_on_sharded(t),
-                None => Route::Default,
+            let shardedness: Vec<bool> = names.iter().map(|n| sharded(map, n).is_some()).collect();
+            if shardedness.iter().all(|&s| s) {
+                Route::Broadcast
+            } else if shardedness.iter().all(|&s| !s) {
+                Route::Default
+            } else {
+                Route::Unroutable {
+                    message: "this DROP names sharded and unsharded tables together: drop them in separate statements".to_string(),
+                }
             }
         }
         // An index name does not say which table it belongs to, and one of a sharded table
@@ -172,7 +177,7 @@ fn drop(map: &ShardMap, object_type: ObjectType, names: &[ObjectName]) -> Route 
         ObjectType::Index => Route::Unroutable {
             message: "DROP INDEX cannot be routed: shardgate cannot tell which table the index belongs to; drop it on the shards directly".to_string(),
         },
-        _ => schema_wide(),
+        _ => Route::Broadcast,
     }
 }
 

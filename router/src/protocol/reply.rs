@@ -35,7 +35,8 @@ impl TxStatus {
 pub struct SqlError {
     /// `ERROR` or `FATAL`.
     pub severity: &'static str,
-    pub code: &'static str,
+    /// The SQLSTATE: one of the router's own (static), or one passed on from Postgres.
+    pub code: std::borrow::Cow<'static, str>,
     pub message: String,
     pub detail: Option<String>,
     pub hint: Option<String>,
@@ -45,7 +46,7 @@ impl SqlError {
     pub fn new(code: &'static str, message: impl Into<String>) -> SqlError {
         SqlError {
             severity: "ERROR",
-            code,
+            code: std::borrow::Cow::Borrowed(code),
             message: message.into(),
             detail: None,
             hint: None,
@@ -56,6 +57,14 @@ impl SqlError {
         SqlError {
             severity: "FATAL",
             ..SqlError::new(code, message)
+        }
+    }
+
+    /// An error with a SQLSTATE that came from Postgres.
+    pub fn with_code(code: String, message: impl Into<String>) -> SqlError {
+        SqlError {
+            code: std::borrow::Cow::Owned(code),
+            ..SqlError::new("XX000", message)
         }
     }
 
@@ -80,7 +89,7 @@ impl SqlError {
         };
         field(b'S', self.severity);
         field(b'V', self.severity);
-        field(b'C', self.code);
+        field(b'C', &self.code);
         field(b'M', &self.message);
         if let Some(d) = &self.detail {
             field(b'D', d);
