@@ -1,0 +1,348 @@
+//! The command line: `loadgen prepare`, `loadgen run` and `loadgen merge`, their options
+//! (with the help text operators read), and turning them into configurations.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::prepare::{self, PrepareConfig};
+use crate::report::Report;
+use crate::run::{self, Rate, RunConfig};
+use crate::target::Topology;
+use crate::workload::{Mix, Protocol};
+
+/// Load generator for shardgate: prepares data on every shard, drives open-loop load through
+/// routers (or straight at the shards) and reports throughput per shard and latency measured
+/// from each request's intended send time.
+#[derive(Debug, Parser)]
+#[command(name = "loadgen", version, about, long_about = None, after_help = "See docs/loadgen.md for the full manual.")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create table kv where missing and load the same number of rows into every shard.
+    Prepare(PrepareArgs),
+    /// Drive load and report throughput, latency and errors.
+    Run(RunArgs),
+    /// Merge the --json reports of several loadgen hosts into one (histograms exactly).
+    Merge(MergeArgs),
+}
+
+/// Where load and data go (shared by prepare and run).
+#[derive(Debug, Args)]
+pub struct TargetArgs {
+    /// Shard map file (shardmap.toml). Alone: connect straight to every shard's primary. With
+    /// --target: go through the routers and use the map to pick keys per shard and attribute
+    /// every request to its shard.
+    #[arg(long, value_name = "FILE")]
+    pub shardmap: Option<PathBuf>,
+    /// postgres://USER:PASSWORD@HOST:PORT/DB of a router; repeat for several routers
+    /// (connections are spread over them round robin). Without --shardmap, one plain
+    /// (unsharded) database.
+    #[arg(long = "target", value_name = "URL")]
+    pub targets: Vec<String>,
+    /// Rows each shard holds: keys 1, 2, 3, ... go to their shards (by the map's hash) until
+    /// every shard has this many. prepare and run must be given the same number.
+    #[arg(long, value_name = "N", default_value_t = 100_000)]
+    pub rows_per_shard: usize,
+    /// Length in characters of the v column written by prepare, updates and inserts.
+    #[arg(long, value_name = "CHARS", default_value_t = 32)]
+    pub value_size: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct PrepareArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// Shards loaded at the same time (one connection each).
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    pub jobs: usize,
+    /// Empty kv on every shard before loading (straight to the shards only).
+    #[arg(long)]
+    pub reset: bool,
+    /// Connect timeout, e.g. 5s.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// Connections in total. Through routers they are spread over the --target URLs and each
+    /// serves every shard; straight to the shards each serves one shard, and there is at
+    /// least one per shard.
+    #[arg(long, short = 'c', value_name = "N", default_value_t = 8)]
+    pub connections: usize,
+    /// Requests in flight per connection (tokio-postgres pipelines them on the socket).
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    pub pipeline: usize,
+    /// How long to measure, e.g. 30s, 2m, 500ms (a bare number is seconds).
+    #[arg(long, short = 'd', value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Load before measuring starts (not counted in the report, shown in progress).
+    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_duration)]
+    pub warmup: Duration,
+    /// Requests a second over all shards (open loop: sent at their scheduled times, latency
+    /// measured from then), or `max` for closed loop (each connection sends the next request
+    /// as soon as one of its --pipeline slots is free).
+    #[arg(long, value_name = "R|max", conflicts_with = "rate_per_shard", value_parser = parse_rate)]
+    pub rate: Option<RateArg>,
+    /// Requests a second to each shard (open loop); the total is this times the shard count.
+    #[arg(long, value_name = "R")]
+    pub rate_per_shard: Option<f64>,
+    /// Operation weights: read = `SELECT v FROM kv WHERE id = $1`, update = `UPDATE kv SET v
+    /// = $2 WHERE id = $1`, insert = `INSERT .. ON CONFLICT (id) DO NOTHING` of a new key.
+    #[arg(long, value_name = "read=W,update=W,insert=W", default_value = "read=100", value_parser = Mix::parse)]
+    pub mix: Mix,
+    /// Zipfian keys within each shard with this exponent (1.0 = classic; the shard's lowest
+    /// ids are hottest). Default: uniform over the loaded keys.
+    #[arg(long, value_name = "S")]
+    pub zipf: Option<f64>,
+    /// simple = Query message with literals; extended = Parse/Bind/Execute of the unnamed
+    /// statement each time; prepared = prepared once per connection, Bind/Execute after.
+    #[arg(long, value_enum, default_value_t = Protocol::Prepared)]
+    pub protocol: Protocol,
+    /// A request not answered this long after its intended send time counts as a timeout
+    /// (also the connect timeout when a connection is reopened).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// Worker threads of loadgen (default: the cores it may use).
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+    /// Write the full report (histograms, per-shard counts, time series) as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Draw QPS and p50/p99 over time and QPS per shard into an SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub chart: Option<PathBuf>,
+    /// Seed for key and operation choices (default: random).
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+    /// No progress lines on stderr.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct MergeArgs {
+    /// JSON reports (`loadgen run --json`) of hosts that ran at the same time against the
+    /// same shard map.
+    #[arg(required = true, value_name = "REPORT.json")]
+    pub reports: Vec<PathBuf>,
+    /// Write the merged report as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Draw the merged chart into an SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub chart: Option<PathBuf>,
+}
+
+/// `--rate` as given.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RateArg {
+    Max,
+    PerSecond(f64),
+}
+
+fn parse_rate(text: &str) -> Result<RateArg, String> {
+    if text.eq_ignore_ascii_case("max") {
+        return Ok(RateArg::Max);
+    }
+    match text.trim().trim_end_matches("/s").parse::<f64>() {
+        Ok(r) if r > 0.0 && r.is_finite() => Ok(RateArg::PerSecond(r)),
+        _ => Err(format!(
+            "{text:?} is not a rate: give requests a second (e.g. 5000) or max"
+        )),
+    }
+}
+
+/// `30s`, `2m`, `500ms`, `1h`, `1.5s` or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration: write e.g. 30s, 2m, 500ms"))?;
+    let secs = match unit.trim() {
+        "" | "s" => value,
+        "ms" => value / 1000.0,
+        "m" | "min" => value * 60.0,
+        "h" => value * 3600.0,
+        other => {
+            return Err(format!(
+                "{text:?}: unknown unit {other:?}; use ms, s, m or h"
+            ))
+        }
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("{text:?} is not a duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Runs the command line; returns the process exit code.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    match dispatch(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("loadgen: {e}");
+            1
+        }
+    }
+}
+
+/// The async runtime: one thread runs everything when `threads` is 1 (fewest cross-thread
+/// wake-ups), else a work-stealing pool of `threads` workers.
+fn runtime(threads: usize) -> Result<tokio::runtime::Runtime, crate::Error> {
+    let mut builder = if threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(threads);
+        b
+    };
+    builder
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))
+}
+
+fn dispatch(cli: Cli) -> Result<i32, crate::Error> {
+    match cli.command {
+        Command::Prepare(a) => {
+            let topology = Topology::resolve(a.target.shardmap.as_deref(), &a.target.targets)?;
+            eprintln!(
+                "loadgen prepare: {} rows per shard into {}",
+                a.target.rows_per_shard,
+                prepare::describe(&topology)
+            );
+            let cfg = PrepareConfig {
+                topology,
+                rows_per_shard: a.target.rows_per_shard,
+                value_size: a.target.value_size,
+                jobs: a.jobs,
+                reset: a.reset,
+                timeout: a.timeout,
+                progress: !a.quiet,
+            };
+            runtime(crate::cpu::cores_available())?.block_on(prepare::prepare(&cfg))?;
+            Ok(0)
+        }
+        Command::Run(a) => {
+            let topology = Topology::resolve(a.target.shardmap.as_deref(), &a.target.targets)?;
+            let rate = match (a.rate, a.rate_per_shard) {
+                (Some(RateArg::Max), _) => Rate::Max,
+                (Some(RateArg::PerSecond(r)), _) => Rate::Total(r),
+                (None, Some(r)) if r > 0.0 && r.is_finite() => Rate::PerShard(r),
+                (None, Some(r)) => {
+                    return Err(format!(
+                        "--rate-per-shard {r}: give requests a second above 0"
+                    ))
+                }
+                (None, None) => Rate::Total(1000.0),
+            };
+            if a.pipeline == 0 || a.connections == 0 {
+                return Err("--connections and --pipeline must be at least 1".into());
+            }
+            if a.duration.is_zero() {
+                return Err("--duration must be above 0".into());
+            }
+            if a.timeout.is_zero() {
+                return Err("--timeout must be above 0".into());
+            }
+            let threads = a.threads.unwrap_or_else(crate::cpu::cores_available).max(1);
+            let cfg = RunConfig {
+                topology,
+                rows_per_shard: a.target.rows_per_shard,
+                connections: a.connections,
+                pipeline: a.pipeline,
+                duration: a.duration,
+                warmup: a.warmup,
+                rate,
+                mix: a.mix,
+                zipf: a.zipf,
+                protocol: a.protocol,
+                timeout: a.timeout,
+                threads,
+                value_size: a.target.value_size,
+                quiet: a.quiet,
+                seed: a.seed,
+            };
+            let report = runtime(threads)?.block_on(run::run(&cfg))?;
+            finish(&report, a.json.as_deref(), a.chart.as_deref())?;
+            Ok(0)
+        }
+        Command::Merge(a) => {
+            let reports = a
+                .reports
+                .iter()
+                .map(|p| Report::read(p).map(|r| (p.display().to_string(), r)))
+                .collect::<Result<Vec<_>, _>>()?;
+            let merged = crate::merge::merge(&reports)?;
+            finish(&merged, a.json.as_deref(), a.chart.as_deref())?;
+            Ok(0)
+        }
+    }
+}
+
+/// Prints the table and writes the JSON and the chart.
+fn finish(
+    report: &Report,
+    json: Option<&std::path::Path>,
+    chart: Option<&std::path::Path>,
+) -> Result<(), crate::Error> {
+    print!("{}", report.render());
+    for w in &report.warnings {
+        eprintln!("loadgen: warning: {w}");
+    }
+    if let Some(path) = json {
+        report.write(path)?;
+        eprintln!("loadgen: wrote {}", path.display());
+    }
+    if let Some(path) = chart {
+        crate::chart::draw(report, path)?;
+        eprintln!("loadgen: wrote {}", path.display());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("3 parsecs").is_err());
+    }
+
+    #[test]
+    fn rates() {
+        assert_eq!(parse_rate("max"), Ok(RateArg::Max));
+        assert_eq!(parse_rate("2500"), Ok(RateArg::PerSecond(2500.0)));
+        assert!(parse_rate("0").is_err());
+        assert!(parse_rate("fast").is_err());
+    }
+
+    #[test]
+    fn command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,32 @@
+//! loadgen: the load generator of shardgate.
+//!
+//! `prepare` loads every shard with the same number of rows ([`prepare`]), `run` drives
+//! open-loop (or closed-loop) load through routers or straight at the shards ([`run`]) and
+//! reports throughput and coordinated-omission-corrected latency per shard ([`report`],
+//! [`chart`]), and `merge` combines the JSON reports of several loadgen hosts exactly
+//! ([`merge`]). The command line is in [`cli`]; `docs/loadgen.md` is the manual.
+
+pub mod chart;
+pub mod cli;
+pub mod cpu;
+pub mod keys;
+pub mod merge;
+pub mod prepare;
+pub mod progress;
+pub mod report;
+pub mod run;
+pub mod schedule;
+pub mod stats;
+pub mod target;
+pub mod workload;
+
+/// The workload's table, as in `deploy/local/schema.sql`.
+pub const SCHEMA_SQL: &str =
+    "CREATE TABLE IF NOT EXISTS kv (id bigint PRIMARY KEY, v text NOT NULL)";
+
+/// Keys at or above this are made up by `--mix insert=..`; `prepare` loads keys below it and
+/// counts only those, so inserts of earlier runs do not spoil its checks.
+pub const INSERT_KEY_BASE: i64 = 1 << 40;
+
+/// A failure with a sentence for the operator.
+pub type Error = String;

@@ -1,0 +1,210 @@
+//! `loadgen merge`: one fleet report from the JSON reports of several loadgen hosts that ran
+//! at the same time. Counts add up and histograms are added bucket by bucket (HdrHistogram
+//! addition), so merged percentiles are exactly those of all requests together, never an
+//! average of percentiles. Seconds of the time series are aligned on wall-clock time.
+
+use std::collections::BTreeMap;
+
+use crate::report::{Cpu, Parts, Report, SeriesPoint};
+use crate::stats::{SecondTotals, Totals};
+
+/// Merges `(name, report)` pairs (the name, usually the file, is used in messages).
+pub fn merge(reports: &[(String, Report)]) -> Result<Report, crate::Error> {
+    let Some((first_name, first)) = reports.first() else {
+        return Err("give at least one report to merge".into());
+    };
+    let ranges: Vec<String> = first.shards.iter().map(|s| s.range.clone()).collect();
+    let mut totals = Totals::new(ranges.len());
+    let mut seconds: BTreeMap<u64, (f64, SecondTotals)> = BTreeMap::new();
+    let mut hosts = Vec::new();
+    let mut warnings = Vec::new();
+    let mut settings = first.settings.clone();
+    settings.connections = 0;
+    let mut target = Some(0.0);
+    let mut duration_s: f64 = 0.0;
+    let mut cpu = Cpu::default();
+    for (name, r) in reports {
+        let these: Vec<&str> = r.shards.iter().map(|s| s.range.as_str()).collect();
+        if these != ranges.iter().map(String::as_str).collect::<Vec<_>>() {
+            return Err(format!(
+                "{name} has shards {} but {first_name} has {}: only reports against the same shard map merge",
+                these.join(","),
+                ranges.join(",")
+            ));
+        }
+        let differs = |a: &str, b: &str| a != b;
+        if differs(&r.settings.mix, &first.settings.mix)
+            || differs(&r.settings.protocol, &first.settings.protocol)
+            || r.settings.timeout_ms != first.settings.timeout_ms
+        {
+            warnings.push(format!(
+                "{name} ran mix {} protocol {} timeout {} ms, {first_name} mix {} protocol {} timeout {} ms: the merged figures mix different workloads",
+                r.settings.mix, r.settings.protocol, r.settings.timeout_ms,
+                first.settings.mix, first.settings.protocol, first.settings.timeout_ms
+            ));
+        }
+        let (t, series) = r.raw().map_err(|e| format!("{name}: {e}"))?;
+        totals.add(&t)?;
+        for p in series {
+            let slot = seconds
+                .entry(p.unix_s)
+                .or_insert_with(|| (0.0, SecondTotals::default()));
+            slot.0 = slot.0.max(p.seconds);
+            slot.1.add(&p.totals)?;
+        }
+        settings.connections += r.settings.connections;
+        target = match (target, r.target_qps) {
+            (Some(a), Some(b)) => Some(a + b),
+            _ => None,
+        };
+        duration_s = duration_s.max(r.duration_s);
+        cpu.user_s += r.cpu.user_s;
+        cpu.sys_s += r.cpu.sys_s;
+        cpu.cores_used += r.cpu.cores_used;
+        cpu.cores_available += r.cpu.cores_available;
+        for w in &r.warnings {
+            let host = r.hosts.first().map_or(name.as_str(), |h| h.name.as_str());
+            warnings.push(format!("{host}: {w}"));
+        }
+        hosts.extend(r.hosts.iter().cloned());
+    }
+    let requests = totals.counts.requests();
+    if requests > 0 {
+        cpu.us_per_query = (cpu.user_s + cpu.sys_s) * 1e6 / requests as f64;
+    }
+    let first_second = seconds.keys().next().copied().unwrap_or(0);
+    let series: Vec<SeriesPoint> = seconds
+        .into_iter()
+        .map(|(unix_s, (len, totals))| SeriesPoint {
+            unix_s,
+            t: unix_s - first_second + 1,
+            seconds: len,
+            totals,
+        })
+        .collect();
+    Report::build(Parts {
+        settings,
+        hosts,
+        ranges,
+        duration_s,
+        target_qps: target,
+        totals: &totals,
+        series: &series,
+        cpu,
+        warnings,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{Host, Settings};
+    use crate::stats::{new_hist, Outcome};
+    use crate::workload::Op;
+
+    fn settings() -> Settings {
+        Settings {
+            mode: "direct".into(),
+            targets: "t".into(),
+            shardmap: None,
+            connections: 2,
+            pipeline: 1,
+            protocol: "prepared".into(),
+            mix: "read=100".into(),
+            keys: "uniform".into(),
+            rows_per_shard: 10,
+            rate: "10/s total".into(),
+            duration_s: 2.0,
+            warmup_s: 0.0,
+            timeout_ms: 1000,
+            threads: 1,
+        }
+    }
+
+    fn report_of(samples: &[(usize, u64)], unix: u64) -> Report {
+        let mut t = Totals::new(2);
+        let mut second = SecondTotals::default();
+        for &(shard, us) in samples {
+            t.record(shard, Op::Read, &Outcome::Ok, us);
+            second.hist.record(us).expect("record");
+            second.counts.ok += 1;
+        }
+        t.record(1, Op::Read, &Outcome::Error("57P01".into()), 0);
+        let series = vec![SeriesPoint {
+            unix_s: unix,
+            t: 1,
+            seconds: 1.0,
+            totals: second,
+        }];
+        let host = Host {
+            name: format!("h{unix}"),
+            started_unix_ms: unix * 1000,
+            duration_s: 2.0,
+            requests: t.counts.requests(),
+            ok: t.counts.ok,
+            qps: 0.0,
+            cpu: Cpu::default(),
+        };
+        Report::build(Parts {
+            settings: settings(),
+            hosts: vec![host],
+            ranges: vec!["-80".into(), "80-".into()],
+            duration_s: 2.0,
+            target_qps: Some(10.0),
+            totals: &t,
+            series: &series,
+            cpu: Cpu::default(),
+            warnings: vec![],
+        })
+        .expect("report")
+    }
+
+    #[test]
+    fn merged_histogram_is_that_of_all_samples() {
+        let a: Vec<(usize, u64)> = (0..1000).map(|i| (i % 2, 100 + i as u64 * 7)).collect();
+        let b: Vec<(usize, u64)> = (0..333).map(|i| (i % 2, 5_000 + i as u64 * 131)).collect();
+        let ra = report_of(&a, 100);
+        let rb = report_of(&b, 100);
+        let merged = merge(&[("a".into(), ra), ("b".into(), rb)]).expect("merge");
+
+        let mut all = new_hist();
+        for &(_, us) in a.iter().chain(&b) {
+            all.record(us).expect("record");
+        }
+        let (t, series) = merged.raw().expect("raw");
+        assert_eq!(t.hist, all);
+        assert_eq!(merged.latency_us.p99, all.value_at_quantile(0.99));
+        assert_eq!(merged.latency_us.p50, all.value_at_quantile(0.5));
+        assert_eq!(merged.counts.ok, 1333);
+        assert_eq!(merged.counts.errors, 2);
+        assert_eq!(merged.errors_by_sqlstate["57P01"], 2);
+        assert_eq!(
+            merged.shards[0].counts.ok + merged.shards[1].counts.ok,
+            1333
+        );
+        assert_eq!(merged.target_qps, Some(20.0));
+        assert_eq!(merged.hosts.len(), 2);
+        assert_eq!(series.len(), 1);
+        assert_eq!(series[0].totals.hist, all);
+    }
+
+    #[test]
+    fn seconds_align_on_wall_clock() {
+        let merged = merge(&[
+            ("a".into(), report_of(&[(0, 10)], 100)),
+            ("b".into(), report_of(&[(0, 20)], 101)),
+        ])
+        .expect("merge");
+        assert_eq!(merged.series.len(), 2);
+        assert_eq!(merged.series[1].t, 2);
+    }
+
+    #[test]
+    fn refuses_different_shard_maps() {
+        let a = report_of(&[(0, 10)], 100);
+        let mut b = a.clone();
+        b.shards[1].range = "80-c0".into();
+        let err = merge(&[("a".into(), a), ("b".into(), b)]).expect_err("must refuse");
+        assert!(err.contains("same shard map"), "{err}");
+    }
+}

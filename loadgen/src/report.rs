@@ -1,0 +1,460 @@
+//! The report of a run (or of several merged): the JSON form (`--json`, everything including
+//! the full histograms and a per-second series, so reports merge exactly) and the human table
+//! printed on stdout.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+use crate::stats::{self, Counts, SecondTotals, Spread, Totals};
+use crate::workload::Op;
+
+/// Bumped when the JSON changes incompatibly.
+pub const FORMAT: u32 = 1;
+
+/// How the run was set up.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Settings {
+    /// `router` (through `--target`s) or `direct` (to every shard's primary).
+    pub mode: String,
+    /// The targets (passwords hidden), or "direct to N shard primaries".
+    pub targets: String,
+    pub shardmap: Option<String>,
+    pub connections: usize,
+    pub pipeline: usize,
+    pub protocol: String,
+    pub mix: String,
+    /// `uniform` or `zipf S`.
+    pub keys: String,
+    pub rows_per_shard: usize,
+    /// `max` (closed loop), or the open-loop rate asked for.
+    pub rate: String,
+    pub duration_s: f64,
+    pub warmup_s: f64,
+    pub timeout_ms: u64,
+    pub threads: usize,
+}
+
+/// One loadgen process that contributed to the report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Host {
+    pub name: String,
+    pub started_unix_ms: u64,
+    pub duration_s: f64,
+    pub requests: u64,
+    pub ok: u64,
+    pub qps: f64,
+    pub cpu: Cpu,
+}
+
+/// Client CPU use over the measured window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Cpu {
+    pub user_s: f64,
+    pub sys_s: f64,
+    /// (user + sys) / requests, in µs.
+    pub us_per_query: f64,
+    /// CPU seconds per wall second.
+    pub cores_used: f64,
+    /// Cores loadgen could use (its worker threads, at most the machine's cores).
+    pub cores_available: usize,
+}
+
+/// Latency of successful requests in µs, from the intended send time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Latency {
+    pub count: u64,
+    pub min: u64,
+    pub mean: f64,
+    pub p50: u64,
+    pub p90: u64,
+    pub p99: u64,
+    pub p999: u64,
+    pub max: u64,
+}
+
+impl Latency {
+    pub fn of(h: &Histogram<u64>) -> Latency {
+        if h.is_empty() {
+            return Latency::default();
+        }
+        Latency {
+            count: h.len(),
+            min: h.min(),
+            mean: h.mean(),
+            p50: h.value_at_quantile(0.50),
+            p90: h.value_at_quantile(0.90),
+            p99: h.value_at_quantile(0.99),
+            p999: h.value_at_quantile(0.999),
+            max: h.max(),
+        }
+    }
+}
+
+/// One shard's share.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardReport {
+    pub index: usize,
+    pub range: String,
+    pub requests: u64,
+    #[serde(flatten)]
+    pub counts: Counts,
+    /// Successful requests a second.
+    pub qps: f64,
+}
+
+/// One second of the measured window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SecondReport {
+    /// Wall-clock second (Unix time) this second started at; merge aligns hosts on it.
+    pub unix_s: u64,
+    /// Seconds since the window started, at the end of this second.
+    pub t: u64,
+    /// Length (1 except perhaps the last).
+    pub seconds: f64,
+    #[serde(flatten)]
+    pub counts: Counts,
+    pub qps: f64,
+    pub p50_us: u64,
+    pub p99_us: u64,
+    pub max_us: u64,
+    /// This second's latency histogram (HdrHistogram V2, base64).
+    pub histogram: String,
+}
+
+/// A full report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub format: u32,
+    pub loadgen_version: String,
+    pub settings: Settings,
+    pub hosts: Vec<Host>,
+    /// Length of the measured window (warmup excluded).
+    pub duration_s: f64,
+    /// The open-loop rate asked for (all hosts together); none for closed loop.
+    pub target_qps: Option<f64>,
+    /// Successful requests a second.
+    pub qps: f64,
+    pub requests: u64,
+    #[serde(flatten)]
+    pub counts: Counts,
+    /// Scheduled in the window but never sent (connections still busy at the end).
+    pub unsent: u64,
+    pub errors_per_s: f64,
+    pub errors_per_million: f64,
+    pub timeouts_per_million: f64,
+    pub errors_by_sqlstate: BTreeMap<String, u64>,
+    pub ops: BTreeMap<String, Counts>,
+    /// Spread of the per-shard QPS.
+    pub shard_qps: Spread,
+    pub shards: Vec<ShardReport>,
+    pub latency_us: Latency,
+    /// The whole window's latency histogram (HdrHistogram V2, base64, µs).
+    pub histogram: String,
+    pub cpu: Cpu,
+    pub series: Vec<SecondReport>,
+    pub warnings: Vec<String>,
+}
+
+/// One second of raw series data.
+#[derive(Debug, Clone)]
+pub struct SeriesPoint {
+    pub unix_s: u64,
+    pub t: u64,
+    pub seconds: f64,
+    pub totals: SecondTotals,
+}
+
+/// Everything a report is computed from.
+pub struct Parts<'a> {
+    pub settings: Settings,
+    pub hosts: Vec<Host>,
+    pub ranges: Vec<String>,
+    pub duration_s: f64,
+    pub target_qps: Option<f64>,
+    pub totals: &'a Totals,
+    pub series: &'a [SeriesPoint],
+    pub cpu: Cpu,
+    pub warnings: Vec<String>,
+}
+
+impl Report {
+    /// Computes the report's figures from raw counts and histograms.
+    pub fn build(p: Parts<'_>) -> Result<Report, crate::Error> {
+        let d = p.duration_s.max(1e-9);
+        let t = p.totals;
+        let shards: Vec<ShardReport> = t
+            .shards
+            .iter()
+            .enumerate()
+            .map(|(i, c)| ShardReport {
+                index: i,
+                range: p.ranges.get(i).cloned().unwrap_or_default(),
+                requests: c.requests(),
+                counts: *c,
+                qps: c.ok as f64 / d,
+            })
+            .collect();
+        let per_shard: Vec<f64> = shards.iter().map(|s| s.qps).collect();
+        let requests = t.counts.requests();
+        let per_million = |n: u64| {
+            if requests == 0 {
+                0.0
+            } else {
+                n as f64 * 1e6 / requests as f64
+            }
+        };
+        let series = p
+            .series
+            .iter()
+            .map(|s| {
+                Ok(SecondReport {
+                    unix_s: s.unix_s,
+                    t: s.t,
+                    seconds: s.seconds,
+                    counts: s.totals.counts,
+                    qps: s.totals.counts.ok as f64 / s.seconds.max(1e-9),
+                    p50_us: quantile(&s.totals.hist, 0.5),
+                    p99_us: quantile(&s.totals.hist, 0.99),
+                    max_us: s.totals.hist.max(),
+                    histogram: stats::encode(&s.totals.hist)?,
+                })
+            })
+            .collect::<Result<Vec<_>, crate::Error>>()?;
+        Ok(Report {
+            format: FORMAT,
+            loadgen_version: env!("CARGO_PKG_VERSION").to_string(),
+            settings: p.settings,
+            hosts: p.hosts,
+            duration_s: p.duration_s,
+            target_qps: p.target_qps,
+            qps: t.counts.ok as f64 / d,
+            requests,
+            counts: t.counts,
+            unsent: t.unsent,
+            errors_per_s: t.counts.errors as f64 / d,
+            errors_per_million: per_million(t.counts.errors),
+            timeouts_per_million: per_million(t.counts.timeouts),
+            errors_by_sqlstate: t.errors.clone(),
+            ops: Op::ALL
+                .into_iter()
+                .filter(|o| t.ops[o.index()].requests() > 0)
+                .map(|o| (o.name().to_string(), t.ops[o.index()]))
+                .collect(),
+            shard_qps: Spread::of(&per_shard),
+            shards,
+            latency_us: Latency::of(&t.hist),
+            histogram: stats::encode(&t.hist)?,
+            cpu: p.cpu,
+            series,
+            warnings: p.warnings,
+        })
+    }
+
+    /// The raw data back (for merging): window totals and the series.
+    pub fn raw(&self) -> Result<(Totals, Vec<SeriesPoint>), crate::Error> {
+        let mut totals = Totals::new(self.shards.len());
+        totals.hist = stats::decode(&self.histogram)?;
+        totals.counts = self.counts;
+        totals.unsent = self.unsent;
+        for s in &self.shards {
+            if let Some(c) = totals.shards.get_mut(s.index) {
+                *c = s.counts;
+            }
+        }
+        for op in Op::ALL {
+            if let Some(c) = self.ops.get(op.name()) {
+                totals.ops[op.index()] = *c;
+            }
+        }
+        totals.errors = self.errors_by_sqlstate.clone();
+        let series = self
+            .series
+            .iter()
+            .map(|s| {
+                Ok(SeriesPoint {
+                    unix_s: s.unix_s,
+                    t: s.t,
+                    seconds: s.seconds,
+                    totals: SecondTotals {
+                        hist: stats::decode(&s.histogram)?,
+                        counts: s.counts,
+                    },
+                })
+            })
+            .collect::<Result<Vec<_>, crate::Error>>()?;
+        Ok((totals, series))
+    }
+
+    /// Reads a `--json` report.
+    pub fn read(path: &Path) -> Result<Report, crate::Error> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let r: Report = serde_json::from_str(&text)
+            .map_err(|e| format!("{} is not a loadgen JSON report: {e}", path.display()))?;
+        if r.format != FORMAT {
+            return Err(format!(
+                "{} is report format {}, this loadgen reads format {FORMAT}",
+                path.display(),
+                r.format
+            ));
+        }
+        Ok(r)
+    }
+
+    /// Writes the JSON report.
+    pub fn write(&self, path: &Path) -> Result<(), crate::Error> {
+        let text = serde_json::to_string_pretty(self)
+            .map_err(|e| format!("cannot encode the report: {e}"))?;
+        std::fs::write(path, text + "\n")
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))
+    }
+
+    /// The human table.
+    pub fn render(&self) -> String {
+        let mut o = String::new();
+        let s = &self.settings;
+        let _ = writeln!(
+            o,
+            "loadgen report: {} host{}, {} ({}), {} shard{}",
+            self.hosts.len(),
+            if self.hosts.len() == 1 { "" } else { "s" },
+            s.targets,
+            s.mode,
+            self.shards.len(),
+            if self.shards.len() == 1 { "" } else { "s" },
+        );
+        let _ = writeln!(
+            o,
+            "  {} connections x pipeline {}, protocol {}, mix {}, keys {}, rate {}, {:.1} s measured after {:.1} s warmup, timeout {} ms",
+            s.connections, s.pipeline, s.protocol, s.mix, s.keys, s.rate, self.duration_s, s.warmup_s, s.timeout_ms
+        );
+        let _ = writeln!(o);
+        let _ = writeln!(o, "throughput");
+        match self.target_qps {
+            Some(t) if t > 0.0 => {
+                let _ = writeln!(
+                    o,
+                    "  achieved       {:>12.1} qps   target {:.1} qps ({:.2}%)",
+                    self.qps,
+                    t,
+                    100.0 * self.qps / t
+                );
+            }
+            _ => {
+                let _ = writeln!(o, "  achieved       {:>12.1} qps   (closed loop)", self.qps);
+            }
+        }
+        let _ = writeln!(
+            o,
+            "  requests       {:>12}       ok {}  errors {}  timeouts {}  unsent {}",
+            self.requests, self.counts.ok, self.counts.errors, self.counts.timeouts, self.unsent
+        );
+        let q = &self.shard_qps;
+        let _ =
+            writeln!(
+            o,
+            "  per shard      min {:.1}  max {:.1}  mean {:.1}  stddev {:.1} qps ({:.2}% of mean)",
+            q.min,
+            q.max,
+            q.mean,
+            q.stddev,
+            if q.mean > 0.0 { 100.0 * q.stddev / q.mean } else { 0.0 }
+        );
+        if self.ops.len() > 1 {
+            let ops: Vec<String> = self
+                .ops
+                .iter()
+                .map(|(name, c)| {
+                    format!("{name} {} ok/{} err/{} timeout", c.ok, c.errors, c.timeouts)
+                })
+                .collect();
+            let _ = writeln!(o, "  by operation   {}", ops.join(", "));
+        }
+        let _ = writeln!(o);
+        let l = &self.latency_us;
+        let ms = |us: u64| us as f64 / 1000.0;
+        let _ = writeln!(
+            o,
+            "latency, ms from the intended send time ({} successful requests)",
+            l.count
+        );
+        let _ = writeln!(
+            o,
+            "  p50 {:.3}   p90 {:.3}   p99 {:.3}   p99.9 {:.3}   max {:.3}   mean {:.3}",
+            ms(l.p50),
+            ms(l.p90),
+            ms(l.p99),
+            ms(l.p999),
+            ms(l.max),
+            l.mean / 1000.0
+        );
+        let _ = writeln!(o);
+        let _ = writeln!(
+            o,
+            "errors          {:.2}/s   {:.1} per million requests   timeouts {} ({:.1} per million)",
+            self.errors_per_s, self.errors_per_million, self.counts.timeouts, self.timeouts_per_million
+        );
+        if !self.errors_by_sqlstate.is_empty() {
+            let codes: Vec<String> = self
+                .errors_by_sqlstate
+                .iter()
+                .map(|(c, n)| format!("{c} x{n}"))
+                .collect();
+            let _ = writeln!(o, "  by SQLSTATE   {}", codes.join(", "));
+        }
+        let _ = writeln!(o);
+        let shown: Vec<&ShardReport> = if self.shards.len() <= 32 {
+            self.shards.iter().collect()
+        } else {
+            let mut by_qps: Vec<&ShardReport> = self.shards.iter().collect();
+            by_qps.sort_by(|a, b| a.qps.total_cmp(&b.qps));
+            let mut v: Vec<&ShardReport> = by_qps.iter().take(5).copied().collect();
+            v.extend(by_qps.iter().rev().take(5).rev().copied());
+            v
+        };
+        let _ = writeln!(
+            o,
+            "per shard{}",
+            if shown.len() < self.shards.len() {
+                " (the 5 slowest and 5 fastest; all are in --json)"
+            } else {
+                ""
+            }
+        );
+        let _ = writeln!(
+            o,
+            "  {:>5}  {:<18} {:>12} {:>12} {:>8} {:>8}",
+            "shard", "range", "qps", "ok", "errors", "timeouts"
+        );
+        for sh in shown {
+            let _ = writeln!(
+                o,
+                "  {:>5}  {:<18} {:>12.1} {:>12} {:>8} {:>8}",
+                sh.index, sh.range, sh.qps, sh.counts.ok, sh.counts.errors, sh.counts.timeouts
+            );
+        }
+        let _ = writeln!(o);
+        let c = &self.cpu;
+        let _ = writeln!(
+            o,
+            "loadgen cpu     user {:.2} s + sys {:.2} s = {:.1} µs per request; {:.2} of {} cores",
+            c.user_s, c.sys_s, c.us_per_query, c.cores_used, c.cores_available
+        );
+        for w in &self.warnings {
+            let _ = writeln!(o, "warning: {w}");
+        }
+        o
+    }
+}
+
+fn quantile(h: &Histogram<u64>, q: f64) -> u64 {
+    if h.is_empty() {
+        0
+    } else {
+        h.value_at_quantile(q)
+    }
+}

@@ -1,0 +1,389 @@
+//! loadgen against real Postgres: prepare, fixed-rate runs, per-shard attribution checked
+//! against the servers' own statistics, exact merges, a run through a real router, and a
+//! run during which the servers stop.
+//!
+//! The runs are serialised (one at a time) so they do not disturb each other on a small
+//! machine. No assertion is about speed except the issue's own: a modest fixed rate is
+//! achieved within 2%.
+
+mod common;
+
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use common::{loadgen, loadgen_ok, read_report, Env, Router};
+use shardmap::Key;
+
+const ROWS: usize = 2000;
+
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The shared 4-shard cluster, prepared once; the outputs of the first and second prepare.
+struct Shared {
+    env: Env,
+    first: String,
+    second: String,
+}
+
+fn shared() -> &'static Shared {
+    static S: OnceLock<Shared> = OnceLock::new();
+    S.get_or_init(|| {
+        let env = Env::start(4, 2);
+        let map = env.map_file.to_string_lossy().into_owned();
+        let rows = ROWS.to_string();
+        let args = [
+            "prepare",
+            "--shardmap",
+            &map,
+            "--rows-per-shard",
+            &rows,
+            "--quiet",
+        ];
+        let (_, first) = loadgen_ok(&args);
+        let (_, second) = loadgen_ok(&args);
+        Shared { env, first, second }
+    })
+}
+
+fn idx_scans(env: &Env, shard: usize) -> u64 {
+    env.on_shard(
+        shard,
+        "SELECT coalesce(idx_scan, 0) FROM pg_stat_user_tables WHERE relname = 'kv'",
+    )
+    .trim()
+    .parse()
+    .unwrap_or(0)
+}
+
+#[test]
+fn prepare_loads_exactly_n_rows_per_shard_and_a_rerun_is_a_no_op() {
+    let _g = serial();
+    let s = shared();
+    assert!(
+        s.first.contains(&format!("loaded {}", 4 * ROWS)),
+        "{}",
+        s.first
+    );
+    assert!(s.second.contains("nothing to do"), "{}", s.second);
+    let keys = loadgen::keys::ShardKeys::assign(&s.env.map, ROWS).expect("keys");
+    for shard in 0..4 {
+        // Checked on each shard directly: the count, and that every row belongs there.
+        assert_eq!(
+            s.env.on_shard(shard, "SELECT count(*) FROM kv"),
+            ROWS.to_string()
+        );
+        let ids: Vec<i64> = s
+            .env
+            .on_shard(shard, "SELECT id FROM kv ORDER BY id")
+            .lines()
+            .map(|l| l.trim().parse().expect("an id"))
+            .collect();
+        assert_eq!(ids, keys.of(shard).collect::<Vec<_>>(), "shard {shard}");
+        assert!(ids
+            .iter()
+            .all(|&id| s.env.map.shard_for_key(&Key::Int(id)) == shard));
+    }
+    // A different row count for a loaded cluster is refused, not silently mixed.
+    let map = s.env.map_file.to_string_lossy().into_owned();
+    let out = loadgen(&[
+        "prepare",
+        "--shardmap",
+        &map,
+        "--rows-per-shard",
+        "1500",
+        "--quiet",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--reset"));
+}
+
+#[test]
+fn a_fixed_rate_is_achieved_and_every_request_is_attributed_to_its_shard() {
+    let _g = serial();
+    let s = shared();
+    let env = &s.env;
+    let before: Vec<u64> = (0..4).map(|i| idx_scans(env, i)).collect();
+    let json = env.file("rate.json");
+    let chart = env.file("rate.svg");
+    let map = env.map_file.to_string_lossy().into_owned();
+    let rows = ROWS.to_string();
+    let (stdout, _) = loadgen_ok(&[
+        "run",
+        "--shardmap",
+        &map,
+        "--rows-per-shard",
+        &rows,
+        "--rate",
+        "300",
+        "--duration",
+        "3s",
+        "--connections",
+        "4",
+        "--json",
+        json.to_str().expect("path"),
+        "--chart",
+        chart.to_str().expect("path"),
+        "--quiet",
+    ]);
+    assert!(stdout.contains("p99.9"), "{stdout}");
+    let r = read_report(&json);
+    assert!(
+        (r.qps - 300.0).abs() <= 6.0,
+        "achieved {} qps, not 300 within 2%",
+        r.qps
+    );
+    assert_eq!((r.counts.errors, r.counts.timeouts), (0, 0), "{stdout}");
+    assert_eq!(r.target_qps, Some(300.0));
+    let shard_total: u64 = r.shards.iter().map(|s| s.requests).sum();
+    assert_eq!(shard_total, r.requests);
+    assert_eq!(r.latency_us.count, r.counts.ok);
+    let series_ok: u64 = r.series.iter().map(|p| p.counts.ok).sum();
+    assert_eq!(series_ok, r.counts.ok);
+    assert!(std::fs::read_to_string(&chart)
+        .expect("chart")
+        .contains("<svg"));
+    // The servers' own count of primary-key lookups agrees with loadgen's attribution
+    // (statistics are flushed when the backends exit, so wait for them a little).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let delta: Vec<u64> = (0..4).map(|i| idx_scans(env, i) - before[i]).collect();
+        let ours: Vec<u64> = r.shards.iter().map(|s| s.counts.ok).collect();
+        if delta == ours {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "server-side lookups {delta:?}, loadgen's per-shard counts {ours:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn merged_reports_hold_exactly_the_combined_histogram() {
+    let _g = serial();
+    let s = shared();
+    let env = &s.env;
+    let map = env.map_file.to_string_lossy().into_owned();
+    let rows = ROWS.to_string();
+    let (a, b, m) = (
+        env.file("a.json"),
+        env.file("b.json"),
+        env.file("merged.json"),
+    );
+    // Two "hosts" at the same time.
+    std::thread::scope(|sc| {
+        for (path, proto) in [(&a, "prepared"), (&b, "extended")] {
+            let map = &map;
+            let rows = &rows;
+            sc.spawn(move || {
+                loadgen_ok(&[
+                    "run",
+                    "--shardmap",
+                    map,
+                    "--rows-per-shard",
+                    rows,
+                    "--rate",
+                    "150",
+                    "--duration",
+                    "2s",
+                    "--protocol",
+                    proto,
+                    "--zipf",
+                    "1.0",
+                    "--json",
+                    path.to_str().expect("path"),
+                    "--quiet",
+                ])
+            });
+        }
+    });
+    let (stdout, _) = loadgen_ok(&[
+        "merge",
+        a.to_str().expect("path"),
+        b.to_str().expect("path"),
+        "--json",
+        m.to_str().expect("path"),
+        "--chart",
+        env.file("merged.svg").to_str().expect("path"),
+    ]);
+    assert!(stdout.contains("2 hosts"), "{stdout}");
+    let (ra, rb, rm) = (read_report(&a), read_report(&b), read_report(&m));
+    let (ta, sa) = ra.raw().expect("a");
+    let (tb, sb) = rb.raw().expect("b");
+    let (tm, sm) = rm.raw().expect("merged");
+    let mut combined = ta.hist.clone();
+    combined.add(&tb.hist).expect("add");
+    assert_eq!(tm.hist, combined);
+    assert_eq!(tm.hist.len(), ta.hist.len() + tb.hist.len());
+    for q in [0.5, 0.9, 0.99, 0.999, 1.0] {
+        assert_eq!(tm.hist.value_at_quantile(q), combined.value_at_quantile(q));
+    }
+    assert_eq!(rm.latency_us.p99, combined.value_at_quantile(0.99));
+    assert_eq!(rm.counts.ok, ra.counts.ok + rb.counts.ok);
+    for i in 0..4 {
+        assert_eq!(
+            rm.shards[i].counts.ok,
+            ra.shards[i].counts.ok + rb.shards[i].counts.ok
+        );
+    }
+    assert_eq!(rm.target_qps, Some(300.0));
+    // Every second of both hosts lands in the merged series.
+    let per_second =
+        |s: &[loadgen::report::SeriesPoint]| s.iter().map(|p| p.totals.hist.len()).sum::<u64>();
+    assert_eq!(per_second(&sm), per_second(&sa) + per_second(&sb));
+}
+
+#[test]
+fn through_a_real_router() {
+    let _g = serial();
+    let s = shared();
+    let env = &s.env;
+    let router = Router::start(&env.map);
+    let url = router.url();
+    let map = env.map_file.to_string_lossy().into_owned();
+    let rows = ROWS.to_string();
+    // Prepare through the router: the shards were loaded directly, and the router's
+    // per-shard counts agree, so there is nothing to do.
+    let (_, err) = loadgen_ok(&[
+        "prepare",
+        "--target",
+        &url,
+        "--shardmap",
+        &map,
+        "--rows-per-shard",
+        &rows,
+        "--quiet",
+    ]);
+    assert!(
+        err.contains("nothing to do"),
+        "{err}\n{}",
+        router.log_text()
+    );
+    let json = env.file("router.json");
+    let (stdout, _) = loadgen_ok(&[
+        "run",
+        "--target",
+        &url,
+        "--shardmap",
+        &map,
+        "--rows-per-shard",
+        &rows,
+        "--rate-per-shard",
+        "50",
+        "--duration",
+        "2s",
+        "--connections",
+        "3",
+        "--pipeline",
+        "2",
+        "--protocol",
+        "simple",
+        "--mix",
+        "read=80,update=10,insert=10",
+        "--json",
+        json.to_str().expect("path"),
+        "--quiet",
+    ]);
+    let r = read_report(&json);
+    assert_eq!(
+        (r.counts.errors, r.counts.timeouts),
+        (0, 0),
+        "{stdout}\n{}",
+        router.log_text()
+    );
+    assert_eq!(r.settings.mode, "router");
+    assert_eq!(r.target_qps, Some(200.0));
+    // Shards take turns on every connection: each got its share within one per connection.
+    let per: Vec<u64> = r.shards.iter().map(|s| s.requests).collect();
+    let (lo, hi) = (
+        per.iter().min().copied().unwrap_or(0),
+        per.iter().max().copied().unwrap_or(0),
+    );
+    assert!(hi - lo <= 3, "{per:?}");
+    assert_eq!(per.iter().sum::<u64>(), r.requests);
+    assert!(
+        r.ops.contains_key("insert") && r.ops.contains_key("update"),
+        "{:?}",
+        r.ops
+    );
+    // Inserted keys live above the prepared range and on the shard the map says.
+    for shard in 0..4 {
+        let ids = env.on_shard(shard, "SELECT id FROM kv WHERE id >= 1099511627776");
+        for id in ids.lines().filter_map(|l| l.trim().parse::<i64>().ok()) {
+            assert_eq!(env.map.shard_for_key(&Key::Int(id)), shard);
+        }
+    }
+}
+
+#[test]
+fn stopped_servers_show_up_as_errors_and_timeouts_not_a_hang() {
+    let _g = serial();
+    let mut env = Env::start(4, 2);
+    let map = env.map_file.to_string_lossy().into_owned();
+    loadgen_ok(&[
+        "prepare",
+        "--shardmap",
+        &map,
+        "--rows-per-shard",
+        "300",
+        "--quiet",
+    ]);
+    let json = env.file("stop.json");
+    let json_arg = json.to_str().expect("path").to_string();
+    let started = Instant::now();
+    let run = std::thread::spawn(move || {
+        loadgen(&[
+            "run",
+            "--shardmap",
+            &map,
+            "--rows-per-shard",
+            "300",
+            "--rate",
+            "400",
+            "--duration",
+            "4s",
+            "--timeout",
+            "500ms",
+            "--json",
+            &json_arg,
+            "--quiet",
+        ])
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    // Server 0 freezes (SIGSTOP: connections hang), server 1 shuts down (connections fail).
+    let frozen = common::process_tree(env.cluster.servers()[0].pid().expect("server 0 pid"));
+    common::signal_all(&frozen, libc::SIGSTOP);
+    env.cluster.servers_mut()[1].stop().expect("stop server 1");
+    let out = run.join().expect("the run thread");
+    let elapsed = started.elapsed();
+    common::signal_all(&frozen, libc::SIGCONT);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    // Not a hang: 4 s of load plus at most one timeout to drain (generous slack: shared machine).
+    assert!(
+        elapsed < Duration::from_secs(20),
+        "the run took {elapsed:?}"
+    );
+    let r = read_report(Path::new(&json));
+    assert!(r.counts.ok > 0, "nothing succeeded before the stop");
+    assert!(r.counts.errors > 0, "no errors: {:?}", r.errors_by_sqlstate);
+    assert!(r.counts.timeouts > 0, "no timeouts");
+    // Shards 1 and 3 live on the stopped server 1, shards 0 and 2 on the frozen server 0.
+    assert!(
+        r.shards[1].counts.errors > 0 && r.shards[3].counts.errors > 0,
+        "{:?}",
+        r.shards
+    );
+    assert!(
+        r.shards[0].counts.timeouts > 0 && r.shards[2].counts.timeouts > 0,
+        "{:?}",
+        r.shards
+    );
+    let codes: Vec<&String> = r.errors_by_sqlstate.keys().collect();
+    assert!(codes.iter().all(|c| c.len() == 5), "{codes:?}");
+}
