@@ -1,5 +1,7 @@
 //! Nanoseconds per keyspace ID (per key type) and per shard lookup in a 512-shard map: the
-//! per-statement cost of routing once the key is known.
+//! per-statement cost of routing once the key is known. Plus the whole step from a key as it
+//! arrives on the wire (a text-format Bind parameter or literal, e.g. `b"123456"`) to its shard,
+//! and a 4096-shard lookup to show how lookups scale with the map.
 
 use std::hint::black_box;
 
@@ -53,6 +55,35 @@ fn lookups(c: &mut Criterion) {
         b.iter(|| {
             i = i.wrapping_add(1);
             black_box(map.shard_for_key(&Key::Int(black_box(i))))
+        })
+    });
+    // What the router does per statement once the planner knows where the key is: parse the
+    // text bytes of the parameter, hash, look up.
+    let params: Vec<Vec<u8>> = (0..1024i64)
+        .map(|i| (i * 7_919 + 1).to_string().into_bytes())
+        .collect();
+    g.bench_function("bigint_text_param_to_shard", |b| {
+        let mut i = 0usize;
+        b.iter(|| {
+            i = (i + 1) & 1023;
+            let text = std::str::from_utf8(black_box(&params[i])).expect("ascii digits");
+            let key: i64 = text.parse().expect("a bigint");
+            black_box(map.shard_for_key(&Key::Int(key)))
+        })
+    });
+    g.finish();
+
+    let urls: Vec<String> = (0..4096)
+        .map(|i| format!("postgres://10.{}.{}.1:5432/app", i / 256, i % 256))
+        .collect();
+    let big = ShardMap::even_split(&urls, vec![]).expect("4096-shard map");
+    let mut g = c.benchmark_group("lookup_4096_shards");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("shard_for", |b| {
+        let mut id = 0u64;
+        b.iter(|| {
+            id = id.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            black_box(big.shard_for(KeyspaceId(black_box(id))))
         })
     });
     g.finish();

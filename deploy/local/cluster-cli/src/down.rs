@@ -1,9 +1,10 @@
-//! `cluster down`: stop every server the state file lists and delete the data.
+//! `cluster down`: stop the router, then every server the state file lists, and delete the data.
 
 use std::process::ExitCode;
 
 use pgharness::Server;
 
+use crate::router;
 use crate::state::{ClusterState, ServerState};
 use crate::{DirArgs, Result};
 
@@ -24,8 +25,13 @@ pub fn run(args: &DirArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Stops and deletes every server of `state`, then the shard map and the state file.
+/// Stops the router and deletes every server of `state`, then the shard map, the router config
+/// and the state file. The router log stays, for a look at what happened.
 pub fn teardown(state: &ClusterState) -> Result<()> {
+    // The router first: stopped after the servers it would log every connection failing.
+    if let Some(r) = &state.router {
+        println!("{}", router::stop(r)?);
+    }
     // One thread per server: deleting a server's databases is I/O bound.
     let outcomes: Vec<std::result::Result<String, String>> = std::thread::scope(|scope| {
         let handles: Vec<_> = state
@@ -58,7 +64,12 @@ pub fn teardown(state: &ClusterState) -> Result<()> {
     if state.data_root_external {
         let _ = std::fs::remove_dir(&state.data_root);
     }
-    for path in [&state.shardmap, &ClusterState::path(&state.dir)] {
+    let router_config = state.dir.join(crate::state::ROUTER_CONFIG_FILE);
+    for path in [
+        &state.shardmap,
+        &router_config,
+        &ClusterState::path(&state.dir),
+    ] {
         match std::fs::remove_file(path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

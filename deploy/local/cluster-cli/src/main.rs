@@ -1,8 +1,10 @@
 //! `shardgate-cluster`: starts, inspects and stops a local shardgate cluster (real PostgreSQL
-//! servers holding N shard databases, plus the `shardmap.toml` describing them). Usually run
-//! through `deploy/local/cluster`, which builds it first. The servers are started by pgharness.
+//! servers holding N shard databases, the `shardmap.toml` describing them, and a `shardgate`
+//! router in front of them). Usually run through `deploy/local/cluster`, which builds it and the
+//! router first. The servers are started by pgharness.
 
 mod down;
+mod router;
 mod state;
 mod status;
 mod up;
@@ -15,8 +17,8 @@ use clap::{Args, Parser, Subcommand};
 /// Errors are reported as text, with their causes.
 pub type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-/// Run a local shardgate cluster: PostgreSQL servers holding N shard databases, and the shard map
-/// that routes keys to them.
+/// Run a local shardgate cluster: PostgreSQL servers holding N shard databases, the shard map
+/// that routes keys to them, and a shardgate router that clients connect to.
 #[derive(Debug, Parser)]
 #[command(name = "cluster", version, propagate_version = true)]
 struct Cli {
@@ -26,12 +28,13 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Start PostgreSQL servers, create the shard databases with the schema, and write the shard
-    /// map and state file. Does nothing (and succeeds) when the cluster is already up.
+    /// Start PostgreSQL servers, create the shard databases with the schema, write the shard map,
+    /// and start a router (shardgate) in front of them. When the cluster is already up it only
+    /// restarts a router that is not running, and changes nothing else.
     Up(up::UpArgs),
-    /// Stop every server listed in the state file and delete their data directories.
+    /// Stop the router, then every server listed in the state file, and delete their data.
     Down(DirArgs),
-    /// Show the servers, whether each accepts connections, and the shard count.
+    /// Show the router and the servers, whether each accepts connections, and the shard count.
     Status(DirArgs),
 }
 

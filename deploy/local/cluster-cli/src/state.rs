@@ -11,6 +11,10 @@ use crate::Result;
 pub const STATE_FILE: &str = "cluster.json";
 /// File name of the generated shard map inside the cluster directory.
 pub const SHARDMAP_FILE: &str = "shardmap.toml";
+/// File name of the generated router config inside the cluster directory.
+pub const ROUTER_CONFIG_FILE: &str = "router.toml";
+/// File name of the router's stdout+stderr inside the cluster directory.
+pub const ROUTER_LOG_FILE: &str = "router.log";
 
 /// Lifecycle of a cluster as recorded in the state file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,6 +49,25 @@ pub struct ShardState {
     pub url: String,
 }
 
+/// The router (`shardgate`) that `up` started in front of the shards.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RouterState {
+    /// Process id; the router is the leader of its own session and process group.
+    pub pid: u32,
+    /// Listens on 127.0.0.1:port.
+    pub port: u16,
+    /// `DIR/router.toml`.
+    pub config: PathBuf,
+    /// `DIR/router.log`: the router's stdout and stderr.
+    pub log_file: PathBuf,
+    /// The logical database clients connect to.
+    pub database: String,
+    /// The user clients log in as.
+    pub user: String,
+    /// Connection string for clients, e.g. `postgres://app:app@127.0.0.1:6432/app`.
+    pub url: String,
+}
+
 /// The whole state file.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ClusterState {
@@ -65,6 +88,10 @@ pub struct ClusterState {
     pub shard_count: usize,
     pub servers: Vec<ServerState>,
     pub shards: Vec<ShardState>,
+    /// The router, once started (`None` with `--no-router`, or in state files written before
+    /// routers were part of the cluster).
+    #[serde(default)]
+    pub router: Option<RouterState>,
 }
 
 impl ClusterState {

@@ -1,13 +1,16 @@
-//! `cluster status`: which servers accept connections, and how many shards there are.
+//! `cluster status`: whether the router and the servers accept connections, and how many shards
+//! there are.
 
 use std::process::ExitCode;
 
 use pgharness::{Readiness, Server};
 
+use crate::router;
 use crate::state::{ClusterState, Phase};
 use crate::{DirArgs, Result};
 
-/// Runs `cluster status`. Exits 1 when a listed server does not accept connections.
+/// Runs `cluster status`. Exits 1 when the router or a listed server does not accept
+/// connections.
 pub fn run(args: &DirArgs) -> Result<ExitCode> {
     let dir = args.resolve()?;
     let Some(state) = ClusterState::load(&dir)? else {
@@ -23,6 +26,32 @@ pub fn run(args: &DirArgs) -> Result<ExitCode> {
     };
     println!("cluster in {}: {phase}", dir.display());
     let mut all_ok = true;
+    match &state.router {
+        Some(r) => {
+            let running = router::is_running(r);
+            let accepting = running && router::probe(r.port);
+            all_ok &= accepting;
+            let how = match (running, accepting) {
+                (true, true) => "accepting connections",
+                (true, false) => "running, not accepting",
+                (false, _) => "not running",
+            };
+            println!(
+                "  router    127.0.0.1:{}  pid {:<8} {how:<22} log {}",
+                r.port,
+                if running {
+                    r.pid.to_string()
+                } else {
+                    "-".into()
+                },
+                r.log_file.display()
+            );
+            if !running {
+                println!("            (`cluster up` starts it again)");
+            }
+        }
+        None => println!("  router    none (started with --no-router, or its start failed)"),
+    }
     for s in &state.servers {
         let (readiness, pid) = match Server::attach(&s.dir) {
             Ok(server) => (server.readiness(), server.pid()),
@@ -45,6 +74,9 @@ pub fn run(args: &DirArgs) -> Result<ExitCode> {
         state.shard_count,
         state.shardmap.display()
     );
+    if let Some(r) = &state.router {
+        println!("connect:  psql {}", r.url);
+    }
     Ok(if all_ok {
         ExitCode::SUCCESS
     } else {

@@ -1,5 +1,7 @@
-//! `cluster up`: a sequence of steps over one [`Up`] context. Later steps (start routers, run a
-//! load) slot in after `write_shardmap`.
+//! `cluster up`: a sequence of steps over one [`Up`] context. Each step reads what the ones
+//! before it decided or started (in `Up`) and records what it starts in the state file, so that
+//! `down` can clean up after any step fails. Later steps (e.g. running loadgen against the
+//! router) slot in after `start_router`, before `print_summary`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -8,6 +10,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use clap::Args;
 use pgharness::{Cluster, ClusterOptions, Readiness, Schema, Server, ServerOptions};
 
+use crate::router::{self, RouterOptions};
 use crate::state::{stable_hash, ClusterState, Phase, ServerState, ShardState, SHARDMAP_FILE};
 use crate::{down, repo_root, DirArgs, Result};
 
@@ -40,6 +43,27 @@ pub struct UpArgs {
     /// shared_buffers of every server (PostgreSQL units)
     #[arg(long, value_name = "SIZE", default_value = "64MB")]
     pub shared_buffers: String,
+
+    /// Port of the router (shardgate); clients connect to 127.0.0.1:PORT, database `app`
+    #[arg(
+        long,
+        value_name = "PORT",
+        default_value_t = 6432,
+        conflicts_with = "no_router"
+    )]
+    pub router_port: u16,
+
+    /// User that clients log in to the router as
+    #[arg(long, value_name = "NAME", default_value = "app")]
+    pub user: String,
+
+    /// Password of --user (the router checks it with SCRAM-SHA-256)
+    #[arg(long, value_name = "PASSWORD", default_value = "app")]
+    pub password: String,
+
+    /// Start only the PostgreSQL servers, no router
+    #[arg(long)]
+    pub no_router: bool,
 }
 
 /// Everything `up` decided and started so far.
@@ -54,6 +78,8 @@ struct Up {
     servers: usize,
     base_port: u16,
     server_options: ServerOptions,
+    /// The router to start; `None` with `--no-router`.
+    router: Option<RouterOptions>,
     state: Option<ClusterState>,
     cluster: Option<Cluster>,
     started_at: Instant,
@@ -62,8 +88,9 @@ struct Up {
 /// Runs `cluster up`.
 pub fn run(args: &UpArgs) -> Result<ExitCode> {
     let mut up = plan(args)?;
-    if already_up(&up)? {
-        return Ok(ExitCode::SUCCESS);
+    if let Some(state) = running_cluster(&up)? {
+        up.state = Some(state);
+        return keep_running(&mut up);
     }
     if let Err(e) = check_ports(&up) {
         if up.created_dir {
@@ -82,7 +109,58 @@ pub fn run(args: &UpArgs) -> Result<ExitCode> {
     }
     write_shardmap(&up)?;
     write_final_state(&mut up)?;
+    // The servers are up and recorded from here on: a failing router leaves them running (the
+    // error says so), and `up` again retries just the router.
+    start_router(&mut up)?;
     print_summary(&up);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `up` on a cluster whose servers all run: start the router if it is wanted and not running
+/// (it crashed, was killed, or the cluster was made with `--no-router`), change nothing else.
+fn keep_running(up: &mut Up) -> Result<ExitCode> {
+    let state = up.state.as_ref().ok_or("internal error: no state")?;
+    println!(
+        "cluster in {} is already up: {} servers, {} shards (`cluster down` first to start a different one)",
+        up.dir.display(),
+        state.servers.len(),
+        state.shard_count
+    );
+    if state.shard_count != up.shards || state.servers.len() != up.servers {
+        println!(
+            "note: you asked for {} shards on {} servers; the servers were not changed",
+            up.shards, up.servers
+        );
+    }
+    match (&state.router, &up.router) {
+        (Some(running), wanted) if router::is_running(running) => {
+            if wanted.as_ref().is_some_and(|w| w.port != running.port) {
+                println!(
+                    "note: the router already listens on port {}; it was not moved",
+                    running.port
+                );
+            }
+            println!("  router pid {} on 127.0.0.1:{}", running.pid, running.port);
+            println!("connect:  psql {}", running.url);
+        }
+        (_, None) => println!("  no router (--no-router)"),
+        (previous, Some(wanted)) => {
+            match previous {
+                Some(old) => println!(
+                    "the router (pid {}) is not running any more (see {}); starting a new one",
+                    old.pid,
+                    old.log_file.display()
+                ),
+                None => println!("the cluster has no router; starting one"),
+            }
+            check_router_port(wanted.port, &[])?;
+            start_router(up)?;
+            if let Some(r) = up.state.as_ref().and_then(|s| s.router.as_ref()) {
+                println!("  router pid {} on 127.0.0.1:{}", r.pid, r.port);
+                println!("connect:  psql {}", r.url);
+            }
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -104,6 +182,18 @@ fn plan(args: &UpArgs) -> Result<Up> {
         )
         .into());
     }
+    if args.user.is_empty() || args.password.is_empty() {
+        return Err("--user and --password must not be empty".into());
+    }
+    if !args.no_router && args.router_port == 0 {
+        return Err("--router-port 0 is not a port; pick a free one, e.g. 6432".into());
+    }
+    let router = (!args.no_router).then(|| RouterOptions {
+        port: args.router_port,
+        user: args.user.clone(),
+        password: args.password.clone(),
+        pool_size: router::pool_size(args.max_connections, shards, servers),
+    });
     let schema = match &args.schema {
         Some(s) => std::path::absolute(s)
             .map_err(|e| format!("resolving --schema {}: {e}", s.display()))?,
@@ -142,16 +232,17 @@ fn plan(args: &UpArgs) -> Result<Up> {
             shared_buffers: args.shared_buffers.clone(),
             ..Default::default()
         },
+        router,
         state: None,
         cluster: None,
         started_at: Instant::now(),
     })
 }
 
-/// Step 2: a cluster already running here is left alone; a dead one is cleaned away.
-fn already_up(up: &Up) -> Result<bool> {
+/// Step 2: a cluster whose servers all run is kept (and returned); a dead one is cleaned away.
+fn running_cluster(up: &Up) -> Result<Option<ClusterState>> {
     let Some(state) = ClusterState::load(&up.dir)? else {
-        return Ok(false);
+        return Ok(None);
     };
     let all_accepting = state.phase == Phase::Up
         && state.servers.iter().all(|s| {
@@ -160,26 +251,14 @@ fn already_up(up: &Up) -> Result<bool> {
                 .unwrap_or(false)
         });
     if all_accepting {
-        println!(
-            "cluster in {} is already up: {} servers, {} shards (`cluster down` first to start a different one)",
-            up.dir.display(),
-            state.servers.len(),
-            state.shard_count
-        );
-        if state.shard_count != up.shards || state.servers.len() != up.servers {
-            println!(
-                "note: you asked for {} shards on {} servers; nothing was changed",
-                up.shards, up.servers
-            );
-        }
-        return Ok(true);
+        return Ok(Some(state));
     }
     println!(
         "found a cluster state in {} whose servers are not all running; cleaning it up first",
         up.dir.display()
     );
     down::teardown(&state)?;
-    Ok(false)
+    Ok(None)
 }
 
 /// Step 3: every port must be free before anything starts.
@@ -192,6 +271,27 @@ fn check_ports(up: &Up) -> Result<()> {
             )
             .into());
         }
+    }
+    if let Some(r) = &up.router {
+        let server_ports: Vec<u16> = (0..up.servers).map(|i| up.base_port + i as u16).collect();
+        check_router_port(r.port, &server_ports)?;
+    }
+    Ok(())
+}
+
+/// The router's port must be free and not one the servers will take.
+fn check_router_port(port: u16, server_ports: &[u16]) -> Result<()> {
+    if server_ports.contains(&port) {
+        return Err(format!(
+            "--router-port {port} is also the port of a PostgreSQL server; pick another --router-port or --base-port"
+        )
+        .into());
+    }
+    if pgharness::check_port_free(port).is_err() {
+        return Err(format!(
+            "port {port} (for the router) is already in use on 127.0.0.1; stop what listens there, pick another --router-port, or pass --no-router"
+        )
+        .into());
     }
     Ok(())
 }
@@ -232,6 +332,7 @@ fn write_initial_state(up: &mut Up) -> Result<()> {
         shard_count: up.shards,
         servers,
         shards: Vec::new(),
+        router: None,
     };
     state.save()?;
     up.state = Some(state);
@@ -310,7 +411,40 @@ fn write_final_state(up: &mut Up) -> Result<()> {
     state.save()
 }
 
-/// Step 8: tell the user what runs where.
+/// Step 8: write `router.toml`, start `shardgate` detached, wait until it accepts
+/// connections, and record it in the state file. Skipped with `--no-router`.
+fn start_router(up: &mut Up) -> Result<()> {
+    let Some(opts) = up.router.clone() else {
+        return Ok(());
+    };
+    let state = up.state.as_mut().ok_or("internal error: no state")?;
+    let started = router::find_binary().and_then(|bin| {
+        let config = router::write_config(&up.dir, &opts)?;
+        println!(
+            "starting the router {} --config {} on 127.0.0.1:{}...",
+            bin.display(),
+            config.display(),
+            opts.port
+        );
+        router::start(&bin, &up.dir, &config, &opts)
+    });
+    match started {
+        Ok(r) => {
+            state.router = Some(r);
+            state.save()
+        }
+        Err(e) => {
+            state.router = None;
+            state.save()?;
+            Err(format!(
+                "{e}\nthe PostgreSQL servers are still up: `cluster up` again retries the router, `cluster down` stops everything"
+            )
+            .into())
+        }
+    }
+}
+
+/// Step 9: tell the user what runs where.
 fn print_summary(up: &Up) {
     let (Some(cluster), Some(state)) = (up.cluster.as_ref(), up.state.as_ref()) else {
         return;
@@ -339,6 +473,21 @@ fn print_summary(up: &Up) {
         );
         println!("  shard map:  {}", state.shardmap.display());
         println!("  state file: {}", ClusterState::path(&up.dir).display());
-        println!("try:  psql '{}' -c 'SELECT count(*) FROM kv'", first.url);
+        if let Some(r) = &state.router {
+            println!(
+                "  router:     127.0.0.1:{}  pid {}  config {}  log {}",
+                r.port,
+                r.pid,
+                r.config.display(),
+                r.log_file.display()
+            );
+        }
+        println!(
+            "one shard:  psql '{}' -c 'SELECT count(*) FROM kv'",
+            first.url
+        );
+        if let Some(r) = &state.router {
+            println!("connect:    psql {}", r.url);
+        }
     }
 }

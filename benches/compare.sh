@@ -1,0 +1,340 @@
+#!/usr/bin/env bash
+# Point selects with pgbench, side by side in one run: (a) direct to a shard, (b) through
+# shardgate, (c) through PgBouncer (transaction pooling) in front of the same shard. Prints
+# throughput and the proxy's CPU time per statement (user and system, from /proc/PID/stat),
+# and the ratios shardgate/PgBouncer and shardgate/direct. See docs/benchmarks.md.
+#
+# Why one 1-shard cluster: through the router every key goes to the shard that owns it, so a
+# fair comparison needs all three paths to end at the same database with the same rows.
+set -euo pipefail
+
+usage() {
+    cat <<'EOF'
+Usage: benches/compare.sh [OPTIONS]
+
+Starts its own 1-shard local cluster (deploy/local/cluster) with a shardgate router in a temp
+dir, loads ROWS rows into kv, starts PgBouncer (transaction pooling) in front of the same shard,
+and runs the same pgbench point-select script against each target, mode by mode:
+
+    \set id random(1, ROWS)
+    SELECT v FROM kv WHERE id = :id;
+
+Everything it starts is stopped and deleted on exit, also on Ctrl-C.
+
+Options:
+  -T, --duration SECONDS  measured seconds per run                       [default: 10]
+  -c, --clients N         pgbench clients (connections)                  [default: 4]
+  -j, --jobs N            pgbench threads                                [default: min(clients, 2)]
+  -r, --rows N            rows in kv (ids 1..N)                          [default: 100000]
+  -m, --modes LIST        pgbench -M modes, comma-separated:
+                          simple,extended,prepared                       [default: all three]
+  -t, --targets LIST      comma-separated: direct,shardgate,pgbouncer    [default: all three]
+      --warmup SECONDS    unmeasured run through each target first       [default: 2]
+      --router-threads N  worker threads of shardgate (--threads)        [default: its own, 1 per core]
+      --pool-size N       backend connections per pool, for shardgate and PgBouncer alike
+                                                                         [default: 20]
+      --keep              keep the temp dir (logs, configs) and print its path; the cluster
+                          and PgBouncer are still stopped
+  -h, --help              this text
+
+Needs: pgbench and psql (PostgreSQL client), the PostgreSQL server binaries, cargo, and
+pgbouncer (installed with `apt-get install -y pgbouncer` when missing; this needs root).
+
+Reading the output: TPS is pgbench's "tps" (without connection time). "user us/stmt" and
+"sys us/stmt" are the proxy process's CPU time over the measured run divided by the statements
+pgbench completed; "direct" has no proxy. "busy" is the whole machine's CPU use during the run:
+near 100% means the machine, not the proxy, is the limit. The machine is shared and noisy:
+compare ratios within one run, and repeat before believing a small difference.
+EOF
+}
+
+die() { echo "compare.sh: $*" >&2; exit 1; }
+
+duration=10 clients=4 jobs="" rows=100000 modes="simple,extended,prepared"
+targets="direct,shardgate,pgbouncer" warmup=2 router_threads="" pool_size=20 keep=0
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        -T|--duration) duration="${2:?}"; shift 2 ;;
+        -c|--clients) clients="${2:?}"; shift 2 ;;
+        -j|--jobs) jobs="${2:?}"; shift 2 ;;
+        -r|--rows) rows="${2:?}"; shift 2 ;;
+        -m|--modes) modes="${2:?}"; shift 2 ;;
+        -t|--targets) targets="${2:?}"; shift 2 ;;
+        --warmup) warmup="${2:?}"; shift 2 ;;
+        --router-threads) router_threads="${2:?}"; shift 2 ;;
+        --pool-size) pool_size="${2:?}"; shift 2 ;;
+        --keep) keep=1; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) usage >&2; die "unknown option: $1" ;;
+    esac
+done
+for n in duration clients rows warmup pool_size ${jobs:+jobs} ${router_threads:+router_threads}; do
+    [[ "${!n}" =~ ^[0-9]+$ ]] || die "--${n//_/-} must be a whole number, not '${!n}'"
+done
+((duration > 0 && clients > 0 && rows > 0 && pool_size > 0)) || die "--duration, --clients, --rows and --pool-size must be more than 0"
+jobs="${jobs:-$((clients < 2 ? clients : 2))}"
+IFS=, read -r -a mode_list <<<"$modes"
+IFS=, read -r -a target_list <<<"$targets"
+for m in "${mode_list[@]}"; do [[ "$m" =~ ^(simple|extended|prepared)$ ]] || die "unknown mode '$m'"; done
+for t in "${target_list[@]}"; do [[ "$t" =~ ^(direct|shardgate|pgbouncer)$ ]] || die "unknown target '$t'"; done
+wants() { [[ ",$targets," == *",$1,"* ]]; }
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+for tool in pgbench psql ss getconf cargo; do
+    command -v "$tool" >/dev/null || die "$tool is not installed"
+done
+clk_tck="$(getconf CLK_TCK)"
+
+# --- PgBouncer --------------------------------------------------------------------------------
+pgbouncer_bin=""
+if wants pgbouncer; then
+    pgbouncer_bin="$(command -v pgbouncer || true)"
+    [[ -z "$pgbouncer_bin" && -x /usr/sbin/pgbouncer ]] && pgbouncer_bin=/usr/sbin/pgbouncer
+    if [[ -z "$pgbouncer_bin" ]]; then
+        [[ $EUID -eq 0 ]] || die "pgbouncer is not installed; install it (sudo apt-get install -y pgbouncer) or pass --targets direct,shardgate"
+        echo "pgbouncer is not installed; running: apt-get install -y pgbouncer"
+        # The package list may be stale or empty in a fresh container: update once and retry.
+        if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q pgbouncer; then
+            echo "running: apt-get update, then apt-get install -y pgbouncer again"
+            apt-get update -q
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -q pgbouncer
+        fi
+        pgbouncer_bin=/usr/sbin/pgbouncer
+        [[ -x "$pgbouncer_bin" ]] || die "apt-get installed pgbouncer, but $pgbouncer_bin is missing"
+    fi
+    pgbouncer_version="$("$pgbouncer_bin" --version | head -1 | grep -oE '[0-9]+\.[0-9]+(\.[0-9]+)?' | head -1)"
+fi
+# PgBouncer tracks protocol-level prepared statements in transaction mode only from 1.21 on
+# (max_prepared_statements); before that `-M prepared` through it fails by design.
+pgbouncer_prepared=0
+if [[ -n "$pgbouncer_bin" ]]; then
+    IFS=. read -r pgb_major pgb_minor _ <<<"$pgbouncer_version"
+    if ((pgb_major > 1 || (pgb_major == 1 && pgb_minor >= 21))); then pgbouncer_prepared=1; fi
+fi
+
+# --- temp dir, ports, cleanup -----------------------------------------------------------------
+tmp="$(mktemp -d "${TMPDIR:-/tmp}/shardgate-bench.XXXXXX")"
+# As root PostgreSQL and PgBouncer run as `postgres`, which must be able to enter this dir.
+chmod 755 "$tmp"
+pgbouncer_pid=""
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    set +e
+    if [[ -n "$pgbouncer_pid" ]] && kill -0 "$pgbouncer_pid" 2>/dev/null; then
+        kill -TERM "$pgbouncer_pid"
+        for _ in $(seq 50); do kill -0 "$pgbouncer_pid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$pgbouncer_pid" 2>/dev/null
+    fi
+    if [[ -f "$tmp/cluster/cluster.json" ]]; then
+        "$root/deploy/local/cluster" down --dir "$tmp/cluster" >/dev/null 2>&1 ||
+            echo "compare.sh: cluster down --dir $tmp/cluster failed; run it by hand" >&2
+    fi
+    if ((keep)); then echo "kept $tmp"; else rm -rf "$tmp"; fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+taken=" "
+free_port() {
+    # A random high port that nothing listens on and that this script has not handed out yet.
+    local p
+    for _ in $(seq 200); do
+        p=$((20000 + RANDOM % 40000))
+        [[ "$taken" == *" $p "* ]] && continue
+        if [[ -z "$(ss -Htln "sport = :$p")" ]]; then taken+="$p "; echo "$p"; return; fi
+    done
+    die "found no free port"
+}
+pg_port="$(free_port)" router_port="$(free_port)" pgbouncer_port="$(free_port)"
+
+# --- cluster (builds shardgate in release mode) -----------------------------------------------
+echo "building (release) and starting a 1-shard cluster with a router in $tmp/cluster ..."
+if [[ -n "$router_threads" ]]; then
+    # shardgate-cluster has no option for the router's threads: wrap the binary.
+    (cd "$root" && cargo build --release -q -p shardgate-cluster -p shardgate)
+    target_dir="${CARGO_TARGET_DIR:-$root/target}"
+    case "$target_dir" in /*) ;; *) target_dir="$root/$target_dir" ;; esac
+    printf '#!/bin/sh\nexec %q "$@" --threads %q\n' "$target_dir/release/shardgate" "$router_threads" >"$tmp/shardgate"
+    chmod 755 "$tmp/shardgate"
+    export SHARDGATE_BIN="$tmp/shardgate"
+fi
+"$root/deploy/local/cluster" up --shards 1 --servers 1 --dir "$tmp/cluster" \
+    --base-port "$pg_port" --router-port "$router_port" --user app --password app \
+    >"$tmp/cluster-up.log" 2>&1 || { cat "$tmp/cluster-up.log" >&2; die "cluster up failed"; }
+# The router's pid: the first "pid" after "router" in the state file (servers have pids too).
+router_pid="$(awk '/"router": *\{/ { r = 1 } r && /"pid":/ { gsub(/[^0-9]/, ""); print; exit }' "$tmp/cluster/cluster.json")"
+[[ -n "$router_pid" ]] || die "no router pid in $tmp/cluster/cluster.json"
+router_log="$tmp/cluster/router.log"
+shard_db="shard_000"
+export PGPASSWORD=postgres # direct and loading; the router and PgBouncer get app/app below
+direct=(-h 127.0.0.1 -p "$pg_port" -U postgres "$shard_db")
+
+echo "loading $rows rows into kv on $shard_db ..."
+psql -X -q -v ON_ERROR_STOP=1 "${direct[@]}" <<SQL
+INSERT INTO kv (id, v) SELECT g, 'value-' || g FROM generate_series(1, $rows) g;
+VACUUM ANALYZE kv;
+SQL
+
+# --- PgBouncer config -------------------------------------------------------------------------
+if [[ -n "$pgbouncer_bin" ]]; then
+    mkdir -p "$tmp/pgbouncer"
+    cat >"$tmp/pgbouncer/pgbouncer.ini" <<INI
+; Generated by benches/compare.sh: same database, pool size and client auth as the router.
+[databases]
+app = host=127.0.0.1 port=$pg_port dbname=$shard_db user=postgres password=postgres
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $pgbouncer_port
+unix_socket_dir =
+auth_type = scram-sha-256
+auth_file = $tmp/pgbouncer/userlist.txt
+pool_mode = transaction
+default_pool_size = $pool_size
+max_client_conn = 1000
+logfile = $tmp/pgbouncer/pgbouncer.log
+pidfile = $tmp/pgbouncer/pgbouncer.pid
+; pgbench sends this startup parameter; PgBouncer refuses unknown ones otherwise.
+ignore_startup_parameters = extra_float_digits
+INI
+    if ((pgbouncer_prepared)); then
+        echo "max_prepared_statements = 200" >>"$tmp/pgbouncer/pgbouncer.ini"
+    fi
+    echo '"app" "app"' >"$tmp/pgbouncer/userlist.txt"
+    # PgBouncer refuses to run as root: run it as postgres then.
+    run_as=()
+    if [[ $EUID -eq 0 ]]; then
+        chown -R postgres: "$tmp/pgbouncer"
+        run_as=(runuser -u postgres --)
+    fi
+    "${run_as[@]}" "$pgbouncer_bin" -d "$tmp/pgbouncer/pgbouncer.ini" >"$tmp/pgbouncer/start.log" 2>&1 ||
+        { cat "$tmp/pgbouncer/start.log" "$tmp/pgbouncer/pgbouncer.log" >&2 2>/dev/null; die "pgbouncer did not start"; }
+    for _ in $(seq 100); do [[ -s "$tmp/pgbouncer/pgbouncer.pid" ]] && break; sleep 0.1; done
+    pgbouncer_pid="$(cat "$tmp/pgbouncer/pgbouncer.pid" 2>/dev/null)" || die "pgbouncer wrote no pid file"
+fi
+
+# --- measuring --------------------------------------------------------------------------------
+printf '\\set id random(1, %d)\nSELECT v FROM kv WHERE id = :id;\n' "$rows" >"$tmp/point_select.sql"
+
+# utime+stime of a process in clock ticks, as "USER SYS" (fields 14 and 15 of /proc/PID/stat,
+# counted after the ")" that ends the command name, which may contain spaces).
+cpu_ticks() {
+    local rest
+    rest="$(sed 's/.*) //' "/proc/$1/stat")"
+    awk '{ print $12, $13 }' <<<"$rest"
+}
+# Busy and total jiffies of the whole machine (first line of /proc/stat).
+machine_ticks() {
+    awk '/^cpu / { idle = $5 + $6; total = 0; for (i = 2; i <= NF; i++) total += $i; print total - idle, total; exit }' /proc/stat
+}
+
+conn_args() { # target -> pgbench connection arguments
+    case "$1" in
+        direct) echo "-h 127.0.0.1 -p $pg_port -U postgres $shard_db" ;;
+        shardgate) echo "-h 127.0.0.1 -p $router_port -U app app" ;;
+        pgbouncer) echo "-h 127.0.0.1 -p $pgbouncer_port -U app app" ;;
+    esac
+}
+password_of() { [[ "$1" == direct ]] && echo postgres || echo app; }
+pid_of() {
+    case "$1" in
+        shardgate) echo "$router_pid" ;;
+        pgbouncer) echo "$pgbouncer_pid" ;;
+        *) echo "" ;;
+    esac
+}
+
+# run_pgbench TARGET MODE SECONDS OUTFILE
+run_pgbench() {
+    # shellcheck disable=SC2046 # conn_args is meant to split into words
+    PGPASSWORD="$(password_of "$1")" pgbench -n -M "$2" -c "$clients" -j "$jobs" -T "$3" \
+        -f "$tmp/point_select.sql" $(conn_args "$1") >"$4" 2>&1
+}
+
+if ((warmup > 0)); then
+    echo "warming up: ${warmup}s through each target ..."
+    for t in "${target_list[@]}"; do
+        run_pgbench "$t" simple "$warmup" "$tmp/warmup-$t.log" ||
+            { tail -20 "$tmp/warmup-$t.log" >&2; die "warm-up through $t failed"; }
+    done
+fi
+
+router_log_lines_before="$(wc -l <"$router_log")"
+declare -A tps user_us sys_us
+results="$tmp/results.txt"
+: >"$results"
+printf '\n%s, %s, %d cores, %s; pgbench -c %d -j %d -T %d, %d rows, %s\n' \
+    "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(uname -m)" "$(nproc)" "$(psql --version | head -1)" \
+    "$clients" "$jobs" "$duration" "$rows" "${pgbouncer_bin:+PgBouncer $pgbouncer_version}" | tee -a "$results"
+header="$(printf '%-9s %-10s %10s %8s %13s %12s %14s %6s' mode target TPS failed 'user us/stmt' 'sys us/stmt' 'total us/stmt' busy)"
+echo "$header" | tee -a "$results"
+
+for mode in "${mode_list[@]}"; do
+    for t in "${target_list[@]}"; do
+        key="$mode/$t"
+        if [[ "$t" == pgbouncer && "$mode" == prepared ]] && ((!pgbouncer_prepared)); then
+            printf '%-9s %-10s %10s   (PgBouncer %s has no prepared statements in transaction mode; needs 1.21+)\n' \
+                "$mode" "$t" - "$pgbouncer_version" | tee -a "$results"
+            continue
+        fi
+        pid="$(pid_of "$t")"
+        [[ -z "$pid" ]] || kill -0 "$pid" 2>/dev/null || die "$t (pid $pid) is not running any more"
+        [[ -z "$pid" ]] || read -r u0 s0 < <(cpu_ticks "$pid")
+        read -r busy0 total0 < <(machine_ticks)
+        out="$tmp/pgbench-$mode-$t.log"
+        ok=1
+        run_pgbench "$t" "$mode" "$duration" "$out" || ok=0
+        read -r busy1 total1 < <(machine_ticks)
+        [[ -z "$pid" ]] || read -r u1 s1 < <(cpu_ticks "$pid")
+        busy="$(awk -v b=$((busy1 - busy0)) -v t=$((total1 - total0)) 'BEGIN { printf "%.0f%%", t ? 100 * b / t : 0 }')"
+        n="$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$out")"
+        failed="$(sed -n 's/^number of failed transactions: \([0-9]*\).*/\1/p' "$out")"
+        t_tps="$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time)/\1/p' "$out")"
+        if ((!ok)) || [[ -z "$n" || -z "$t_tps" ]]; then
+            printf '%-9s %-10s %10s   pgbench failed; its output ends:\n' "$mode" "$t" FAILED | tee -a "$results"
+            tail -5 "$out" | sed 's/^/    /' | tee -a "$results"
+            continue
+        fi
+        tps[$key]="$t_tps"
+        if [[ -n "$pid" && "$n" -gt 0 ]]; then
+            user_us[$key]="$(awk -v d=$((u1 - u0)) -v n="$n" -v hz="$clk_tck" 'BEGIN { printf "%.2f", d * 1e6 / hz / n }')"
+            sys_us[$key]="$(awk -v d=$((s1 - s0)) -v n="$n" -v hz="$clk_tck" 'BEGIN { printf "%.2f", d * 1e6 / hz / n }')"
+            total="$(awk -v a="${user_us[$key]}" -v b="${sys_us[$key]}" 'BEGIN { printf "%.2f", a + b }')"
+        else
+            user_us[$key]="-" sys_us[$key]="-" total="-"
+        fi
+        printf '%-9s %-10s %10.0f %8s %13s %12s %14s %6s\n' "$mode" "$t" "$t_tps" "${failed:-0}" \
+            "${user_us[$key]}" "${sys_us[$key]}" "$total" "$busy" | tee -a "$results"
+    done
+done
+
+# Ratios, per mode, where both sides ran.
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || a == "-" || b == "-" || b + 0 == 0) print "-"; else printf "%.2f", a / b }'; }
+sum() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || a == "-" || b == "-") print "-"; else printf "%.2f", a + b }'; }
+echo | tee -a "$results"
+printf '%-9s %16s %16s %16s %17s %16s\n' ratios 'TPS sg/pgb' 'user/stmt sg/pgb' 'sys/stmt sg/pgb' 'total/stmt sg/pgb' 'TPS sg/direct' | tee -a "$results"
+for mode in "${mode_list[@]}"; do
+    sg="$mode/shardgate" pb="$mode/pgbouncer" dr="$mode/direct"
+    printf '%-9s %16s %16s %16s %17s %16s\n' "$mode" \
+        "$(ratio "${tps[$sg]:-}" "${tps[$pb]:-}")" \
+        "$(ratio "${user_us[$sg]:-}" "${user_us[$pb]:-}")" \
+        "$(ratio "${sys_us[$sg]:-}" "${sys_us[$pb]:-}")" \
+        "$(ratio "$(sum "${user_us[$sg]:-}" "${sys_us[$sg]:-}")" "$(sum "${user_us[$pb]:-}" "${sys_us[$pb]:-}")")" \
+        "$(ratio "${tps[$sg]:-}" "${tps[$dr]:-}")" | tee -a "$results"
+done
+
+# Anything the router complained about during the measured runs is worth a look.
+if wants shardgate; then
+    new_lines="$(tail -n +"$((router_log_lines_before + 1))" "$router_log" | grep -E ' (WARN|ERROR) ' || true)"
+    if [[ -n "$new_lines" ]]; then
+        echo
+        echo "shardgate logged $(wc -l <<<"$new_lines") warnings/errors during the runs; the first 20:"
+        head -20 <<<"$new_lines" | sed 's/^/    /'
+    else
+        echo
+        echo "shardgate logged no warnings or errors during the runs."
+    fi
+fi

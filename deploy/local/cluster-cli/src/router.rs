@@ -1,0 +1,349 @@
+//! The router of a local cluster: one `shardgate` process in front of the shard databases,
+//! started detached by `up`, probed by `status`, stopped by `down`.
+//!
+//! The router outlives the `cluster` command that started it, so everything later commands need
+//! to find it again (pid, port, config, log) goes into the state file; see [`RouterState`].
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::state::{RouterState, ROUTER_CONFIG_FILE, ROUTER_LOG_FILE, SHARDMAP_FILE};
+use crate::Result;
+
+/// The logical database clients name; every shard database answers to it through the router.
+pub const DATABASE: &str = "app";
+
+/// How long `up` waits for a fresh router to accept connections. It binds its port within
+/// milliseconds; the margin is for a loaded 2-core machine.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long `down` waits after SIGTERM before it sends SIGKILL. The router drains and exits at
+/// once on SIGTERM; a router that takes longer is stuck.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// What the router serves and who may log in.
+#[derive(Debug, Clone)]
+pub struct RouterOptions {
+    pub port: u16,
+    pub user: String,
+    pub password: String,
+    /// `[pool] max_size`: backend connections per shard database.
+    pub pool_size: usize,
+}
+
+/// Backend connections per shard database: enough for a handful of busy clients per shard, but
+/// never more than the servers can take. Each server holds `ceil(shards / servers)` shard
+/// databases, each with its own pool, so the pools of one server share its `max_connections`.
+/// A quarter of them stay free for psql, pgbench or loadgen connecting directly.
+pub fn pool_size(max_connections: u32, shards: usize, servers: usize) -> usize {
+    let per_server = shards.div_ceil(servers.max(1)).max(1);
+    let budget = (max_connections as usize * 3 / 4).max(1);
+    (budget / per_server).clamp(1, 20)
+}
+
+/// The `shardgate` binary: `$SHARDGATE_BIN`, else the one next to this executable (where
+/// `cargo build -p shardgate-cluster -p shardgate` puts both).
+pub fn find_binary() -> Result<PathBuf> {
+    if let Some(bin) = std::env::var_os("SHARDGATE_BIN").filter(|v| !v.is_empty()) {
+        let bin = PathBuf::from(bin);
+        if !bin.is_file() {
+            return Err(format!("SHARDGATE_BIN={} is not a file", bin.display()).into());
+        }
+        return Ok(bin);
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("finding this executable: {e}"))?;
+    let sibling = exe.with_file_name("shardgate");
+    if sibling.is_file() {
+        return Ok(sibling);
+    }
+    Err(format!(
+        "the router binary is not at {}; build it with `cargo build --release -p shardgate` \
+         (deploy/local/cluster does this), point SHARDGATE_BIN at it, or pass --no-router",
+        sibling.display()
+    )
+    .into())
+}
+
+/// `postgres://USER:PASSWORD@127.0.0.1:PORT/DATABASE`, with user and password percent-encoded so
+/// that the string can be pasted into a shell and parsed by libpq as it is.
+pub fn connection_url(user: &str, password: &str, port: u16) -> String {
+    format!(
+        "postgres://{}:{}@127.0.0.1:{port}/{DATABASE}",
+        percent_encode(user),
+        percent_encode(password)
+    )
+}
+
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A TOML string literal (escaped as TOML requires).
+fn toml_str(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
+}
+
+/// Writes `DIR/router.toml` (see docs/configuration.md) and returns its path. The shard map is
+/// named relative to the config, so the directory can be inspected or moved as a whole.
+pub fn write_config(dir: &Path, opts: &RouterOptions) -> Result<PathBuf> {
+    let text = format!(
+        "# Written by `deploy/local/cluster up`, rewritten by every `up` that starts a router,\n\
+         # deleted by `down`. Format: docs/configuration.md.\n\
+         listen = {listen}\n\
+         shardmap = {shardmap}\n\
+         database = {database}\n\
+         auth = \"scram-sha-256\"\n\
+         \n\
+         [[users]]\n\
+         name = {user}\n\
+         password = {password}\n\
+         \n\
+         # The superuser every pgharness server accepts over TCP.\n\
+         [backend]\n\
+         user = {backend_user}\n\
+         password = {backend_password}\n\
+         \n\
+         # One pool per shard database; sized so the pools of one server fit its max_connections.\n\
+         [pool]\n\
+         max_size = {pool_size}\n",
+        listen = toml_str(&format!("127.0.0.1:{}", opts.port)),
+        shardmap = toml_str(SHARDMAP_FILE),
+        database = toml_str(DATABASE),
+        user = toml_str(&opts.user),
+        password = toml_str(&opts.password),
+        backend_user = toml_str(pgharness::SUPERUSER),
+        backend_password = toml_str(pgharness::PASSWORD),
+        pool_size = opts.pool_size,
+    );
+    let path = dir.join(ROUTER_CONFIG_FILE);
+    std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    Ok(path)
+}
+
+/// Starts `bin --config CONFIG` detached from this command (own session, so neither Ctrl-C in
+/// this terminal nor closing it reaches the router), output to `DIR/router.log`, and waits
+/// until it answers on its port. If it exits first, or does not answer in time, the error holds
+/// the end of its log (and a router that hangs is killed).
+pub fn start(bin: &Path, dir: &Path, config: &Path, opts: &RouterOptions) -> Result<RouterState> {
+    let log_file = dir.join(ROUTER_LOG_FILE);
+    let log = std::fs::File::create(&log_file)
+        .map_err(|e| format!("creating {}: {e}", log_file.display()))?;
+    let log_err = log
+        .try_clone()
+        .map_err(|e| format!("opening {}: {e}", log_file.display()))?;
+    let mut cmd = Command::new(bin);
+    cmd.arg("--config")
+        .arg(config)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log_err)
+        // Plain text in router.log: no colour escape codes from the log formatter.
+        .env("NO_COLOR", "1");
+    // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("starting {}: {e}", bin.display()))?;
+    let pid = child.id();
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!(
+                "the router ({} --config {}) exited with {status} before accepting connections; \
+                 the end of {}:\n{}",
+                bin.display(),
+                config.display(),
+                log_file.display(),
+                log_tail(&log_file, 20)
+            )
+            .into());
+        }
+        if probe(opts.port) {
+            break;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!(
+                "the router (pid {pid}) did not accept connections on 127.0.0.1:{} within {}s, \
+                 so it was killed; the end of {}:\n{}",
+                opts.port,
+                START_TIMEOUT.as_secs(),
+                log_file.display(),
+                log_tail(&log_file, 20)
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The child is not waited for: it outlives this command and is reaped by init.
+    Ok(RouterState {
+        pid,
+        port: opts.port,
+        config: config.to_path_buf(),
+        log_file,
+        database: DATABASE.into(),
+        user: opts.user.clone(),
+        url: connection_url(&opts.user, &opts.password, opts.port),
+    })
+}
+
+/// Whether a Postgres frontend answers on 127.0.0.1:`port`: it must reply to an SSLRequest
+/// with `N` or `S`. A bare TCP connect would also succeed against whatever else holds the port.
+pub fn probe(port: u16) -> bool {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
+    // SSLRequest: length 8, code 80877103.
+    const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+    if s.write_all(&SSL_REQUEST).is_err() {
+        return false;
+    }
+    let mut reply = [0u8; 1];
+    matches!(s.read_exact(&mut reply), Ok(()) if reply[0] == b'N' || reply[0] == b'S')
+}
+
+/// Whether the router of `r` still runs: its pid is alive, not a zombie, and is still that
+/// router (its command line names its config), so a recycled pid is never mistaken for it.
+pub fn is_running(r: &RouterState) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{}/cmdline", r.pid)) else {
+        return false;
+    };
+    let config = r.config.as_os_str().as_encoded_bytes();
+    if !cmdline.split(|b| *b == 0).any(|arg| arg == config) {
+        return false;
+    }
+    // Field 3 of /proc/PID/stat, after the parenthesised command name, is the state.
+    match std::fs::read_to_string(format!("/proc/{}/stat", r.pid)) {
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().chars().next()),
+            Some(Some('Z' | 'X'))
+        ),
+        Err(_) => false,
+    }
+}
+
+/// Stops the router of `r`: SIGTERM, then SIGKILL when it is still there after a grace period.
+/// Returns what happened, for the user.
+pub fn stop(r: &RouterState) -> Result<String> {
+    if !is_running(r) {
+        return Ok(format!(
+            "router (port {}, pid {}) was not running",
+            r.port, r.pid
+        ));
+    }
+    let pid = r.pid as libc::pid_t;
+    // SAFETY: plain syscall; is_running just checked that pid is our router.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    if wait_gone(r, STOP_GRACE) {
+        return Ok(format!("stopped router (port {}, pid {})", r.port, r.pid));
+    }
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    if wait_gone(r, Duration::from_secs(5)) {
+        return Ok(format!(
+            "killed router (port {}, pid {}): it did not exit within {}s of SIGTERM; see {}",
+            r.port,
+            r.pid,
+            STOP_GRACE.as_secs(),
+            r.log_file.display()
+        ));
+    }
+    Err(format!(
+        "router pid {} is still running after SIGKILL; stop it by hand",
+        r.pid
+    )
+    .into())
+}
+
+fn wait_gone(r: &RouterState, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if !is_running(r) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    !is_running(r)
+}
+
+/// The last `lines` lines of a (possibly large) log file.
+pub fn log_tail(path: &Path, lines: usize) -> String {
+    let mut text = String::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        // The end is all that is shown; do not read a huge log whole.
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let _ = f.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)));
+        let mut bytes = Vec::new();
+        let _ = f.read_to_end(&mut bytes);
+        text = String::from_utf8_lossy(&bytes).into_owned();
+    }
+    let all: Vec<&str> = text.lines().collect();
+    let tail = all[all.len().saturating_sub(lines)..].join("\n");
+    if tail.is_empty() {
+        "(log is empty)".into()
+    } else {
+        tail
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pools_fit_the_servers() {
+        assert_eq!(pool_size(200, 1, 1), 20);
+        assert_eq!(pool_size(200, 4, 4), 20);
+        assert_eq!(pool_size(200, 16, 4), 20);
+        assert_eq!(pool_size(200, 512, 4), 1);
+        assert_eq!(pool_size(200, 64, 4), 9);
+        // Never 0, even when the servers are too small for one connection per shard.
+        assert_eq!(pool_size(10, 4096, 1), 1);
+    }
+
+    #[test]
+    fn urls_are_percent_encoded() {
+        assert_eq!(
+            connection_url("app", "app", 6432),
+            "postgres://app:app@127.0.0.1:6432/app"
+        );
+        assert_eq!(
+            connection_url("a b", "p@ss:w/rd", 1),
+            "postgres://a%20b:p%40ss%3Aw%2Frd@127.0.0.1:1/app"
+        );
+    }
+
+    #[test]
+    fn config_strings_are_escaped() {
+        // Whatever quoting toml picks, the value must read back unchanged.
+        for s in [r#"a"b\c"#, "it's", "line\nbreak", r#"'"'''"#] {
+            let doc: toml::Table = format!("x = {}", toml_str(s)).parse().expect("valid TOML");
+            assert_eq!(doc["x"].as_str(), Some(s));
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! `cluster up` starts a router that answers queries for the shard databases, `status` reports
+//! it, a second `up` leaves it alone, and `down` stops it. Runs the real binaries: the
+//! `shardgate-cluster` of this package and the `shardgate` router (built here if needed).
+
+use std::net::{Ipv4Addr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const CLUSTER: &str = env!("CARGO_BIN_EXE_shardgate-cluster");
+
+/// A port nobody listens on right now. The OS may hand it out again before `up` binds it; that
+/// race is unlikely enough for one test.
+fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .expect("binding 127.0.0.1:0")
+        .port()
+}
+
+/// The router binary, next to `shardgate-cluster` in the same target profile directory. Cargo
+/// does not build other packages' binaries for a test, so build it here; this is a no-op when it
+/// is fresh. (Cargo releases its build lock before it runs tests, so nesting is safe.)
+fn router_binary() -> PathBuf {
+    let cluster = Path::new(CLUSTER);
+    let profile_dir = cluster.parent().expect("binary directory");
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.args(["build", "-q", "-p", "shardgate", "--bin", "shardgate"])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.."));
+    if profile_dir.file_name().is_some_and(|n| n == "release") {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().expect("running cargo build -p shardgate");
+    assert!(status.success(), "cargo build -p shardgate failed");
+    let bin = profile_dir.join("shardgate");
+    assert!(bin.is_file(), "{} was not built", bin.display());
+    bin
+}
+
+/// Runs `shardgate-cluster ARGS` and returns its output; stdout/stderr are echoed for failures.
+fn cluster(router: &Path, args: &[&str]) -> Output {
+    let out = Command::new(CLUSTER)
+        .args(args)
+        .env("SHARDGATE_BIN", router)
+        .output()
+        .expect("running shardgate-cluster");
+    println!(
+        "$ cluster {}\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn pid_alive(pid: u32) -> bool {
+    // A zombie (exited, not yet reaped by init) does not count as running.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            !s.rsplit_once(')')
+                .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+/// The cluster directory; removed on drop, after a best-effort `down` if the test failed midway.
+struct Dir {
+    path: PathBuf,
+    router: PathBuf,
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        if self.path.join("cluster.json").exists() {
+            let _ = Command::new(CLUSTER)
+                .arg("down")
+                .arg("--dir")
+                .arg(&self.path)
+                .env("SHARDGATE_BIN", &self.router)
+                .output();
+        }
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn up_starts_a_router_that_routes_and_down_stops_it() {
+    let router = router_binary();
+    // Under the system temp dir: as root the `postgres` user must be able to reach the data.
+    let dir = Dir {
+        path: std::env::temp_dir()
+            .join(format!("shardgate-cluster-cli-test-{}", std::process::id())),
+        router: router.clone(),
+    };
+    let _ = std::fs::remove_dir_all(&dir.path);
+    let dir_arg = dir.path.to_str().expect("utf-8 temp dir").to_string();
+    let base_port = free_port().to_string();
+    let router_port = free_port();
+    let router_port_arg = router_port.to_string();
+
+    // Two shards on one server keep it fast and still make routing matter.
+    let up_args = [
+        "up",
+        "--shards",
+        "2",
+        "--servers",
+        "1",
+        "--dir",
+        &dir_arg,
+        "--base-port",
+        &base_port,
+        "--router-port",
+        &router_port_arg,
+        "--user",
+        "tester",
+        "--password",
+        "s3cret p@ss",
+    ];
+    let up = cluster(&router, &up_args);
+    assert!(up.status.success(), "up failed");
+    let expected_url = format!("postgres://tester:s3cret%20p%40ss@127.0.0.1:{router_port}/app");
+    assert!(
+        stdout(&up).contains(&format!("psql {expected_url}")),
+        "up does not print the connection string"
+    );
+    let config = std::fs::read_to_string(dir.path.join("router.toml")).expect("router.toml");
+    assert!(config.contains(&format!("listen = \"127.0.0.1:{router_port}\"")));
+
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path.join("cluster.json")).expect("cluster.json"),
+    )
+    .expect("valid state file");
+    let pid = state["router"]["pid"]
+        .as_u64()
+        .expect("router pid in state") as u32;
+    assert!(pid_alive(pid));
+
+    // Queries through the router, with the printed connection string as it is.
+    let (client, conn) = tokio_postgres::connect(&expected_url, tokio_postgres::NoTls)
+        .await
+        .expect("connecting to the router");
+    let conn = tokio::spawn(conn);
+    for id in 1..=20i64 {
+        client
+            .execute(
+                "INSERT INTO kv (id, v) VALUES ($1, $2)",
+                &[&id, &format!("v{id}")],
+            )
+            .await
+            .expect("insert through the router");
+    }
+    for id in 1..=20i64 {
+        let row = client
+            .query_one("SELECT v FROM kv WHERE id = $1", &[&id])
+            .await
+            .expect("select through the router");
+        assert_eq!(row.get::<_, String>(0), format!("v{id}"));
+    }
+    drop(client);
+    let _ = conn.await;
+
+    // The rows went to both shard databases, all 20 of them.
+    let mut counts = Vec::new();
+    for shard in state["shards"].as_array().expect("shards") {
+        let url = shard["url"].as_str().expect("shard url");
+        let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .expect("connecting to a shard");
+        let conn = tokio::spawn(conn);
+        let n: i64 = c
+            .query_one("SELECT count(*) FROM kv", &[])
+            .await
+            .expect("count")
+            .get(0);
+        counts.push(n);
+        drop(c);
+        let _ = conn.await;
+    }
+    assert_eq!(counts.iter().sum::<i64>(), 20, "rows per shard: {counts:?}");
+    assert!(counts.iter().all(|&n| n > 0), "rows per shard: {counts:?}");
+
+    let status = cluster(&router, &["status", "--dir", &dir_arg]);
+    assert!(status.status.success());
+    let text = stdout(&status);
+    let router_line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("router"))
+        .expect("status shows the router");
+    assert!(router_line.contains(&format!("127.0.0.1:{router_port}")));
+    assert!(router_line.contains(&pid.to_string()));
+    assert!(router_line.contains("accepting connections"));
+
+    // A second `up` is harmless: same router, nothing restarted.
+    let again = cluster(&router, &up_args);
+    assert!(again.status.success());
+    assert!(stdout(&again).contains("already up"));
+    assert!(stdout(&again).contains(&format!("router pid {pid}")));
+
+    let down = cluster(&router, &["down", "--dir", &dir_arg]);
+    assert!(down.status.success());
+    assert!(stdout(&down).contains(&format!("stopped router (port {router_port}, pid {pid})")));
+    assert!(!pid_alive(pid), "the router still runs after down");
+    assert!(!dir.path.join("cluster.json").exists());
+    assert!(!dir.path.join("router.toml").exists());
+    assert!(pgharness_port_free(router_port));
+}
+
+fn pgharness_port_free(port: u16) -> bool {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok()
+}
