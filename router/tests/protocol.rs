@@ -256,7 +256,7 @@ fn errors_mid_batch_skip_to_sync() {
     // An unroutable statement mid-batch: the router's error, skip to Sync.
     c.send(
         &[
-            parse("", "SELECT * FROM kv"),
+            parse("", "UPDATE kv SET v = 'everywhere'"),
             bind("", &[]),
             execute(),
             sync(),

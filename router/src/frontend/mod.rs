@@ -8,6 +8,7 @@ pub mod broadcast;
 pub mod handshake;
 pub mod replies;
 pub mod routing;
+pub mod scatter;
 pub mod session;
 pub mod settings;
 

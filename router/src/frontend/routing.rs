@@ -8,7 +8,7 @@
 use shardmap::{Key, ShardMap};
 
 use crate::errors;
-use crate::planner::{keys, KeySource, Plan, Route};
+use crate::planner::{keys, KeySource, Merge, Plan, Route};
 use crate::protocol::frontend::{Bind, Format};
 use crate::protocol::reply::SqlError;
 
@@ -27,6 +27,8 @@ pub enum Decision {
     Rollback,
     /// DDL for every shard.
     Broadcast,
+    /// A read on every shard: a count to sum, or rows to concatenate (at most `limit`).
+    Scatter { count: bool, limit: Option<u64> },
 }
 
 /// The literal values a plan's `$n` placeholders beyond the client's own parameters stand for.
@@ -90,6 +92,21 @@ pub fn decide(
         }
         return Ok(Decision::Broadcast);
     }
+    if let [Route::Scatter { merge, .. }] = plan.statements.as_slice() {
+        return Ok(match merge {
+            Merge::Count => Decision::Scatter {
+                count: true,
+                limit: None,
+            },
+            Merge::Concat { limit } => Decision::Scatter {
+                count: false,
+                limit: match limit {
+                    None => None,
+                    Some(source) => read_limit(source, bind, params_before, literals)?,
+                },
+            },
+        });
+    }
     let mut only_txn: Option<Decision> = None;
     let single = plan.statements.len() == 1;
     for route in &plan.statements {
@@ -133,6 +150,12 @@ pub fn decide(
             Route::Rollback if single => only_txn = Some(Decision::Rollback),
             Route::Begin | Route::Commit | Route::Rollback => {}
             Route::Broadcast => {}
+            Route::Scatter { table, .. } => {
+                return Err(SqlError::new(
+                    errors::FEATURE_NOT_SUPPORTED,
+                    format!("a read of {table} across all shards must be the only statement of its query"),
+                ));
+            }
             Route::Unroutable { message } => {
                 return Err(SqlError::new(
                     errors::FEATURE_NOT_SUPPORTED,
@@ -146,6 +169,42 @@ pub fn decide(
         (None, Some(d)) => d,
         (None, None) => Decision::Any,
     })
+}
+
+/// A LIMIT's value; `None` for `LIMIT NULL` (no limit, as in Postgres).
+fn read_limit(
+    source: &KeySource,
+    bind: Option<&Bind<'_>>,
+    params_before: usize,
+    literals: &(impl Literals + ?Sized),
+) -> Result<Option<u64>, SqlError> {
+    let bad = || {
+        SqlError::new(
+            errors::INVALID_TEXT_REPRESENTATION,
+            "LIMIT must be a non-negative integer",
+        )
+    };
+    let text = match source {
+        KeySource::Literal(t) => t.as_str(),
+        KeySource::Param(i) if *i < params_before => match bind.and_then(|b| b.param(*i)) {
+            None => return Err(bad()),
+            Some((_, None)) => return Ok(None),
+            Some((Format::Binary, Some(v))) => {
+                return match v.len() {
+                    8 => u64::try_from(i64::from_be_bytes(v.try_into().map_err(|_| bad())?))
+                        .map(Some)
+                        .map_err(|_| bad()),
+                    4 => u64::try_from(i32::from_be_bytes(v.try_into().map_err(|_| bad())?))
+                        .map(Some)
+                        .map_err(|_| bad()),
+                    _ => Err(bad()),
+                }
+            }
+            Some((Format::Text, Some(v))) => std::str::from_utf8(v).map_err(|_| bad())?,
+        },
+        KeySource::Param(i) => literals.literal(i - params_before).ok_or_else(bad)?,
+    };
+    text.trim().parse::<u64>().map(Some).map_err(|_| bad())
 }
 
 /// The key a source stands for; `None` when it is NULL.

@@ -22,6 +22,7 @@ use tokio::net::TcpStream;
 use super::broadcast::{self, Combined};
 use super::replies::{Audience, Completion, Kind, Replies};
 use super::routing::{self, Decision};
+use super::scatter;
 use super::settings::{self, Change, Settings};
 use crate::backend::pool::{CheckoutError, PooledConn};
 use crate::errors;
@@ -118,6 +119,21 @@ pub struct Session {
     /// An extended-protocol batch that runs DDL on every shard: the statement text. The batch
     /// is answered by the router until its Sync.
     broadcast: Option<String>,
+    /// An extended-protocol batch that reads across all shards, until its Sync.
+    scatter: Option<ScatterBatch>,
+}
+
+/// What a scattered extended-protocol batch has asked so far, to answer in order at Execute.
+struct ScatterBatch {
+    /// Parse + Bind + Describe(portal) + Execute + Sync for every shard.
+    request: Vec<u8>,
+    count: bool,
+    limit: Option<u64>,
+    /// The client's count column is in binary.
+    binary: bool,
+    /// The client's messages so far, to answer in order: Parse, Describe statement, Bind,
+    /// Describe portal, Close.
+    asked: Vec<u8>,
 }
 
 impl Session {
@@ -151,6 +167,7 @@ impl Session {
             settings,
             tx_changes: Vec::new(),
             broadcast: None,
+            scatter: None,
         }
     }
 
@@ -252,6 +269,15 @@ impl Session {
             Ok(d) => d,
             Err(err) => return self.refuse_simple(err).await,
         };
+        if let Decision::Scatter { count, limit } = decision {
+            if self.pinned.is_some() || self.tx != TxStatus::Idle {
+                return self.refuse_simple(scatter_in_transaction()).await;
+            }
+            self.run_scatter(frame.to_vec(), count, limit, false, &[])
+                .await?;
+            reply::ready_for_query(&mut self.cout, TxStatus::Idle);
+            return Ok(());
+        }
         if decision == Decision::Broadcast {
             if self.pinned.is_some() || self.tx != TxStatus::Idle {
                 return self.refuse_simple(ddl_in_transaction()).await;
@@ -344,6 +370,9 @@ impl Session {
         if self.broadcast.is_some() {
             return self.extended_broadcast(tag, body).await;
         }
+        if self.scatter.is_some() {
+            return self.extended_scatter(tag, body).await;
+        }
         match tag {
             b'P' => {
                 let parse = frontend::parse(body)?;
@@ -364,6 +393,12 @@ impl Session {
                         return self.batch_error(ddl_in_transaction()).await;
                     }
                     return self.begin_broadcast_batch();
+                }
+                if let Decision::Scatter { count, limit } = decision {
+                    if self.pinned.is_some() || self.tx != TxStatus::Idle {
+                        return self.batch_error(scatter_in_transaction()).await;
+                    }
+                    return self.begin_scatter_batch(&bind, count, limit);
                 }
                 if let Decision::Shard(shard) = decision {
                     match &self.pinned {
@@ -525,6 +560,229 @@ impl Session {
             }
         }
         self.replies.push_synthetic(out);
+        Ok(())
+    }
+
+    /// Runs a read on every shard and streams the merged answer to the client (without
+    /// ReadyForQuery); `true` when it ended with an error. For the extended protocol `asked`
+    /// lists the client's messages of the batch, to answer in order before the rows: `P`
+    /// (Parse), `S` (Describe statement), `B` (Bind), `D` (Describe portal), `C` (Close); the
+    /// descriptions come from shard 0.
+    async fn run_scatter(
+        &mut self,
+        request: Vec<u8>,
+        count: bool,
+        limit: Option<u64>,
+        binary: bool,
+        asked: &[u8],
+    ) -> Result<bool, SessionError> {
+        let mut receivers = scatter::start(&self.shared, request, &self.settings);
+        let extended = !asked.is_empty();
+        let (mut statement_desc, mut portal_desc) = (Vec::new(), Vec::new());
+        let mut descriptions = 0;
+        let mut answered = !extended;
+        let mut rows_sent: u64 = 0;
+        let mut total: i64 = 0;
+        for (shard, rx) in receivers.iter_mut().enumerate() {
+            loop {
+                let chunk = match rx.recv().await {
+                    Some(Ok(chunk)) => chunk,
+                    Some(Err(err)) => {
+                        err.write(&mut self.cout);
+                        return Ok(true);
+                    }
+                    None => {
+                        SqlError::new(
+                            errors::CONNECTION_FAILURE,
+                            "internal: a shard's read ended early",
+                        )
+                        .write(&mut self.cout);
+                        return Ok(true);
+                    }
+                };
+                let mut at = 0;
+                let mut done = false;
+                while let Ok(Some(h)) = next_frame(&chunk[at..]) {
+                    let frame = &chunk[at..at + h.total];
+                    at += h.total;
+                    match h.tag {
+                        // The first error ends the read; the other shards' connections are
+                        // dropped when their channels close.
+                        b'E' => {
+                            self.cout.extend_from_slice(frame);
+                            return Ok(true);
+                        }
+                        b't' if extended && shard == 0 => statement_desc.extend_from_slice(frame),
+                        b'T' | b'n' if extended && shard == 0 => {
+                            if descriptions == 0 {
+                                statement_desc.extend_from_slice(frame);
+                            } else {
+                                portal_desc.extend_from_slice(frame);
+                            }
+                            descriptions += 1;
+                        }
+                        b'T' if !extended && shard == 0 => self.cout.extend_from_slice(frame),
+                        b'D' => {
+                            if !answered {
+                                answer_asked(&mut self.cout, asked, &statement_desc, &portal_desc);
+                                answered = true;
+                            }
+                            if count {
+                                match scatter::count_in_row(&frame[5..], binary) {
+                                    Some(n) => total += n,
+                                    None => {
+                                        SqlError::new(
+                                            errors::PROTOCOL_VIOLATION,
+                                            "internal: a shard's count is not a number",
+                                        )
+                                        .write(&mut self.cout);
+                                        return Ok(true);
+                                    }
+                                }
+                            } else if limit.is_none_or(|l| rows_sent < l) {
+                                self.cout.extend_from_slice(frame);
+                                rows_sent += 1;
+                            }
+                        }
+                        b'Z' => done = true,
+                        _ => {}
+                    }
+                }
+                if self.cout.len() >= 64 * 1024 {
+                    self.flush_client().await.map_err(SessionError::Client)?;
+                }
+                if done {
+                    break;
+                }
+            }
+            if !answered {
+                answer_asked(&mut self.cout, asked, &statement_desc, &portal_desc);
+                answered = true;
+            }
+        }
+        if count {
+            scatter::count_row(&mut self.cout, total, binary);
+            reply::command_complete(&mut self.cout, "SELECT 1");
+        } else {
+            reply::command_complete(&mut self.cout, &format!("SELECT {rows_sent}"));
+        }
+        Ok(false)
+    }
+
+    /// A Bind of a read across all shards: the rest of the batch is answered from all shards
+    /// at Execute.
+    fn begin_scatter_batch(
+        &mut self,
+        bind: &Bind<'_>,
+        count: bool,
+        limit: Option<u64>,
+    ) -> Result<(), SessionError> {
+        let (sql, types) = if bind.statement.is_empty() {
+            (self.unnamed.sql.clone(), self.unnamed.param_types.clone())
+        } else {
+            match self.named.get(bind.statement) {
+                Some(n) => (n.stmt.sql.to_string(), n.stmt.param_types.to_vec()),
+                None => (String::new(), vec![0, 0]),
+            }
+        };
+        let mut request = Vec::new();
+        write_parse(&mut request, b"\0", &sql, &types);
+        put_frame(&mut request, b'D', b"S\0");
+        let at = begin_frame(&mut request, b'B');
+        request.extend_from_slice(b"\0\0");
+        request.extend_from_slice(bind.tail);
+        end_frame(&mut request, at);
+        put_frame(&mut request, b'D', b"P\0");
+        put_frame(&mut request, b'E', b"\0\0\0\0\0");
+        put_frame(&mut request, b'S', &[]);
+        let mut asked = Vec::new();
+        let held = std::mem::take(&mut self.held);
+        let mut at = 0;
+        while let Some(h) =
+            next_frame(&held[at..]).map_err(|e| SessionError::Protocol(e.to_string()))?
+        {
+            let body = &held[at + 5..at + h.total];
+            at += h.total;
+            match h.tag {
+                b'P' => asked.push(b'P'),
+                b'D' => asked.push(if frontend::target(body, "Describe")?.kind == b'S' {
+                    b'S'
+                } else {
+                    b'D'
+                }),
+                b'C' => {
+                    let t = frontend::target(body, "Close")?;
+                    self.close_statement(&t);
+                    asked.push(b'C');
+                }
+                _ => {}
+            }
+        }
+        asked.push(b'B');
+        self.scatter = Some(ScatterBatch {
+            request,
+            count,
+            limit,
+            binary: bind.result_binary(0),
+            asked,
+        });
+        Ok(())
+    }
+
+    /// The rest of a scattered batch, up to its Sync.
+    async fn extended_scatter(&mut self, tag: u8, body: &[u8]) -> Result<(), SessionError> {
+        match tag {
+            b'D' => {
+                let kind = frontend::target(body, "Describe")?.kind;
+                if let Some(b) = self.scatter.as_mut() {
+                    b.asked.push(if kind == b'S' { b'S' } else { b'D' });
+                }
+            }
+            b'C' => {
+                let t = frontend::target(body, "Close")?;
+                self.close_statement(&t);
+                if let Some(b) = self.scatter.as_mut() {
+                    b.asked.push(b'C');
+                }
+            }
+            b'E' => {
+                self.replies.drain_synthetic(&mut self.cout);
+                let Some(batch) = self.scatter.as_mut() else {
+                    return Ok(());
+                };
+                let request = std::mem::take(&mut batch.request);
+                if request.is_empty() {
+                    return Ok(());
+                }
+                let (count, limit, binary) = (batch.count, batch.limit, batch.binary);
+                let asked = std::mem::take(&mut batch.asked);
+                if self
+                    .run_scatter(request, count, limit, binary, &asked)
+                    .await?
+                {
+                    self.skip_until_sync = true;
+                }
+            }
+            b'S' => {
+                if let Some(batch) = self.scatter.take() {
+                    // A batch that never executed: answer what it asked.
+                    answer_asked(&mut self.cout, &batch.asked, &[], &[]);
+                }
+                self.skip_until_sync = false;
+                reply::ready_for_query(&mut self.cout, TxStatus::Idle);
+            }
+            b'H' => {}
+            _ => {
+                self.scatter = None;
+                SqlError::new(
+                    errors::FEATURE_NOT_SUPPORTED,
+                    "a read across all shards must be the only statement of its batch",
+                )
+                .with_hint("send a Sync after its Execute")
+                .write(&mut self.cout);
+                self.skip_until_sync = true;
+            }
+        }
         Ok(())
     }
 
@@ -1357,6 +1615,28 @@ async fn relay_copy_in(
             )));
         }
     }
+}
+
+/// The router's answers to a scattered batch's messages, in order; descriptions from shard 0.
+fn answer_asked(out: &mut Vec<u8>, asked: &[u8], statement_desc: &[u8], portal_desc: &[u8]) {
+    for &k in asked {
+        match k {
+            b'P' => reply::parse_complete(out),
+            b'S' => out.extend_from_slice(statement_desc),
+            b'B' => reply::bind_complete(out),
+            b'D' => out.extend_from_slice(portal_desc),
+            b'C' => reply::close_complete(out),
+            _ => {}
+        }
+    }
+}
+
+fn scatter_in_transaction() -> SqlError {
+    SqlError::new(
+        errors::FEATURE_NOT_SUPPORTED,
+        "a read across all shards cannot run inside a transaction, which stays on one shard",
+    )
+    .with_hint("run it outside BEGIN ... COMMIT, or add the sharding key to read one shard")
 }
 
 fn ddl_in_transaction() -> SqlError {

@@ -19,6 +19,9 @@
 pub mod cache;
 pub mod keys;
 pub mod normalize;
+mod scatter;
+
+pub use scatter::Merge;
 mod pins;
 mod refs;
 mod route;
@@ -67,6 +70,9 @@ pub enum Route {
     /// DDL that every shard needs: on a sharded table, or schema-wide (schemas, extensions,
     /// functions, types, grants). Run on all shards, answered once.
     Broadcast,
+    /// A read of a sharded table without a key whose answers merge exactly: run on every
+    /// shard, combined as `merge` says.
+    Scatter { table: String, merge: Merge },
     /// Text that does not parse and names no sharded table: send it to the default shard for
     /// Postgres to judge. (Unparseable text that names a sharded table is `Unroutable`: if
     /// Postgres accepted it, the default shard would answer with only its part of the table.)

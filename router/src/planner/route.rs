@@ -206,6 +206,19 @@ fn data(stmt: &Statement, map: &ShardMap) -> Route {
             ),
         };
     }
+    if refs.pins.is_empty() && refs.sharded.len() == 1 {
+        match super::scatter::merge_for(stmt) {
+            Ok(merge) => return Route::Scatter { table: name, merge },
+            Err(why) => {
+                let key = &first.key;
+                return Route::Unroutable {
+                    message: format!(
+                        "{name} is sharded by {key}, and this statement does not fix {key} to one value, so it would need every shard, but {why}: add `WHERE {key} = <value>` to read one shard, or simplify the read"
+                    ),
+                };
+            }
+        }
+    }
     if refs.pins.len() != refs.sharded.len() {
         // Name a table with fewer pins than references.
         let unpinned = refs

@@ -151,20 +151,55 @@ fn inserts() {
 #[test]
 fn keys_that_cannot_be_pinned() {
     let p = planner();
-    unroutable(&p, "SELECT * FROM kv", "add `WHERE id = <value>`");
-    unroutable(&p, "SELECT * FROM kv WHERE id > 5", "add `WHERE id");
-    unroutable(&p, "SELECT * FROM kv WHERE id = 1 OR id = 2", "WHERE id");
-    unroutable(&p, "SELECT * FROM kv WHERE id = 1 OR v = 'x'", "WHERE id");
-    unroutable(&p, "SELECT * FROM kv WHERE id + 0 = 1", "WHERE id");
-    unroutable(&p, "SELECT * FROM kv WHERE id::text = '1'", "WHERE id");
-    unroutable(&p, "SELECT * FROM kv WHERE id = v", "WHERE id");
-    unroutable(&p, "SELECT * FROM kv WHERE id NOT IN (1)", "WHERE id");
-    unroutable(
-        &p,
+    // Reads without a pinned key are scattered to every shard (their rows concatenate).
+    for sql in [
+        "SELECT * FROM kv",
+        "SELECT * FROM kv WHERE id > 5",
+        "SELECT * FROM kv WHERE id = 1 OR id = 2",
+        "SELECT * FROM kv WHERE id = 1 OR v = 'x'",
+        "SELECT * FROM kv WHERE id + 0 = 1",
+        "SELECT * FROM kv WHERE id::text = '1'",
+        "SELECT * FROM kv WHERE id = v",
+        "SELECT * FROM kv WHERE id NOT IN (1)",
         "SELECT * FROM names WHERE name = $1::varchar(2)",
-        "WHERE name",
-    );
-    unroutable(&p, "SELECT * FROM kv WHERE id = 1.5::numeric", "WHERE id");
+        "SELECT * FROM kv WHERE id = 1.5::numeric",
+    ] {
+        assert!(
+            matches!(
+                route(&p, sql),
+                Route::Scatter {
+                    merge: Merge::Concat { limit: None },
+                    ..
+                }
+            ),
+            "{sql}: {:?}",
+            route(&p, sql)
+        );
+    }
+    assert!(matches!(
+        route(&p, "SELECT count(*) FROM kv WHERE v = 'x'"),
+        Route::Scatter {
+            merge: Merge::Count,
+            ..
+        }
+    ));
+    assert!(matches!(
+        route(&p, "SELECT id FROM kv LIMIT 5"),
+        Route::Scatter {
+            merge: Merge::Concat { limit: Some(_) },
+            ..
+        }
+    ));
+    for (sql, why) in [
+        ("SELECT * FROM kv ORDER BY id", "ORDER BY"),
+        ("SELECT max(id) FROM kv", "function"),
+        ("SELECT v, count(*) FROM kv GROUP BY v", "GROUP BY"),
+        ("SELECT DISTINCT v FROM kv", "DISTINCT"),
+        ("SELECT id FROM kv OFFSET 2", "OFFSET"),
+        ("SELECT id FROM kv UNION SELECT id FROM kv", "not fix"),
+    ] {
+        unroutable(&p, sql, why);
+    }
     unroutable(&p, "UPDATE kv SET id = 7 WHERE id = 5", "delete the row");
     unroutable(&p, "DELETE FROM kv", "WHERE id");
 }

@@ -131,6 +131,8 @@ pub struct Bind<'a> {
     formats: &'a [u8],
     params: &'a [u8],
     pub param_count: usize,
+    /// The result format section (count + codes), validated.
+    result_formats: &'a [u8],
 }
 
 /// A parameter value's format code.
@@ -160,6 +162,7 @@ pub fn bind(body: &[u8]) -> Result<Bind<'_>, Malformed> {
             });
         }
     }
+    let result_formats = r.rest();
     let nres = r.count()?;
     r.bytes(2 * nres)?;
     r.finish()?;
@@ -177,10 +180,28 @@ pub fn bind(body: &[u8]) -> Result<Bind<'_>, Malformed> {
         formats,
         params,
         param_count,
+        result_formats,
     })
 }
 
 impl<'a> Bind<'a> {
+    /// Whether result column `index` is requested in binary format.
+    pub fn result_binary(&self, index: usize) -> bool {
+        let n = i16::from_be_bytes([self.result_formats[0], self.result_formats[1]]) as usize;
+        let code_at = |i: usize| {
+            i16::from_be_bytes([
+                self.result_formats[2 + 2 * i],
+                self.result_formats[3 + 2 * i],
+            ])
+        };
+        match n {
+            0 => false,
+            1 => code_at(0) == 1,
+            _ if index < n => code_at(index) == 1,
+            _ => false,
+        }
+    }
+
     /// Parameter `index`: its format and its value (`None` for NULL).
     pub fn param(&self, index: usize) -> Option<(Format, Option<&'a [u8]>)> {
         if index >= self.param_count {

@@ -1,0 +1,151 @@
+//! Which reads of a sharded table without a key can be answered from all shards, and how their
+//! answers combine. Only shapes whose merge is exact are accepted: rows of a plain SELECT are
+//! concatenated (a LIMIT without ORDER BY keeps the first N, which is as correct as Postgres's
+//! own choice of N), and a lone `count(...)` is summed. Everything else is refused with the
+//! reason, never answered wrongly: ORDER BY, OFFSET, DISTINCT, GROUP BY, HAVING, window
+//! functions, any other function in the select list (it might be an aggregate), set operations.
+
+use std::ops::ControlFlow;
+
+use sqlparser::ast::{
+    visit_expressions, Expr, FunctionArg, FunctionArgExpr, FunctionArguments, GroupByExpr,
+    LimitClause, Query, SelectItem, SetExpr, Statement, Value,
+};
+
+use super::KeySource;
+
+/// How the shards' answers to a scattered read combine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Merge {
+    /// All rows of all shards, in shard order; at most `limit` rows when there is a LIMIT.
+    Concat { limit: Option<KeySource> },
+    /// One row with one count: the sum of the shards' counts.
+    Count,
+}
+
+/// The merge for a statement, or why it cannot be scattered.
+pub(crate) fn merge_for(stmt: &Statement) -> Result<Merge, &'static str> {
+    let Statement::Query(q) = stmt else {
+        return Err("only SELECT can read from all shards (writes need a key)");
+    };
+    let q: &Query = q;
+    if q.with.is_some() {
+        return Err("WITH is not supported across shards");
+    }
+    if q.order_by.is_some() {
+        return Err("ORDER BY across shards is not supported yet");
+    }
+    if q.fetch.is_some() || !q.locks.is_empty() || q.for_clause.is_some() {
+        return Err("FETCH, FOR UPDATE/SHARE and FOR clauses are not supported across shards");
+    }
+    let limit = match &q.limit_clause {
+        None
+        | Some(LimitClause::LimitOffset {
+            limit: None,
+            offset: None,
+            ..
+        }) => None,
+        Some(LimitClause::LimitOffset {
+            limit: Some(e),
+            offset: None,
+            limit_by,
+        }) if limit_by.is_empty() => {
+            Some(limit_source(e).ok_or("LIMIT must be a number or a parameter")?)
+        }
+        Some(_) => return Err("OFFSET across shards is not supported yet"),
+    };
+    let SetExpr::Select(select) = q.body.as_ref() else {
+        return Err("UNION, INTERSECT, EXCEPT and VALUES are not supported across shards");
+    };
+    if select.distinct.is_some() || select.top.is_some() || select.into.is_some() {
+        return Err("DISTINCT is not supported across shards yet");
+    }
+    if !matches!(&select.group_by, GroupByExpr::Expressions(e, m) if e.is_empty() && m.is_empty())
+        || select.having.is_some()
+    {
+        return Err("GROUP BY and HAVING across shards are not supported yet");
+    }
+    if !select.named_window.is_empty() || select.qualify.is_some() {
+        return Err("window functions are not supported across shards");
+    }
+    if let [item] = select.projection.as_slice() {
+        if let Some(expr) = item_expr(item) {
+            if is_plain_count(expr) {
+                return if limit.is_none() {
+                    Ok(Merge::Count)
+                } else {
+                    Err("LIMIT with count() across shards is not supported")
+                };
+            }
+        }
+    }
+    for item in &select.projection {
+        let Some(expr) = item_expr(item) else {
+            continue;
+        };
+        let found = visit_expressions(expr, |e| {
+            match e {
+            Expr::Function(_) => ControlFlow::Break("a function in the select list (only plain columns and a lone count() are supported across shards yet)"),
+            Expr::Subquery(_) | Expr::Exists { .. } => {
+                ControlFlow::Break("a subquery in the select list is not supported across shards")
+            }
+            _ => ControlFlow::Continue(()),
+        }
+        });
+        if let ControlFlow::Break(why) = found {
+            return Err(why);
+        }
+    }
+    Ok(Merge::Concat { limit })
+}
+
+fn item_expr(item: &SelectItem) -> Option<&Expr> {
+    match item {
+        SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => Some(e),
+        _ => None,
+    }
+}
+
+/// `count(*)`, `count(x)` (not DISTINCT, no FILTER, no OVER).
+fn is_plain_count(expr: &Expr) -> bool {
+    let Expr::Function(f) = expr else {
+        return false;
+    };
+    let name = f.name.0.last().map(|p| p.to_string().to_ascii_lowercase());
+    if name.as_deref() != Some("count")
+        || f.filter.is_some()
+        || f.over.is_some()
+        || !f.within_group.is_empty()
+    {
+        return false;
+    }
+    match &f.args {
+        FunctionArguments::List(list) => {
+            list.duplicate_treatment.is_none()
+                && list.clauses.is_empty()
+                && matches!(
+                    list.args.as_slice(),
+                    [FunctionArg::Unnamed(
+                        FunctionArgExpr::Wildcard | FunctionArgExpr::Expr(_)
+                    )]
+                )
+        }
+        _ => false,
+    }
+}
+
+fn limit_source(e: &Expr) -> Option<KeySource> {
+    match e {
+        Expr::Value(v) => match &v.value {
+            Value::Number(n, _) => Some(KeySource::Literal(n.clone())),
+            Value::Placeholder(p) => p
+                .strip_prefix('$')?
+                .parse::<usize>()
+                .ok()?
+                .checked_sub(1)
+                .map(KeySource::Param),
+            _ => None,
+        },
+        _ => None,
+    }
+}

@@ -1,0 +1,173 @@
+//! Reads of a sharded table without a key: answered from every shard and merged exactly
+//! (rows concatenated, a LIMIT honoured, count() summed), or refused with 0A000 when the merge
+//! would not be exact. Never a wrong answer.
+
+mod common;
+
+use common::{shared_env, sqlstate};
+use tokio_postgres::SimpleQueryMessage;
+
+fn rows(msgs: &[SimpleQueryMessage]) -> Vec<Vec<String>> {
+    msgs.iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(
+                (0..r.len())
+                    .map(|i| r.get(i).unwrap_or("NULL").to_string())
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_across_shards_merge_exactly() {
+    let env = shared_env();
+    let client = env.router.connect().await;
+    let ids: Vec<i64> = (13_000_000..13_000_200).collect();
+    let insert = client
+        .prepare("INSERT INTO kv (id, v) VALUES ($1, 'scatter')")
+        .await
+        .expect("prepare");
+    for id in &ids {
+        client.execute(&insert, &[id]).await.expect("insert");
+    }
+    let per_shard: Vec<usize> = (0..4)
+        .map(|s| {
+            env.on_shard(s, "SELECT count(*) FROM kv WHERE v = 'scatter'")
+                .parse()
+                .expect("count")
+        })
+        .collect();
+    assert!(per_shard.iter().all(|&n| n > 0), "{per_shard:?}");
+    let total: usize = per_shard.iter().sum();
+    assert_eq!(total, 200);
+    let all_rows: usize = (0..4)
+        .map(|s| {
+            env.on_shard(s, "SELECT count(*) FROM kv")
+                .parse::<usize>()
+                .expect("count")
+        })
+        .sum();
+
+    // count(*) of the whole table and with a filter, simple and extended (binary results).
+    let got = rows(
+        &client
+            .simple_query("SELECT count(*) FROM kv")
+            .await
+            .expect("count all"),
+    );
+    assert_eq!(got, [[all_rows.to_string()]]);
+    let n: i64 = client
+        .query_one("SELECT count(*) FROM kv WHERE v = $1", &[&"scatter"])
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(n, 200);
+    let n: i64 = client
+        .query_one("SELECT count(v) AS n FROM kv WHERE v = 'scatter'", &[])
+        .await
+        .expect("count")
+        .get("n");
+    assert_eq!(n, 200);
+
+    // Plain rows from every shard.
+    let got = rows(
+        &client
+            .simple_query("SELECT id, v FROM kv WHERE v = 'scatter'")
+            .await
+            .expect("scan"),
+    );
+    assert_eq!(got.len(), 200);
+    let mut seen: Vec<i64> = got.iter().map(|r| r[0].parse().expect("id")).collect();
+    seen.sort_unstable();
+    assert_eq!(seen, ids);
+    let got = client
+        .query("SELECT id FROM kv WHERE v = $1", &[&"scatter"])
+        .await
+        .expect("extended scan");
+    assert_eq!(got.len(), 200);
+    let got = client
+        .query("SELECT id FROM kv WHERE v = 'scatter' LIMIT 7", &[])
+        .await
+        .expect("limit");
+    assert_eq!(got.len(), 7);
+    let got = client
+        .query("SELECT id FROM kv WHERE v = 'scatter' LIMIT $1", &[&3i64])
+        .await
+        .expect("limit param");
+    assert_eq!(got.len(), 3);
+    let none = client
+        .query("SELECT id FROM kv WHERE v = 'nothing'", &[])
+        .await
+        .expect("empty");
+    assert!(none.is_empty());
+
+    // What cannot be merged exactly is refused, and says why.
+    for sql in [
+        "SELECT id FROM kv ORDER BY id",
+        "SELECT v, count(*) FROM kv GROUP BY v",
+        "SELECT max(id) FROM kv",
+        "SELECT DISTINCT v FROM kv",
+        "SELECT id FROM kv OFFSET 5",
+        "SELECT count(DISTINCT v) FROM kv",
+        "SELECT lower(v) FROM kv",
+    ] {
+        let err = client.simple_query(sql).await.expect_err(sql);
+        assert_eq!(sqlstate(&err), "0A000", "{sql}");
+        let err = client.query(sql, &[]).await.expect_err(sql);
+        assert_eq!(sqlstate(&err), "0A000", "{sql} (extended)");
+    }
+    // Postgres's own errors come through.
+    let err = client
+        .simple_query("SELECT nope FROM kv")
+        .await
+        .expect_err("bad column");
+    assert_eq!(sqlstate(&err), "42703");
+    // Inside a transaction (pinned to one shard) a scatter read is refused.
+    client.simple_query("BEGIN").await.expect("begin");
+    let err = client
+        .simple_query("SELECT count(*) FROM kv")
+        .await
+        .expect_err("in a transaction");
+    assert_eq!(sqlstate(&err), "0A000");
+    client.simple_query("ROLLBACK").await.expect("rollback");
+    client.query_one("SELECT 1", &[]).await.expect("usable");
+}
+
+#[test]
+fn psql_counts_a_sharded_table() {
+    let env = shared_env();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let client = env.router.connect().await;
+        for i in 0..50 {
+            client
+                .execute(
+                    "INSERT INTO names (name, n) VALUES ($1, $2)",
+                    &[&format!("psql-{i}"), &i],
+                )
+                .await
+                .expect("insert");
+        }
+    });
+    let (ok, out, err) = common::run(
+        std::process::Command::new(common::pg_program("psql"))
+            .arg(env.router.url())
+            .args([
+                "-X",
+                "-At",
+                "-c",
+                "SELECT count(*) FROM names WHERE name LIKE 'psql-%'",
+            ]),
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "50");
+    let spread = (0..4)
+        .filter(|&s| env.on_shard(s, "SELECT count(*) FROM names WHERE name LIKE 'psql-%'") != "0")
+        .count();
+    assert!(spread > 1, "the names are on several shards");
+}
