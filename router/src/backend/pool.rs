@@ -130,6 +130,24 @@ impl ShardPool {
     /// A connection, waiting at most the checkout timeout for a free one; a new connection
     /// is bounded by the connect timeout instead, so a dead host fails fast.
     pub async fn get(&self) -> Result<PooledConn, CheckoutError> {
+        // Most checkouts find a free connection: try that without arming a timer (a zero wait
+        // makes deadpool try the semaphore once), and only then wait with the timeout.
+        let immediate = Timeouts {
+            wait: Some(Duration::ZERO),
+            create: None,
+            recycle: None,
+        };
+        match self.pool.timeout_get(&immediate).await {
+            Ok(conn) => return Ok(conn),
+            Err(PoolError::Timeout(_)) => {}
+            Err(PoolError::Backend(e)) => return Err(CheckoutError::Unreachable(e)),
+            Err(other) => {
+                return Err(CheckoutError::Unreachable(BackendError::Protocol {
+                    endpoint: self.endpoint.name(),
+                    why: other.to_string(),
+                }))
+            }
+        }
         let timeouts = Timeouts {
             wait: Some(self.checkout_timeout),
             create: None,

@@ -1429,6 +1429,15 @@ impl Session {
         // then answers 57014 like for any cancel, and the exchange ends normally.
         let mut deadline = limits.statement_timeout.map(|t| started + t);
         self.replies.drain_synthetic(&mut self.cout);
+        // A request almost always fits the socket buffer: write it straight away, and only
+        // fall back to writing while reading (below) when the kernel would block.
+        if !self.bout.is_empty() {
+            match conn.stream.try_write(&self.bout) {
+                Ok(n) => written = n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(ExchangeError::Backend(e.to_string())),
+            }
+        }
         loop {
             let want_read = self.replies.awaits_backend();
             if written == self.bout.len() && !want_read {

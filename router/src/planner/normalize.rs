@@ -156,27 +156,38 @@ fn is_op_char(c: u8) -> bool {
     )
 }
 
-/// Reserved keywords after which `-` can only be a prefix minus. Only reserved words are listed:
-/// an unreserved one could be a column name, as in `SELECT value -1`.
-const UNARY_AFTER: &[&str] = &[
-    "select",
-    "where",
-    "and",
-    "or",
-    "not",
-    "then",
-    "else",
-    "when",
-    "case",
-    "limit",
-    "offset",
-    "on",
-    "having",
-    "default",
-    "returning",
-    "in",
-    "to",
-];
+/// Whether `word` is a reserved keyword after which `-` can only be a prefix minus. Only
+/// reserved words count: an unreserved one could be a column name, as in `SELECT value -1`.
+/// Runs for every word of every statement, so it is a length check and one `match`.
+fn is_unary_keyword(word: &[u8]) -> bool {
+    if !(2..=9).contains(&word.len()) {
+        return false;
+    }
+    let mut lower = [0u8; 9];
+    for (l, &c) in lower.iter_mut().zip(word) {
+        *l = c.to_ascii_lowercase();
+    }
+    matches!(
+        &lower[..word.len()],
+        b"select"
+            | b"where"
+            | b"and"
+            | b"or"
+            | b"not"
+            | b"then"
+            | b"else"
+            | b"when"
+            | b"case"
+            | b"limit"
+            | b"offset"
+            | b"on"
+            | b"having"
+            | b"default"
+            | b"returning"
+            | b"in"
+            | b"to"
+    )
+}
 
 impl Scanner<'_> {
     fn at(&self, i: usize) -> u8 {
@@ -596,10 +607,7 @@ impl Scanner<'_> {
         }
         self.i = end;
         let word = &self.b[start..end];
-        self.unary = !self.after_dot
-            && UNARY_AFTER
-                .iter()
-                .any(|k| k.as_bytes().eq_ignore_ascii_case(word));
+        self.unary = !self.after_dot && is_unary_keyword(word);
     }
 
     fn record(&mut self, start: usize, end: usize, value_start: usize, kind: LiteralKind) {
