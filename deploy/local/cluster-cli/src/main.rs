@@ -3,6 +3,7 @@
 //! router in front of them). Usually run through `deploy/local/cluster`, which builds it and the
 //! router first. The servers are started by pgharness.
 
+mod demo;
 mod down;
 mod router;
 mod state;
@@ -36,6 +37,10 @@ enum Command {
     Down(DirArgs),
     /// Show the router and the servers, whether each accepts connections, and the shard count.
     Status(DirArgs),
+    /// The main job end to end: `up` (or reuse a running cluster), load rows into every shard
+    /// (loadgen prepare), drive a short point-select load through the router (loadgen run) and
+    /// print the report; the JSON report and an SVG chart are written to the cluster directory.
+    Demo(demo::DemoArgs),
 }
 
 /// Where the cluster lives.
@@ -94,6 +99,7 @@ fn main() -> ExitCode {
         Command::Up(args) => up::run(&args),
         Command::Down(args) => down::run(&args),
         Command::Status(args) => status::run(&args),
+        Command::Demo(args) => demo::run(&args),
     };
     match result {
         Ok(code) => code,
