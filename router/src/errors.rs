@@ -19,6 +19,7 @@ pub const IN_FAILED_TRANSACTION: &str = "25P02";
 pub const UNDEFINED_PREPARED_STATEMENT: &str = "26000";
 pub const DUPLICATE_PREPARED_STATEMENT: &str = "42P05";
 pub const INVALID_TEXT_REPRESENTATION: &str = "22P02";
+pub const INVALID_PARAMETER_VALUE: &str = "22023";
 pub const ADMIN_SHUTDOWN: &str = "57P01";
 
 /// A shard's pool had no free connection for the whole checkout timeout.

@@ -15,6 +15,16 @@ use crate::config::Config;
 use crate::planner::Planner;
 use crate::statements::Registry;
 
+thread_local! {
+    /// Which worker thread this is (0 outside workers).
+    static WORKER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Marks the calling thread as worker `index` (its sessions use that worker's pools).
+pub fn set_worker(index: usize) {
+    WORKER.with(|w| w.set(index));
+}
+
 /// Where a client's current statement runs, for forwarding its cancel request. Small and
 /// `Copy`: it is set on every checkout, so it must not allocate.
 #[derive(Clone, Copy, Debug)]
@@ -33,7 +43,8 @@ pub struct ClientSlot {
 pub struct Shared {
     pub config: Config,
     pub map: Arc<ShardMap>,
-    pub pools: Pools,
+    /// One set of pools per worker thread (see `server`): connections never cross threads.
+    pools: Vec<Pools>,
     pub planner: Planner,
     pub statements: Registry,
     /// ParameterStatus values of a real backend, reported to clients at startup.
@@ -47,7 +58,7 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn new(config: Config, map: ShardMap) -> Shared {
+    pub fn new(config: Config, map: ShardMap, workers: usize) -> Shared {
         let settings = PoolSettings {
             max_size: config.pool.max_size,
             min_idle: config.pool.min_idle,
@@ -60,7 +71,9 @@ impl Shared {
         };
         let map = Arc::new(map);
         Shared {
-            pools: Pools::new(&map, &settings),
+            pools: (0..workers.max(1))
+                .map(|_| Pools::new(&map, &settings))
+                .collect(),
             planner: Planner::new(map.clone(), config.limits.plan_cache_size),
             map,
             config,
@@ -72,6 +85,16 @@ impl Shared {
             next_client: AtomicI32::new(1),
             next_any: AtomicUsize::new(0),
         }
+    }
+
+    /// The pools of the calling worker thread.
+    pub fn pools(&self) -> &Pools {
+        &self.pools[WORKER.with(|w| w.get()) % self.pools.len()]
+    }
+
+    /// Number of worker threads (and sets of pools).
+    pub fn workers(&self) -> usize {
+        self.pools.len()
     }
 
     /// Registers a new client; its id is the pid in the BackendKeyData it is given.

@@ -210,7 +210,7 @@ async fn a_transaction_stays_on_its_shard() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_killed_mid_transaction_leaves_nothing_behind() {
     let env = shared_env();
-    let router = Router::start(&env.map, 1);
+    let router = Router::start_single_pool(&env.map, 1, "");
     let id = env.key_on(2, 6_300_000);
     let client = router.connect().await;
     client
@@ -277,9 +277,10 @@ async fn a_client_killed_mid_transaction_leaves_nothing_behind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exhausted_pool_says_53300_and_blocks_only_its_shard() {
     let env = shared_env();
-    let router = Router::start_with(
+    let router = Router::start_threads_pub(
         &env.map,
         "[pool]\nmax_size = 1\ncheckout_timeout_ms = 300\nconnect_timeout_ms = 1000\n",
+        1,
     );
     let a = env.key_on(0, 6_400_000);
     let b = env.key_on(1, 6_400_000);

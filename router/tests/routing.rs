@@ -348,3 +348,62 @@ async fn unroutable_statements_are_refused_clearly() {
             .expect("usable after the refusal");
     }
 }
+
+/// Operators can pin statements to one shard: a leading `/* shard: RANGE */` comment, or the
+/// session setting `shardgate.shard`; a range that is no shard's is an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manual_routing_by_comment_and_setting() {
+    let env = shared_env();
+    let client = env.router.connect().await;
+    for shard in 0..4 {
+        let id = env.key_on(shard, 14_000_000);
+        client
+            .execute(
+                "INSERT INTO kv (id, v) VALUES ($1, 'manual-marker')",
+                &[&id],
+            )
+            .await
+            .expect("one marker row per shard");
+    }
+    let count = "SELECT count(*) FROM kv WHERE v = 'manual-marker'";
+    for shard in env.map.shards() {
+        let msgs = client
+            .simple_query(&format!("/* shard: {} */ {count}", shard.range))
+            .await
+            .expect("pinned by comment");
+        let got: Vec<String> = msgs
+            .iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(got, ["1"], "shard {}", shard.range);
+    }
+    let range = env.map.shards()[2].range.to_string();
+    client
+        .simple_query(&format!("SET shardgate.shard = '{range}'"))
+        .await
+        .expect("set the manual shard");
+    let n: i64 = client
+        .query_one(count, &[])
+        .await
+        .expect("pinned by setting")
+        .get(0);
+    assert_eq!(n, 1, "only shard {range}");
+    client
+        .simple_query("RESET shardgate.shard")
+        .await
+        .expect("reset");
+    let n: i64 = client
+        .query_one(count, &[])
+        .await
+        .expect("all shards again")
+        .get(0);
+    assert_eq!(n, 4, "a scatter count over all shards again");
+    let err = client
+        .simple_query("/* shard: 12- */ SELECT 1")
+        .await
+        .expect_err("no such shard");
+    assert_eq!(sqlstate(&err), "22023");
+}

@@ -23,7 +23,7 @@ async fn show(client: &Client, sql: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settings_follow_their_client_and_only_their_client() {
     let env = shared_env();
-    let router = Router::start(&env.map, 1);
+    let router = Router::start_single_pool(&env.map, 1, "");
     let mut config: tokio_postgres::Config = router.url().parse().expect("url");
     config
         .application_name("client-a")

@@ -29,7 +29,9 @@ pub struct Args {
     /// or RUST_LOG when set.
     #[arg(long, value_name = "FILTER")]
     pub log: Option<String>,
-    /// Worker threads of the router (default: one per CPU core).
+    /// Worker threads of the router (default: one per CPU core). Each runs its own event loop
+    /// with its own listening socket and its own backend pools, so [pool] max_size applies per
+    /// worker.
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
     #[command(subcommand)]
@@ -85,7 +87,10 @@ fn serve(
     log: Option<&str>,
     threads: Option<usize>,
 ) -> Result<(), String> {
-    let shared = crate::server::load(config)?;
+    let workers = threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    let shared = crate::server::load(config, workers)?;
     if check {
         println!(
             "{}: ok: listen {}, database {:?}, {} shards (shard map version {}), {} users",
@@ -109,33 +114,5 @@ fn serve(
         .with_env_filter(filter)
         .with_target(false)
         .init();
-    let mut rt = tokio::runtime::Builder::new_multi_thread();
-    rt.enable_all();
-    if let Some(n) = threads {
-        rt.worker_threads(n.max(1));
-    }
-    let rt = rt
-        .build()
-        .map_err(|e| format!("cannot start the runtime: {e}"))?;
-    rt.block_on(async {
-        tokio::select! {
-            r = crate::server::run(shared) => r,
-            _ = shutdown_signal() => {
-                tracing::info!("shutting down");
-                Ok(())
-            }
-        }
-    })
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut term) = signal(SignalKind::terminate()) else {
-        let _ = tokio::signal::ctrl_c().await;
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
+    crate::server::run(shared)
 }

@@ -64,7 +64,7 @@ pub async fn run(shared: &Arc<Shared>, sql: &str, settings: &Settings) -> Vec<Ou
 
 async fn on_shard(shared: &Shared, shard: usize, sql: &str, settings: &Settings) -> Outcome {
     let name = shared.map.shards()[shard].range.to_string();
-    let pool = shared.pools.for_shard(shard);
+    let pool = shared.pools().for_shard(shard);
     let mut pooled = match pool.get().await {
         Ok(c) => c,
         Err(CheckoutError::Exhausted { endpoint, waited }) => {

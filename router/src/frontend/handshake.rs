@@ -277,7 +277,7 @@ async fn forward_cancel(shared: &Shared, pid: i32, secret: i32) {
         );
         return;
     };
-    let endpoint = &shared.pools.for_shard(target.shard).endpoint;
+    let endpoint = &shared.pools().for_shard(target.shard).endpoint;
     match crate::backend::conn::send_cancel(
         &endpoint.host,
         endpoint.port,

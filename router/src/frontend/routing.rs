@@ -171,6 +171,54 @@ pub fn decide(
     })
 }
 
+/// The shard an operator pinned a statement to: a leading `/* shard: RANGE */` comment, or else
+/// the session setting `shardgate.shard` (`setting` is its SQL value, e.g. `'80-'`). `None`
+/// when neither is there (or the setting is empty).
+pub fn manual_shard(
+    sql: &str,
+    setting: Option<&str>,
+    map: &ShardMap,
+) -> Result<Option<usize>, SqlError> {
+    let hint = sql
+        .trim_start()
+        .strip_prefix("/*")
+        .and_then(|rest| rest.split_once("*/"))
+        .and_then(|(inside, _)| inside.trim().strip_prefix("shard:"))
+        .map(str::trim);
+    let range = match hint {
+        Some(r) => r.to_string(),
+        None => match setting {
+            Some(v) => v.trim().trim_matches('\'').to_string(),
+            None => return Ok(None),
+        },
+    };
+    if range.is_empty() {
+        return Ok(None);
+    }
+    let bad = |why: String| {
+        SqlError::new(errors::INVALID_PARAMETER_VALUE, format!("shard {range:?}: {why}"))
+            .with_hint("name a shard by its exact range from the shard map, e.g. /* shard: 80- */ or SET shardgate.shard = '80-'")
+    };
+    let parsed = shardmap::KeyRange::parse(&range).map_err(|e| bad(e.to_string()))?;
+    map.shard_by_range(&parsed)
+        .map(Some)
+        .ok_or_else(|| bad("no shard has this range".into()))
+}
+
+/// Applies an operator's manual shard to a decision: everything but transaction control goes
+/// to that shard, even what the planner could not route (that is what the override is for,
+/// e.g. to repair one shard).
+pub fn with_manual(
+    decision: Result<Decision, SqlError>,
+    manual: Option<usize>,
+) -> Result<Decision, SqlError> {
+    match (manual, decision) {
+        (None, d) => d,
+        (Some(_), Ok(d @ (Decision::Begin | Decision::Commit | Decision::Rollback))) => Ok(d),
+        (Some(s), _) => Ok(Decision::Shard(s)),
+    }
+}
+
 /// A LIMIT's value; `None` for `LIMIT NULL` (no limit, as in Postgres).
 fn read_limit(
     source: &KeySource,

@@ -55,7 +55,7 @@ async fn on_shard(
     tx: &mpsc::Sender<Chunk>,
 ) -> Result<(), SqlError> {
     let name = shared.map.shards()[shard].range.to_string();
-    let pool = shared.pools.for_shard(shard);
+    let pool = shared.pools().for_shard(shard);
     let mut pooled = pool.get().await.map_err(|e| match e {
         CheckoutError::Exhausted { endpoint, waited } => {
             errors::pool_exhausted(&name, &endpoint, waited)

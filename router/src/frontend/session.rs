@@ -249,6 +249,11 @@ impl Session {
         let params_before = planned.params_before();
         let decision = routing::decide(&planned, None, params_before, &planned, &self.shared.map);
         drop(planned);
+        let decision =
+            match routing::manual_shard(sql, self.settings.get(MANUAL_SHARD), &self.shared.map) {
+                Ok(manual) => routing::with_manual(decision, manual),
+                Err(e) => Err(e),
+            };
 
         // A transaction that failed before reaching any shard accepts only its end.
         if self.tx == TxStatus::Failed && self.pinned.is_none() {
@@ -388,6 +393,13 @@ impl Session {
                     Ok(d) => d,
                     Err(err) => return self.batch_error(err).await,
                 };
+                if matches!(decision, Decision::Broadcast | Decision::Scatter { .. })
+                    && self.batch_only_prepared()
+                {
+                    // A Flush made a shard answer the batch's Parse/Describe: that is no
+                    // transaction, so finish it there and run on every shard.
+                    self.finish_preparation().await?;
+                }
                 if decision == Decision::Broadcast {
                     if self.pinned.is_some() || self.tx != TxStatus::Idle {
                         return self.batch_error(ddl_in_transaction()).await;
@@ -1088,6 +1100,21 @@ impl Session {
     }
 
     fn decide_bind(&self, b: &Bind<'_>) -> Result<Decision, SqlError> {
+        let sql = if b.statement.is_empty() {
+            Some(self.unnamed.sql.as_str())
+        } else {
+            self.named.get(b.statement).map(|n| &*n.stmt.sql)
+        };
+        let manual = match sql {
+            Some(sql) => {
+                routing::manual_shard(sql, self.settings.get(MANUAL_SHARD), &self.shared.map)?
+            }
+            None => None,
+        };
+        routing::with_manual(self.decide_bind_by_plan(b), manual)
+    }
+
+    fn decide_bind_by_plan(&self, b: &Bind<'_>) -> Result<Decision, SqlError> {
         let map = &self.shared.map;
         if b.statement.is_empty() {
             let Some(plan) = &self.unnamed.plan else {
@@ -1305,7 +1332,7 @@ impl Session {
             return Ok(());
         }
         let shard = wanted.unwrap_or_else(|| self.shared.any_shard());
-        let pool = self.shared.pools.for_shard(shard).clone();
+        let pool = self.shared.pools().for_shard(shard).clone();
         let conn = pool.get().await.map_err(|e| match e {
             CheckoutError::Exhausted { endpoint, waited } => {
                 errors::pool_exhausted(&self.shard_name(shard), &endpoint, waited)
@@ -1385,7 +1412,7 @@ impl Session {
                     return Err(SessionError::BackendLost(why));
                 };
                 let name = self.shard_name(p.shard);
-                let endpoint = self.shared.pools.for_shard(p.shard).endpoint.name();
+                let endpoint = self.shared.pools().for_shard(p.shard).endpoint.name();
                 drop(Object::take(p.conn));
                 *self
                     .slot
@@ -1447,7 +1474,7 @@ impl Session {
             tokio::select! {
                 _ = tokio::time::sleep_until(deadline.unwrap_or(started)), if deadline.is_some() => {
                     deadline = None;
-                    let endpoint = &self.shared.pools.for_shard(shard).endpoint;
+                    let endpoint = &self.shared.pools().for_shard(shard).endpoint;
                     let (host, port, pid, secret) = (endpoint.host.clone(), endpoint.port, conn.pid, conn.secret);
                     tracing::info!(shard = %self.shared.map.shards()[shard].range, "statement timeout: cancelling");
                     tokio::spawn(async move {
@@ -1639,6 +1666,9 @@ fn answer_asked(out: &mut Vec<u8>, asked: &[u8], statement_desc: &[u8], portal_d
         }
     }
 }
+
+/// The session setting that pins a client's statements to one shard (operators only).
+const MANUAL_SHARD: &str = "shardgate.shard";
 
 fn scatter_in_transaction() -> SqlError {
     SqlError::new(

@@ -122,13 +122,33 @@ pub fn shardgate_bin() -> &'static str {
 }
 
 impl Router {
+    /// A router with two worker threads, each with pools of `pool_size` connections per shard.
     pub fn start(map: &ShardMap, pool_size: usize) -> Router {
         Self::start_with(map, &format!("[pool]\nmax_size = {pool_size}\nconnect_timeout_ms = 1000\ncheckout_timeout_ms = 3000\n"))
+    }
+
+    /// A router with one worker thread, so that every client shares one pool per shard of
+    /// exactly `pool_size` connections (tests of what clients may see of each other).
+    pub fn start_single_pool(map: &ShardMap, pool_size: usize, extra: &str) -> Router {
+        Self::start_threads(
+            map,
+            &format!("{extra}[pool]\nmax_size = {pool_size}\nconnect_timeout_ms = 1000\ncheckout_timeout_ms = 3000\n"),
+            1,
+        )
     }
 
     /// Starts a router with extra config: top-level settings (before any `[section]` in
     /// `extra`) go to the top of the file, sections are appended.
     pub fn start_with(map: &ShardMap, extra: &str) -> Router {
+        Self::start_threads(map, extra, 2)
+    }
+
+    /// A router with `threads` worker threads (each has its own pools).
+    pub fn start_threads_pub(map: &ShardMap, extra: &str, threads: usize) -> Router {
+        Self::start_threads(map, extra, threads)
+    }
+
+    fn start_threads(map: &ShardMap, extra: &str, threads: usize) -> Router {
         let split = extra
             .find("\n[")
             .map(|i| i + 1)
@@ -163,7 +183,7 @@ impl Router {
             .arg("--config")
             .arg(dir.join("router.toml"))
             .arg("--threads")
-            .arg("2")
+            .arg(threads.to_string())
             .env(
                 "RUST_LOG",
                 std::env::var("SHARDGATE_TEST_LOG").unwrap_or_else(|_| "info".into()),
