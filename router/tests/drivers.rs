@@ -1,0 +1,529 @@
+//! The driver matrix: the same script, through one router in front of a 4-shard cluster, with
+//! each real client driver an application would use: tokio-postgres (in this process), sqlx,
+//! psycopg 3, asyncpg, node-postgres and pgjdbc (each a small program under `tests/drivers/`,
+//! run as a subprocess with the router's URL in `SHARDGATE_URL`). psql and pgbench
+//! (-M simple|extended|prepared) are covered by `tests/clients.rs`.
+//!
+//! The script: connect; a DDL broadcast (`CREATE INDEX IF NOT EXISTS kv_drv_<driver> ON kv (v)`,
+//! kv being sharded, checked afterwards on every shard directly); 20 inserts into kv with keys
+//! from the driver's own range (20,000,000 + k·100,000 + 1..=20, spread over all shards);
+//! 12 rounds of point selects by key with bind parameters (so drivers that switch to named
+//! server-side statements after N uses do); an UPDATE in a committed transaction; a rolled
+//! back transaction (row unchanged); a unique violation (23505) and the connection reused; a
+//! cancelled `pg_sleep(10)` (57014); and reads without a key, scattered to every shard and
+//! summed: `SELECT count(*) FROM kv WHERE id BETWEEN <first> AND <last>` of the driver's own
+//! range (exactly 20, whatever the other drivers insert meanwhile; 7 times, so that it runs as
+//! a named statement too) and `SELECT count(*) FROM kv` (at least 20).
+//!
+//! The drivers' dependencies are installed by `router/tests/drivers/install.sh`; when they are
+//! missing these tests FAIL and say so, they never skip.
+//! `docs/compatibility.md` has the resulting matrix.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{shared_env, sqlstate, Env};
+use tokio_postgres::{NoTls, SimpleQueryMessage};
+
+const ROWS: i64 = 20;
+const REPEAT: usize = 12;
+const SCATTER_REPEAT: usize = 7;
+/// How long one driver program may run (its cancel step alone takes ~0.5 s; a JVM start and a
+/// Python import a second or two).
+const PROGRAM_TIMEOUT: Duration = Duration::from_secs(120);
+
+const INSTALL: &str = "run router/tests/drivers/install.sh (it installs the driver matrix's \
+                       dependencies: libpostgresql-jdbc-java, a Python venv with psycopg and \
+                       asyncpg, node_modules for pg, and the sqlx program)";
+
+/// The first key of driver `k`'s range of kv (keys `base + 1 ..= base + ROWS`).
+fn key_base(k: i64) -> i64 {
+    20_000_000 + k * 100_000
+}
+
+fn drivers_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/drivers")
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+/// Where install.sh puts the Python venv (same rule as the script).
+fn venv_dir() -> PathBuf {
+    let cache = std::env::var_os("SHARDGATE_DRIVERS_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("XDG_CACHE_HOME").map(|c| PathBuf::from(c).join("shardgate-drivers"))
+        })
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/shardgate-drivers"))
+        })
+        .expect("HOME or SHARDGATE_DRIVERS_CACHE");
+    cache.join("venv")
+}
+
+fn require(cond: bool, what: &str) {
+    assert!(cond, "driver matrix: {what} is missing: {INSTALL}");
+}
+
+fn on_path(program: &str) -> bool {
+    Command::new(program)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok()
+}
+
+/// Runs one driver program against the shared router and checks its result and what it left on
+/// the shards.
+fn run_driver(name: &str, k: i64, cmd: Command) {
+    run_driver_with(name, k, cmd, &[]);
+}
+
+/// [`run_driver`], and indexes the program created beyond `kv_drv_<name>` (on every shard).
+fn run_driver_with(name: &str, k: i64, mut cmd: Command, more_indexes: &[&str]) {
+    let env = shared_env();
+    let base = key_base(k);
+    let out_path = env.router.dir.join(format!("driver-{name}.out"));
+    let out = std::fs::File::create(&out_path).expect("driver output file");
+    let started = Instant::now();
+    let mut child = cmd
+        .env("SHARDGATE_URL", env.router.url())
+        .env("SHARDGATE_KEY_BASE", base.to_string())
+        .env("SHARDGATE_DRIVER", name)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().expect("dup"))
+        .stderr(out)
+        .spawn()
+        .unwrap_or_else(|e| panic!("start the {name} driver ({cmd:?}): {e}\n{INSTALL}"));
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the driver") {
+            break Some(status);
+        }
+        if started.elapsed() > PROGRAM_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let output = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let took = started.elapsed();
+    let router_log = || {
+        let log = env.router.log_text();
+        let tail: Vec<&str> = log.lines().rev().take(40).collect();
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+    };
+    match status {
+        None => panic!(
+            "the {name} driver did not finish in {PROGRAM_TIMEOUT:?}:\n{output}\n--- router log (tail) ---\n{}",
+            router_log()
+        ),
+        Some(s) if !s.success() || !output.lines().any(|l| l == "PASS") => panic!(
+            "the {name} driver failed ({s}):\n{output}\n--- router log (tail) ---\n{}",
+            router_log()
+        ),
+        Some(_) => {}
+    }
+    println!("{name} driver passed in {took:.1?}:\n{output}");
+    check_shards(env, name, base);
+    for index in more_indexes {
+        check_index(env, name, index);
+    }
+}
+
+/// What every script leaves behind, read from the shards directly: the broadcast index on every
+/// shard, and each row on the shard that owns its key with its final value.
+fn check_shards(env: &Env, name: &str, base: i64) {
+    check_index(env, name, &format!("kv_drv_{name}"));
+    let mut shards_used = std::collections::BTreeSet::new();
+    for i in 1..=ROWS {
+        let k = base + i;
+        let want = match i {
+            1 => "updated".to_string(),
+            _ => format!("v{k}"),
+        };
+        let shard = env.shard_of(k);
+        shards_used.insert(shard);
+        assert_eq!(
+            env.on_shard(shard, &format!("SELECT v FROM kv WHERE id = {k}")),
+            want,
+            "{name}: key {k} on its shard {shard}"
+        );
+    }
+    assert_eq!(
+        shards_used.len(),
+        env.map.shards().len(),
+        "{name}: the keys should cover every shard"
+    );
+}
+
+/// The broadcast index `index` exists on every shard.
+fn check_index(env: &Env, name: &str, index: &str) {
+    for shard in 0..env.map.shards().len() {
+        assert_eq!(
+            env.on_shard(
+                shard,
+                &format!("SELECT count(*) FROM pg_indexes WHERE indexname = '{index}'")
+            ),
+            "1",
+            "{name}: the broadcast CREATE INDEX {index} did not reach shard {shard}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// tokio-postgres, in this process.
+
+async fn tokio_postgres_script(
+    url: &str,
+    name: &str,
+    base: i64,
+    step: &mut &'static str,
+) -> Result<(), String> {
+    let e = |e: tokio_postgres::Error| format!("{e:?}");
+    *step = "connect";
+    let (mut client, conn) = tokio_postgres::connect(url, NoTls).await.map_err(e)?;
+    tokio::spawn(conn);
+    println!("ok connect");
+
+    *step = "ddl_broadcast";
+    client
+        .simple_query(&format!(
+            "CREATE INDEX IF NOT EXISTS kv_drv_{name} ON kv (v)"
+        ))
+        .await
+        .map_err(e)?;
+    println!("ok ddl_broadcast: simple protocol");
+
+    *step = "insert";
+    let keys: Vec<i64> = (1..=ROWS).map(|i| base + i).collect();
+    let insert = client
+        .prepare("INSERT INTO kv (id, v) VALUES ($1, $2)")
+        .await
+        .map_err(e)?;
+    for &k in &keys {
+        let n = client
+            .execute(&insert, &[&k, &format!("v{k}")])
+            .await
+            .map_err(e)?;
+        if n != 1 {
+            return Err(format!("insert {k}: {n} rows"));
+        }
+    }
+    println!("ok insert: {ROWS} rows");
+
+    *step = "point_select";
+    // prepare() → a named statement (s0, s1, ...), bound and executed for every select.
+    let select = client
+        .prepare("SELECT v FROM kv WHERE id = $1")
+        .await
+        .map_err(e)?;
+    let value =
+        |rows: Vec<tokio_postgres::Row>| -> Vec<String> { rows.iter().map(|r| r.get(0)).collect() };
+    for _ in 0..REPEAT {
+        for &k in &keys {
+            let got = value(client.query(&select, &[&k]).await.map_err(e)?);
+            if got != [format!("v{k}")] {
+                return Err(format!("key {k}: got {got:?}"));
+            }
+        }
+    }
+    println!(
+        "ok point_select: {} selects, named statement",
+        REPEAT * keys.len()
+    );
+
+    *step = "tx_commit";
+    let k = keys[0];
+    {
+        let tx = client.transaction().await.map_err(e)?;
+        let got = value(
+            tx.query("SELECT v FROM kv WHERE id = $1 FOR UPDATE", &[&k])
+                .await
+                .map_err(e)?,
+        );
+        if got != [format!("v{k}")] {
+            return Err(format!("in tx: got {got:?}"));
+        }
+        tx.execute("UPDATE kv SET v = $1 WHERE id = $2", &[&"updated", &k])
+            .await
+            .map_err(e)?;
+        tx.commit().await.map_err(e)?;
+    }
+    let got = value(client.query(&select, &[&k]).await.map_err(e)?);
+    if got != ["updated"] {
+        return Err(format!("after commit: got {got:?}"));
+    }
+    println!("ok tx_commit");
+
+    *step = "tx_rollback";
+    let k = keys[1];
+    {
+        let tx = client.transaction().await.map_err(e)?;
+        tx.execute("UPDATE kv SET v = $1 WHERE id = $2", &[&"rolled back", &k])
+            .await
+            .map_err(e)?;
+        let got = value(tx.query(&select, &[&k]).await.map_err(e)?);
+        if got != ["rolled back"] {
+            return Err(format!("inside the tx: got {got:?}"));
+        }
+        tx.rollback().await.map_err(e)?;
+    }
+    let got = value(client.query(&select, &[&k]).await.map_err(e)?);
+    if got != [format!("v{k}")] {
+        return Err(format!("after rollback: got {got:?}"));
+    }
+    println!("ok tx_rollback");
+
+    *step = "unique_violation";
+    let k = keys[2];
+    match client.execute(&insert, &[&k, &"dup"]).await {
+        Ok(n) => return Err(format!("expected 23505, inserted {n} rows")),
+        Err(err) if sqlstate(&err) == "23505" => {}
+        Err(err) => return Err(format!("expected 23505, got {}: {err:?}", sqlstate(&err))),
+    }
+    let got = value(client.query(&select, &[&k]).await.map_err(e)?);
+    if got != [format!("v{k}")] {
+        return Err(format!("connection reused after the error: got {got:?}"));
+    }
+    println!("ok unique_violation");
+
+    *step = "cancel";
+    let token = client.cancel_token();
+    let canceller = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        token.cancel_query(NoTls).await
+    });
+    let started = Instant::now();
+    match client.simple_query("SELECT pg_sleep(10)").await {
+        Ok(_) => return Err("pg_sleep(10) returned instead of being cancelled".into()),
+        Err(err) if sqlstate(&err) == "57014" => {}
+        Err(err) => return Err(format!("expected 57014, got {}: {err:?}", sqlstate(&err))),
+    }
+    let took = started.elapsed();
+    canceller
+        .await
+        .map_err(|j| j.to_string())?
+        .map_err(|err| format!("cancel_query: {err:?}"))?;
+    if took > Duration::from_secs(5) {
+        return Err(format!("the cancel took {took:?}"));
+    }
+    let one: i32 = client.query_one("SELECT 1", &[]).await.map_err(e)?.get(0);
+    if one != 1 {
+        return Err("connection not usable after the cancel".into());
+    }
+    println!("ok cancel: 57014 after {:.2}s", took.as_secs_f64());
+
+    *step = "scatter_count";
+    // A read of the sharded table without a key: scattered to every shard, counts summed. The
+    // range count is exact whatever the other drivers insert meanwhile.
+    let count = client
+        .prepare("SELECT count(*) FROM kv WHERE id BETWEEN $1 AND $2")
+        .await
+        .map_err(e)?;
+    for _ in 0..SCATTER_REPEAT {
+        let n: i64 = client
+            .query_one(&count, &[&keys[0], &keys[keys.len() - 1]])
+            .await
+            .map_err(e)?
+            .get(0);
+        if n != ROWS {
+            return Err(format!(
+                "count of this driver's range: expected {ROWS}, got {n}"
+            ));
+        }
+    }
+    let total: i64 = client
+        .query_one("SELECT count(*) FROM kv", &[])
+        .await
+        .map_err(e)?
+        .get(0);
+    if total < ROWS {
+        return Err(format!(
+            "SELECT count(*) FROM kv: {total} < the {ROWS} rows of this driver alone"
+        ));
+    }
+    let msgs = client
+        .simple_query("SELECT count(*) FROM kv")
+        .await
+        .map_err(e)?;
+    if !msgs.iter().any(|m| matches!(m, SimpleQueryMessage::Row(r) if r.get(0).and_then(|n| n.parse::<i64>().ok()).is_some_and(|n| n >= total))) {
+        return Err(format!("simple-protocol SELECT count(*) FROM kv: {msgs:?}"));
+    }
+    println!("ok scatter_count: range count {ROWS} x{SCATTER_REPEAT}, total {total}");
+    Ok(())
+}
+
+#[test]
+fn tokio_postgres() {
+    let env = shared_env();
+    let name = "tokio_postgres";
+    let base = key_base(0);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut step = "start";
+    let result = rt.block_on(async {
+        tokio::time::timeout(
+            PROGRAM_TIMEOUT,
+            tokio_postgres_script(&env.router.url(), name, base, &mut step),
+        )
+        .await
+    });
+    match result {
+        Ok(Ok(())) => {}
+        Ok(Err(msg)) => panic!(
+            "FAIL {step}: {msg}\n--- router log ---\n{}",
+            env.router.log_text()
+        ),
+        Err(_) => panic!(
+            "FAIL {step}: timed out\n--- router log ---\n{}",
+            env.router.log_text()
+        ),
+    }
+    check_shards(env, name, base);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The other drivers, as subprocesses.
+
+#[test]
+fn sqlx() {
+    let manifest = drivers_dir().join("sqlx/Cargo.toml");
+    let target = workspace_root().join("target/drivers-sqlx");
+    let bin = target.join("debug/shardgate-driver-sqlx");
+    require(
+        bin.exists(),
+        &format!("the sqlx driver program ({})", bin.display()),
+    );
+    // Rebuild if its source changed since install.sh built it (a no-op otherwise); offline, so
+    // that a test never downloads anything.
+    let cargo = option_env!("CARGO").unwrap_or("cargo");
+    let out = Command::new(cargo)
+        .args(["build", "-q", "--locked", "--offline", "--manifest-path"])
+        .arg(&manifest)
+        .arg("--target-dir")
+        .arg(&target)
+        .env_remove("CARGO_TARGET_DIR")
+        .output()
+        .expect("run cargo");
+    assert!(
+        out.status.success(),
+        "building the sqlx driver failed:\n{}\n{INSTALL}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    run_driver("sqlx", 1, Command::new(bin));
+}
+
+fn python(script: &str) -> Command {
+    let python = venv_dir().join("bin/python");
+    require(
+        python.exists(),
+        &format!("the Python venv ({})", python.display()),
+    );
+    let ok = Command::new(&python)
+        .args(["-c", "import psycopg, asyncpg"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    require(ok, "psycopg or asyncpg in the Python venv");
+    let mut cmd = Command::new(python);
+    cmd.arg(drivers_dir().join("python").join(script));
+    cmd
+}
+
+#[test]
+fn psycopg() {
+    run_driver("psycopg", 2, python("psycopg_driver.py"));
+}
+
+#[test]
+fn asyncpg() {
+    run_driver_with(
+        "asyncpg",
+        3,
+        python("asyncpg_driver.py"),
+        &["kv_drv_asyncpg_p"],
+    );
+}
+
+#[test]
+fn node_postgres() {
+    let dir = drivers_dir().join("node");
+    require(on_path("node"), "node (Node.js 20)");
+    require(
+        dir.join("node_modules/pg/package.json").exists(),
+        "node_modules/pg",
+    );
+    let mut cmd = Command::new("node");
+    cmd.arg(dir.join("driver.js"));
+    run_driver("node_postgres", 4, cmd);
+}
+
+#[test]
+fn pgjdbc() {
+    let jar = Path::new("/usr/share/java/postgresql.jar");
+    require(
+        jar.exists(),
+        "/usr/share/java/postgresql.jar (libpostgresql-jdbc-java)",
+    );
+    require(on_path("javac") && on_path("java"), "a JDK (javac, java)");
+    let classes =
+        std::env::temp_dir().join(format!("shardgate-drivers-jdbc-{}", std::process::id()));
+    std::fs::create_dir_all(&classes).expect("class dir");
+    /// Removes the compiled classes however the test ends.
+    struct RemoveOnDrop(PathBuf);
+    impl Drop for RemoveOnDrop {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _cleanup = RemoveOnDrop(classes.clone());
+    let out = Command::new("javac")
+        .arg("-cp")
+        .arg(jar)
+        .arg("-d")
+        .arg(&classes)
+        .arg(drivers_dir().join("java/DriverMatrix.java"))
+        .output()
+        .expect("run javac");
+    assert!(
+        out.status.success(),
+        "javac DriverMatrix.java failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut cmd = Command::new("java");
+    cmd.arg("-cp")
+        .arg(format!("{}:{}", classes.display(), jar.display()))
+        .arg("DriverMatrix");
+    run_driver("pgjdbc", 5, cmd);
+}
+
+/// Not part of the matrix: keeps a cluster and router up for running a driver program by hand
+/// (`cargo test -p shardgate --test drivers -- --ignored --nocapture serve`, then e.g.
+/// `SHARDGATE_URL=... SHARDGATE_KEY_BASE=29000000 node router/tests/drivers/node/driver.js`).
+#[test]
+#[ignore]
+fn serve() {
+    let env = shared_env();
+    let secs: u64 = std::env::var("SHARDGATE_SERVE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(600);
+    println!("SHARDGATE_URL={}", env.router.url());
+    for shard in 0..env.map.shards().len() {
+        println!("shard {shard}: {}", env.map.shards()[shard].range);
+    }
+    std::thread::sleep(Duration::from_secs(secs));
+}

@@ -1,0 +1,178 @@
+"""The driver-matrix script for asyncpg (its own protocol implementation; every query with
+arguments runs as a named server-side prepared statement from its statement cache) through a
+shardgate router.
+
+Environment: SHARDGATE_URL, SHARDGATE_KEY_BASE, SHARDGATE_DRIVER (see psycopg_driver.py).
+Prints one line per step; exits 1 with "FAIL <step>: ..." on the first deviation.
+"""
+
+import asyncio
+import os
+import sys
+import time
+
+import asyncpg
+
+URL = os.environ["SHARDGATE_URL"]
+BASE = int(os.environ["SHARDGATE_KEY_BASE"])
+NAME = os.environ.get("SHARDGATE_DRIVER", "asyncpg")
+ROWS = 20
+REPEAT = 12
+SCATTER_REPEAT = 7
+
+step = "start"
+deferred = []  # failures of steps that the later steps do not depend on
+
+
+class Deviation(Exception):
+    pass
+
+
+def fail(msg):
+    raise Deviation(msg)
+
+
+def ok(detail=""):
+    print(f"ok {step}{': ' + detail if detail else ''}", flush=True)
+
+
+async def expect_sqlstate(coro, want):
+    try:
+        await coro
+    except asyncpg.PostgresError as e:
+        if e.sqlstate != want:
+            fail(f"expected SQLSTATE {want}, got {e.sqlstate}: {e}")
+        return e
+    fail(f"expected SQLSTATE {want}, the statement succeeded")
+
+
+async def main():
+    global step
+    step = "connect"
+    conn = await asyncpg.connect(URL, ssl=False)
+    ok(f"asyncpg {asyncpg.__version__}")
+
+    step = "ddl_broadcast"
+    # execute() without arguments uses the simple query protocol.
+    await conn.execute(f"CREATE INDEX IF NOT EXISTS kv_drv_{NAME} ON kv (v)")
+    ok("simple protocol")
+
+    step = "ddl_prepared"
+    # The same DDL through a prepared statement (Parse + Describe + Flush, then Bind + Execute
+    # + Sync), as SQLAlchemy's asyncpg dialect runs all its statements, DDL included. A failure
+    # here does not stop the script (the steps after it do not depend on it); it still fails
+    # the run at the end.
+    try:
+        await (await conn.prepare(f"CREATE INDEX IF NOT EXISTS kv_drv_{NAME}_p ON kv (v)")).fetch()
+        ok("Parse/Describe/Flush, then Bind/Execute/Sync")
+    except asyncpg.PostgresError as e:
+        deferred.append(f"FAIL {step}: SQLSTATE {e.sqlstate}: {e}")
+        print(deferred[-1], flush=True)
+
+    step = "insert"
+    keys = [BASE + i for i in range(1, ROWS + 1)]
+    for k in keys:
+        status = await conn.execute("INSERT INTO kv (id, v) VALUES ($1, $2)", k, f"v{k}")
+        if status != "INSERT 0 1":
+            fail(f"insert {k}: {status}")
+    ok(f"{ROWS} rows")
+
+    step = "point_select"
+    for _ in range(REPEAT):
+        for k in keys:
+            v = await conn.fetchval("SELECT v FROM kv WHERE id = $1", k)
+            if v != f"v{k}":
+                fail(f"key {k}: got {v!r}")
+    # The same through an explicit prepared statement (Parse/Describe with Flush, then binds).
+    stmt = await conn.prepare("SELECT id, v FROM kv WHERE id = $1")
+    for k in keys:
+        row = await stmt.fetchrow(k)
+        if tuple(row) != (k, f"v{k}"):
+            fail(f"prepared, key {k}: got {row!r}")
+    ok(f"{REPEAT * ROWS + ROWS} selects, named prepared statements (statement cache)")
+
+    step = "tx_commit"
+    k = keys[0]
+    async with conn.transaction():
+        v = await conn.fetchval("SELECT v FROM kv WHERE id = $1 FOR UPDATE", k)
+        if v != f"v{k}":
+            fail(f"in tx: got {v!r}")
+        await conn.execute("UPDATE kv SET v = $1 WHERE id = $2", "updated", k)
+    v = await conn.fetchval("SELECT v FROM kv WHERE id = $1", k)
+    if v != "updated":
+        fail(f"after commit: got {v!r}")
+    ok()
+
+    step = "tx_rollback"
+    k = keys[1]
+    tx = conn.transaction()
+    await tx.start()
+    await conn.execute("UPDATE kv SET v = $1 WHERE id = $2", "rolled back", k)
+    v = await conn.fetchval("SELECT v FROM kv WHERE id = $1", k)
+    if v != "rolled back":
+        fail(f"inside the tx: got {v!r}")
+    await tx.rollback()
+    v = await conn.fetchval("SELECT v FROM kv WHERE id = $1", k)
+    if v != f"v{k}":
+        fail(f"after rollback: got {v!r}")
+    ok()
+
+    step = "unique_violation"
+    k = keys[2]
+    e = await expect_sqlstate(
+        conn.execute("INSERT INTO kv (id, v) VALUES ($1, $2)", k, "dup"), "23505"
+    )
+    if not isinstance(e, asyncpg.UniqueViolationError):
+        fail(f"expected UniqueViolationError, got {type(e).__name__}")
+    v = await conn.fetchval("SELECT v FROM kv WHERE id = $1", k)
+    if v != f"v{k}":
+        fail(f"connection reused after the error: got {v!r}")
+    ok()
+
+    step = "cancel"
+    # asyncpg's cancel API is task cancellation (here through a timeout): it sends a
+    # CancelRequest and waits for the server to end the statement; the 57014 it gets back is
+    # consumed by asyncpg, so the proof is that the connection is usable again at once
+    # instead of after the 10 s sleep.
+    started = time.monotonic()
+    try:
+        await conn.fetchval("SELECT pg_sleep(10)", timeout=0.5)
+        fail("pg_sleep(10) returned instead of being cancelled")
+    except asyncio.TimeoutError:
+        pass
+    v = await conn.fetchval("SELECT 1")
+    took = time.monotonic() - started
+    if v != 1:
+        fail(f"after the cancel: got {v!r}")
+    if took > 5:
+        fail(f"the connection was busy for {took:.1f}s: the CancelRequest did not stop pg_sleep")
+    ok(f"timeout → CancelRequest, connection usable after {took:.2f}s")
+
+    step = "scatter_count"
+    # A read of the sharded table without a key: scattered to every shard, counts summed.
+    # asyncpg's first run of a statement is Parse + Describe + Flush, then Bind + Execute +
+    # Sync; later runs reuse the named statement (Bind + Execute + Sync).
+    total = await conn.fetchval("SELECT count(*) FROM kv")
+    if total < ROWS:
+        fail(f"SELECT count(*) FROM kv: {total} < the {ROWS} rows of this driver alone")
+    for _ in range(SCATTER_REPEAT):
+        n = await conn.fetchval("SELECT count(*) FROM kv WHERE id BETWEEN $1 AND $2", keys[0], keys[-1])
+        if n != ROWS:
+            fail(f"count of this driver's range: expected {ROWS}, got {n!r}")
+    ok(f"range count {ROWS} x{SCATTER_REPEAT}, total {total}")
+
+    await conn.close()
+    if deferred:
+        fail("earlier step(s) failed:\n" + "\n".join(deferred))
+    print("PASS", flush=True)
+
+
+if __name__ == "__main__":
+    try:
+        asyncio.run(main())
+    except Deviation as e:
+        print(f"FAIL {step}: {e}", flush=True)
+        sys.exit(1)
+    except BaseException as e:
+        print(f"FAIL {step}: {type(e).__name__}: {e}", flush=True)
+        sys.exit(1)

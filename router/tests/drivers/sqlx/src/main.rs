@@ -1,0 +1,253 @@
+//! sqlx's script of the driver matrix through a shardgate router. sqlx runs every query with
+//! arguments as a named server-side prepared statement (`sqlx_s_N`, its per-connection
+//! statement cache), so the point selects exercise named statements from the first use.
+//!
+//! Environment: SHARDGATE_URL, SHARDGATE_KEY_BASE, SHARDGATE_DRIVER (see
+//! ../python/psycopg_driver.py). Prints one line per step; exits 1 with "FAIL <step>: ..." on
+//! the first deviation.
+
+use std::time::{Duration, Instant};
+
+use sqlx::{Connection, Executor, PgConnection, Row};
+
+const ROWS: i64 = 20;
+const REPEAT: usize = 12;
+const SCATTER_REPEAT: usize = 7;
+
+type Result<T> = std::result::Result<T, String>;
+
+fn sqlstate<T: std::fmt::Debug>(
+    r: std::result::Result<T, sqlx::Error>,
+    want: &str,
+) -> Result<String> {
+    match r {
+        Ok(v) => Err(format!(
+            "expected SQLSTATE {want}, the statement succeeded: {v:?}"
+        )),
+        Err(sqlx::Error::Database(db)) => match db.code() {
+            Some(code) if code == want => Ok(db.message().to_string()),
+            code => Err(format!(
+                "expected SQLSTATE {want}, got {code:?}: {}",
+                db.message()
+            )),
+        },
+        Err(e) => Err(format!("expected SQLSTATE {want}, got {e}")),
+    }
+}
+
+async fn value(conn: &mut PgConnection, k: i64) -> Result<Option<String>> {
+    sqlx::query_scalar::<_, String>("SELECT v FROM kv WHERE id = $1")
+        .bind(k)
+        .fetch_optional(conn)
+        .await
+        .map_err(|e| format!("select {k}: {e}"))
+}
+
+async fn expect_value(conn: &mut PgConnection, k: i64, want: &str, what: &str) -> Result<()> {
+    match value(conn, k).await? {
+        Some(v) if v == want => Ok(()),
+        got => Err(format!("{what}: key {k}: expected {want:?}, got {got:?}")),
+    }
+}
+
+async fn select_one(conn: &mut PgConnection, what: &str) -> Result<()> {
+    let one: i32 = sqlx::query_scalar("SELECT 1")
+        .fetch_one(conn)
+        .await
+        .map_err(|e| format!("{what}: {e}"))?;
+    if one != 1 {
+        return Err(format!("{what}: SELECT 1 returned {one}"));
+    }
+    Ok(())
+}
+
+async fn run(step: &mut &'static str) -> Result<()> {
+    let url = std::env::var("SHARDGATE_URL").map_err(|_| "SHARDGATE_URL is not set")?;
+    let base: i64 = std::env::var("SHARDGATE_KEY_BASE")
+        .ok()
+        .and_then(|b| b.parse().ok())
+        .ok_or("SHARDGATE_KEY_BASE is not set")?;
+    let name = std::env::var("SHARDGATE_DRIVER").unwrap_or_else(|_| "sqlx".into());
+    let ok = |step: &str, detail: &str| {
+        if detail.is_empty() {
+            println!("ok {step}");
+        } else {
+            println!("ok {step}: {detail}");
+        }
+    };
+
+    *step = "connect";
+    let url = format!("{url}?sslmode=disable");
+    let mut conn = PgConnection::connect(&url)
+        .await
+        .map_err(|e| e.to_string())?;
+    ok(step, "sqlx 0.8");
+
+    *step = "ddl_broadcast";
+    // A plain &str executes in the simple query protocol.
+    conn.execute(format!("CREATE INDEX IF NOT EXISTS kv_drv_{name} ON kv (v)").as_str())
+        .await
+        .map_err(|e| e.to_string())?;
+    ok(step, "simple protocol");
+
+    *step = "insert";
+    let keys: Vec<i64> = (1..=ROWS).map(|i| base + i).collect();
+    for &k in &keys {
+        let r = sqlx::query("INSERT INTO kv (id, v) VALUES ($1, $2)")
+            .bind(k)
+            .bind(format!("v{k}"))
+            .execute(&mut conn)
+            .await
+            .map_err(|e| format!("insert {k}: {e}"))?;
+        if r.rows_affected() != 1 {
+            return Err(format!("insert {k}: {} rows", r.rows_affected()));
+        }
+    }
+    ok(step, &format!("{ROWS} rows"));
+
+    *step = "point_select";
+    for _ in 0..REPEAT {
+        for &k in &keys {
+            expect_value(&mut conn, k, &format!("v{k}"), "select").await?;
+        }
+    }
+    let cached = conn.cached_statements_size();
+    if cached < 2 {
+        return Err(format!(
+            "expected named statements in sqlx's cache, it holds {cached}"
+        ));
+    }
+    ok(
+        step,
+        &format!(
+            "{} selects, {cached} named prepared statements",
+            REPEAT * keys.len()
+        ),
+    );
+
+    *step = "tx_commit";
+    let k = keys[0];
+    {
+        let mut tx = conn.begin().await.map_err(|e| e.to_string())?;
+        let v: String = sqlx::query("SELECT v FROM kv WHERE id = $1 FOR UPDATE")
+            .bind(k)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|e| e.to_string())?
+            .get(0);
+        if v != format!("v{k}") {
+            return Err(format!("in tx: got {v:?}"));
+        }
+        sqlx::query("UPDATE kv SET v = $1 WHERE id = $2")
+            .bind("updated")
+            .bind(k)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| e.to_string())?;
+        tx.commit().await.map_err(|e| e.to_string())?;
+    }
+    expect_value(&mut conn, k, "updated", "after commit").await?;
+    ok(step, "");
+
+    *step = "tx_rollback";
+    let k = keys[1];
+    {
+        let mut tx = conn.begin().await.map_err(|e| e.to_string())?;
+        sqlx::query("UPDATE kv SET v = $1 WHERE id = $2")
+            .bind("rolled back")
+            .bind(k)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| e.to_string())?;
+        expect_value(&mut tx, k, "rolled back", "inside the tx").await?;
+        tx.rollback().await.map_err(|e| e.to_string())?;
+    }
+    expect_value(&mut conn, k, &format!("v{k}"), "after rollback").await?;
+    ok(step, "");
+
+    *step = "unique_violation";
+    let k = keys[2];
+    let r = sqlx::query("INSERT INTO kv (id, v) VALUES ($1, $2)")
+        .bind(k)
+        .bind("dup")
+        .execute(&mut conn)
+        .await;
+    sqlstate(r.map(|r| r.rows_affected()), "23505")?;
+    expect_value(
+        &mut conn,
+        k,
+        &format!("v{k}"),
+        "connection reused after the error",
+    )
+    .await?;
+    ok(step, "");
+
+    *step = "cancel";
+    // sqlx has no API to send a CancelRequest (it keeps BackendKeyData private), and dropping
+    // a query future does not cancel it on the server. What an application can do is a
+    // server-side statement_timeout, which ends the statement with the same 57014.
+    conn.execute("SET statement_timeout = '500ms'")
+        .await
+        .map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let r = sqlx::query("SELECT pg_sleep(10)").execute(&mut conn).await;
+    sqlstate(r.map(|r| r.rows_affected()), "57014")?;
+    let took = started.elapsed();
+    conn.execute("RESET statement_timeout")
+        .await
+        .map_err(|e| e.to_string())?;
+    if took > Duration::from_secs(5) {
+        return Err(format!("the statement_timeout took {took:?}"));
+    }
+    select_one(&mut conn, "connection not usable after the cancel").await?;
+    ok(
+        step,
+        &format!(
+            "no cancel API; statement_timeout → 57014 after {:.2}s",
+            took.as_secs_f64()
+        ),
+    );
+
+    *step = "scatter_count";
+    // A read of the sharded table without a key: scattered to every shard, counts summed. The
+    // range count is exact whatever the other drivers insert meanwhile.
+    for _ in 0..SCATTER_REPEAT {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM kv WHERE id BETWEEN $1 AND $2")
+            .bind(keys[0])
+            .bind(keys[keys.len() - 1])
+            .fetch_one(&mut conn)
+            .await
+            .map_err(|e| format!("count of this driver's range: {e}"))?;
+        if n != ROWS {
+            return Err(format!(
+                "count of this driver's range: expected {ROWS}, got {n}"
+            ));
+        }
+    }
+    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM kv")
+        .fetch_one(&mut conn)
+        .await
+        .map_err(|e| format!("SELECT count(*) FROM kv: {e}"))?;
+    if total < ROWS {
+        return Err(format!(
+            "SELECT count(*) FROM kv: {total} < the {ROWS} rows of this driver alone"
+        ));
+    }
+    ok(
+        step,
+        &format!("range count {ROWS} x{SCATTER_REPEAT}, total {total}"),
+    );
+
+    conn.close().await.map_err(|e| e.to_string())?;
+    println!("PASS");
+    Ok(())
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let mut step = "start";
+    if let Err(e) = run(&mut step).await {
+        println!("FAIL {step}: {e}");
+        std::process::exit(1);
+    }
+}
