@@ -279,10 +279,45 @@ async fn lists_and_multi_statement_queries() {
         .await
         .expect_err("multi-row insert across shards");
     assert_eq!(sqlstate(&err), "0A000");
-    let err = client
-        .query(&format!("SELECT v FROM kv WHERE id IN ({a}, {c})"), &[])
+    // A read whose keys fall on several shards runs on every shard (each key's row lives on
+    // one shard only) and its rows are concatenated; a write like that is refused.
+    client
+        .simple_query(&format!("INSERT INTO kv (id, v) VALUES ({c}, 'c')"))
         .await
-        .expect_err("IN across shards");
+        .expect("insert on shard 1");
+    let rows = client
+        .query(
+            &format!("SELECT v FROM kv WHERE id IN ({a}, {b}, {c})"),
+            &[],
+        )
+        .await
+        .expect("IN across shards");
+    let mut got: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    got.sort();
+    assert_eq!(got, ["a", "b", "c"]);
+    // Forms the planner cannot pin are either refused or answered from every shard, and then
+    // the answer is the right one.
+    match client
+        .query(
+            "SELECT v FROM kv WHERE id = ANY(ARRAY[$1, $2]::bigint[])",
+            &[&a, &c],
+        )
+        .await
+    {
+        Ok(rows) => {
+            let mut got: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+            got.sort();
+            assert_eq!(got, ["a", "c"]);
+        }
+        Err(e) => assert_eq!(sqlstate(&e), "0A000"),
+    }
+    let err = client
+        .query(
+            &format!("UPDATE kv SET v = 'x' WHERE id IN ({a}, {c})"),
+            &[],
+        )
+        .await
+        .expect_err("a write across shards");
     assert_eq!(sqlstate(&err), "0A000");
     let message = err
         .as_db_error()

@@ -93,19 +93,7 @@ pub fn decide(
         return Ok(Decision::Broadcast);
     }
     if let [Route::Scatter { merge, .. }] = plan.statements.as_slice() {
-        return Ok(match merge {
-            Merge::Count => Decision::Scatter {
-                count: true,
-                limit: None,
-            },
-            Merge::Concat { limit } => Decision::Scatter {
-                count: false,
-                limit: match limit {
-                    None => None,
-                    Some(source) => read_limit(source, bind, params_before, literals)?,
-                },
-            },
-        });
+        return scatter_decision(merge, bind, params_before, literals);
     }
     let mut only_txn: Option<Decision> = None;
     let single = plan.statements.len() == 1;
@@ -115,6 +103,7 @@ pub fn decide(
                 table,
                 key_type,
                 keys,
+                spread,
             } => {
                 let mut first: Option<usize> = None;
                 for source in keys {
@@ -125,6 +114,10 @@ pub fn decide(
                     let s = map.shard_for_key(&key);
                     match first {
                         Some(f) if f != s => {
+                            if let (true, Some(merge)) = (single, spread) {
+                                // Run it everywhere: each key's rows are only on its shard.
+                                return scatter_decision(merge, bind, params_before, literals);
+                            }
                             return Err(SqlError::new(
                                 errors::FEATURE_NOT_SUPPORTED,
                                 format!(
@@ -133,7 +126,7 @@ pub fn decide(
                                     map.shards()[s].range
                                 ),
                             )
-                            .with_hint("split the statement so that each one names keys of one shard"))
+                            .with_hint("split the statement so that each one names keys of one shard"));
                         }
                         _ => first = Some(s),
                     }
@@ -168,6 +161,28 @@ pub fn decide(
         (Some(s), _) => Decision::Shard(s),
         (None, Some(d)) => d,
         (None, None) => Decision::Any,
+    })
+}
+
+/// A read on every shard, merged as `merge` says.
+fn scatter_decision(
+    merge: &Merge,
+    bind: Option<&Bind<'_>>,
+    params_before: usize,
+    literals: &(impl Literals + ?Sized),
+) -> Result<Decision, SqlError> {
+    Ok(match merge {
+        Merge::Count => Decision::Scatter {
+            count: true,
+            limit: None,
+        },
+        Merge::Concat { limit } => Decision::Scatter {
+            count: false,
+            limit: match limit {
+                None => None,
+                Some(source) => read_limit(source, bind, params_before, literals)?,
+            },
+        },
     })
 }
 

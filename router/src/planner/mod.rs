@@ -50,6 +50,10 @@ pub enum Route {
         table: String,
         key_type: KeyType,
         keys: Vec<KeySource>,
+        /// For a read whose keys may land on several shards (`IN (...)`): how the answers of
+        /// all shards merge when run everywhere (rows of a key live only on its shard, so the
+        /// other shards add nothing). `None` for writes and reads that cannot merge exactly.
+        spread: Option<Merge>,
     },
     /// Touches no user table (`SELECT 1`, `SET`, `SHOW`, catalog queries): any healthy shard.
     Any,

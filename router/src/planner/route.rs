@@ -260,10 +260,17 @@ fn data(stmt: &Statement, map: &ShardMap) -> Route {
             ),
         };
     }
+    let keys: Vec<_> = refs.pins.into_iter().flat_map(|p| p.keys).collect();
+    let spread = if keys.len() > 1 {
+        super::scatter::merge_for(stmt).ok()
+    } else {
+        None
+    };
     Route::Keyed {
         table: name,
         key_type,
-        keys: refs.pins.into_iter().flat_map(|p| p.keys).collect(),
+        keys,
+        spread,
     }
 }
 

@@ -96,6 +96,7 @@ fn point_statements_are_keyed() {
             table,
             key_type,
             keys,
+            ..
         } => {
             assert_eq!((table.as_str(), key_type), ("users", KeyType::Uuid));
             assert_eq!(keys, [KeySource::Param(0)]);
