@@ -147,6 +147,10 @@ pub struct Limits {
     /// `slow_statement_ms`: statements slower than this are logged with their shard and
     /// timings. Default 1000; 0 = no slow-statement log.
     pub slow_statement: Option<Duration>,
+    /// `allow_scatter_writes`: let UPDATE and DELETE of a sharded table without a key run on
+    /// every shard. Off by default: such a write is one transaction per shard, not one atomic
+    /// change (clients can also opt in per session with `SET shardgate.allow_scatter_writes = on`).
+    pub allow_scatter_writes: bool,
 }
 
 /// Every problem found in one config file; shown as `FILE:LINE: sentence`, one per line
@@ -231,6 +235,7 @@ struct RawLimits {
     statement_timeout_ms: Option<Spanned<i64>>,
     plan_cache_size: Option<Spanned<i64>>,
     slow_statement_ms: Option<Spanned<i64>>,
+    allow_scatter_writes: Option<bool>,
 }
 
 /// Reads and checks a config file.
@@ -460,6 +465,7 @@ pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
         ),
         plan_cache_size: check.count(&l.plan_cache_size, "limits.plan_cache_size", 10_000, 0),
         slow_statement: check.optional_ms(&l.slow_statement_ms, "limits.slow_statement_ms", 1000),
+        allow_scatter_writes: l.allow_scatter_writes.unwrap_or(false),
     };
 
     if !check.problems.is_empty() {
@@ -706,6 +712,7 @@ slow_statement_ms = 250
                 statement_timeout: Some(Duration::from_secs(30)),
                 plan_cache_size: 0,
                 slow_statement: Some(Duration::from_millis(250)),
+                allow_scatter_writes: false,
             }
         );
         // No password, plain or backend, is printed by Debug.
@@ -766,6 +773,7 @@ slow_statement_ms = 250
                 statement_timeout: None,
                 plan_cache_size: 10_000,
                 slow_statement: Some(Duration::from_secs(1)),
+                allow_scatter_writes: false,
             }
         );
     }

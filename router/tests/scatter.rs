@@ -171,3 +171,65 @@ fn psql_counts_a_sharded_table() {
         .count();
     assert!(spread > 1, "the names are on several shards");
 }
+
+/// UPDATE and DELETE without a key are refused unless the client opts in; then they run on
+/// every shard and report the total row count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_on_every_shard_only_when_asked() {
+    let env = shared_env();
+    let client = env.router.connect().await;
+    let insert = client
+        .prepare("INSERT INTO kv (id, v) VALUES ($1, 'sw-old')")
+        .await
+        .expect("prepare");
+    for id in 15_000_000i64..15_000_100 {
+        client.execute(&insert, &[&id]).await.expect("insert");
+    }
+    let err = client
+        .execute("UPDATE kv SET v = 'sw-new' WHERE v = 'sw-old'", &[])
+        .await
+        .expect_err("refused by default");
+    assert_eq!(sqlstate(&err), "0A000");
+    assert!(err
+        .as_db_error()
+        .is_some_and(|e| e.message().contains("allow_scatter_writes")));
+
+    client
+        .simple_query("SET shardgate.allow_scatter_writes = on")
+        .await
+        .expect("opt in");
+    let n = client
+        .execute("UPDATE kv SET v = 'sw-new' WHERE v = 'sw-old'", &[])
+        .await
+        .expect("update on every shard");
+    assert_eq!(n, 100);
+    let changed: usize = (0..4)
+        .map(|s| {
+            env.on_shard(s, "SELECT count(*) FROM kv WHERE v = 'sw-new'")
+                .parse::<usize>()
+                .expect("count")
+        })
+        .sum();
+    assert_eq!(changed, 100);
+    let msgs = client
+        .simple_query("DELETE FROM kv WHERE v = 'sw-new' RETURNING id")
+        .await
+        .expect("delete on every shard");
+    let returned = msgs
+        .iter()
+        .filter(|m| matches!(m, SimpleQueryMessage::Row(_)))
+        .count();
+    assert_eq!(returned, 100);
+    assert!(msgs
+        .iter()
+        .any(|m| matches!(m, SimpleQueryMessage::CommandComplete(100))));
+    client
+        .simple_query("RESET shardgate.allow_scatter_writes")
+        .await
+        .expect("opt out");
+    let err = client
+        .execute("DELETE FROM kv WHERE v = 'sw-new'", &[])
+        .await
+        .expect_err("refused again");
+    assert_eq!(sqlstate(&err), "0A000");
+}

@@ -58,7 +58,20 @@ pub fn decide(
     params_before: usize,
     literals: &(impl Literals + ?Sized),
     map: &ShardMap,
+    allow_scatter_writes: bool,
 ) -> Result<Decision, SqlError> {
+    if let [Route::ScatterWrite { message }] = plan.statements.as_slice() {
+        if allow_scatter_writes {
+            return Ok(Decision::Scatter {
+                count: false,
+                limit: None,
+            });
+        }
+        return Err(SqlError::new(
+            errors::FEATURE_NOT_SUPPORTED,
+            message.clone(),
+        ));
+    }
     let mut shard: Option<usize> = None;
     let mut agree = |s: usize| -> Result<(), SqlError> {
         match shard {
@@ -143,6 +156,12 @@ pub fn decide(
             Route::Rollback if single => only_txn = Some(Decision::Rollback),
             Route::Begin | Route::Commit | Route::Rollback => {}
             Route::Broadcast => {}
+            Route::ScatterWrite { message } => {
+                return Err(SqlError::new(
+                    errors::FEATURE_NOT_SUPPORTED,
+                    message.clone(),
+                ));
+            }
             Route::Scatter { table, .. } => {
                 return Err(SqlError::new(
                     errors::FEATURE_NOT_SUPPORTED,

@@ -245,9 +245,17 @@ impl Session {
         let sql = frontend::query(&frame[5..])?;
         self.last_sql.clear();
         self.last_sql.push_str(sql);
+        let allow = self.allow_scatter_writes();
         let planned = self.shared.planner.plan(sql, &mut self.nbuf);
         let params_before = planned.params_before();
-        let decision = routing::decide(&planned, None, params_before, &planned, &self.shared.map);
+        let decision = routing::decide(
+            &planned,
+            None,
+            params_before,
+            &planned,
+            &self.shared.map,
+            allow,
+        );
         drop(planned);
         let decision =
             match routing::manual_shard(sql, self.settings.get(MANUAL_SHARD), &self.shared.map) {
@@ -595,6 +603,10 @@ impl Session {
         let mut answered = !extended;
         let mut rows_sent: u64 = 0;
         let mut total: i64 = 0;
+        // The command of the shards' CommandComplete (SELECT, UPDATE, DELETE) and the sum of
+        // their row counts.
+        let mut verb: Option<String> = None;
+        let mut tagged: u64 = 0;
         for (shard, rx) in receivers.iter_mut().enumerate() {
             loop {
                 let chunk = match rx.recv().await {
@@ -656,6 +668,21 @@ impl Session {
                                 rows_sent += 1;
                             }
                         }
+                        b'C' => {
+                            let body = &frame[5..];
+                            tagged += scatter::rows_in_tag(body);
+                            if verb.is_none() {
+                                let text = String::from_utf8_lossy(
+                                    body.strip_suffix(b"\0").unwrap_or(body),
+                                )
+                                .into_owned();
+                                let word = text
+                                    .rsplit_once(' ')
+                                    .map_or(text.as_str(), |(w, _)| w)
+                                    .to_string();
+                                verb = Some(word);
+                            }
+                        }
                         b'Z' => done = true,
                         _ => {}
                     }
@@ -676,7 +703,13 @@ impl Session {
             scatter::count_row(&mut self.cout, total, binary);
             reply::command_complete(&mut self.cout, "SELECT 1");
         } else {
-            reply::command_complete(&mut self.cout, &format!("SELECT {rows_sent}"));
+            match verb.as_deref() {
+                // A read's count is what the client got (a LIMIT may have cut the rows).
+                None | Some("SELECT") => {
+                    reply::command_complete(&mut self.cout, &format!("SELECT {rows_sent}"))
+                }
+                Some(verb) => reply::command_complete(&mut self.cout, &format!("{verb} {tagged}")),
+            }
         }
         Ok(false)
     }
@@ -1089,6 +1122,18 @@ impl Session {
         Ok(())
     }
 
+    /// Whether UPDATE/DELETE without a key may run on every shard: the config, or the
+    /// client's `SET shardgate.allow_scatter_writes`.
+    fn allow_scatter_writes(&self) -> bool {
+        match self.settings.get("shardgate.allow_scatter_writes") {
+            Some(v) => matches!(
+                v.trim().trim_matches('\'').to_ascii_lowercase().as_str(),
+                "on" | "true" | "1" | "yes"
+            ),
+            None => self.shared.config.limits.allow_scatter_writes,
+        }
+    }
+
     /// Remembers the text of the statement a Bind runs, for the slow-statement log.
     fn note_sql(&mut self, statement: &str) {
         self.last_sql.clear();
@@ -1129,10 +1174,18 @@ impl Session {
                 self.unnamed.params_before,
                 &self.unnamed.literals[..],
                 map,
+                self.allow_scatter_writes(),
             );
         }
         match self.named.get(b.statement) {
-            Some(n) => routing::decide(&n.plan, Some(b), n.params_before, &n.literals[..], map),
+            Some(n) => routing::decide(
+                &n.plan,
+                Some(b),
+                n.params_before,
+                &n.literals[..],
+                map,
+                self.allow_scatter_writes(),
+            ),
             None => Err(SqlError::new(
                 errors::UNDEFINED_PREPARED_STATEMENT,
                 format!("prepared statement \"{}\" does not exist", b.statement),

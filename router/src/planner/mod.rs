@@ -77,6 +77,9 @@ pub enum Route {
     /// A read of a sharded table without a key whose answers merge exactly: run on every
     /// shard, combined as `merge` says.
     Scatter { table: String, merge: Merge },
+    /// UPDATE or DELETE of a sharded table without a key: refused with `message` unless the
+    /// client or the config opted in to writes on every shard.
+    ScatterWrite { message: String },
     /// Text that does not parse and names no sharded table: send it to the default shard for
     /// Postgres to judge. (Unparseable text that names a sharded table is `Unroutable`: if
     /// Postgres accepted it, the default shard would answer with only its part of the table.)

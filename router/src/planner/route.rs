@@ -206,6 +206,17 @@ fn data(stmt: &Statement, map: &ShardMap) -> Route {
             ),
         };
     }
+    if refs.pins.is_empty()
+        && refs.sharded.len() == 1
+        && matches!(stmt, Statement::Update(_) | Statement::Delete(_))
+    {
+        let key = &first.key;
+        return Route::ScatterWrite {
+            message: format!(
+                "{name} is sharded by {key}, and this write does not fix {key} to one value: add `WHERE {key} = <value>`, or opt in to writes on every shard (one transaction per shard, not atomic) with SET shardgate.allow_scatter_writes = on"
+            ),
+        };
+    }
     if refs.pins.is_empty() && refs.sharded.len() == 1 {
         match super::scatter::merge_for(stmt) {
             Ok(merge) => return Route::Scatter { table: name, merge },

@@ -202,7 +202,12 @@ fn keys_that_cannot_be_pinned() {
         unroutable(&p, sql, why);
     }
     unroutable(&p, "UPDATE kv SET id = 7 WHERE id = 5", "delete the row");
-    unroutable(&p, "DELETE FROM kv", "WHERE id");
+    for sql in ["DELETE FROM kv", "UPDATE kv SET v = 'x' WHERE v = 'y'"] {
+        assert!(
+            matches!(route(&p, sql), Route::ScatterWrite { ref message } if message.contains("allow_scatter_writes")),
+            "{sql}"
+        );
+    }
 }
 
 #[test]
