@@ -155,3 +155,49 @@ async fn settings_follow_their_client_and_only_their_client() {
     let other = show(&b, "SELECT current_setting('app.username', true)").await;
     assert!(other == "NULL" || other.is_empty(), "b sees {other:?}");
 }
+
+/// A client that prepares more distinct statements than a backend connection keeps (1000)
+/// still runs every one of them; the connection never holds more than the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepared_statements_per_connection_are_bounded() {
+    let env = shared_env();
+    // One connection per shard, so every statement lands on those four.
+    let router = Router::start_single_pool(&env.map, 1, "");
+    let client = router.connect().await;
+    // Every statement runs on shard 0's single connection.
+    let range = env.map.shards()[0].range.to_string();
+    client
+        .simple_query(&format!("SET shardgate.shard = '{range}'"))
+        .await
+        .expect("pin to one shard");
+    let mut statements = Vec::new();
+    for i in 0..1100 {
+        let stmt = client
+            .prepare(&format!("SELECT $1::int + {i}"))
+            .await
+            .expect("prepare");
+        let row = client.query_one(&stmt, &[&1i32]).await.expect("run");
+        assert_eq!(row.get::<_, i32>(0), 1 + i);
+        statements.push(stmt);
+    }
+    // The first ones were evicted somewhere along the way: they are prepared again on demand.
+    for (i, stmt) in statements.iter().enumerate().take(20) {
+        let row = client.query_one(stmt, &[&2i32]).await.expect("run again");
+        assert_eq!(row.get::<_, i32>(0), 2 + i as i32);
+    }
+    let rows = client
+        .simple_query("SELECT count(*) FROM pg_prepared_statements")
+        .await
+        .expect("count");
+    let n: i64 = rows
+        .iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(r) => r.get(0).and_then(|v| v.parse().ok()),
+            _ => None,
+        })
+        .expect("a count");
+    assert!(
+        (900..=1000).contains(&n),
+        "shard 0's connection holds {n} prepared statements"
+    );
+}

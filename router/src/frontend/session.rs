@@ -1227,14 +1227,13 @@ impl Session {
                     if pinned.conn.prepared.contains(&stmt.id) {
                         self.replies.push_synthetic(parse_complete_bytes());
                     } else {
-                        write_parse(
+                        prepare_on(
                             &mut self.bout,
-                            &stmt.backend_name,
-                            &stmt.sql,
-                            &stmt.param_types,
+                            &mut self.replies,
+                            &mut pinned.conn,
+                            &stmt,
+                            Audience::Client,
                         );
-                        pinned.conn.prepared.insert(stmt.id);
-                        self.replies.push_parse(stmt.id, Audience::Client);
                     }
                 }
                 self.in_batch = true;
@@ -1324,14 +1323,13 @@ impl Session {
         };
         let stmt = &named.stmt;
         if !pinned.conn.prepared.contains(&stmt.id) {
-            write_parse(
+            prepare_on(
                 &mut self.bout,
-                &stmt.backend_name,
-                &stmt.sql,
-                &stmt.param_types,
+                &mut self.replies,
+                &mut pinned.conn,
+                stmt,
+                Audience::Router,
             );
-            pinned.conn.prepared.insert(stmt.id);
-            self.replies.push_parse(stmt.id, Audience::Router);
         }
         Ok(stmt.backend_name.to_vec())
     }
@@ -1775,6 +1773,26 @@ fn stored_literals(planned: &crate::planner::PlanRef<'_>) -> Vec<Box<str>> {
         .map_while(|i| planned.literal(i))
         .map(Box::from)
         .collect()
+}
+
+/// Prepares router statement `stmt` on a connection (the Parse goes into `bout`), closing the
+/// connection's least recently used statement first when it holds too many.
+fn prepare_on(
+    bout: &mut Vec<u8>,
+    replies: &mut Replies,
+    conn: &mut crate::backend::BackendConn,
+    stmt: &Statement,
+    audience: Audience,
+) {
+    if let Some(old) = conn.prepared.insert(stmt.id) {
+        let at = begin_frame(bout, b'C');
+        bout.push(b'S');
+        bout.extend_from_slice(format!("sg_{old}\0").as_bytes());
+        end_frame(bout, at);
+        replies.push(Kind::Close, Audience::Silent);
+    }
+    write_parse(bout, &stmt.backend_name, &stmt.sql, &stmt.param_types);
+    replies.push_parse(stmt.id, audience);
 }
 
 fn write_parse(out: &mut Vec<u8>, name_nul: &[u8], sql: &str, param_types: &[u8]) {
