@@ -50,7 +50,23 @@ pub struct Config {
     pub pool: Pool,
     /// `[limits]`: limits and thresholds on clients and statements.
     pub limits: Limits,
+    /// `router_id`: this router's number in its fleet, 0 to 127 (default 0). It is part of the
+    /// BackendKeyData every client gets, so a cancel request that reaches another router of
+    /// the fleet can be forwarded here.
+    pub router_id: u8,
+    /// `[[peers]]`: the other routers of the fleet, by id, with the address they listen on.
+    pub peers: Vec<Peer>,
 }
+
+/// One `[[peers]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    pub id: u8,
+    pub address: SocketAddr,
+}
+
+/// Highest router id: ids live in the top 7 bits of the (positive) BackendKeyData process id.
+pub const MAX_ROUTER_ID: i64 = 127;
 
 impl Config {
     /// The `[[users]]` entry named `name` (the user of a client's startup message).
@@ -201,6 +217,16 @@ struct RawConfig {
     pool: RawPool,
     #[serde(default)]
     limits: RawLimits,
+    router_id: Option<Spanned<i64>>,
+    #[serde(default)]
+    peers: Vec<Spanned<RawPeer>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPeer {
+    id: Spanned<i64>,
+    address: Spanned<String>,
 }
 
 #[derive(Deserialize)]
@@ -341,6 +367,53 @@ pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
             None
         }
     };
+
+    let router_id = match &raw.router_id {
+        None => 0,
+        Some(id) if (0..=MAX_ROUTER_ID).contains(id.get_ref()) => *id.get_ref() as u8,
+        Some(id) => {
+            let line = check.line(id.span());
+            check.add(
+                line,
+                format!(
+                    "router_id is {}; it must be 0 to {MAX_ROUTER_ID}",
+                    id.get_ref()
+                ),
+            );
+            0
+        }
+    };
+    let mut peers: Vec<Peer> = Vec::new();
+    for p in &raw.peers {
+        let line = check.line(p.span());
+        let p = p.get_ref();
+        let id = *p.id.get_ref();
+        let address = p.address.get_ref().trim().parse::<SocketAddr>();
+        if !(0..=MAX_ROUTER_ID).contains(&id) {
+            check.add(line, format!("peer id {id} must be 0 to {MAX_ROUTER_ID}"));
+        } else if id as u8 == router_id {
+            check.add(
+                line,
+                format!("peer id {id} is this router's own router_id; list only the other routers"),
+            );
+        } else if peers.iter().any(|q| q.id == id as u8) {
+            check.add(line, format!("peer id {id} is listed twice"));
+        } else {
+            match address {
+                Ok(address) => peers.push(Peer {
+                    id: id as u8,
+                    address,
+                }),
+                Err(_) => check.add(
+                    line,
+                    format!(
+                        "peer address {:?} is not an IP address and port, e.g. \"10.0.0.2:6432\"",
+                        p.address.get_ref()
+                    ),
+                ),
+            }
+        }
+    }
 
     let mut admin_users = Vec::new();
     for a in &raw.admin_users {
@@ -491,6 +564,8 @@ pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
         backend,
         pool,
         limits,
+        router_id,
+        peers,
     };
     check.finish(origin, Some(config))
 }
@@ -1066,5 +1141,30 @@ slow_statement_ms = 250
             shown.contains("router.toml: cannot read the config file"),
             "{shown}"
         );
+    }
+
+    #[test]
+    fn router_id_and_peers() {
+        let c = parse_str(&format!(
+            "router_id = 3\n{MINIMAL}[[peers]]\nid = 4\naddress = \"10.0.0.4:6432\"\n"
+        ))
+        .expect("a fleet config");
+        assert_eq!(c.router_id, 3);
+        assert_eq!(
+            c.peers,
+            [Peer {
+                id: 4,
+                address: "10.0.0.4:6432".parse().expect("addr")
+            }]
+        );
+        let all = problems(&format!(
+            "router_id = 200\n{MINIMAL}[[peers]]\nid = 0\naddress = \"x\"\n[[peers]]\nid = 0\naddress = \"10.0.0.1:1\"\n"
+        ));
+        let text: Vec<&str> = all.iter().map(|(_, m)| m.as_str()).collect();
+        assert!(
+            text.iter().any(|m| m.contains("router_id is 200")),
+            "{text:?}"
+        );
+        assert!(text.iter().any(|m| m.contains("own router_id")), "{text:?}");
     }
 }

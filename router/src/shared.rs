@@ -15,6 +15,15 @@ use crate::config::Config;
 use crate::planner::Planner;
 use crate::statements::Registry;
 
+/// The low bits of a client's BackendKeyData process id number the client; the bits above
+/// them are the router's id, so any router of a fleet can tell whose client a cancel is for.
+pub const CLIENT_BITS: u32 = 24;
+
+/// The router id a BackendKeyData process id belongs to.
+pub fn router_of(pid: i32) -> u8 {
+    ((pid >> CLIENT_BITS) & 0x7f) as u8
+}
+
 thread_local! {
     /// Which worker thread this is (0 outside workers).
     static WORKER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
@@ -104,9 +113,11 @@ impl Shared {
             running_on: Mutex::new(None),
         });
         let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        let router = i32::from(self.config.router_id) << CLIENT_BITS;
         loop {
-            let id = self.next_client.fetch_add(1, Ordering::Relaxed) & 0x7fff_ffff;
-            if id != 0 && !clients.contains_key(&id) {
+            let seq = self.next_client.fetch_add(1, Ordering::Relaxed) & ((1 << CLIENT_BITS) - 1);
+            let id = router | seq;
+            if seq != 0 && !clients.contains_key(&id) {
                 clients.insert(id, slot.clone());
                 return (id, slot);
             }

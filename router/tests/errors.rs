@@ -423,3 +423,46 @@ async fn malformed_messages_after_login_get_08p01() {
         .expect("others unaffected");
     assert!(router.is_alive());
 }
+
+/// A fleet of two routers: a cancel request that lands on the other router is passed to the
+/// router whose client it is, and cancels that client's statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_sent_to_another_router_of_the_fleet_still_cancels() {
+    let env = shared_env();
+    let (port_a, port_b) = (common::free_port(), common::free_port());
+    let a = Router::start_at(
+        &env.map,
+        &format!("router_id = 1\n[[peers]]\nid = 2\naddress = \"127.0.0.1:{port_b}\"\n"),
+        2,
+        port_a,
+    );
+    let b = Router::start_at(
+        &env.map,
+        &format!("router_id = 2\n[[peers]]\nid = 1\naddress = \"127.0.0.1:{port_a}\"\n"),
+        2,
+        port_b,
+    );
+    let client = a.connect().await;
+    let token = client.cancel_token();
+    let sleeper =
+        tokio::spawn(async move { client.simple_query("SELECT pg_sleep(30)").await.map(|_| ()) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let to_b = tokio::net::TcpStream::connect(("127.0.0.1", b.port))
+        .await
+        .expect("connect to router b");
+    token
+        .cancel_query_raw(to_b, tokio_postgres::NoTls)
+        .await
+        .expect("send the cancel to router b");
+    let err = sleeper
+        .await
+        .expect("join")
+        .expect_err("cancelled through the other router");
+    assert_eq!(sqlstate(&err), "57014");
+    assert!(
+        !b.log_lines("passed a cancel request to its router")
+            .is_empty(),
+        "{}",
+        b.log_text()
+    );
+}

@@ -254,19 +254,19 @@ fn error_fields(body: &backend::ErrorResponseBody) -> (String, String) {
     (code, message)
 }
 
-/// Asks Postgres at `host:port` to cancel what backend `pid` is running. Like Postgres's own
-/// cancel, it says nothing about whether anything was running; errors are only about reaching
-/// the server.
-pub async fn send_cancel(host: &str, port: u16, pid: i32, secret: i32) -> std::io::Result<()> {
-    let mut packet = [0u8; 16];
-    packet[0..4].copy_from_slice(&16i32.to_be_bytes());
-    packet[4..8].copy_from_slice(&80_877_102i32.to_be_bytes());
-    packet[8..12].copy_from_slice(&pid.to_be_bytes());
-    packet[12..16].copy_from_slice(&secret.to_be_bytes());
+/// Sends a CancelRequest for backend (or router client) `pid` to `addr`: a Postgres server, or
+/// another router of the fleet. Like Postgres's own cancel, it says nothing about whether
+/// anything was running; errors are only about reaching `addr`.
+pub async fn send_cancel(
+    addr: impl tokio::net::ToSocketAddrs,
+    pid: i32,
+    secret: i32,
+) -> std::io::Result<()> {
+    let packet = crate::protocol::startup::cancel_request(pid, secret);
     let send = async {
-        let mut s = TcpStream::connect((host, port)).await?;
+        let mut s = TcpStream::connect(addr).await?;
         s.write_all(&packet).await?;
-        // Postgres closes the connection when it has acted; wait for that.
+        // The receiver closes the connection when it has acted; wait for that.
         let mut sink = [0u8; 16];
         let _ = s.read(&mut sink).await;
         Ok(())

@@ -270,6 +270,27 @@ async fn read_password_message(
 /// Sends a CancelRequest to the backend that runs client `pid`'s statement, if the secret
 /// matches; like Postgres, says nothing back either way.
 async fn forward_cancel(shared: &Shared, pid: i32, secret: i32) {
+    let owner = crate::shared::router_of(pid);
+    if owner != shared.config.router_id {
+        // Another router's client: pass the request on, as it came.
+        let Some(peer) = shared.config.peers.iter().find(|p| p.id == owner) else {
+            tracing::debug!(
+                pid,
+                router = owner,
+                "cancel request for a router that is not among [[peers]]"
+            );
+            return;
+        };
+        match crate::backend::conn::send_cancel(peer.address, pid, secret).await {
+            Ok(()) => {
+                tracing::info!(pid, router = owner, peer = %peer.address, "passed a cancel request to its router")
+            }
+            Err(e) => {
+                tracing::warn!(pid, peer = %peer.address, "could not pass a cancel request on: {e}")
+            }
+        }
+        return;
+    }
     let Some(target) = shared.cancel_target(pid, secret) else {
         tracing::debug!(
             pid,
@@ -279,8 +300,7 @@ async fn forward_cancel(shared: &Shared, pid: i32, secret: i32) {
     };
     let endpoint = &shared.pools().for_shard(target.shard).endpoint;
     match crate::backend::conn::send_cancel(
-        &endpoint.host,
-        endpoint.port,
+        (endpoint.host.as_str(), endpoint.port),
         target.pid,
         target.secret,
     )

@@ -1529,7 +1529,7 @@ impl Session {
                     let (host, port, pid, secret) = (endpoint.host.clone(), endpoint.port, conn.pid, conn.secret);
                     tracing::info!(shard = %self.shared.map.shards()[shard].range, "statement timeout: cancelling");
                     tokio::spawn(async move {
-                        if let Err(e) = crate::backend::conn::send_cancel(&host, port, pid, secret).await {
+                        if let Err(e) = crate::backend::conn::send_cancel((host.as_str(), port), pid, secret).await {
                             tracing::warn!("could not cancel a statement past the statement timeout: {e}");
                         }
                     });

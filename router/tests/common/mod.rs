@@ -110,7 +110,7 @@ extern "C" fn kill_routers() {
     }
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -149,6 +149,11 @@ impl Router {
     }
 
     fn start_threads(map: &ShardMap, extra: &str, threads: usize) -> Router {
+        Self::start_at(map, extra, threads, free_port())
+    }
+
+    /// A router on a given port (for fleets whose members must know each other's address).
+    pub fn start_at(map: &ShardMap, extra: &str, threads: usize, port: u16) -> Router {
         let split = extra
             .find("\n[")
             .map(|i| i + 1)
@@ -171,7 +176,6 @@ impl Router {
         ));
         std::fs::create_dir_all(&dir).expect("router test dir");
         std::fs::write(dir.join("shardmap.toml"), map.to_toml()).expect("write shard map");
-        let port = free_port();
         let config = format!(
             "listen = \"127.0.0.1:{port}\"\nshardmap = \"shardmap.toml\"\ndatabase = \"{DATABASE}\"\n{top}\n[[users]]\nname = \"{USER}\"\npassword = \"{PASSWORD}\"\n\n[backend]\nuser = \"{}\"\npassword = \"{}\"\n\n{extra}",
             pgharness::SUPERUSER,
