@@ -4,7 +4,7 @@
 //! The router outlives the `cluster` command that started it, so everything later commands need
 //! to find it again (pid, port, config, log) goes into the state file; see [`RouterState`].
 
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -174,7 +174,7 @@ pub fn start(bin: &Path, dir: &Path, config: &Path, opts: &RouterOptions) -> Res
                 bin.display(),
                 config.display(),
                 log_file.display(),
-                log_tail(&log_file, 20)
+                pgharness::log_tail(&log_file, 0, 20)
             )
             .into());
         }
@@ -190,7 +190,7 @@ pub fn start(bin: &Path, dir: &Path, config: &Path, opts: &RouterOptions) -> Res
                 opts.port,
                 START_TIMEOUT.as_secs(),
                 log_file.display(),
-                log_tail(&log_file, 20)
+                pgharness::log_tail(&log_file, 0, 20)
             )
             .into());
         }
@@ -289,26 +289,6 @@ fn wait_gone(r: &RouterState, timeout: Duration) -> bool {
         std::thread::sleep(Duration::from_millis(50));
     }
     !is_running(r)
-}
-
-/// The last `lines` lines of a (possibly large) log file.
-pub fn log_tail(path: &Path, lines: usize) -> String {
-    let mut text = String::new();
-    if let Ok(mut f) = std::fs::File::open(path) {
-        // The end is all that is shown; do not read a huge log whole.
-        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-        let _ = f.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)));
-        let mut bytes = Vec::new();
-        let _ = f.read_to_end(&mut bytes);
-        text = String::from_utf8_lossy(&bytes).into_owned();
-    }
-    let all: Vec<&str> = text.lines().collect();
-    let tail = all[all.len().saturating_sub(lines)..].join("\n");
-    if tail.is_empty() {
-        "(log is empty)".into()
-    } else {
-        tail
-    }
 }
 
 #[cfg(test)]

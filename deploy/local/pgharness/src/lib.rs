@@ -30,7 +30,9 @@ use std::sync::{Arc, Mutex};
 pub use cluster::{shard_database_names, Cluster, ClusterOptions, Schema, ShardDb};
 pub use error::{Error, Result};
 pub use install::PgInstall;
-pub use server::{check_port_free, quote_ident, Readiness, Server, ServerOptions, HOST, INFO_FILE};
+pub use server::{
+    check_port_free, log_tail, quote_ident, Readiness, Server, ServerOptions, HOST, INFO_FILE,
+};
 pub use template::{PASSWORD, SUPERUSER};
 pub use user::{postgres_can_reach, RunAs, POSTGRES_USER};
 

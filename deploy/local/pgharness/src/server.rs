@@ -169,11 +169,13 @@ pub fn check_port_free(port: u16) -> Result<()> {
         .map_err(|_| Error::PortInUse { port })
 }
 
-/// Last `lines` lines of `path` from byte `from` on.
-fn log_tail(path: &Path, from: u64, lines: usize) -> String {
+/// Last `lines` lines of the log file `path`, reading from byte `from` on, and at most its last
+/// 64 KiB (the end is all that is shown; a huge log is not read whole).
+pub fn log_tail(path: &Path, from: u64, lines: usize) -> String {
     let mut text = String::new();
     if let Ok(mut f) = std::fs::File::open(path) {
-        let _ = f.seek(SeekFrom::Start(from));
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let _ = f.seek(SeekFrom::Start(from.max(len.saturating_sub(64 * 1024))));
         let mut bytes = Vec::new();
         let _ = f.read_to_end(&mut bytes);
         text = String::from_utf8_lossy(&bytes).into_owned();
