@@ -101,6 +101,26 @@ impl Shared {
         &self.pools[WORKER.with(|w| w.get()) % self.pools.len()]
     }
 
+    /// A connection to `shard` from this worker's pool, or the error a client gets for it
+    /// (53300 when the pool stays busy, 08006/08001 when the shard cannot be reached).
+    pub async fn checkout(
+        &self,
+        shard: usize,
+    ) -> Result<crate::backend::pool::PooledConn, crate::protocol::reply::SqlError> {
+        use crate::backend::pool::CheckoutError;
+        let name = || self.map.shards()[shard].range.to_string();
+        self.pools()
+            .for_shard(shard)
+            .get()
+            .await
+            .map_err(|e| match e {
+                CheckoutError::Exhausted { endpoint, waited } => {
+                    crate::errors::pool_exhausted(&name(), &endpoint, waited)
+                }
+                CheckoutError::Unreachable(e) => crate::errors::shard_unreachable(&name(), &e),
+            })
+    }
+
     /// Number of worker threads (and sets of pools).
     pub fn workers(&self) -> usize {
         self.pools.len()

@@ -12,7 +12,6 @@ use bytes::Buf;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::settings::Settings;
-use crate::backend::pool::CheckoutError;
 use crate::errors;
 use crate::protocol::frame::{begin_frame, end_frame, next_frame};
 use crate::protocol::reply::SqlError;
@@ -65,22 +64,14 @@ pub async fn run(shared: &Arc<Shared>, sql: &str, settings: &Settings) -> Vec<Ou
 async fn on_shard(shared: &Shared, shard: usize, sql: &str, settings: &Settings) -> Outcome {
     let name = shared.map.shards()[shard].range.to_string();
     let pool = shared.pools().for_shard(shard);
-    let mut pooled = match pool.get().await {
+    let mut pooled = match shared.checkout(shard).await {
         Ok(c) => c,
-        Err(CheckoutError::Exhausted { endpoint, waited }) => {
-            return Outcome::Unavailable(errors::pool_exhausted(&name, &endpoint, waited))
-        }
-        Err(CheckoutError::Unreachable(e)) => {
-            return Outcome::Unavailable(errors::shard_unreachable(&name, &e))
-        }
+        Err(e) => return Outcome::Unavailable(e),
     };
     let conn = &mut *pooled;
     let mut out = Vec::new();
     let fp = settings.fingerprint();
-    let apply = conn.settings_fp != fp;
-    if apply {
-        query(&mut out, &settings.apply_sql());
-    }
+    let apply = settings.write_apply(conn.settings_fp, &mut out);
     query(&mut out, sql);
     let result = async {
         conn.stream.write_all(&out).await?;
@@ -144,7 +135,7 @@ fn query(out: &mut Vec<u8>, sql: &str) {
 }
 
 /// SQLSTATE and message of an ErrorResponse frame.
-fn error_fields(frame: &[u8]) -> (String, String) {
+pub(crate) fn error_fields(frame: &[u8]) -> (String, String) {
     let mut code = String::new();
     let mut message = String::new();
     for field in frame.get(5..).unwrap_or_default().split(|&b| b == 0) {

@@ -29,6 +29,11 @@ pub enum Decision {
     Broadcast,
     /// A read on every shard: a count to sum, or rows to concatenate (at most `limit`).
     Scatter { count: bool, limit: Option<u64> },
+    /// COPY FROM STDIN into a sharded table, rows split by key.
+    CopyIn {
+        key_type: shardmap::KeyType,
+        format: crate::planner::CopyFormat,
+    },
 }
 
 /// The literal values a plan's `$n` placeholders beyond the client's own parameters stand for.
@@ -108,6 +113,12 @@ pub fn decide(
     if let [Route::Scatter { merge, .. }] = plan.statements.as_slice() {
         return scatter_decision(merge, bind, params_before, literals);
     }
+    if let [Route::CopyIn { key_type, format }] = plan.statements.as_slice() {
+        return Ok(Decision::CopyIn {
+            key_type: *key_type,
+            format: *format,
+        });
+    }
     let mut only_txn: Option<Decision> = None;
     let single = plan.statements.len() == 1;
     for route in &plan.statements {
@@ -160,6 +171,12 @@ pub fn decide(
                 return Err(SqlError::new(
                     errors::FEATURE_NOT_SUPPORTED,
                     message.clone(),
+                ));
+            }
+            Route::CopyIn { .. } => {
+                return Err(SqlError::new(
+                    errors::FEATURE_NOT_SUPPORTED,
+                    "COPY into a sharded table must be the only statement of its query",
                 ));
             }
             Route::Scatter { table, .. } => {

@@ -14,7 +14,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use super::settings::Settings;
-use crate::backend::pool::CheckoutError;
 use crate::errors;
 use crate::protocol::frame::{begin_frame, end_frame, next_frame};
 use crate::protocol::reply::SqlError;
@@ -56,23 +55,11 @@ async fn on_shard(
 ) -> Result<(), SqlError> {
     let name = shared.map.shards()[shard].range.to_string();
     let pool = shared.pools().for_shard(shard);
-    let mut pooled = pool.get().await.map_err(|e| match e {
-        CheckoutError::Exhausted { endpoint, waited } => {
-            errors::pool_exhausted(&name, &endpoint, waited)
-        }
-        CheckoutError::Unreachable(e) => errors::shard_unreachable(&name, &e),
-    })?;
+    let mut pooled = shared.checkout(shard).await?;
     let conn = &mut *pooled;
     let fp = settings.fingerprint();
     let mut out = Vec::with_capacity(request.len() + 64);
-    let mut skip_ready = 0;
-    if conn.settings_fp != fp {
-        let at = begin_frame(&mut out, b'Q');
-        out.extend_from_slice(settings.apply_sql().as_bytes());
-        out.push(0);
-        end_frame(&mut out, at);
-        skip_ready = 1;
-    }
+    let mut skip_ready = usize::from(settings.write_apply(conn.settings_fp, &mut out));
     out.extend_from_slice(request);
     let lost = |e: std::io::Error| errors::shard_lost(&name, &pool.endpoint.name(), &e.to_string());
     let mut complete = false;

@@ -20,11 +20,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::broadcast::{self, Combined};
+use super::copy_in;
 use super::replies::{Audience, Completion, Kind, Replies};
 use super::routing::{self, Decision};
 use super::scatter;
 use super::settings::{self, Change, Settings};
-use crate::backend::pool::{CheckoutError, PooledConn};
+use crate::backend::pool::PooledConn;
 use crate::errors;
 use crate::planner::{NormalizeBuf, Plan};
 use crate::protocol::frame::{begin_frame, end_frame, next_frame, put_frame};
@@ -282,6 +283,19 @@ impl Session {
             Ok(d) => d,
             Err(err) => return self.refuse_simple(err).await,
         };
+        if let Decision::CopyIn { key_type, format } = decision {
+            if self.pinned.is_some() || self.tx != TxStatus::Idle {
+                let err = SqlError::new(
+                    errors::FEATURE_NOT_SUPPORTED,
+                    "COPY into a sharded table cannot run inside a transaction, which stays on one shard",
+                );
+                return self.refuse_simple(err).await;
+            }
+            let sql = sql.to_string();
+            self.copy_in(&sql, key_type, format).await?;
+            reply::ready_for_query(&mut self.cout, TxStatus::Idle);
+            return Ok(());
+        }
         if let Decision::Scatter { count, limit } = decision {
             if self.pinned.is_some() || self.tx != TxStatus::Idle {
                 return self.refuse_simple(scatter_in_transaction()).await;
@@ -413,6 +427,14 @@ impl Session {
                         return self.batch_error(ddl_in_transaction()).await;
                     }
                     return self.begin_broadcast_batch();
+                }
+                if let Decision::CopyIn { .. } = decision {
+                    let err = SqlError::new(
+                        errors::FEATURE_NOT_SUPPORTED,
+                        "COPY into a sharded table is supported in the simple query protocol only",
+                    )
+                    .with_hint("send COPY ... FROM STDIN as a simple query, as psql's \\copy does");
+                    return self.batch_error(err).await;
                 }
                 if let Decision::Scatter { count, limit } = decision {
                     if self.pinned.is_some() || self.tx != TxStatus::Idle {
@@ -607,6 +629,7 @@ impl Session {
         // their row counts.
         let mut verb: Option<String> = None;
         let mut tagged: u64 = 0;
+        let mut copy_out = false;
         for (shard, rx) in receivers.iter_mut().enumerate() {
             loop {
                 let chunk = match rx.recv().await {
@@ -683,6 +706,19 @@ impl Session {
                                 verb = Some(word);
                             }
                         }
+                        // COPY ... TO STDOUT: one CopyOutResponse, every shard's data, one
+                        // CopyDone at the end.
+                        b'H' => {
+                            if !answered {
+                                answer_asked(&mut self.cout, asked, &statement_desc, &portal_desc);
+                                answered = true;
+                            }
+                            if shard == 0 {
+                                self.cout.extend_from_slice(frame);
+                                copy_out = true;
+                            }
+                        }
+                        b'd' => self.cout.extend_from_slice(frame),
                         b'Z' => done = true,
                         _ => {}
                     }
@@ -699,6 +735,9 @@ impl Session {
                 answered = true;
             }
         }
+        if copy_out {
+            put_frame(&mut self.cout, b'c', &[]);
+        }
         if count {
             scatter::count_row(&mut self.cout, total, binary);
             reply::command_complete(&mut self.cout, "SELECT 1");
@@ -712,6 +751,167 @@ impl Session {
             }
         }
         Ok(false)
+    }
+
+    /// COPY FROM STDIN into a sharded table: the client's rows are split by key and streamed
+    /// to the shards that own them, each shard running the same COPY statement in its own
+    /// transaction; the client gets one answer (without ReadyForQuery).
+    async fn copy_in(
+        &mut self,
+        sql: &str,
+        key_type: shardmap::KeyType,
+        format: copy_in::Format,
+    ) -> Result<(), SessionError> {
+        let mut g = Vec::with_capacity(8 + 2 * format.columns);
+        g.push(0);
+        g.extend_from_slice(&(format.columns as i16).to_be_bytes());
+        for _ in 0..format.columns {
+            g.extend_from_slice(&0i16.to_be_bytes());
+        }
+        put_frame(&mut self.cout, b'G', &g);
+        self.flush_client().await.map_err(SessionError::Client)?;
+
+        let shard_count = self.shared.map.shards().len();
+        let mut targets: Vec<Option<CopyTarget>> = (0..shard_count).map(|_| None).collect();
+        let mut rows = copy_in::Rows::new(format);
+        let mut header: Option<Vec<u8>> = None;
+        let mut failure: Option<SqlError> = None;
+        let mut batch: Vec<Vec<u8>> = Vec::new();
+        let client_failed: Option<String> = loop {
+            let h = loop {
+                match next_frame(&self.cbuf).map_err(|e| SessionError::Protocol(e.to_string()))? {
+                    Some(h) => break h,
+                    None => {
+                        if self
+                            .client
+                            .read_buf(&mut self.cbuf)
+                            .await
+                            .map_err(SessionError::Client)?
+                            == 0
+                        {
+                            // The client left mid-COPY: nothing is committed anywhere.
+                            for t in targets.iter_mut().flatten() {
+                                t.abandon();
+                            }
+                            return Err(SessionError::Client(std::io::Error::new(
+                                std::io::ErrorKind::UnexpectedEof,
+                                "the client left during COPY",
+                            )));
+                        }
+                    }
+                }
+            };
+            let frame = self.cbuf.split_to(h.total);
+            match h.tag {
+                b'd' => rows.feed(&frame[5..], |row| batch.push(row.to_vec())),
+                b'c' => {
+                    rows.finish(|row| batch.push(row.to_vec()));
+                }
+                b'f' => {
+                    let msg = String::from_utf8_lossy(
+                        frame[5..].strip_suffix(b"\0").unwrap_or(&frame[5..]),
+                    )
+                    .into_owned();
+                    break Some(msg);
+                }
+                b'H' | b'S' => {}
+                other => {
+                    return Err(SessionError::Protocol(format!(
+                        "unexpected message type {} during COPY from stdin",
+                        other as char
+                    )))
+                }
+            }
+            for row in batch.drain(..) {
+                if failure.is_some() {
+                    continue;
+                }
+                if format.header && header.is_none() {
+                    header = Some(row);
+                    continue;
+                }
+                let shard = match copy_in::key_of(&row, &format) {
+                    // A NULL key is refused by Postgres itself (it is the primary key); let the
+                    // default shard say so.
+                    None => self.shared.map.default_shard(),
+                    Some(text) => match key_type.parse_key(&text) {
+                        Ok(key) => self.shared.map.shard_for_key(&key),
+                        Err(e) => {
+                            failure = Some(SqlError::new(
+                                errors::INVALID_TEXT_REPRESENTATION,
+                                e.to_string(),
+                            ));
+                            continue;
+                        }
+                    },
+                };
+                if targets[shard].is_none() {
+                    match CopyTarget::open(
+                        &self.shared,
+                        shard,
+                        sql,
+                        &self.settings,
+                        header.as_deref(),
+                    )
+                    .await
+                    {
+                        Ok(t) => targets[shard] = Some(t),
+                        Err(e) => {
+                            failure = Some(e);
+                            continue;
+                        }
+                    }
+                }
+                if let Some(t) = targets[shard].as_mut() {
+                    t.push(&row).await;
+                }
+            }
+            if h.tag == b'c' {
+                break None;
+            }
+        };
+
+        let mut outcomes = Vec::new();
+        let mut names = Vec::new();
+        for (shard, t) in targets.into_iter().enumerate() {
+            if let Some(t) = t {
+                outcomes.push(
+                    t.finish(
+                        client_failed
+                            .as_deref()
+                            .or(failure.as_ref().map(|_| "rejected by the router")),
+                    )
+                    .await,
+                );
+                names.push(self.shared.map.shards()[shard].range.to_string());
+            }
+        }
+        if let Some(msg) = client_failed {
+            SqlError::new("57014", format!("COPY from stdin failed: {msg}")).write(&mut self.cout);
+            return Ok(());
+        }
+        if let Some(err) = failure {
+            // Nothing was committed: every shard's COPY was failed on purpose.
+            err.write(&mut self.cout);
+            return Ok(());
+        }
+        match broadcast::combine(&outcomes, &names) {
+            Combined::Done(_) => {
+                let rows: u64 = outcomes
+                    .iter()
+                    .map(|o| match o {
+                        broadcast::Outcome::Done(tags) => {
+                            scatter::rows_in_tag(tags.get(5..).unwrap_or_default())
+                        }
+                        _ => 0,
+                    })
+                    .sum();
+                reply::command_complete(&mut self.cout, &format!("COPY {rows}"));
+            }
+            Combined::PostgresError(frame) => self.cout.extend_from_slice(&frame),
+            Combined::Error(e) => e.write(&mut self.cout),
+        }
+        Ok(())
     }
 
     /// A Bind of a read across all shards: the rest of the batch is answered from all shards
@@ -1383,13 +1583,7 @@ impl Session {
             return Ok(());
         }
         let shard = wanted.unwrap_or_else(|| self.shared.any_shard());
-        let pool = self.shared.pools().for_shard(shard).clone();
-        let conn = pool.get().await.map_err(|e| match e {
-            CheckoutError::Exhausted { endpoint, waited } => {
-                errors::pool_exhausted(&self.shard_name(shard), &endpoint, waited)
-            }
-            CheckoutError::Unreachable(e) => errors::shard_unreachable(&self.shard_name(shard), &e),
-        })?;
+        let conn = self.shared.checkout(shard).await?;
         if !self.shared.server_params_learned() {
             self.shared.learn_server_params(&conn.params);
         }
@@ -1701,6 +1895,192 @@ async fn relay_copy_in(
                 "the client left during COPY",
             )));
         }
+    }
+}
+
+/// One shard's end of a split COPY FROM STDIN.
+struct CopyTarget {
+    conn: PooledConn,
+    /// Rows not sent yet (sent in CopyData messages of about 64 KiB).
+    buf: Vec<u8>,
+    /// The shard refused the COPY (its ErrorResponse); its rows are dropped.
+    error: Option<Vec<u8>>,
+    /// The connection broke.
+    lost: Option<SqlError>,
+    /// The shard already answered with ReadyForQuery (its COPY failed at the start).
+    ended: bool,
+}
+
+impl CopyTarget {
+    /// Starts the client's COPY statement on `shard` and waits for its CopyInResponse.
+    async fn open(
+        shared: &Shared,
+        shard: usize,
+        sql: &str,
+        settings: &Settings,
+        header: Option<&[u8]>,
+    ) -> Result<CopyTarget, SqlError> {
+        let mut conn = shared.checkout(shard).await?;
+        let lost = |e: std::io::Error| {
+            let name = shared.map.shards()[shard].range.to_string();
+            errors::shard_lost(
+                &name,
+                &shared.pools().for_shard(shard).endpoint.name(),
+                &e.to_string(),
+            )
+        };
+        let mut out = Vec::new();
+        let mut settings_ready = usize::from(settings.write_apply(conn.settings_fp, &mut out));
+        let at = begin_frame(&mut out, b'Q');
+        out.extend_from_slice(sql.as_bytes());
+        out.push(0);
+        end_frame(&mut out, at);
+        conn.stream.write_all(&out).await.map_err(lost)?;
+        conn.settings_fp = settings.fingerprint();
+        let mut target = CopyTarget {
+            conn,
+            buf: Vec::with_capacity(64 * 1024),
+            error: None,
+            lost: None,
+            ended: false,
+        };
+        loop {
+            let c = &mut *target.conn;
+            while let Some(h) = next_frame(&c.rbuf).map_err(|e| lost(std::io::Error::other(e)))? {
+                let tag = c.rbuf[0];
+                let frame = c.rbuf[..h.total].to_vec();
+                c.rbuf.advance(h.total);
+                if settings_ready > 0 {
+                    if tag == b'Z' {
+                        settings_ready -= 1;
+                    }
+                    continue;
+                }
+                match tag {
+                    b'G' => {
+                        if let Some(header) = header {
+                            target.buf.extend_from_slice(header);
+                        }
+                        return Ok(target);
+                    }
+                    b'E' => target.error = Some(frame),
+                    b'Z' => {
+                        target.ended = true;
+                        return Ok(target);
+                    }
+                    _ => {}
+                }
+            }
+            if c.stream.read_buf(&mut c.rbuf).await.map_err(lost)? == 0 {
+                return Err(lost(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the server closed the connection",
+                )));
+            }
+        }
+    }
+
+    async fn push(&mut self, row: &[u8]) {
+        if self.error.is_some() || self.lost.is_some() {
+            return;
+        }
+        self.buf.extend_from_slice(row);
+        if self.buf.len() >= 64 * 1024 {
+            self.send_buffered().await;
+        }
+    }
+
+    async fn send_buffered(&mut self) {
+        if self.buf.is_empty() || self.lost.is_some() {
+            return;
+        }
+        let mut frame = Vec::with_capacity(self.buf.len() + 5);
+        put_frame(&mut frame, b'd', &self.buf);
+        self.buf.clear();
+        if let Err(e) = self.conn.stream.write_all(&frame).await {
+            self.lost = Some(SqlError::new(
+                errors::CONNECTION_FAILURE,
+                format!("lost the shard during COPY: {e}"),
+            ));
+        }
+    }
+
+    /// Ends this shard's COPY: CopyDone, or CopyFail with `fail` (so nothing is committed).
+    async fn finish(mut self, fail: Option<&str>) -> broadcast::Outcome {
+        if self.error.is_none() && self.lost.is_none() {
+            let mut end = Vec::new();
+            match fail {
+                None => {
+                    self.send_buffered().await;
+                    put_frame(&mut end, b'c', &[]);
+                }
+                Some(why) => put_frame(&mut end, b'f', format!("{why}\0").as_bytes()),
+            }
+            if let Err(e) = self.conn.stream.write_all(&end).await {
+                self.lost = Some(SqlError::new(
+                    errors::CONNECTION_FAILURE,
+                    format!("lost the shard during COPY: {e}"),
+                ));
+            }
+        }
+        if let Some(e) = self.lost.take() {
+            self.abandon();
+            return broadcast::Outcome::Unavailable(e);
+        }
+        let mut tags = Vec::new();
+        let mut error = self.error.take();
+        if self.ended {
+            let frame = error.unwrap_or_default();
+            let (code, message) = broadcast::error_fields(&frame);
+            return broadcast::Outcome::Failed {
+                frame,
+                code,
+                message,
+            };
+        }
+        let c = &mut *self.conn;
+        loop {
+            while let Ok(Some(h)) = next_frame(&c.rbuf) {
+                let tag = c.rbuf[0];
+                let frame = c.rbuf[..h.total].to_vec();
+                c.rbuf.advance(h.total);
+                match tag {
+                    b'C' => tags.extend_from_slice(&frame),
+                    b'E' if error.is_none() => error = Some(frame),
+                    b'Z' => {
+                        return match error {
+                            None => broadcast::Outcome::Done(tags),
+                            Some(frame) => {
+                                let (code, message) = broadcast::error_fields(&frame);
+                                broadcast::Outcome::Failed {
+                                    frame,
+                                    code,
+                                    message,
+                                }
+                            }
+                        };
+                    }
+                    _ => {}
+                }
+            }
+            match c.stream.read_buf(&mut c.rbuf).await {
+                Ok(n) if n > 0 => {}
+                _ => {
+                    drop(Object::take(self.conn));
+                    return broadcast::Outcome::Unavailable(SqlError::new(
+                        errors::CONNECTION_FAILURE,
+                        "lost the shard at the end of COPY",
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Drops the connection mid-COPY: Postgres rolls the shard's COPY back.
+    fn abandon(&mut self) {
+        self.lost
+            .get_or_insert_with(|| SqlError::new(errors::CONNECTION_FAILURE, "abandoned"));
+        self.conn.broken = true;
     }
 }
 

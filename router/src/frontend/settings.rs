@@ -117,6 +117,19 @@ impl Settings {
         }
     }
 
+    /// Writes a Query that gives a connection holding settings `conn_fp` these settings, when
+    /// they differ; `true` when it wrote one (its replies, up to ReadyForQuery, come first).
+    pub fn write_apply(&self, conn_fp: u64, out: &mut Vec<u8>) -> bool {
+        if conn_fp == self.fp {
+            return false;
+        }
+        let at = crate::protocol::frame::begin_frame(out, b'Q');
+        out.extend_from_slice(self.apply_sql().as_bytes());
+        out.push(0);
+        crate::protocol::frame::end_frame(out, at);
+        true
+    }
+
     /// The SQL that gives a connection exactly these settings.
     pub fn apply_sql(&self) -> String {
         let mut sql = String::from("RESET ALL");

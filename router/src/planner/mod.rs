@@ -80,10 +80,44 @@ pub enum Route {
     /// UPDATE or DELETE of a sharded table without a key: refused with `message` unless the
     /// client or the config opted in to writes on every shard.
     ScatterWrite { message: String },
+    /// COPY FROM STDIN into a sharded table: rows split by key across shards.
+    CopyIn {
+        key_type: KeyType,
+        format: CopyFormat,
+    },
     /// Text that does not parse and names no sharded table: send it to the default shard for
     /// Postgres to judge. (Unparseable text that names a sharded table is `Unroutable`: if
     /// Postgres accepted it, the default shard would answer with only its part of the table.)
     Unparsed,
+}
+
+/// How COPY data is written, from the COPY statement's options, and where the key is in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyFormat {
+    pub csv: bool,
+    pub delimiter: u8,
+    pub quote: u8,
+    pub escape: u8,
+    pub header: bool,
+    /// Position of the sharding key in the column list.
+    pub key_index: usize,
+    /// Number of columns in the list.
+    pub columns: usize,
+}
+
+impl CopyFormat {
+    /// The text format's defaults.
+    pub fn text(key_index: usize, columns: usize) -> CopyFormat {
+        CopyFormat {
+            csv: false,
+            delimiter: b'\t',
+            quote: b'"',
+            escape: b'"',
+            header: false,
+            key_index,
+            columns,
+        }
+    }
 }
 
 /// Where a key value comes from.

@@ -7,7 +7,10 @@
 //! table or is schema-wide: then it is broadcast to every shard.
 
 use shardmap::{ShardMap, Table};
-use sqlparser::ast::{CommentObject, CopySource, ObjectName, ObjectType, Statement};
+use sqlparser::ast::{
+    CommentObject, CopyLegacyCsvOption, CopyLegacyOption, CopyOption, CopySource, CopyTarget,
+    ObjectName, ObjectType, Statement,
+};
 
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::tokenizer::{Token, Tokenizer};
@@ -19,15 +22,16 @@ use super::Route;
 pub(crate) fn route(stmt: &Statement, map: &ShardMap) -> Route {
     match stmt {
         Statement::Query(_) | Statement::Insert(_) | Statement::Update(_) | Statement::Delete(_) => data(stmt, map),
-        Statement::Copy { source, .. } => match source {
-            CopySource::Table { table_name, .. } => match sharded(map, table_name) {
-                Some(t) => Route::Unroutable {
-                    message: format!(
-                        "COPY of the sharded table {} is not supported yet: copy a query with `WHERE {} = <value>`, or copy on each shard directly",
-                        t.qualified_name(),
-                        t.key
-                    ),
-                },
+        Statement::Copy {
+            source,
+            to,
+            target,
+            options,
+            legacy_options,
+            ..
+        } => match source {
+            CopySource::Table { table_name, columns } => match sharded(map, table_name) {
+                Some(t) => copy_sharded(t, columns, *to, target, options, legacy_options),
                 None => Route::Default,
             },
             CopySource::Query(_) => data(stmt, map),
@@ -135,6 +139,96 @@ fn sharded<'m>(map: &'m ShardMap, name: &ObjectName) -> Option<&'m Table> {
     match Refs::new(map).classify(name) {
         Rel::Sharded(t) => Some(t),
         _ => None,
+    }
+}
+
+/// COPY of a sharded table: out to STDOUT gathers from every shard; in from STDIN splits the
+/// rows by key (text or CSV, with a column list that names the key).
+fn copy_sharded(
+    t: &Table,
+    columns: &[sqlparser::ast::Ident],
+    to: bool,
+    target: &CopyTarget,
+    options: &[CopyOption],
+    legacy: &[CopyLegacyOption],
+) -> Route {
+    let name = t.qualified_name();
+    match (to, target) {
+        (true, CopyTarget::Stdout) => Route::Scatter {
+            table: name,
+            merge: super::Merge::Concat { limit: None },
+        },
+        (false, CopyTarget::Stdin) => {
+            let Some(key_index) = columns.iter().position(|c| ident_is(c, &t.key)) else {
+                return Route::Unroutable {
+                    message: format!(
+                        "COPY into the sharded table {name} needs a column list that names its key {}, as in COPY {name} ({}, ...) FROM STDIN",
+                        t.key, t.key
+                    ),
+                };
+            };
+            let mut f = super::CopyFormat::text(key_index, columns.len());
+            let mut binary = false;
+            for o in options {
+                match o {
+                    CopyOption::Format(fmt) => match fmt.value.to_ascii_lowercase().as_str() {
+                        "csv" => f.csv = true,
+                        "text" => f.csv = false,
+                        _ => binary = true,
+                    },
+                    CopyOption::Delimiter(c) => f.delimiter = *c as u8,
+                    CopyOption::Quote(c) => f.quote = *c as u8,
+                    CopyOption::Escape(c) => f.escape = *c as u8,
+                    CopyOption::Header(h) => f.header = *h,
+                    _ => {}
+                }
+            }
+            for o in legacy {
+                match o {
+                    CopyLegacyOption::Binary => binary = true,
+                    CopyLegacyOption::Delimiter(c) => f.delimiter = *c as u8,
+                    CopyLegacyOption::Csv(csv) => {
+                        f.csv = true;
+                        for c in csv {
+                            match c {
+                                CopyLegacyCsvOption::Header => f.header = true,
+                                CopyLegacyCsvOption::Quote(q) => f.quote = *q as u8,
+                                CopyLegacyCsvOption::Escape(e) => f.escape = *e as u8,
+                                _ => {}
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if f.csv && f.delimiter == b'\t' && !options.iter().any(|o| matches!(o, CopyOption::Delimiter(_))) && !legacy.iter().any(|o| matches!(o, CopyLegacyOption::Delimiter(_))) {
+                f.delimiter = b',';
+            }
+            if f.csv && !options.iter().any(|o| matches!(o, CopyOption::Escape(_))) {
+                f.escape = f.quote;
+            }
+            if binary {
+                return Route::Unroutable {
+                    message: format!("COPY into the sharded table {name} in binary format is not supported: use text or CSV"),
+                };
+            }
+            Route::CopyIn {
+                key_type: t.key_type,
+                format: f,
+            }
+        }
+        _ => Route::Unroutable {
+            message: format!(
+                "COPY of the sharded table {name} to or from a file or program runs on the server, which has only one shard's rows: use COPY ... FROM STDIN / TO STDOUT (psql's \\copy)"
+            ),
+        },
+    }
+}
+
+fn ident_is(ident: &sqlparser::ast::Ident, name: &str) -> bool {
+    match ident.quote_style {
+        Some(_) => ident.value == name,
+        None => ident.value.eq_ignore_ascii_case(name),
     }
 }
 

@@ -8,8 +8,8 @@
 use std::ops::ControlFlow;
 
 use sqlparser::ast::{
-    visit_expressions, Expr, FunctionArg, FunctionArgExpr, FunctionArguments, GroupByExpr,
-    LimitClause, Query, SelectItem, SetExpr, Statement, Value,
+    visit_expressions, CopySource, CopyTarget, Expr, FunctionArg, FunctionArgExpr,
+    FunctionArguments, GroupByExpr, LimitClause, Query, SelectItem, SetExpr, Statement, Value,
 };
 
 use super::KeySource;
@@ -25,10 +25,26 @@ pub enum Merge {
 
 /// The merge for a statement, or why it cannot be scattered.
 pub(crate) fn merge_for(stmt: &Statement) -> Result<Merge, &'static str> {
-    let Statement::Query(q) = stmt else {
-        return Err("only SELECT can read from all shards (writes need a key)");
+    let merge = merge_of_query(stmt)?;
+    // COPY data is concatenated as it comes: no count to sum, no rows to stop at.
+    if matches!(stmt, Statement::Copy { .. }) && merge != (Merge::Concat { limit: None }) {
+        return Err("COPY of a count or a LIMIT across shards is not supported");
+    }
+    Ok(merge)
+}
+
+fn merge_of_query(stmt: &Statement) -> Result<Merge, &'static str> {
+    let q: &Query = match stmt {
+        Statement::Query(q) => q,
+        // COPY (SELECT ...) TO STDOUT: the rows of the query, as COPY data.
+        Statement::Copy {
+            source: CopySource::Query(q),
+            to: true,
+            target: CopyTarget::Stdout,
+            ..
+        } => q,
+        _ => return Err("only SELECT can read from all shards (writes need a key)"),
     };
-    let q: &Query = q;
     if q.with.is_some() {
         return Err("WITH is not supported across shards");
     }

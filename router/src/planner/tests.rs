@@ -396,7 +396,51 @@ fn ddl() {
 fn copy() {
     let p = planner();
     assert_eq!(route(&p, "COPY settings FROM STDIN"), Route::Default);
-    unroutable(&p, "COPY kv TO STDOUT", "COPY of the sharded table kv");
+    assert!(matches!(
+        route(&p, "COPY kv TO STDOUT"),
+        Route::Scatter { .. }
+    ));
+    assert!(matches!(
+        route(
+            &p,
+            "COPY kv (v, id) FROM STDIN WITH (FORMAT csv, HEADER true)"
+        ),
+        Route::CopyIn {
+            format: CopyFormat {
+                csv: true,
+                header: true,
+                key_index: 1,
+                columns: 2,
+                delimiter: b',',
+                ..
+            },
+            ..
+        }
+    ));
+    assert!(matches!(
+        route(&p, "COPY kv (id, v) FROM STDIN"),
+        Route::CopyIn {
+            format: CopyFormat {
+                csv: false,
+                delimiter: b'\t',
+                key_index: 0,
+                ..
+            },
+            ..
+        }
+    ));
+    unroutable(&p, "COPY kv FROM STDIN", "column list");
+    unroutable(
+        &p,
+        "COPY kv (id, v) FROM STDIN WITH (FORMAT binary)",
+        "binary",
+    );
+    unroutable(&p, "COPY kv TO '/tmp/x'", "file or program");
+    unroutable(
+        &p,
+        "COPY (SELECT count(*) FROM kv) TO STDOUT",
+        "COPY of a count",
+    );
     assert_eq!(
         keys(&p, "COPY (SELECT * FROM kv WHERE id = 3) TO STDOUT"),
         ["3"]
