@@ -27,8 +27,13 @@ pub enum Decision {
     Rollback,
     /// DDL for every shard.
     Broadcast,
-    /// A read on every shard: a count to sum, or rows to concatenate (at most `limit`).
-    Scatter { count: bool, limit: Option<u64> },
+    /// A read on every shard: a count to sum, or rows to concatenate (at most `limit`). With
+    /// `keyed`, only the shards of the statement's keys are needed ([`keyed_shards`]).
+    Scatter {
+        count: bool,
+        limit: Option<u64>,
+        keyed: bool,
+    },
     /// COPY FROM STDIN into a sharded table, rows split by key.
     CopyIn {
         key_type: shardmap::KeyType,
@@ -70,6 +75,7 @@ pub fn decide(
             return Ok(Decision::Scatter {
                 count: false,
                 limit: None,
+                keyed: false,
             });
         }
         return Err(SqlError::new(
@@ -139,8 +145,19 @@ pub fn decide(
                     match first {
                         Some(f) if f != s => {
                             if let (true, Some(merge)) = (single, spread) {
-                                // Run it everywhere: each key's rows are only on its shard.
-                                return scatter_decision(merge, bind, params_before, literals);
+                                // Run it on the shards of its keys: each key's rows are only on
+                                // its own shard.
+                                return match scatter_decision(merge, bind, params_before, literals)?
+                                {
+                                    Decision::Scatter { count, limit, .. } => {
+                                        Ok(Decision::Scatter {
+                                            count,
+                                            limit,
+                                            keyed: true,
+                                        })
+                                    }
+                                    other => Ok(other),
+                                };
                             }
                             return Err(SqlError::new(
                                 errors::FEATURE_NOT_SUPPORTED,
@@ -211,6 +228,7 @@ fn scatter_decision(
         Merge::Count => Decision::Scatter {
             count: true,
             limit: None,
+            keyed: false,
         },
         Merge::Concat { limit } => Decision::Scatter {
             count: false,
@@ -218,6 +236,7 @@ fn scatter_decision(
                 None => None,
                 Some(source) => read_limit(source, bind, params_before, literals)?,
             },
+            keyed: false,
         },
     })
 }
@@ -268,6 +287,28 @@ pub fn with_manual(
         (Some(_), Ok(d @ (Decision::Begin | Decision::Commit | Decision::Rollback))) => Ok(d),
         (Some(s), _) => Ok(Decision::Shard(s)),
     }
+}
+
+/// The shards that hold the keys of a single keyed statement, in shard order (for a read whose
+/// keys span several shards).
+pub fn keyed_shards(
+    plan: &Plan,
+    bind: Option<&Bind<'_>>,
+    params_before: usize,
+    literals: &(impl Literals + ?Sized),
+    map: &ShardMap,
+) -> Result<Vec<usize>, SqlError> {
+    let mut shards = Vec::new();
+    if let [Route::Keyed { key_type, keys, .. }] = plan.statements.as_slice() {
+        for source in keys {
+            if let Some(key) = read_key(source, *key_type, bind, params_before, literals)? {
+                shards.push(map.shard_for_key(&key));
+            }
+        }
+    }
+    shards.sort_unstable();
+    shards.dedup();
+    Ok(shards)
 }
 
 /// A LIMIT's value; `None` for `LIMIT NULL` (no limit, as in Postgres).

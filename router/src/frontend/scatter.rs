@@ -22,16 +22,19 @@ use crate::shared::Shared;
 /// Whole reply frames from one shard, or why that shard failed.
 pub type Chunk = Result<Vec<u8>, SqlError>;
 
-/// Sends `request` (whole frontend messages ending in Sync or a Query) to every shard; the
-/// receivers yield each shard's reply frames up to and including its ReadyForQuery.
+/// Sends `request` (whole frontend messages ending in Sync or a Query) to each of `shards`; the
+/// receivers, in the same order, yield each shard's reply frames up to and including its
+/// ReadyForQuery.
 pub fn start(
     shared: &Arc<Shared>,
+    shards: &[usize],
     request: Vec<u8>,
     settings: &Settings,
 ) -> Vec<mpsc::Receiver<Chunk>> {
     let request = Arc::new(request);
-    (0..shared.map.shards().len())
-        .map(|shard| {
+    shards
+        .iter()
+        .map(|&shard| {
             let (tx, rx) = mpsc::channel(8);
             let shared = shared.clone();
             let request = request.clone();

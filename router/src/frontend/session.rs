@@ -128,6 +128,8 @@ pub struct Session {
 struct ScatterBatch {
     /// Parse + Bind + Describe(portal) + Execute + Sync for every shard.
     request: Vec<u8>,
+    /// The shards to ask (all, or those of the statement's keys).
+    shards: Vec<usize>,
     count: bool,
     limit: Option<u64>,
     /// The client's count column is in binary.
@@ -296,11 +298,34 @@ impl Session {
             reply::ready_for_query(&mut self.cout, TxStatus::Idle);
             return Ok(());
         }
-        if let Decision::Scatter { count, limit } = decision {
+        if let Decision::Scatter {
+            count,
+            limit,
+            keyed,
+        } = decision
+        {
             if self.pinned.is_some() || self.tx != TxStatus::Idle {
                 return self.refuse_simple(scatter_in_transaction()).await;
             }
-            self.run_scatter(frame.to_vec(), count, limit, false, &[])
+            let shards = if keyed {
+                let planned = self.shared.planner.plan(sql, &mut self.nbuf);
+                let params_before = planned.params_before();
+                let shards = routing::keyed_shards(
+                    &planned,
+                    None,
+                    params_before,
+                    &planned,
+                    &self.shared.map,
+                );
+                drop(planned);
+                match shards {
+                    Ok(s) => s,
+                    Err(e) => return self.refuse_simple(e).await,
+                }
+            } else {
+                (0..self.shared.map.shards().len()).collect()
+            };
+            self.run_scatter(&shards, frame.to_vec(), count, limit, false, &[])
                 .await?;
             reply::ready_for_query(&mut self.cout, TxStatus::Idle);
             return Ok(());
@@ -436,11 +461,24 @@ impl Session {
                     .with_hint("send COPY ... FROM STDIN as a simple query, as psql's \\copy does");
                     return self.batch_error(err).await;
                 }
-                if let Decision::Scatter { count, limit } = decision {
+                if let Decision::Scatter {
+                    count,
+                    limit,
+                    keyed,
+                } = decision
+                {
                     if self.pinned.is_some() || self.tx != TxStatus::Idle {
                         return self.batch_error(scatter_in_transaction()).await;
                     }
-                    return self.begin_scatter_batch(&bind, count, limit);
+                    let shards = if keyed {
+                        match self.bind_shards(&bind) {
+                            Ok(s) => s,
+                            Err(e) => return self.batch_error(e).await,
+                        }
+                    } else {
+                        (0..self.shared.map.shards().len()).collect()
+                    };
+                    return self.begin_scatter_batch(&bind, count, limit, shards);
                 }
                 if let Decision::Shard(shard) = decision {
                     match &self.pinned {
@@ -612,13 +650,14 @@ impl Session {
     /// descriptions come from shard 0.
     async fn run_scatter(
         &mut self,
+        shards: &[usize],
         request: Vec<u8>,
         count: bool,
         limit: Option<u64>,
         binary: bool,
         asked: &[u8],
     ) -> Result<bool, SessionError> {
-        let mut receivers = scatter::start(&self.shared, request, &self.settings);
+        let mut receivers = scatter::start(&self.shared, shards, request, &self.settings);
         let extended = !asked.is_empty();
         let (mut statement_desc, mut portal_desc) = (Vec::new(), Vec::new());
         let mut descriptions = 0;
@@ -921,6 +960,7 @@ impl Session {
         bind: &Bind<'_>,
         count: bool,
         limit: Option<u64>,
+        shards: Vec<usize>,
     ) -> Result<(), SessionError> {
         let (sql, types) = if bind.statement.is_empty() {
             (self.unnamed.sql.clone(), self.unnamed.param_types.clone())
@@ -966,6 +1006,7 @@ impl Session {
         asked.push(b'B');
         self.scatter = Some(ScatterBatch {
             request,
+            shards,
             count,
             limit,
             binary: bind.result_binary(0),
@@ -1001,8 +1042,9 @@ impl Session {
                 }
                 let (count, limit, binary) = (batch.count, batch.limit, batch.binary);
                 let asked = std::mem::take(&mut batch.asked);
+                let shards = std::mem::take(&mut batch.shards);
                 if self
-                    .run_scatter(request, count, limit, binary, &asked)
+                    .run_scatter(&shards, request, count, limit, binary, &asked)
                     .await?
                 {
                     self.skip_until_sync = true;
@@ -1357,6 +1399,29 @@ impl Session {
             None => None,
         };
         routing::with_manual(self.decide_bind_by_plan(b), manual)
+    }
+
+    /// The shards of the keys a Bind gives its statement.
+    fn bind_shards(&self, b: &Bind<'_>) -> Result<Vec<usize>, SqlError> {
+        let map = &self.shared.map;
+        if b.statement.is_empty() {
+            return match &self.unnamed.plan {
+                Some(plan) => routing::keyed_shards(
+                    plan,
+                    Some(b),
+                    self.unnamed.params_before,
+                    &self.unnamed.literals[..],
+                    map,
+                ),
+                None => Ok(Vec::new()),
+            };
+        }
+        match self.named.get(b.statement) {
+            Some(n) => {
+                routing::keyed_shards(&n.plan, Some(b), n.params_before, &n.literals[..], map)
+            }
+            None => Ok(Vec::new()),
+        }
     }
 
     fn decide_bind_by_plan(&self, b: &Bind<'_>) -> Result<Decision, SqlError> {

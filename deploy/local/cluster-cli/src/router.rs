@@ -31,18 +31,48 @@ pub struct RouterOptions {
     pub port: u16,
     pub user: String,
     pub password: String,
-    /// `[pool] max_size`: backend connections per shard database.
+    /// `[pool] max_size`: backend connections per shard database (per router worker).
     pub pool_size: usize,
+    /// `[pool] connect_timeout_ms`.
+    pub connect_timeout_ms: u64,
 }
 
-/// Backend connections per shard database: enough for a handful of busy clients per shard, but
-/// never more than the servers can take. Each server holds `ceil(shards / servers)` shard
-/// databases, each with its own pool, so the pools of one server share its `max_connections`.
-/// A quarter of them stay free for psql, pgbench or loadgen connecting directly.
-pub fn pool_size(max_connections: u32, shards: usize, servers: usize) -> usize {
-    let per_server = shards.div_ceil(servers.max(1)).max(1);
+/// Backend connections per shard database and router worker thread (each worker of the router
+/// has its own pools): enough for a handful of busy clients per shard, but never more than the
+/// servers can take. Each server holds `ceil(shards / servers)` shard databases, so the pools of
+/// one server share its `max_connections`; a quarter stays free for psql, pgbench or loadgen
+/// connecting directly.
+pub fn pool_size(max_connections: u32, shards: usize, servers: usize, workers: usize) -> usize {
+    let per_server = shards.div_ceil(servers.max(1)).max(1) * workers.max(1);
     let budget = (max_connections as usize * 3 / 4).max(1);
     (budget / per_server).clamp(1, 20)
+}
+
+/// `max_connections` each server needs so that every router worker can hold one connection to
+/// each of its shard databases with a quarter to spare: `requested`, or more when that is short.
+pub fn max_connections_needed(
+    requested: u32,
+    shards: usize,
+    servers: usize,
+    workers: usize,
+) -> u32 {
+    let per_server = shards.div_ceil(servers.max(1)).max(1) * workers.max(1);
+    requested.max((per_server * 4 / 3 + 10) as u32)
+}
+
+/// Worker threads the router will run (its default: one per core).
+pub fn router_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Connecting and logging in to many shard databases at once (the first read across all of
+/// them) takes longer than to a few: SCRAM costs CPU on both ends.
+pub fn connect_timeout_ms(shards: usize) -> u64 {
+    if shards > 64 {
+        10_000
+    } else {
+        2_000
+    }
 }
 
 /// The `shardgate` binary: `$SHARDGATE_BIN`, else the one next to this executable (where
@@ -115,9 +145,11 @@ pub fn write_config(dir: &Path, opts: &RouterOptions) -> Result<PathBuf> {
          user = {backend_user}\n\
          password = {backend_password}\n\
          \n\
-         # One pool per shard database; sized so the pools of one server fit its max_connections.\n\
+         # One pool per shard database and worker thread; sized so the pools of one server fit its\n\
+         # max_connections.\n\
          [pool]\n\
-         max_size = {pool_size}\n",
+         max_size = {pool_size}\n\
+         connect_timeout_ms = {connect_timeout}\n",
         listen = toml_str(&format!("127.0.0.1:{}", opts.port)),
         shardmap = toml_str(SHARDMAP_FILE),
         database = toml_str(DATABASE),
@@ -126,6 +158,7 @@ pub fn write_config(dir: &Path, opts: &RouterOptions) -> Result<PathBuf> {
         backend_user = toml_str(pgharness::SUPERUSER),
         backend_password = toml_str(pgharness::PASSWORD),
         pool_size = opts.pool_size,
+        connect_timeout = opts.connect_timeout_ms,
     );
     let path = dir.join(ROUTER_CONFIG_FILE);
     std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
@@ -297,13 +330,17 @@ mod tests {
 
     #[test]
     fn pools_fit_the_servers() {
-        assert_eq!(pool_size(200, 1, 1), 20);
-        assert_eq!(pool_size(200, 4, 4), 20);
-        assert_eq!(pool_size(200, 16, 4), 20);
-        assert_eq!(pool_size(200, 512, 4), 1);
-        assert_eq!(pool_size(200, 64, 4), 9);
+        assert_eq!(pool_size(200, 1, 1, 1), 20);
+        assert_eq!(pool_size(200, 4, 4, 2), 20);
+        assert_eq!(pool_size(200, 16, 4, 2), 18);
+        assert_eq!(pool_size(200, 512, 4, 2), 1);
+        assert_eq!(pool_size(200, 64, 4, 1), 9);
+        assert_eq!(pool_size(200, 64, 4, 2), 4);
         // Never 0, even when the servers are too small for one connection per shard.
-        assert_eq!(pool_size(10, 4096, 1), 1);
+        assert_eq!(pool_size(10, 4096, 1, 2), 1);
+        // 512 shards on 4 servers with 2 workers need more than the default 200 connections.
+        assert_eq!(max_connections_needed(200, 512, 4, 2), 351);
+        assert_eq!(max_connections_needed(200, 4, 4, 2), 200);
     }
 
     #[test]

@@ -188,11 +188,24 @@ fn plan(args: &UpArgs) -> Result<Up> {
     if !args.no_router && args.router_port == 0 {
         return Err("--router-port 0 is not a port; pick a free one, e.g. 6432".into());
     }
+    let workers = router::router_workers();
+    let max_connections = if args.no_router {
+        args.max_connections
+    } else {
+        router::max_connections_needed(args.max_connections, shards, servers, workers)
+    };
+    if max_connections > args.max_connections {
+        println!(
+            "max_connections {max_connections} per server (not {}): the router's {workers} workers each keep a pool per shard database",
+            args.max_connections
+        );
+    }
     let router = (!args.no_router).then(|| RouterOptions {
         port: args.router_port,
         user: args.user.clone(),
         password: args.password.clone(),
-        pool_size: router::pool_size(args.max_connections, shards, servers),
+        pool_size: router::pool_size(max_connections, shards, servers, workers),
+        connect_timeout_ms: router::connect_timeout_ms(shards),
     });
     let schema = match &args.schema {
         Some(s) => std::path::absolute(s)
@@ -228,7 +241,7 @@ fn plan(args: &UpArgs) -> Result<Up> {
         base_port: args.base_port,
         server_options: ServerOptions {
             persistent: true,
-            max_connections: args.max_connections,
+            max_connections,
             shared_buffers: args.shared_buffers.clone(),
             ..Default::default()
         },
