@@ -98,6 +98,7 @@ fn worker_main(worker: usize, std_listener: std::net::TcpListener, shared: Arc<S
                         break;
                     }
                 }
+                crate::frontend::catalog::learn_key_positions(&warm).await;
             });
         }
         if let Err(e) = crate::frontend::serve(listener, shared).await {

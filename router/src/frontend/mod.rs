@@ -5,6 +5,7 @@
 //! password) ends that task only; every other client and the router keep running.
 
 pub mod broadcast;
+pub mod catalog;
 pub mod copy_in;
 pub mod handshake;
 pub mod replies;

@@ -562,7 +562,11 @@ impl Session {
         let mut out = Vec::new();
         let combined = broadcast::combine(&outcomes, &names);
         match combined {
-            Combined::Done(tags) => out = tags,
+            Combined::Done(tags) => {
+                // The DDL may have changed a sharded table's columns.
+                super::catalog::learn_key_positions(&self.shared).await;
+                out = tags
+            }
             Combined::PostgresError(frame) => out = frame,
             Combined::Error(e) => {
                 tracing::warn!(statement = %truncate(sql, 300), "DDL failed on some shards: {}", e.message);

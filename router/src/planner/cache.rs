@@ -130,6 +130,13 @@ impl PlanCache {
         }
     }
 
+    /// Forgets every plan.
+    pub fn clear(&self) {
+        for shard in self.shards.iter() {
+            shard.map.write().unwrap_or_else(|p| p.into_inner()).clear();
+        }
+    }
+
     pub fn stats(&self) -> CacheStats {
         let mut stats = CacheStats::default();
         for shard in self.shards.iter() {

@@ -208,6 +208,9 @@ impl std::ops::Deref for PlanRef<'_> {
 pub struct Planner {
     map: Arc<ShardMap>,
     cache: PlanCache,
+    /// Learned from a shard's catalog; replaced as a whole (and the cache emptied) when it
+    /// changes, so plans never mix two versions.
+    key_positions: std::sync::RwLock<refs::KeyPositions>,
 }
 
 impl Planner {
@@ -216,7 +219,19 @@ impl Planner {
         Planner {
             map,
             cache: PlanCache::new(capacity),
+            key_positions: Default::default(),
         }
+    }
+
+    /// Where the key is among each sharded table's columns (table name as in the map → index),
+    /// for INSERTs without a column list. Empties the plan cache: plans made without it (or with
+    /// an older column order) are planned again.
+    pub fn learn_key_positions(&self, positions: std::collections::HashMap<String, usize>) {
+        *self
+            .key_positions
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = Arc::new(positions);
+        self.cache.clear();
     }
 
     pub fn map(&self) -> &Arc<ShardMap> {
@@ -254,11 +269,16 @@ impl Planner {
     }
 
     fn build(&self, text: &str, buf: &NormalizeBuf, normalized: bool) -> Plan {
+        let positions = self
+            .key_positions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         match Parser::parse_sql(&PostgreSqlDialect {}, text) {
             Ok(statements) => Plan {
                 statements: statements
                     .iter()
-                    .map(|s| route::route(s, &self.map))
+                    .map(|s| route::route(s, &self.map, &positions))
                     .collect(),
                 normalized,
                 use_original: false,

@@ -45,8 +45,13 @@ struct Frame {
     visible: usize,
 }
 
+/// Where the sharding key sits among each sharded table's columns, learned from a shard's
+/// catalog (by the table's name in the map), for INSERTs without a column list.
+pub type KeyPositions = std::sync::Arc<std::collections::HashMap<String, usize>>;
+
 pub(crate) struct Refs<'m> {
     map: &'m ShardMap,
+    positions: KeyPositions,
     /// Every reference to a sharded table, in the order met.
     pub sharded: Vec<&'m Table>,
     /// Names of referenced tables that are not in the map.
@@ -65,8 +70,9 @@ pub(crate) struct Refs<'m> {
 
 impl<'m> Refs<'m> {
     /// Everything `stmt` references.
-    pub fn collect(stmt: &Statement, map: &'m ShardMap) -> Refs<'m> {
+    pub fn collect(stmt: &Statement, map: &'m ShardMap, positions: &KeyPositions) -> Refs<'m> {
         let mut refs = Refs::new(map);
+        refs.positions = positions.clone();
         let _ = stmt.visit(&mut refs);
         refs
     }
@@ -75,6 +81,7 @@ impl<'m> Refs<'m> {
     pub fn new(map: &'m ShardMap) -> Refs<'m> {
         Refs {
             map,
+            positions: KeyPositions::default(),
             sharded: Vec::new(),
             unsharded: Vec::new(),
             pins: Vec::new(),
@@ -229,16 +236,23 @@ impl<'m> Refs<'m> {
             return;
         };
         let (tname, key) = (table.qualified_name(), table.key.as_str());
-        if ins.columns.is_empty() {
-            return self.refuse(format!(
-                "INSERT INTO {tname} needs a column list that names its sharding key, as in INSERT INTO {tname} ({key}, ...) VALUES (...)"
-            ));
-        }
-        let position = ins.columns.iter().position(|c| {
-            name_parts(c)
-                .and_then(|p| p.last().cloned())
-                .is_some_and(|n| n == key)
-        });
+        let position = if ins.columns.is_empty() {
+            // Without a column list the values are in table order, which a shard's catalog told.
+            match self.positions.get(&tname) {
+                Some(&p) => Some(p),
+                None => {
+                    return self.refuse(format!(
+                        "INSERT INTO {tname} needs a column list that names its sharding key, as in INSERT INTO {tname} ({key}, ...) VALUES (...) (the router could not read the table's column order from a shard)"
+                    ))
+                }
+            }
+        } else {
+            ins.columns.iter().position(|c| {
+                name_parts(c)
+                    .and_then(|p| p.last().cloned())
+                    .is_some_and(|n| n == key)
+            })
+        };
         let Some(position) = position else {
             return self.refuse(format!(
                 "INSERT INTO {tname} must give the sharding key {key} in its column list"

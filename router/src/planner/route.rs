@@ -15,13 +15,15 @@ use sqlparser::ast::{
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::tokenizer::{Token, Tokenizer};
 
-use super::refs::{Refs, Rel};
+use super::refs::{KeyPositions, Refs, Rel};
 use super::Route;
 
 /// The route of one parsed statement.
-pub(crate) fn route(stmt: &Statement, map: &ShardMap) -> Route {
+pub(crate) fn route(stmt: &Statement, map: &ShardMap, positions: &KeyPositions) -> Route {
     match stmt {
-        Statement::Query(_) | Statement::Insert(_) | Statement::Update(_) | Statement::Delete(_) => data(stmt, map),
+        Statement::Query(_) | Statement::Insert(_) | Statement::Update(_) | Statement::Delete(_) => {
+            data(stmt, map, positions)
+        }
         Statement::Copy {
             source,
             to,
@@ -34,9 +36,9 @@ pub(crate) fn route(stmt: &Statement, map: &ShardMap) -> Route {
                 Some(t) => copy_sharded(t, columns, *to, target, options, legacy_options),
                 None => Route::Default,
             },
-            CopySource::Query(_) => data(stmt, map),
+            CopySource::Query(_) => data(stmt, map, positions),
         },
-        Statement::Explain { statement, .. } => route(statement, map),
+        Statement::Explain { statement, .. } => route(statement, map, positions),
 
         Statement::StartTransaction { .. } => Route::Begin,
         Statement::Commit { .. } => Route::Commit,
@@ -233,7 +235,7 @@ fn ident_is(ident: &sqlparser::ast::Ident, name: &str) -> bool {
 }
 
 fn table_ddl(stmt: &Statement, map: &ShardMap) -> Route {
-    let refs = Refs::collect(stmt, map);
+    let refs = Refs::collect(stmt, map, &KeyPositions::default());
     if refs.sharded.is_empty() {
         return Route::Default;
     }
@@ -275,8 +277,8 @@ fn drop(map: &ShardMap, object_type: ObjectType, names: &[ObjectName]) -> Route 
     }
 }
 
-fn data(stmt: &Statement, map: &ShardMap) -> Route {
-    let refs = Refs::collect(stmt, map);
+fn data(stmt: &Statement, map: &ShardMap, positions: &KeyPositions) -> Route {
+    let refs = Refs::collect(stmt, map, positions);
     if let Some(message) = refs.problem {
         return Route::Unroutable { message };
     }

@@ -121,6 +121,13 @@ fn inserts() {
         ["1"]
     );
     unroutable(&p, "INSERT INTO kv VALUES (1, 'a')", "column list");
+    // Once the column order is known, the key is found by position.
+    p.learn_key_positions([("kv".to_string(), 0)].into_iter().collect());
+    assert_eq!(
+        keys(&p, "INSERT INTO kv VALUES (1, 'a'), (2, 'b')"),
+        ["1", "2"]
+    );
+    p.learn_key_positions(Default::default());
     unroutable(&p, "INSERT INTO kv (v) VALUES ('a')", "sharding key id");
     unroutable(
         &p,
