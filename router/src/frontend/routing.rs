@@ -27,10 +27,11 @@ pub enum Decision {
     Rollback,
     /// DDL for every shard.
     Broadcast,
-    /// A read on every shard: a count to sum, or rows to concatenate (at most `limit`). With
-    /// `keyed`, only the shards of the statement's keys are needed ([`keyed_shards`]).
+    /// A read on every shard: one row of aggregates to merge, or rows to concatenate (at most
+    /// `limit`). With `keyed`, only the shards of the statement's keys are needed
+    /// ([`keyed_shards`]).
     Scatter {
-        count: bool,
+        aggs: Option<crate::planner::Aggregates>,
         limit: Option<u64>,
         keyed: bool,
     },
@@ -73,7 +74,7 @@ pub fn decide(
     if let [Route::ScatterWrite { message }] = plan.statements.as_slice() {
         if allow_scatter_writes {
             return Ok(Decision::Scatter {
-                count: false,
+                aggs: None,
                 limit: None,
                 keyed: false,
             });
@@ -149,9 +150,9 @@ pub fn decide(
                                 // its own shard.
                                 return match scatter_decision(merge, bind, params_before, literals)?
                                 {
-                                    Decision::Scatter { count, limit, .. } => {
+                                    Decision::Scatter { aggs, limit, .. } => {
                                         Ok(Decision::Scatter {
-                                            count,
+                                            aggs,
                                             limit,
                                             keyed: true,
                                         })
@@ -225,13 +226,13 @@ fn scatter_decision(
     literals: &(impl Literals + ?Sized),
 ) -> Result<Decision, SqlError> {
     Ok(match merge {
-        Merge::Count => Decision::Scatter {
-            count: true,
+        Merge::Aggregate(aggs) => Decision::Scatter {
+            aggs: Some(*aggs),
             limit: None,
             keyed: false,
         },
         Merge::Concat { limit } => Decision::Scatter {
-            count: false,
+            aggs: None,
             limit: match limit {
                 None => None,
                 Some(source) => read_limit(source, bind, params_before, literals)?,

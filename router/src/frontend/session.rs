@@ -130,10 +130,10 @@ struct ScatterBatch {
     request: Vec<u8>,
     /// The shards to ask (all, or those of the statement's keys).
     shards: Vec<usize>,
-    count: bool,
+    aggs: Option<crate::planner::Aggregates>,
     limit: Option<u64>,
-    /// The client's count column is in binary.
-    binary: bool,
+    /// Bit i: the client wants result column i in binary.
+    binary: u8,
     /// The client's messages so far, to answer in order: Parse, Describe statement, Bind,
     /// Describe portal, Close.
     asked: Vec<u8>,
@@ -298,12 +298,7 @@ impl Session {
             reply::ready_for_query(&mut self.cout, TxStatus::Idle);
             return Ok(());
         }
-        if let Decision::Scatter {
-            count,
-            limit,
-            keyed,
-        } = decision
-        {
+        if let Decision::Scatter { aggs, limit, keyed } = decision {
             if self.pinned.is_some() || self.tx != TxStatus::Idle {
                 return self.refuse_simple(scatter_in_transaction()).await;
             }
@@ -325,7 +320,7 @@ impl Session {
             } else {
                 (0..self.shared.map.shards().len()).collect()
             };
-            self.run_scatter(&shards, frame.to_vec(), count, limit, false, &[])
+            self.run_scatter(&shards, frame.to_vec(), aggs, limit, 0, &[])
                 .await?;
             reply::ready_for_query(&mut self.cout, TxStatus::Idle);
             return Ok(());
@@ -461,12 +456,7 @@ impl Session {
                     .with_hint("send COPY ... FROM STDIN as a simple query, as psql's \\copy does");
                     return self.batch_error(err).await;
                 }
-                if let Decision::Scatter {
-                    count,
-                    limit,
-                    keyed,
-                } = decision
-                {
+                if let Decision::Scatter { aggs, limit, keyed } = decision {
                     if self.pinned.is_some() || self.tx != TxStatus::Idle {
                         return self.batch_error(scatter_in_transaction()).await;
                     }
@@ -478,7 +468,7 @@ impl Session {
                     } else {
                         (0..self.shared.map.shards().len()).collect()
                     };
-                    return self.begin_scatter_batch(&bind, count, limit, shards);
+                    return self.begin_scatter_batch(&bind, aggs, limit, shards);
                 }
                 if let Decision::Shard(shard) = decision {
                     match &self.pinned {
@@ -656,9 +646,9 @@ impl Session {
         &mut self,
         shards: &[usize],
         request: Vec<u8>,
-        count: bool,
+        aggs: Option<crate::planner::Aggregates>,
         limit: Option<u64>,
-        binary: bool,
+        binary: u8,
         asked: &[u8],
     ) -> Result<bool, SessionError> {
         let mut receivers = scatter::start(&self.shared, shards, request, &self.settings);
@@ -667,7 +657,7 @@ impl Session {
         let mut descriptions = 0;
         let mut answered = !extended;
         let mut rows_sent: u64 = 0;
-        let mut total: i64 = 0;
+        let mut merge = aggs.map(|a| scatter::AggregateMerge::new(a, binary));
         // The command of the shards' CommandComplete (SELECT, UPDATE, DELETE) and the sum of
         // their row counts.
         let mut verb: Option<String> = None;
@@ -717,17 +707,14 @@ impl Session {
                                 answer_asked(&mut self.cout, asked, &statement_desc, &portal_desc);
                                 answered = true;
                             }
-                            if count {
-                                match scatter::count_in_row(&frame[5..], binary) {
-                                    Some(n) => total += n,
-                                    None => {
-                                        SqlError::new(
-                                            errors::PROTOCOL_VIOLATION,
-                                            "internal: a shard's count is not a number",
-                                        )
-                                        .write(&mut self.cout);
-                                        return Ok(true);
-                                    }
+                            if let Some(m) = merge.as_mut() {
+                                if let Err(why) = m.fold(&frame[5..]) {
+                                    SqlError::new(
+                                        errors::FEATURE_NOT_SUPPORTED,
+                                        format!("cannot merge the aggregates of the shards: {why}"),
+                                    )
+                                    .write(&mut self.cout);
+                                    return Ok(true);
                                 }
                             } else if limit.is_none_or(|l| rows_sent < l) {
                                 self.cout.extend_from_slice(frame);
@@ -781,8 +768,15 @@ impl Session {
         if copy_out {
             put_frame(&mut self.cout, b'c', &[]);
         }
-        if count {
-            scatter::count_row(&mut self.cout, total, binary);
+        if let Some(m) = merge {
+            if let Err(why) = m.write(&mut self.cout) {
+                SqlError::new(
+                    errors::FEATURE_NOT_SUPPORTED,
+                    format!("cannot merge the aggregates of the shards: {why}"),
+                )
+                .write(&mut self.cout);
+                return Ok(true);
+            }
             reply::command_complete(&mut self.cout, "SELECT 1");
         } else {
             match verb.as_deref() {
@@ -962,7 +956,7 @@ impl Session {
     fn begin_scatter_batch(
         &mut self,
         bind: &Bind<'_>,
-        count: bool,
+        aggs: Option<crate::planner::Aggregates>,
         limit: Option<u64>,
         shards: Vec<usize>,
     ) -> Result<(), SessionError> {
@@ -1011,9 +1005,11 @@ impl Session {
         self.scatter = Some(ScatterBatch {
             request,
             shards,
-            count,
+            aggs,
             limit,
-            binary: bind.result_binary(0),
+            binary: (0..8)
+                .filter(|&i| bind.result_binary(i))
+                .fold(0u8, |m, i| m | (1 << i)),
             asked,
         });
         Ok(())
@@ -1044,11 +1040,11 @@ impl Session {
                 if request.is_empty() {
                     return Ok(());
                 }
-                let (count, limit, binary) = (batch.count, batch.limit, batch.binary);
+                let (aggs, limit, binary) = (batch.aggs, batch.limit, batch.binary);
                 let asked = std::mem::take(&mut batch.asked);
                 let shards = std::mem::take(&mut batch.shards);
                 if self
-                    .run_scatter(&shards, request, count, limit, binary, &asked)
+                    .run_scatter(&shards, request, aggs, limit, binary, &asked)
                     .await?
                 {
                     self.skip_until_sync = true;

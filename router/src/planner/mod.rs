@@ -21,7 +21,13 @@ pub mod keys;
 pub mod normalize;
 mod scatter;
 
-pub use scatter::Merge;
+pub use scatter::{AggOp, Aggregates, Merge};
+
+/// The merge the planner picks for a statement (for tests of the code that runs merges).
+#[doc(hidden)]
+pub fn scatter_merge_for_tests(stmt: &sqlparser::ast::Statement) -> Result<Merge, &'static str> {
+    scatter::merge_for(stmt)
+}
 mod pins;
 mod refs;
 mod route;

@@ -19,8 +19,49 @@ use super::KeySource;
 pub enum Merge {
     /// All rows of all shards, in shard order; at most `limit` rows when there is a LIMIT.
     Concat { limit: Option<KeySource> },
-    /// One row with one count: the sum of the shards' counts.
+    /// One row of aggregates (`count`, `sum`, `min`, `max`), merged column by column.
+    Aggregate(Aggregates),
+}
+
+/// One aggregate of a select list, and how the shards' values of it combine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AggOp {
+    /// `count(..)`: the sum of the counts.
     Count,
+    /// `sum(..)`: the sum of the sums (NULL only if every shard's is NULL).
+    Sum,
+    /// `min(..)`: the smallest.
+    Min,
+    /// `max(..)`: the largest.
+    Max,
+}
+
+/// The aggregates of a select list, in order (at most [`Aggregates::MAX`]); `Copy` so that a
+/// routing decision carrying it stays small.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Aggregates {
+    ops: [AggOp; Aggregates::MAX],
+    len: u8,
+}
+
+impl Aggregates {
+    pub const MAX: usize = 8;
+
+    pub fn ops(&self) -> &[AggOp] {
+        &self.ops[..self.len as usize]
+    }
+
+    fn from_ops(list: &[AggOp]) -> Option<Aggregates> {
+        if list.is_empty() || list.len() > Self::MAX {
+            return None;
+        }
+        let mut ops = [AggOp::Count; Self::MAX];
+        ops[..list.len()].copy_from_slice(list);
+        Some(Aggregates {
+            ops,
+            len: list.len() as u8,
+        })
+    }
 }
 
 /// The merge for a statement, or why it cannot be scattered.
@@ -84,16 +125,21 @@ fn merge_of_query(stmt: &Statement) -> Result<Merge, &'static str> {
     if !select.named_window.is_empty() || select.qualify.is_some() {
         return Err("window functions are not supported across shards");
     }
-    if let [item] = select.projection.as_slice() {
-        if let Some(expr) = item_expr(item) {
-            if is_plain_count(expr) {
-                return if limit.is_none() {
-                    Ok(Merge::Count)
-                } else {
-                    Err("LIMIT with count() across shards is not supported")
-                };
-            }
-        }
+    let ops: Vec<Option<AggOp>> = select
+        .projection
+        .iter()
+        .map(|i| item_expr(i).and_then(plain_aggregate))
+        .collect();
+    if ops.iter().any(Option::is_some) {
+        let ops: Option<Vec<AggOp>> = ops.into_iter().collect();
+        let Some(aggs) = ops.as_deref().and_then(Aggregates::from_ops) else {
+            return Err("a select list across shards must be all plain columns, or all count/sum/min/max (at most 8)");
+        };
+        return if limit.is_none() {
+            Ok(Merge::Aggregate(aggs))
+        } else {
+            Err("LIMIT with aggregates across shards is not supported")
+        };
     }
     for item in &select.projection {
         let Some(expr) = item_expr(item) else {
@@ -122,32 +168,31 @@ fn item_expr(item: &SelectItem) -> Option<&Expr> {
     }
 }
 
-/// `count(*)`, `count(x)` (not DISTINCT, no FILTER, no OVER).
-fn is_plain_count(expr: &Expr) -> bool {
+/// `count(*)`, `count(x)`, `sum(x)`, `min(x)`, `max(x)` (not DISTINCT, no FILTER, no OVER):
+/// aggregates whose per-shard values combine exactly.
+fn plain_aggregate(expr: &Expr) -> Option<AggOp> {
     let Expr::Function(f) = expr else {
-        return false;
+        return None;
     };
-    let name = f.name.0.last().map(|p| p.to_string().to_ascii_lowercase());
-    if name.as_deref() != Some("count")
-        || f.filter.is_some()
-        || f.over.is_some()
-        || !f.within_group.is_empty()
-    {
-        return false;
+    if f.name.0.len() != 1 || f.filter.is_some() || f.over.is_some() || !f.within_group.is_empty() {
+        return None;
     }
-    match &f.args {
-        FunctionArguments::List(list) => {
-            list.duplicate_treatment.is_none()
-                && list.clauses.is_empty()
-                && matches!(
-                    list.args.as_slice(),
-                    [FunctionArg::Unnamed(
-                        FunctionArgExpr::Wildcard | FunctionArgExpr::Expr(_)
-                    )]
-                )
-        }
+    let op = match f.name.0.last()?.to_string().to_ascii_lowercase().as_str() {
+        "count" => AggOp::Count,
+        "sum" => AggOp::Sum,
+        "min" => AggOp::Min,
+        "max" => AggOp::Max,
+        _ => return None,
+    };
+    let FunctionArguments::List(list) = &f.args else {
+        return None;
+    };
+    let args_ok = match list.args.as_slice() {
+        [FunctionArg::Unnamed(FunctionArgExpr::Wildcard)] => op == AggOp::Count,
+        [FunctionArg::Unnamed(FunctionArgExpr::Expr(_))] => true,
         _ => false,
-    }
+    };
+    (list.duplicate_treatment.is_none() && list.clauses.is_empty() && args_ok).then_some(op)
 }
 
 fn limit_source(e: &Expr) -> Option<KeySource> {
