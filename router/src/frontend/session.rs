@@ -28,7 +28,7 @@ use super::settings::{self, Change, Settings};
 use crate::backend::pool::PooledConn;
 use crate::errors;
 use crate::planner::{NormalizeBuf, Plan};
-use crate::protocol::frame::{begin_frame, end_frame, next_frame, put_frame};
+use crate::protocol::frame::{begin_frame, end_frame, frames, next_frame, put_frame};
 use crate::protocol::frontend::{self, Bind, Malformed, Parse, Target};
 use crate::protocol::reply::{self, SqlError, TxStatus};
 use crate::shared::{CancelTarget, ClientSlot, Shared};
@@ -571,14 +571,11 @@ impl Session {
     /// the Bind itself; the Execute runs the broadcast.
     fn begin_broadcast_batch(&mut self) -> Result<(), SessionError> {
         let held = std::mem::take(&mut self.held);
-        let mut at = 0;
         let mut out = Vec::new();
-        while let Some(h) =
-            next_frame(&held[at..]).map_err(|e| SessionError::Protocol(e.to_string()))?
-        {
-            let body = &held[at + 5..at + h.total];
-            at += h.total;
-            match h.tag {
+        for frame in frames(&held) {
+            let frame = frame.map_err(protocol_error)?;
+            let body = &frame[5..];
+            match frame[0] {
                 b'P' => reply::parse_complete(&mut out),
                 b'D' => no_data_description(&mut out, frontend::target(body, "Describe")?.kind),
                 b'C' => {
@@ -680,12 +677,9 @@ impl Session {
                         return Ok(true);
                     }
                 };
-                let mut at = 0;
                 let mut done = false;
-                while let Ok(Some(h)) = next_frame(&chunk[at..]) {
-                    let frame = &chunk[at..at + h.total];
-                    at += h.total;
-                    match h.tag {
+                for frame in frames(&chunk).map_while(Result::ok) {
+                    match frame[0] {
                         // The first error ends the read; the other shards' connections are
                         // dropped when their channels close.
                         b'E' => {
@@ -980,13 +974,10 @@ impl Session {
         put_frame(&mut request, b'S', &[]);
         let mut asked = Vec::new();
         let held = std::mem::take(&mut self.held);
-        let mut at = 0;
-        while let Some(h) =
-            next_frame(&held[at..]).map_err(|e| SessionError::Protocol(e.to_string()))?
-        {
-            let body = &held[at + 5..at + h.total];
-            at += h.total;
-            match h.tag {
+        for frame in frames(&held) {
+            let frame = frame.map_err(protocol_error)?;
+            let body = &frame[5..];
+            match frame[0] {
                 b'P' => asked.push(b'P'),
                 b'D' => asked.push(if frontend::target(body, "Describe")?.kind == b'S' {
                     b'S'
@@ -1150,14 +1141,10 @@ impl Session {
         let mut out = Vec::new();
         let mut effect: Option<(Decision, String)> = None;
         let mut bound: Option<(Decision, String)> = None;
-        let mut at = 0;
-        while let Some(h) =
-            next_frame(&held[at..]).map_err(|e| SessionError::Protocol(e.to_string()))?
-        {
-            let frame = &held[at..at + h.total];
+        for frame in frames(held) {
+            let frame = frame.map_err(protocol_error)?;
             let body = &frame[5..];
-            at += h.total;
-            match h.tag {
+            match frame[0] {
                 b'P' => {
                     let p = frontend::parse(body)?;
                     if txn_control(&self.plan_of(p.name)).is_none() {
@@ -1276,13 +1263,9 @@ impl Session {
 
     /// Whether the held messages only prepare, describe or close statements.
     fn held_only_prepares(&self) -> Result<bool, SessionError> {
-        let mut at = 0;
-        while let Some(h) =
-            next_frame(&self.held[at..]).map_err(|e| SessionError::Protocol(e.to_string()))?
-        {
-            let frame = &self.held[at..at + h.total];
-            at += h.total;
-            let ok = match h.tag {
+        for frame in frames(&self.held) {
+            let frame = frame.map_err(protocol_error)?;
+            let ok = match frame[0] {
                 b'P' => true,
                 b'D' | b'C' => frontend::target(&frame[5..], "Describe")?.kind == b'S',
                 _ => false,
@@ -1296,13 +1279,9 @@ impl Session {
 
     /// Whether the held messages need a backend at all (Close of a statement does not).
     fn held_needs_backend(&self) -> Result<bool, SessionError> {
-        let mut at = 0;
-        while let Some(h) =
-            next_frame(&self.held[at..]).map_err(|e| SessionError::Protocol(e.to_string()))?
-        {
-            let frame = &self.held[at..at + h.total];
-            at += h.total;
-            if h.tag != b'C' || frontend::target(&frame[5..], "Close")?.kind != b'S' {
+        for frame in frames(&self.held) {
+            let frame = frame.map_err(protocol_error)?;
+            if frame[0] != b'C' || frontend::target(&frame[5..], "Close")?.kind != b'S' {
                 return Ok(true);
             }
         }
@@ -1316,12 +1295,8 @@ impl Session {
             return Ok(());
         }
         let held = std::mem::take(&mut self.held);
-        let mut at = 0;
-        while let Some(h) =
-            next_frame(&held[at..]).map_err(|e| SessionError::Protocol(e.to_string()))?
-        {
-            self.send(&held[at..at + h.total])?;
-            at += h.total;
+        for frame in frames(&held) {
+            self.send(frame.map_err(protocol_error)?)?;
         }
         self.held = held;
         self.held.clear();
@@ -1903,12 +1878,10 @@ async fn write_client(client: &mut TcpStream, cout: &mut Vec<u8>) -> std::io::Re
         return Ok(());
     }
     if tracing::enabled!(tracing::Level::TRACE) {
-        let mut at = 0;
-        let mut tags = String::new();
-        while let Ok(Some(h)) = next_frame(&cout[at..]) {
-            tags.push(h.tag as char);
-            at += h.total;
-        }
+        let tags: String = frames(cout)
+            .map_while(Result::ok)
+            .map(|f| f[0] as char)
+            .collect();
         tracing::trace!(%tags, "to client");
     }
     client.write_all(cout).await?;
@@ -2191,6 +2164,10 @@ fn no_data_description(out: &mut Vec<u8>, kind: u8) {
         put_frame(out, b't', &0i16.to_be_bytes());
     }
     put_frame(out, b'n', &[]);
+}
+
+fn protocol_error(e: crate::protocol::FrameError) -> SessionError {
+    SessionError::Protocol(e.to_string())
 }
 
 fn in_failed_transaction() -> SqlError {

@@ -48,6 +48,36 @@ pub fn next_frame(buf: &[u8]) -> Result<Option<FrameHeader>, FrameError> {
     Ok((buf.len() >= total).then_some(FrameHeader { tag: buf[0], total }))
 }
 
+/// The whole frames in `buf`, in order (a buffer of messages the router holds or collects).
+/// Each item is a complete frame: its tag is `frame[0]`, its body `&frame[5..]`. Bytes after
+/// the last whole frame are not returned.
+pub fn frames(buf: &[u8]) -> Frames<'_> {
+    Frames { buf }
+}
+
+pub struct Frames<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Iterator for Frames<'a> {
+    type Item = Result<&'a [u8], FrameError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match next_frame(self.buf) {
+            Ok(Some(h)) => {
+                let (frame, rest) = self.buf.split_at(h.total);
+                self.buf = rest;
+                Some(Ok(frame))
+            }
+            Ok(None) => None,
+            Err(e) => {
+                self.buf = &[];
+                Some(Err(e))
+            }
+        }
+    }
+}
+
 /// Appends a frame with `tag` and `body`.
 pub fn put_frame(out: &mut Vec<u8>, tag: u8, body: &[u8]) {
     out.push(tag);
@@ -82,6 +112,17 @@ mod tests {
         assert_eq!(&buf[h.body()], b"SELECT 1\0");
         assert_eq!(next_frame(&buf[..13]).unwrap(), None);
         assert_eq!(next_frame(&buf[..3]).unwrap(), None);
+    }
+
+    #[test]
+    fn iterates_whole_frames() {
+        let mut buf = Vec::new();
+        put_frame(&mut buf, b'P', b"x\0");
+        put_frame(&mut buf, b'S', b"");
+        buf.extend_from_slice(&[b'B', 0, 0]);
+        let tags: Vec<u8> = frames(&buf).map(|f| f.unwrap()[0]).collect();
+        assert_eq!(tags, b"PS");
+        assert!(frames(&[b'Q', 0, 0, 0, 1]).next().unwrap().is_err());
     }
 
     #[test]
