@@ -92,6 +92,9 @@ pub struct ClusterState {
     /// routers were part of the cluster).
     #[serde(default)]
     pub router: Option<RouterState>,
+    /// A router was asked for (no `--no-router`): with `router` empty, its start failed.
+    #[serde(default)]
+    pub router_wanted: bool,
 }
 
 impl ClusterState {

@@ -50,7 +50,14 @@ pub fn run(args: &DirArgs) -> Result<ExitCode> {
                 println!("            (`cluster up` starts it again)");
             }
         }
-        None => println!("  router    none (started with --no-router, or its start failed)"),
+        None if state.router_wanted => {
+            all_ok = false;
+            println!(
+                "  router    none: its start failed (see {}); `cluster up` tries again",
+                dir.join("router.log").display()
+            );
+        }
+        None => println!("  router    none (started with --no-router)"),
     }
     for s in &state.servers {
         let (readiness, pid) = match Server::attach(&s.dir) {

@@ -346,6 +346,7 @@ fn write_initial_state(up: &mut Up) -> Result<()> {
         servers,
         shards: Vec::new(),
         router: None,
+        router_wanted: up.router.is_some(),
     };
     state.save()?;
     up.state = Some(state);
@@ -431,6 +432,7 @@ fn start_router(up: &mut Up) -> Result<()> {
         return Ok(());
     };
     let state = up.state.as_mut().ok_or("internal error: no state")?;
+    state.router_wanted = true;
     let started = router::find_binary().and_then(|bin| {
         let config = router::write_config(&up.dir, &opts)?;
         println!(
