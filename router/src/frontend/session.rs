@@ -10,6 +10,11 @@
 //! statement, on the shard that statement names. A statement for a second shard inside a
 //! transaction is refused *on the pinned backend* (a `RAISE` with SQLSTATE 0A000), so that
 //! Postgres's transaction state and the client's stay the same.
+//!
+//! Statements that need more than one shard leave this loop for their own paths, outside any
+//! transaction: DDL for every shard ([`super::broadcast`]), reads merged from several shards
+//! ([`super::scatter`]), and COPY FROM STDIN split by key ([`super::copy_in`], with the
+//! per-shard `CopyTarget` below).
 
 use std::collections::HashMap;
 use std::sync::Arc;
