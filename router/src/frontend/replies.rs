@@ -114,8 +114,6 @@ pub struct Replies {
     queue: VecDeque<Expect>,
     /// Inside the rows of an Execute or Query, or between `t` and `T`/`n` of a Describe.
     mid: bool,
-    /// After an error of an extended-protocol message: Postgres skips everything until Sync.
-    skipping: bool,
     /// Statements whose Parse failed or was skipped: not prepared after all. The flag says
     /// whether it was the client's own Parse (so the client's name is gone too).
     failed: Vec<(u64, bool)>,
@@ -151,19 +149,6 @@ impl Replies {
     /// Whether replies are still owed (synthetic ones included).
     pub fn is_empty(&self) -> bool {
         self.queue.is_empty()
-    }
-
-    /// Whether a `Z` is still owed: the exchange is not finished before it arrives.
-    pub fn awaits_ready(&self) -> bool {
-        self.queue.iter().any(|e| {
-            matches!(
-                e,
-                Expect::Reply {
-                    kind: Kind::Sync | Kind::Query,
-                    ..
-                }
-            )
-        })
     }
 
     /// Whether a backend reply is still owed (as opposed to only synthetic ones).
@@ -241,7 +226,6 @@ impl Replies {
                     self.queue.pop_front();
                 }
                 self.mid = false;
-                self.skipping = true;
                 return Ok(step);
             }
             (Kind::Parse, b'1') | (Kind::Bind, b'2') | (Kind::Close, b'3') => true,
@@ -269,7 +253,6 @@ impl Replies {
                 if audience == Audience::Client {
                     step.ready = body.first().copied().and_then(TxStatus::from_byte);
                 }
-                self.skipping = false;
                 true
             }
             (Kind::Query, b'E') => false,
@@ -384,7 +367,7 @@ mod tests {
         r.push(Kind::DescribeStatement, Audience::Client);
         r.push(Kind::Sync, Audience::Client);
         feed(&mut r, &[(b't', b""), (b'T', b"")]);
-        assert!(r.awaits_ready());
+        assert!(r.awaits_backend(), "the Sync's ReadyForQuery is still owed");
         feed(&mut r, &[(b'Z', b"T")]);
         assert!(r.is_empty());
     }
