@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{shared_env, Router};
+use common::{shared_env, sqlstate, Router};
 use tokio_postgres::{Client, SimpleQueryMessage};
 
 async fn show(client: &Client, sql: &str) -> String {
@@ -200,4 +200,154 @@ async fn prepared_statements_per_connection_are_bounded() {
         (900..=1000).contains(&n),
         "shard 0's connection holds {n} prepared statements"
     );
+}
+
+fn rows(msgs: &[SimpleQueryMessage]) -> Vec<Vec<String>> {
+    msgs.iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(
+                (0..r.len())
+                    .map(|i| r.get(i).unwrap_or("NULL").to_string())
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect()
+}
+
+/// SQL-level PREPARE / EXECUTE / DEALLOCATE: with one connection per shard shared by two
+/// clients, each client's names are its own, EXECUTE lands on the shard of the key among its
+/// arguments, and errors come with Postgres's SQLSTATEs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_prepare_execute_deallocate() {
+    let env = shared_env();
+    let router = Router::start_single_pool(&env.map, 1, "");
+    let a = router.connect().await;
+    let b = router.connect().await;
+    // Keys on two different shards.
+    let (k0, k3) = (env.key_on(0, 41_000_000), env.key_on(3, 41_000_000));
+    for k in [k0, k3] {
+        a.execute(
+            "INSERT INTO kv (id, v) VALUES ($1, $2)",
+            &[&k, &format!("v{k}")],
+        )
+        .await
+        .expect("insert");
+    }
+    // The same name, different texts, in two clients.
+    a.simple_query("PREPARE get (bigint) AS SELECT v FROM kv WHERE id = $1")
+        .await
+        .expect("prepare a");
+    b.simple_query("PREPARE get AS SELECT id, v || '!' FROM kv WHERE id = $1")
+        .await
+        .expect("prepare b");
+    for k in [k0, k3] {
+        let got = rows(
+            &a.simple_query(&format!("EXECUTE get({k})"))
+                .await
+                .expect("execute a"),
+        );
+        assert_eq!(got, [[format!("v{k}")]]);
+        let got = rows(
+            &b.simple_query(&format!("EXECUTE get ('{k}')"))
+                .await
+                .expect("execute b"),
+        );
+        assert_eq!(got, [[k.to_string(), format!("v{k}!")]]);
+    }
+    // A write, its tag passed through, in a transaction that stays on the key's shard.
+    a.simple_query("PREPARE put (bigint, text) AS UPDATE kv SET v = $2 WHERE id = $1")
+        .await
+        .expect("prepare put");
+    let msgs = a
+        .simple_query(&format!("BEGIN; EXECUTE put({k0}, 'changed'); COMMIT"))
+        .await;
+    // Several statements in one query cannot include EXECUTE: refused, nothing ran.
+    assert_eq!(sqlstate(&msgs.expect_err("multi-statement")), "0A000");
+    a.simple_query("BEGIN").await.expect("begin");
+    let done = a
+        .simple_query(&format!("EXECUTE put({k0}, 'changed')"))
+        .await
+        .expect("execute put");
+    assert!(
+        done.iter()
+            .any(|m| matches!(m, SimpleQueryMessage::CommandComplete(1))),
+        "{done:?}"
+    );
+    let err = a
+        .simple_query(&format!("EXECUTE put({k3}, 'other shard')"))
+        .await
+        .expect_err("other shard in the transaction");
+    assert_eq!(sqlstate(&err), "0A000");
+    a.simple_query("ROLLBACK").await.expect("rollback");
+    assert_eq!(
+        env.on_shard(0, &format!("SELECT v FROM kv WHERE id = {k0}")),
+        format!("v{k0}")
+    );
+    // Postgres's errors: duplicate name, unknown name, wrong argument count, a statement that
+    // does not analyze (reported at PREPARE, and the name is not taken).
+    let err = a
+        .simple_query("PREPARE get AS SELECT 1")
+        .await
+        .expect_err("duplicate");
+    assert_eq!(sqlstate(&err), "42P05");
+    let err = b
+        .simple_query("EXECUTE put(1, 'x')")
+        .await
+        .expect_err("b has no put");
+    assert_eq!(sqlstate(&err), "26000");
+    let err = a
+        .simple_query("EXECUTE get(1, 2)")
+        .await
+        .expect_err("two args");
+    assert_eq!(sqlstate(&err), "42601");
+    let err = a
+        .simple_query("PREPARE bad AS SELECT nope FROM no_such_table")
+        .await
+        .expect_err("bad statement");
+    assert_eq!(sqlstate(&err), "42P01");
+    let err = a
+        .simple_query("EXECUTE bad")
+        .await
+        .expect_err("bad was not kept");
+    assert_eq!(sqlstate(&err), "26000");
+    // SQL and protocol statements share one namespace, as in Postgres.
+    let got = a
+        .query_one("SELECT 1 WHERE $1::int > 0", &[&1i32])
+        .await
+        .expect("protocol statement");
+    assert_eq!(got.get::<_, i32>(0), 1);
+    a.simple_query("DEALLOCATE get").await.expect("deallocate");
+    let err = a
+        .simple_query(&format!("EXECUTE get({k0})"))
+        .await
+        .expect_err("gone");
+    assert_eq!(sqlstate(&err), "26000");
+    let err = a.simple_query("DEALLOCATE get").await.expect_err("gone");
+    assert_eq!(sqlstate(&err), "26000");
+    // b's statement of the same name is untouched; DEALLOCATE ALL clears b's.
+    let got = rows(
+        &b.simple_query(&format!("EXECUTE get({k3})"))
+            .await
+            .expect("b still"),
+    );
+    assert_eq!(got, [[k3.to_string(), format!("v{k3}!")]]);
+    b.simple_query("DEALLOCATE ALL")
+        .await
+        .expect("deallocate all");
+    let err = b
+        .simple_query(&format!("EXECUTE get({k3})"))
+        .await
+        .expect_err("gone");
+    assert_eq!(sqlstate(&err), "26000");
+    // Through the extended protocol these are refused (a driver's own prepared statements are
+    // the way there), never run on one pooled connection and lost.
+    let err = a
+        .execute("PREPARE x AS SELECT 1", &[])
+        .await
+        .expect_err("extended");
+    assert_eq!(sqlstate(&err), "0A000");
+    // Both clients keep working.
+    assert_eq!(show(&a, "SELECT 7").await, "7");
+    assert_eq!(show(&b, "SELECT 8").await, "8");
 }

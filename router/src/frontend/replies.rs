@@ -24,6 +24,9 @@ pub enum Kind {
     DescribeStatement,
     /// `D` of a portal → `T` or `n`
     DescribePortal,
+    /// `D` of a portal for a simple query's client (SQL `EXECUTE`) → `T`, or `n`, which such a
+    /// client does not expect and never sees
+    DescribeRows,
     /// `E` → rows, then `C`, `I` or `s` (or a COPY sub-protocol)
     Execute,
     /// `Q` → anything, ending with `Z`
@@ -235,6 +238,11 @@ impl Replies {
             }
             (Kind::DescribeStatement, b'T' | b'n') if self.mid => true,
             (Kind::DescribePortal, b'T' | b'n') => true,
+            (Kind::DescribeRows, b'T') => true,
+            (Kind::DescribeRows, b'n') => {
+                step.action = Action::Drop;
+                true
+            }
             (Kind::Execute, b'D' | b'd' | b'c' | b'H' | b'W') => false,
             (Kind::Execute, b'G') => {
                 step.copy_in = true;

@@ -35,6 +35,8 @@ pub enum Decision {
         limit: Option<u64>,
         keyed: bool,
     },
+    /// SQL-level PREPARE, EXECUTE or DEALLOCATE, run by the session.
+    PreparedSql,
     /// COPY FROM STDIN into a sharded table, rows split by key.
     CopyIn {
         key_type: shardmap::KeyType,
@@ -120,6 +122,9 @@ pub fn decide(
     if let [Route::Scatter { merge, .. }] = plan.statements.as_slice() {
         return scatter_decision(merge, bind, params_before, literals);
     }
+    if let [Route::PreparedSql] = plan.statements.as_slice() {
+        return Ok(Decision::PreparedSql);
+    }
     if let [Route::CopyIn { key_type, format }] = plan.statements.as_slice() {
         return Ok(Decision::CopyIn {
             key_type: *key_type,
@@ -189,6 +194,12 @@ pub fn decide(
                 return Err(SqlError::new(
                     errors::FEATURE_NOT_SUPPORTED,
                     message.clone(),
+                ));
+            }
+            Route::PreparedSql => {
+                return Err(SqlError::new(
+                    errors::FEATURE_NOT_SUPPORTED,
+                    "PREPARE, EXECUTE and DEALLOCATE must be the only statement of their query",
                 ));
             }
             Route::CopyIn { .. } => {

@@ -39,6 +39,8 @@ use crate::protocol::reply::{self, SqlError, TxStatus};
 use crate::shared::{CancelTarget, ClientSlot, Shared};
 use crate::statements::Statement;
 
+mod prepared_sql;
+
 /// A backend connection held by this client.
 struct Pinned {
     shard: usize,
@@ -290,6 +292,10 @@ impl Session {
             Ok(d) => d,
             Err(err) => return self.refuse_simple(err).await,
         };
+        if decision == Decision::PreparedSql {
+            let sql = sql.to_string();
+            return self.prepared_sql(&sql).await;
+        }
         if let Decision::CopyIn { key_type, format } = decision {
             if self.pinned.is_some() || self.tx != TxStatus::Idle {
                 let err = SqlError::new(
@@ -452,6 +458,14 @@ impl Session {
                         return self.batch_error(ddl_in_transaction()).await;
                     }
                     return self.begin_broadcast_batch();
+                }
+                if decision == Decision::PreparedSql {
+                    let err = SqlError::new(
+                        errors::FEATURE_NOT_SUPPORTED,
+                        "PREPARE, EXECUTE and DEALLOCATE are supported in the simple query protocol only",
+                    )
+                    .with_hint("use the driver's own prepared statements, or send the command as a simple query");
+                    return self.batch_error(err).await;
                 }
                 if let Decision::CopyIn { .. } = decision {
                     let err = SqlError::new(
@@ -1812,6 +1826,10 @@ impl Session {
                         }
                         Completion::Rollback => self.tx_changes.clear(),
                         Completion::DeallocateAll => {}
+                    }
+                    if c == Completion::DiscardAll {
+                        // Like Postgres: the client's prepared statements are gone too.
+                        self.named.clear();
                     }
                     if matches!(c, Completion::DiscardAll | Completion::DeallocateAll) {
                         conn.prepared.clear();

@@ -29,6 +29,7 @@ pub fn scatter_merge_for_tests(stmt: &sqlparser::ast::Statement) -> Result<Merge
     scatter::merge_for(stmt)
 }
 mod pins;
+pub mod prepared_sql;
 mod refs;
 mod route;
 
@@ -91,6 +92,9 @@ pub enum Route {
         key_type: KeyType,
         format: CopyFormat,
     },
+    /// SQL-level `PREPARE`, `EXECUTE` or `DEALLOCATE`: the session runs it as a protocol-level
+    /// statement of the client ([`prepared_sql`]).
+    PreparedSql,
     /// Text that does not parse and names no sharded table: send it to the default shard for
     /// Postgres to judge. (Unparseable text that names a sharded table is `Unroutable`: if
     /// Postgres accepted it, the default shard would answer with only its part of the table.)

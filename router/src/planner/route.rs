@@ -51,10 +51,10 @@ pub(crate) fn route(stmt: &Statement, map: &ShardMap, positions: &KeyPositions) 
         | Statement::Reset(_)
         | Statement::ShowVariable { .. }
         | Statement::ShowVariables { .. }
-        | Statement::Discard { .. }
-        | Statement::Deallocate { .. }
-        | Statement::Prepare { .. }
-        | Statement::Execute { .. } => Route::Any,
+        | Statement::Discard { .. } => Route::Any,
+        Statement::Deallocate { .. } | Statement::Prepare { .. } | Statement::Execute { .. } => {
+            Route::PreparedSql
+        }
 
         // Function and procedure bodies are not analyzed: like user functions in a query,
         // they are assumed to work on unsharded tables.
