@@ -351,3 +351,39 @@ async fn sql_prepare_execute_deallocate() {
     assert_eq!(show(&a, "SELECT 7").await, "7");
     assert_eq!(show(&b, "SELECT 8").await, "8");
 }
+
+/// Temporary tables and LISTEN would stay on a pooled server connection after the client's
+/// transaction: refused, except a temporary table that ends with its transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_objects_never_outlive_the_transaction() {
+    let env = shared_env();
+    let router = Router::start_single_pool(&env.map, 1, "");
+    let a = router.connect().await;
+    let b = router.connect().await;
+    let err = a
+        .simple_query("CREATE TEMP TABLE scratch (x int)")
+        .await
+        .expect_err("temp table outside a transaction");
+    assert_eq!(sqlstate(&err), "0A000");
+    let err = a.simple_query("LISTEN chan").await.expect_err("listen");
+    assert_eq!(sqlstate(&err), "0A000");
+    a.simple_query("BEGIN").await.expect("begin");
+    a.simple_query("CREATE TEMP TABLE scratch (x int) ON COMMIT DROP")
+        .await
+        .expect("temp table in a transaction");
+    a.simple_query("INSERT INTO scratch VALUES (1), (2)")
+        .await
+        .expect("insert");
+    assert_eq!(show(&a, "SELECT sum(x) FROM scratch").await, "3");
+    a.simple_query("COMMIT").await.expect("commit");
+    // Every shard's only connection: no client sees a leftover table.
+    for shard in env.map.shards() {
+        for client in [&a, &b] {
+            let sql = format!(
+                "/* shard: {} */ SELECT to_regclass('pg_temp.scratch') IS NULL",
+                shard.range
+            );
+            assert_eq!(show(client, &sql).await, "t");
+        }
+    }
+}

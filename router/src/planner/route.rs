@@ -9,7 +9,7 @@
 use shardmap::{ShardMap, Table};
 use sqlparser::ast::{
     CommentObject, CopyLegacyCsvOption, CopyLegacyOption, CopyOption, CopySource, CopyTarget,
-    ObjectName, ObjectType, Statement,
+    ObjectName, ObjectType, OnCommit, Statement,
 };
 
 use sqlparser::dialect::PostgreSqlDialect;
@@ -235,8 +235,18 @@ fn ident_is(ident: &sqlparser::ast::Ident, name: &str) -> bool {
 }
 
 fn table_ddl(stmt: &Statement, map: &ShardMap) -> Route {
+    if let Statement::CreateTable(ct) = stmt {
+        if ct.temporary && ct.on_commit != Some(OnCommit::Drop) {
+            // A pooled server connection outlives the client's transaction: other clients
+            // would see the table, and this client would lose it on another connection.
+            return Route::Unroutable {
+                message: "a temporary table would outlive the transaction on a pooled server connection: create it inside a transaction with ON COMMIT DROP".to_string(),
+            };
+        }
+    }
     let refs = Refs::collect(stmt, map, &KeyPositions::default());
     if refs.sharded.is_empty() {
+        // Temporary tables (ON COMMIT DROP) too: they are routed like unsharded tables.
         return Route::Default;
     }
     // CREATE TABLE .. AS SELECT from a sharded table would create a different table on every

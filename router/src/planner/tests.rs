@@ -331,13 +331,26 @@ fn tables_outside_the_map_and_no_tables() {
         "RESET ALL",
         "SHOW server_version",
         "DISCARD ALL",
-        "DEALLOCATE ALL",
-        "PREPARE p AS SELECT * FROM kv WHERE id = $1",
-        "EXECUTE p(1)",
         "VALUES (1), (2)",
     ] {
         assert_eq!(route(&p, sql), Route::Any, "{sql}");
     }
+    // Run by the session on the client's named statements.
+    for sql in [
+        "DEALLOCATE ALL",
+        "PREPARE p AS SELECT * FROM kv WHERE id = $1",
+        "EXECUTE p(1)",
+    ] {
+        assert_eq!(route(&p, sql), Route::PreparedSql, "{sql}");
+    }
+    assert!(matches!(
+        route(&p, "CREATE TEMP TABLE t (x int)"),
+        Route::Unroutable { .. }
+    ));
+    assert_eq!(
+        route(&p, "CREATE TEMP TABLE t (x int) ON COMMIT DROP"),
+        Route::Default
+    );
 }
 
 #[test]
