@@ -277,8 +277,13 @@ async fn lists_and_multi_statement_queries() {
             "INSERT INTO kv (id, v) VALUES ({a}, 'x'), ({c}, 'y')"
         ))
         .await
-        .expect_err("multi-row insert across shards");
-    assert_eq!(sqlstate(&err), "0A000");
+        .expect_err("multi-row insert across shards, one row a duplicate");
+    // Split per shard, and the duplicate on shard 0 rolled back the row for shard 1 too.
+    assert_eq!(sqlstate(&err), "23505");
+    assert_eq!(
+        env.on_shard(1, &format!("SELECT count(*) FROM kv WHERE id = {c}")),
+        "0"
+    );
     // A read whose keys fall on several shards runs on every shard (each key's row lives on
     // one shard only) and its rows are concatenated; a write like that is refused.
     client
@@ -476,5 +481,91 @@ async fn insert_without_a_column_list() {
     assert_eq!(
         env.on_shard(0, &format!("SELECT v FROM kv WHERE id = {id2}")),
         "extended"
+    );
+}
+
+/// A multi-row INSERT whose rows belong to several shards is split per shard: every row lands on
+/// its own shard, RETURNING gives the rows back in VALUES order, and a failing row leaves no
+/// row of the statement anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_row_inserts_split_across_shards() {
+    let env = shared_env();
+    let client = env.router.connect().await;
+    // Rows in an order that alternates shards.
+    let keys: Vec<i64> = (0..8)
+        .map(|i| env.key_on(i % 4, 52_000_000 + 1000 * i as i64))
+        .collect();
+    let values: Vec<String> = keys.iter().map(|k| format!("({k}, 'split {k}')")).collect();
+    let msgs = client
+        .simple_query(&format!(
+            "INSERT INTO kv (id, v) VALUES {} RETURNING id, v",
+            values.join(", ")
+        ))
+        .await
+        .expect("split insert");
+    let returned: Vec<i64> = msgs
+        .iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).and_then(|v| v.parse().ok()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(returned, keys, "RETURNING in VALUES order");
+    assert!(msgs
+        .iter()
+        .any(|m| matches!(m, tokio_postgres::SimpleQueryMessage::CommandComplete(8))));
+    for (i, k) in keys.iter().enumerate() {
+        for shard in 0..4 {
+            let n = env.on_shard(shard, &format!("SELECT count(*) FROM kv WHERE id = {k}"));
+            assert_eq!(
+                n,
+                if shard == i % 4 { "1" } else { "0" },
+                "key {k} on shard {shard}"
+            );
+        }
+    }
+    // A bad value in one row (v is NOT NULL): nothing of the statement is anywhere.
+    let (x, y) = (env.key_on(2, 53_000_000), env.key_on(3, 53_000_000));
+    let err = client
+        .simple_query(&format!(
+            "INSERT INTO kv (id, v) VALUES ({x}, 'x'), ({y}, NULL)"
+        ))
+        .await
+        .expect_err("bad row");
+    assert_eq!(sqlstate(&err), "23502");
+    for (shard, k) in [(2, x), (3, y)] {
+        assert_eq!(
+            env.on_shard(shard, &format!("SELECT count(*) FROM kv WHERE id = {k}")),
+            "0"
+        );
+    }
+    // In a transaction (which stays on one shard), and with bound parameters: refused.
+    client.simple_query("BEGIN").await.expect("begin");
+    let err = client
+        .simple_query(&format!(
+            "INSERT INTO kv (id, v) VALUES ({x}, 'x'), ({y}, 'y')"
+        ))
+        .await
+        .expect_err("in a transaction");
+    assert_eq!(sqlstate(&err), "0A000");
+    client.simple_query("ROLLBACK").await.expect("rollback");
+    let err = client
+        .execute(
+            "INSERT INTO kv (id, v) VALUES ($1, 'x'), ($2, 'y')",
+            &[&x, &y],
+        )
+        .await
+        .expect_err("bound parameters");
+    assert_eq!(sqlstate(&err), "0A000");
+    // The client goes on.
+    client
+        .simple_query(&format!(
+            "INSERT INTO kv (id, v) VALUES ({x}, 'x'), ({y}, 'y')"
+        ))
+        .await
+        .expect("after the refusals");
+    assert_eq!(
+        env.on_shard(3, &format!("SELECT v FROM kv WHERE id = {y}")),
+        "y"
     );
 }

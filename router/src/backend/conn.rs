@@ -82,6 +82,41 @@ pub struct BackendConn {
 }
 
 impl BackendConn {
+    /// Writes `out` (whole simple-protocol messages) and hands every reply frame to `on_frame`
+    /// until `readies` ReadyForQuery frames have come: the router's own short exchanges, where
+    /// nothing is streamed to a client while it waits.
+    pub async fn round_trip(
+        &mut self,
+        out: &[u8],
+        mut readies: usize,
+        mut on_frame: impl FnMut(&[u8]),
+    ) -> std::io::Result<()> {
+        use bytes::Buf;
+        self.stream.write_all(out).await?;
+        while readies > 0 {
+            while let Some(h) =
+                crate::protocol::frame::next_frame(&self.rbuf).map_err(std::io::Error::other)?
+            {
+                on_frame(&self.rbuf[..h.total]);
+                let ready = h.tag == b'Z';
+                self.rbuf.advance(h.total);
+                if ready {
+                    readies -= 1;
+                    if readies == 0 {
+                        return Ok(());
+                    }
+                }
+            }
+            if self.stream.read_buf(&mut self.rbuf).await? == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the server closed the connection",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Connects and logs in; the whole login is bounded by the endpoint's connect timeout.
     pub async fn connect(ep: &Endpoint) -> Result<BackendConn, BackendError> {
         match tokio::time::timeout(ep.connect_timeout, Self::login(ep)).await {

@@ -13,6 +13,7 @@ pub mod routing;
 pub mod scatter;
 pub mod session;
 pub mod settings;
+pub mod split_insert;
 
 use std::sync::Arc;
 

@@ -37,6 +37,9 @@ pub enum Decision {
     },
     /// SQL-level PREPARE, EXECUTE or DEALLOCATE, run by the session.
     PreparedSql,
+    /// A multi-row INSERT (simple protocol) whose rows belong to several shards: split by
+    /// [`row_shards`] and run on each, committed only if all succeed.
+    SplitInsert,
     /// COPY FROM STDIN into a sharded table, rows split by key.
     CopyIn {
         key_type: shardmap::KeyType,
@@ -237,6 +240,14 @@ fn scatter_decision(
     literals: &(impl Literals + ?Sized),
 ) -> Result<Decision, SqlError> {
     Ok(match merge {
+        Merge::SplitRows if bind.is_none() => Decision::SplitInsert,
+        Merge::SplitRows => {
+            return Err(SqlError::new(
+                errors::FEATURE_NOT_SUPPORTED,
+                "the rows of this INSERT fall on several shards; with bound parameters each INSERT must give rows of one shard",
+            )
+            .with_hint("send one INSERT per shard (or single-row INSERTs), or send the multi-row INSERT with literal values as a simple query"))
+        }
         Merge::Aggregate(aggs) => Decision::Scatter {
             aggs: Some(*aggs),
             limit: None,
@@ -321,6 +332,25 @@ pub fn keyed_shards(
     shards.sort_unstable();
     shards.dedup();
     Ok(shards)
+}
+
+/// The shard of each VALUES row of a multi-row INSERT ([`Decision::SplitInsert`]), in row
+/// order. A NULL key (which Postgres will refuse for a primary key) goes to the default shard.
+pub fn row_shards(
+    plan: &Plan,
+    params_before: usize,
+    literals: &(impl Literals + ?Sized),
+    map: &ShardMap,
+) -> Result<Vec<usize>, SqlError> {
+    let [Route::Keyed { key_type, keys, .. }] = plan.statements.as_slice() else {
+        return Ok(Vec::new());
+    };
+    keys.iter()
+        .map(|source| {
+            Ok(read_key(source, *key_type, None, params_before, literals)?
+                .map_or(map.default_shard(), |key| map.shard_for_key(&key)))
+        })
+        .collect()
 }
 
 /// A LIMIT's value; `None` for `LIMIT NULL` (no limit, as in Postgres).

@@ -40,6 +40,7 @@ use crate::shared::{CancelTarget, ClientSlot, Shared};
 use crate::statements::Statement;
 
 mod prepared_sql;
+mod split_insert;
 
 /// A backend connection held by this client.
 struct Pinned {
@@ -295,6 +296,10 @@ impl Session {
         if decision == Decision::PreparedSql {
             let sql = sql.to_string();
             return self.prepared_sql(&sql).await;
+        }
+        if decision == Decision::SplitInsert {
+            let sql = sql.to_string();
+            return self.split_insert(&sql).await;
         }
         if let Decision::CopyIn { key_type, format } = decision {
             if self.pinned.is_some() || self.tx != TxStatus::Idle {

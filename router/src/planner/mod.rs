@@ -32,6 +32,7 @@ mod pins;
 pub mod prepared_sql;
 mod refs;
 mod route;
+pub mod values;
 
 #[cfg(test)]
 mod tests;

@@ -117,7 +117,7 @@ fn body_after_as(sql: &str) -> Result<&str, SqlError> {
             Token::RParen => depth -= 1,
             Token::Word(w) if depth == 0 && w.keyword == Keyword::AS && w.quote_style.is_none() => {
                 let end = t.span.end;
-                let at = byte_offset(sql, end.line, end.column)
+                let at = super::values::byte_offset(sql, end.line, end.column)
                     .ok_or_else(|| SqlError::new("42601", "PREPARE without a statement"))?;
                 let body = sql[at..].trim();
                 return Ok(body.strip_suffix(';').unwrap_or(body).trim_end());
@@ -126,17 +126,6 @@ fn body_after_as(sql: &str) -> Result<&str, SqlError> {
         }
     }
     Err(SqlError::new("42601", "PREPARE needs AS and a statement"))
-}
-
-/// The byte offset of a tokenizer location (1-based line and character column).
-fn byte_offset(sql: &str, line: u64, column: u64) -> Option<usize> {
-    let mut line_start = 0;
-    for _ in 1..line {
-        line_start += sql[line_start..].find('\n')? + 1;
-    }
-    let rest = &sql[line_start..];
-    let col = usize::try_from(column.checked_sub(1)?).ok()?;
-    Some(line_start + rest.char_indices().nth(col).map_or(rest.len(), |(i, _)| i))
 }
 
 /// An EXECUTE argument as a text parameter. Only constants: the router passes values, it does

@@ -7,6 +7,8 @@
 //! table or is schema-wide: then it is broadcast to every shard.
 
 use shardmap::{ShardMap, Table};
+
+use super::Merge;
 use sqlparser::ast::{
     CommentObject, CopyLegacyCsvOption, CopyLegacyOption, CopyOption, CopySource, CopyTarget,
     ObjectName, ObjectType, OnCommit, Statement,
@@ -378,10 +380,16 @@ fn data(stmt: &Statement, map: &ShardMap, positions: &KeyPositions) -> Route {
         };
     }
     let keys: Vec<_> = refs.pins.into_iter().flat_map(|p| p.keys).collect();
-    let spread = if keys.len() > 1 {
-        super::scatter::merge_for(stmt).ok()
-    } else {
+    let spread = if keys.len() < 2 {
         None
+    } else if let Statement::Insert(ins) = stmt {
+        // Rows for several shards can be split, each shard's part run in its own transaction
+        // and all committed only if all succeeded. With RETURNING, each row must return one
+        // row (to give them back in VALUES order), which ON CONFLICT may not do.
+        let one_table = refs.sharded.len() == 1;
+        (one_table && (ins.returning.is_none() || ins.on.is_none())).then_some(Merge::SplitRows)
+    } else {
+        super::scatter::merge_for(stmt).ok()
     };
     Route::Keyed {
         table: name,

@@ -21,6 +21,9 @@ pub enum Merge {
     Concat { limit: Option<KeySource> },
     /// One row of aggregates (`count`, `sum`, `min`, `max`), merged column by column.
     Aggregate(Aggregates),
+    /// Not a read: the VALUES rows of a multi-row INSERT, split by the shard of each row's key
+    /// (the route's keys are one per row, in order).
+    SplitRows,
 }
 
 /// One aggregate of a select list, and how the shards' values of it combine.
