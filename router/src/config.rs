@@ -164,8 +164,9 @@ pub struct Limits {
     /// timings. Default 1000; 0 = no slow-statement log.
     pub slow_statement: Option<Duration>,
     /// `allow_scatter_writes`: let UPDATE and DELETE of a sharded table without a key run on
-    /// every shard. Off by default: such a write is one transaction per shard, not one atomic
-    /// change (clients can also opt in per session with `SET shardgate.allow_scatter_writes = on`).
+    /// every shard. Off by default: such a write touches every shard, and its transactions
+    /// commit one after the other (all or none, except when a shard fails between the COMMITs);
+    /// clients can also opt in per session with `SET shardgate.allow_scatter_writes = on`.
     pub allow_scatter_writes: bool,
 }
 

@@ -316,22 +316,19 @@ async fn lists_and_multi_statement_queries() {
         }
         Err(e) => assert_eq!(sqlstate(&e), "0A000"),
     }
-    let err = client
-        .query(
+    // A write whose keys are on two shards runs on both (see writes_by_key_lists_span_shards).
+    let n = client
+        .execute(
             &format!("UPDATE kv SET v = 'x' WHERE id IN ({a}, {c})"),
             &[],
         )
         .await
-        .expect_err("a write across shards");
-    assert_eq!(sqlstate(&err), "0A000");
-    let message = err
-        .as_db_error()
-        .map(|e| e.message().to_string())
-        .unwrap_or_default();
-    assert!(
-        message.contains("several shards") && message.contains("kv"),
-        "{message}"
-    );
+        .expect("a write across shards");
+    assert_eq!(n, 2);
+    client
+        .simple_query(&format!("UPDATE kv SET v = 'a' WHERE id = {a}"))
+        .await
+        .expect("put a back");
 
     // Several statements in one simple query, all on one shard.
     let msgs = client
@@ -568,4 +565,87 @@ async fn multi_row_inserts_split_across_shards() {
         env.on_shard(3, &format!("SELECT v FROM kv WHERE id = {y}")),
         "y"
     );
+}
+
+/// UPDATE/DELETE whose keys (`IN`, `= ANY`) fall on several shards run on the shards of their
+/// keys, each in a transaction, committed only if every shard succeeded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_by_key_lists_span_shards() {
+    let env = shared_env();
+    let client = env.router.connect().await;
+    let keys: Vec<i64> = (0..4).map(|s| env.key_on(s, 54_000_000)).collect();
+    for k in &keys {
+        client
+            .execute("INSERT INTO kv (id, v) VALUES ($1, 'before')", &[k])
+            .await
+            .expect("insert");
+    }
+    // = ANY($1) with a bound array (binary), in a read and in a write with RETURNING.
+    let rows = client
+        .query("SELECT id FROM kv WHERE id = ANY($1)", &[&keys])
+        .await
+        .expect("read by array");
+    let mut got: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
+    got.sort();
+    let mut want = keys.clone();
+    want.sort();
+    assert_eq!(got, want);
+    let rows = client
+        .query(
+            "UPDATE kv SET v = 'after' WHERE id = ANY($1) RETURNING id",
+            &[&keys[1..].to_vec()],
+        )
+        .await
+        .expect("update by array");
+    assert_eq!(rows.len(), 3);
+    for (shard, k) in keys.iter().enumerate() {
+        let v = env.on_shard(shard, &format!("SELECT v FROM kv WHERE id = {k}"));
+        assert_eq!(
+            v,
+            if shard == 0 { "before" } else { "after" },
+            "shard {shard}"
+        );
+    }
+    // One shard refuses its part (v is NOT NULL): the other shard's part is rolled back.
+    let (a, c) = (keys[0], keys[2]);
+    let err = client
+        .simple_query(&format!(
+            "UPDATE kv SET v = CASE WHEN id = {c} THEN NULL ELSE 'partial' END WHERE id IN ({a}, {c})"
+        ))
+        .await
+        .expect_err("fails on one shard");
+    assert_eq!(sqlstate(&err), "23502");
+    assert_eq!(
+        env.on_shard(0, &format!("SELECT v FROM kv WHERE id = {a}")),
+        "before"
+    );
+    // In a transaction, which stays on one shard: refused.
+    client.simple_query("BEGIN").await.expect("begin");
+    let err = client
+        .simple_query(&format!("DELETE FROM kv WHERE id IN ({a}, {c})"))
+        .await
+        .expect_err("in a transaction");
+    assert_eq!(sqlstate(&err), "0A000");
+    client.simple_query("ROLLBACK").await.expect("rollback");
+    // A text array literal in a DELETE.
+    let n = client
+        .execute(
+            &format!(
+                "DELETE FROM kv WHERE id = ANY('{{{}}}'::bigint[])",
+                keys.iter()
+                    .map(|k| k.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            &[],
+        )
+        .await
+        .expect("delete by array literal");
+    assert_eq!(n, 4);
+    for (shard, k) in keys.iter().enumerate() {
+        assert_eq!(
+            env.on_shard(shard, &format!("SELECT count(*) FROM kv WHERE id = {k}")),
+            "0"
+        );
+    }
 }

@@ -204,6 +204,33 @@ async fn writes_on_every_shard_only_when_asked() {
         })
         .sum();
     assert_eq!(changed, 100);
+    // A write that fails on one shard (v is NOT NULL) changes nothing on any shard.
+    let victim = env.key_on(2, 19_700_000);
+    client
+        .execute(
+            "INSERT INTO kv (id, v) VALUES ($1, 'sw-victim')",
+            &[&victim],
+        )
+        .await
+        .expect("victim row");
+    let err = client
+        .simple_query(&format!(
+            "UPDATE kv SET v = CASE WHEN id = {victim} THEN NULL ELSE 'sw-bad' END WHERE v IN ('sw-new', 'sw-victim')"
+        ))
+        .await
+        .expect_err("fails on one shard");
+    assert_eq!(sqlstate(&err), "23502");
+    for s in 0..4 {
+        assert_eq!(
+            env.on_shard(s, "SELECT count(*) FROM kv WHERE v = 'sw-bad'"),
+            "0",
+            "shard {s}"
+        );
+    }
+    client
+        .execute("DELETE FROM kv WHERE id = $1", &[&victim])
+        .await
+        .expect("victim gone");
     let msgs = client
         .simple_query("DELETE FROM kv WHERE v = 'sw-new' RETURNING id")
         .await

@@ -34,6 +34,9 @@ pub enum Decision {
         aggs: Option<crate::planner::Aggregates>,
         limit: Option<u64>,
         keyed: bool,
+        /// A write: each shard's part runs in a transaction, all committed only if all
+        /// succeeded.
+        write: bool,
     },
     /// SQL-level PREPARE, EXECUTE or DEALLOCATE, run by the session.
     PreparedSql,
@@ -82,6 +85,7 @@ pub fn decide(
                 aggs: None,
                 limit: None,
                 keyed: false,
+                write: true,
             });
         }
         return Err(SqlError::new(
@@ -145,30 +149,47 @@ pub fn decide(
                 spread,
             } => {
                 let mut first: Option<usize> = None;
+                let mut array: Vec<usize>;
                 for source in keys {
-                    let Some(key) = read_key(source, *key_type, bind, params_before, literals)?
-                    else {
-                        continue;
+                    let one: [usize; 1];
+                    let shards: &[usize] = match source {
+                        KeySource::Array(inner) => {
+                            array =
+                                array_shards(inner, *key_type, bind, params_before, literals, map)?;
+                            &array
+                        }
+                        _ => match read_key(source, *key_type, bind, params_before, literals)? {
+                            Some(key) => {
+                                one = [map.shard_for_key(&key)];
+                                &one
+                            }
+                            None => &[],
+                        },
                     };
-                    let s = map.shard_for_key(&key);
-                    match first {
-                        Some(f) if f != s => {
-                            if let (true, Some(merge)) = (single, spread) {
-                                // Run it on the shards of its keys: each key's rows are only on
-                                // its own shard.
-                                return match scatter_decision(merge, bind, params_before, literals)?
-                                {
-                                    Decision::Scatter { aggs, limit, .. } => {
-                                        Ok(Decision::Scatter {
+                    for &s in shards {
+                        match first {
+                            Some(f) if f != s => {
+                                if let (true, Some(merge)) = (single, spread) {
+                                    // Run it on the shards of its keys: each key's rows are only on
+                                    // its own shard.
+                                    return match scatter_decision(
+                                        merge,
+                                        bind,
+                                        params_before,
+                                        literals,
+                                    )? {
+                                        Decision::Scatter {
+                                            aggs, limit, write, ..
+                                        } => Ok(Decision::Scatter {
                                             aggs,
                                             limit,
                                             keyed: true,
-                                        })
-                                    }
-                                    other => Ok(other),
-                                };
-                            }
-                            return Err(SqlError::new(
+                                            write,
+                                        }),
+                                        other => Ok(other),
+                                    };
+                                }
+                                return Err(SqlError::new(
                                 errors::FEATURE_NOT_SUPPORTED,
                                 format!(
                                     "the keys of this statement on {table} fall on several shards ({} and {})",
@@ -177,8 +198,9 @@ pub fn decide(
                                 ),
                             )
                             .with_hint("split the statement so that each one names keys of one shard"));
+                            }
+                            _ => first = Some(s),
                         }
-                        _ => first = Some(s),
                     }
                 }
                 // All keys NULL: the statement matches no row anywhere; any shard answers it.
@@ -252,6 +274,13 @@ fn scatter_decision(
             aggs: Some(*aggs),
             limit: None,
             keyed: false,
+            write: false,
+        },
+        Merge::Write => Decision::Scatter {
+            aggs: None,
+            limit: None,
+            keyed: false,
+            write: true,
         },
         Merge::Concat { limit } => Decision::Scatter {
             aggs: None,
@@ -260,6 +289,7 @@ fn scatter_decision(
                 Some(source) => read_limit(source, bind, params_before, literals)?,
             },
             keyed: false,
+            write: false,
         },
     })
 }
@@ -324,7 +354,16 @@ pub fn keyed_shards(
     let mut shards = Vec::new();
     if let [Route::Keyed { key_type, keys, .. }] = plan.statements.as_slice() {
         for source in keys {
-            if let Some(key) = read_key(source, *key_type, bind, params_before, literals)? {
+            if let KeySource::Array(inner) = source {
+                shards.extend(array_shards(
+                    inner,
+                    *key_type,
+                    bind,
+                    params_before,
+                    literals,
+                    map,
+                )?);
+            } else if let Some(key) = read_key(source, *key_type, bind, params_before, literals)? {
                 shards.push(map.shard_for_key(&key));
             }
         }
@@ -385,6 +424,7 @@ fn read_limit(
             Some((Format::Text, Some(v))) => std::str::from_utf8(v).map_err(|_| bad())?,
         },
         KeySource::Param(i) => literals.literal(i - params_before).ok_or_else(bad)?,
+        KeySource::Array(_) => return Err(bad()),
     };
     text.trim().parse::<u64>().map(Some).map_err(|_| bad())
 }
@@ -397,10 +437,77 @@ fn read_key<'v>(
     params_before: usize,
     literals: &'v (impl Literals + ?Sized),
 ) -> Result<Option<Key<'v>>, SqlError> {
-    let bad =
-        |e: keys::KeyValueError| SqlError::new(errors::INVALID_TEXT_REPRESENTATION, e.to_string());
+    match raw_value(source, bind, params_before, literals)? {
+        None => Ok(None),
+        Some((Format::Binary, v)) => keys::key_from_binary(key_type, v)
+            .map(Some)
+            .map_err(bad_key),
+        Some((Format::Text, v)) => keys::key_from_text(key_type, utf8(v)?)
+            .map(Some)
+            .map_err(bad_key),
+    }
+}
+
+fn bad_key(e: keys::KeyValueError) -> SqlError {
+    SqlError::new(errors::INVALID_TEXT_REPRESENTATION, e.to_string())
+}
+
+fn utf8(v: &[u8]) -> Result<&str, SqlError> {
+    std::str::from_utf8(v).map_err(|_| {
+        SqlError::new(
+            errors::INVALID_TEXT_REPRESENTATION,
+            "a key parameter is not valid UTF-8",
+        )
+    })
+}
+
+/// The shards of the keys in an array value (`key = ANY($1)`), one per element (NULLs, which
+/// match nothing, left out).
+fn array_shards(
+    inner: &KeySource,
+    key_type: shardmap::KeyType,
+    bind: Option<&Bind<'_>>,
+    params_before: usize,
+    literals: &(impl Literals + ?Sized),
+    map: &ShardMap,
+) -> Result<Vec<usize>, SqlError> {
+    let bad_array = |e: String| SqlError::new(errors::INVALID_TEXT_REPRESENTATION, e);
+    let mut shards = Vec::new();
+    match raw_value(inner, bind, params_before, literals)? {
+        None => {}
+        Some((Format::Binary, v)) => {
+            for e in keys::array_elements_binary(v)
+                .map_err(bad_array)?
+                .into_iter()
+                .flatten()
+            {
+                shards
+                    .push(map.shard_for_key(&keys::key_from_binary(key_type, e).map_err(bad_key)?));
+            }
+        }
+        Some((Format::Text, v)) => {
+            for e in keys::array_elements_text(utf8(v)?)
+                .map_err(bad_array)?
+                .into_iter()
+                .flatten()
+            {
+                shards
+                    .push(map.shard_for_key(&keys::key_from_text(key_type, &e).map_err(bad_key)?));
+            }
+        }
+    }
+    Ok(shards)
+}
+
+/// Where the value of a scalar source is, and in which format; `None` when it is NULL.
+fn raw_value<'v>(
+    source: &'v KeySource,
+    bind: Option<&Bind<'v>>,
+    params_before: usize,
+    literals: &'v (impl Literals + ?Sized),
+) -> Result<Option<(Format, &'v [u8])>, SqlError> {
     match source {
-        KeySource::Literal(text) => keys::key_from_text(key_type, text).map(Some).map_err(bad),
+        KeySource::Literal(text) => Ok(Some((Format::Text, text.as_bytes()))),
         KeySource::Param(i) if *i < params_before => {
             let Some(b) = bind else {
                 return Err(SqlError::new(
@@ -421,26 +528,19 @@ fn read_key<'v>(
                     ),
                 )),
                 Some((_, None)) => Ok(None),
-                Some((Format::Binary, Some(v))) => {
-                    keys::key_from_binary(key_type, v).map(Some).map_err(bad)
-                }
-                Some((Format::Text, Some(v))) => {
-                    let text = std::str::from_utf8(v).map_err(|_| {
-                        SqlError::new(
-                            errors::INVALID_TEXT_REPRESENTATION,
-                            "a key parameter is not valid UTF-8",
-                        )
-                    })?;
-                    keys::key_from_text(key_type, text).map(Some).map_err(bad)
-                }
+                Some((format, Some(v))) => Ok(Some((format, v))),
             }
         }
         KeySource::Param(i) => match literals.literal(i - params_before) {
-            Some(text) => keys::key_from_text(key_type, text).map(Some).map_err(bad),
+            Some(text) => Ok(Some((Format::Text, text.as_bytes()))),
             None => Err(SqlError::new(
                 errors::PROTOCOL_VIOLATION,
                 format!("internal: literal ${} of a cached plan is missing", i + 1),
             )),
         },
+        KeySource::Array(_) => Err(SqlError::new(
+            errors::PROTOCOL_VIOLATION,
+            "internal: an array of keys where one key was expected",
+        )),
     }
 }

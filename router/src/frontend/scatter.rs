@@ -6,17 +6,21 @@
 //! whose rows are not yet wanted simply waits. The session forwards rows of shard 0, then shard
 //! 1, ...; a lone `count()` is summed instead. The first error ends the read; connections whose
 //! replies were not read to the end are discarded, never reused.
+//!
+//! Writes on several shards (UPDATE/DELETE by a key list, or without a key when the client opted
+//! in) take the same path, each shard's part inside a transaction that the session commits on
+//! every shard only once all of them answered without an error, and rolls back otherwise.
 
 use std::sync::Arc;
 
 use bytes::Buf;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::settings::Settings;
 use crate::errors;
 use crate::planner::{AggOp, Aggregates};
-use crate::protocol::frame::{begin_frame, end_frame, next_frame};
+use crate::protocol::frame::{begin_frame, end_frame, next_frame, put_frame};
 use crate::protocol::reply::SqlError;
 use crate::shared::Shared;
 
@@ -26,11 +30,17 @@ pub type Chunk = Result<Vec<u8>, SqlError>;
 /// Sends `request` (whole frontend messages ending in Sync or a Query) to each of `shards`; the
 /// receivers, in the same order, yield each shard's reply frames up to and including its
 /// ReadyForQuery.
+///
+/// With `commit` (a write), each shard runs the request inside a transaction that stays open
+/// after its reply; it ends when `commit` says: COMMIT on `Some(true)`, ROLLBACK on
+/// `Some(false)` or when the sender is dropped. After a COMMIT each receiver yields one more
+/// item: an empty chunk when it committed, the error when it did not.
 pub fn start(
     shared: &Arc<Shared>,
     shards: &[usize],
     request: Vec<u8>,
     settings: &Settings,
+    commit: Option<&watch::Sender<Option<bool>>>,
 ) -> Vec<mpsc::Receiver<Chunk>> {
     let request = Arc::new(request);
     shards
@@ -40,8 +50,9 @@ pub fn start(
             let shared = shared.clone();
             let request = request.clone();
             let settings = settings.clone();
+            let commit = commit.map(|c| c.subscribe());
             tokio::spawn(async move {
-                if let Err(e) = on_shard(&shared, shard, &request, &settings, &tx).await {
+                if let Err(e) = on_shard(&shared, shard, &request, &settings, &tx, commit).await {
                     let _ = tx.send(Err(e)).await;
                 }
             });
@@ -56,6 +67,7 @@ async fn on_shard(
     request: &[u8],
     settings: &Settings,
     tx: &mpsc::Sender<Chunk>,
+    commit: Option<watch::Receiver<Option<bool>>>,
 ) -> Result<(), SqlError> {
     let name = shared.map.shards()[shard].range.to_string();
     let pool = shared.pools().for_shard(shard);
@@ -64,6 +76,10 @@ async fn on_shard(
     let fp = settings.fingerprint();
     let mut out = Vec::with_capacity(request.len() + 64);
     let mut skip_ready = usize::from(settings.write_apply(conn.settings_fp, &mut out));
+    if commit.is_some() {
+        put_frame(&mut out, b'Q', b"BEGIN\0");
+        skip_ready += 1;
+    }
     out.extend_from_slice(request);
     let lost = |e: std::io::Error| errors::shard_lost(&name, &pool.endpoint.name(), &e.to_string());
     let mut complete = false;
@@ -109,12 +125,50 @@ async fn on_shard(
         }
     }
     .await;
-    if complete && result.is_ok() {
-        conn.settings_fp = fp;
-    } else {
+    if !(complete && result.is_ok()) {
         drop(deadpool::managed::Object::take(pooled));
+        return result;
     }
-    result
+    conn.settings_fp = fp;
+    let Some(mut commit) = commit else {
+        return result;
+    };
+    // The session's verdict; a dropped sender (an error elsewhere, the client gone) is a no.
+    let verdict = matches!(
+        commit.wait_for(|d| d.is_some()).await.as_deref(),
+        Ok(Some(true))
+    );
+    let mut end = Vec::with_capacity(16);
+    put_frame(
+        &mut end,
+        b'Q',
+        if verdict { b"COMMIT\0" } else { b"ROLLBACK\0" },
+    );
+    let (mut error, mut status) = (None, b'?');
+    let ended = conn
+        .round_trip(&end, 1, |frame| match frame[0] {
+            b'E' => error = Some(super::broadcast::error_fields(frame).1),
+            b'Z' => status = frame.get(5).copied().unwrap_or(b'?'),
+            _ => {}
+        })
+        .await;
+    let failure = match (ended, error) {
+        (Err(e), _) => Some(e.to_string()),
+        (Ok(()), Some(message)) => Some(message),
+        (Ok(()), None) if status != b'I' => Some("the transaction did not end".to_string()),
+        (Ok(()), None) => None,
+    };
+    if let Some(why) = failure {
+        drop(deadpool::managed::Object::take(pooled));
+        if verdict {
+            return Err(SqlError::new(errors::CONNECTION_FAILURE, why));
+        }
+        return Ok(());
+    }
+    if verdict {
+        let _ = tx.send(Ok(Vec::new())).await;
+    }
+    Ok(())
 }
 
 /// The number in a `SELECT n` (or any `TAG n`) CommandComplete body.

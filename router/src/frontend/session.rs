@@ -138,13 +138,21 @@ struct ScatterBatch {
     request: Vec<u8>,
     /// The shards to ask (all, or those of the statement's keys).
     shards: Vec<usize>,
-    aggs: Option<crate::planner::Aggregates>,
-    limit: Option<u64>,
-    /// Bit i: the client wants result column i in binary.
-    binary: u8,
+    combine: Combine,
     /// The client's messages so far, to answer in order: Parse, Describe statement, Bind,
     /// Describe portal, Close.
     asked: Vec<u8>,
+}
+
+/// How the answers of a scattered statement combine (see [`Decision::Scatter`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct Combine {
+    aggs: Option<crate::planner::Aggregates>,
+    limit: Option<u64>,
+    /// A write: each shard's part in a transaction, all committed only if all succeeded.
+    write: bool,
+    /// Bit i: the client wants result column i in binary.
+    binary: u8,
 }
 
 impl Session {
@@ -314,7 +322,13 @@ impl Session {
             reply::ready_for_query(&mut self.cout, TxStatus::Idle);
             return Ok(());
         }
-        if let Decision::Scatter { aggs, limit, keyed } = decision {
+        if let Decision::Scatter {
+            aggs,
+            limit,
+            keyed,
+            write,
+        } = decision
+        {
             if self.pinned.is_some() || self.tx != TxStatus::Idle {
                 return self.refuse_simple(scatter_in_transaction()).await;
             }
@@ -336,7 +350,13 @@ impl Session {
             } else {
                 (0..self.shared.map.shards().len()).collect()
             };
-            self.run_scatter(&shards, frame.to_vec(), aggs, limit, 0, &[])
+            let combine = Combine {
+                aggs,
+                limit,
+                write,
+                binary: 0,
+            };
+            self.run_scatter(&shards, frame.to_vec(), combine, &[])
                 .await?;
             reply::ready_for_query(&mut self.cout, TxStatus::Idle);
             return Ok(());
@@ -480,7 +500,13 @@ impl Session {
                     .with_hint("send COPY ... FROM STDIN as a simple query, as psql's \\copy does");
                     return self.batch_error(err).await;
                 }
-                if let Decision::Scatter { aggs, limit, keyed } = decision {
+                if let Decision::Scatter {
+                    aggs,
+                    limit,
+                    keyed,
+                    write,
+                } = decision
+                {
                     if self.pinned.is_some() || self.tx != TxStatus::Idle {
                         return self.batch_error(scatter_in_transaction()).await;
                     }
@@ -492,7 +518,15 @@ impl Session {
                     } else {
                         (0..self.shared.map.shards().len()).collect()
                     };
-                    return self.begin_scatter_batch(&bind, aggs, limit, shards);
+                    let combine = Combine {
+                        aggs,
+                        limit,
+                        write,
+                        binary: (0..8)
+                            .filter(|&i| bind.result_binary(i))
+                            .fold(0u8, |m, i| m | (1 << i)),
+                    };
+                    return self.begin_scatter_batch(&bind, combine, shards);
                 }
                 if let Decision::Shard(shard) = decision {
                     match &self.pinned {
@@ -667,12 +701,24 @@ impl Session {
         &mut self,
         shards: &[usize],
         request: Vec<u8>,
-        aggs: Option<crate::planner::Aggregates>,
-        limit: Option<u64>,
-        binary: u8,
+        combine: Combine,
         asked: &[u8],
     ) -> Result<bool, SessionError> {
-        let mut receivers = scatter::start(&self.shared, shards, request, &self.settings);
+        let Combine {
+            aggs,
+            limit,
+            write,
+            binary,
+        } = combine;
+        // Dropped on every early return below, which rolls back a write everywhere.
+        let commit = write.then(|| tokio::sync::watch::channel(None).0);
+        let mut receivers = scatter::start(
+            &self.shared,
+            shards,
+            request,
+            &self.settings,
+            commit.as_ref(),
+        );
         let extended = !asked.is_empty();
         let (mut statement_desc, mut portal_desc) = (Vec::new(), Vec::new());
         let mut descriptions = 0;
@@ -783,6 +829,15 @@ impl Session {
                 answered = true;
             }
         }
+        if let Some(commit) = commit {
+            if let Err(err) = self
+                .commit_everywhere(&commit, &mut receivers, shards)
+                .await
+            {
+                err.write(&mut self.cout);
+                return Ok(true);
+            }
+        }
         if copy_out {
             put_frame(&mut self.cout, b'c', &[]);
         }
@@ -806,6 +861,50 @@ impl Session {
             }
         }
         Ok(false)
+    }
+
+    /// Tells every shard of a write to COMMIT and waits for all; the error names the shards
+    /// that committed and those that did not.
+    async fn commit_everywhere(
+        &self,
+        commit: &tokio::sync::watch::Sender<Option<bool>>,
+        receivers: &mut [tokio::sync::mpsc::Receiver<scatter::Chunk>],
+        shards: &[usize],
+    ) -> Result<(), SqlError> {
+        let _ = commit.send(Some(true));
+        let mut failed = Vec::new();
+        let mut first = String::new();
+        for (i, rx) in receivers.iter_mut().enumerate() {
+            match rx.recv().await {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    failed.push(i);
+                    if first.is_empty() {
+                        first = e.message.clone();
+                    }
+                }
+                None => failed.push(i),
+            }
+        }
+        if failed.is_empty() {
+            return Ok(());
+        }
+        let names = |pick: &dyn Fn(usize) -> bool| -> String {
+            (0..shards.len())
+                .filter(|&i| pick(i))
+                .map(|i| self.shard_name(shards[i]))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        Err(SqlError::new(
+            errors::CONNECTION_FAILURE,
+            format!(
+                "the write committed on shards {} but its COMMIT failed on {}: {first}",
+                names(&|i| !failed.contains(&i)),
+                names(&|i| failed.contains(&i)),
+            ),
+        )
+        .with_hint("the failed shards' part of the write may be missing: check those rows and run it there again"))
     }
 
     /// COPY FROM STDIN into a sharded table: the client's rows are split by key and streamed
@@ -974,8 +1073,7 @@ impl Session {
     fn begin_scatter_batch(
         &mut self,
         bind: &Bind<'_>,
-        aggs: Option<crate::planner::Aggregates>,
-        limit: Option<u64>,
+        combine: Combine,
         shards: Vec<usize>,
     ) -> Result<(), SessionError> {
         let (sql, types) = if bind.statement.is_empty() {
@@ -1020,11 +1118,7 @@ impl Session {
         self.scatter = Some(ScatterBatch {
             request,
             shards,
-            aggs,
-            limit,
-            binary: (0..8)
-                .filter(|&i| bind.result_binary(i))
-                .fold(0u8, |m, i| m | (1 << i)),
+            combine,
             asked,
         });
         Ok(())
@@ -1055,13 +1149,10 @@ impl Session {
                 if request.is_empty() {
                     return Ok(());
                 }
-                let (aggs, limit, binary) = (batch.aggs, batch.limit, batch.binary);
+                let combine = batch.combine;
                 let asked = std::mem::take(&mut batch.asked);
                 let shards = std::mem::take(&mut batch.shards);
-                if self
-                    .run_scatter(&shards, request, aggs, limit, binary, &asked)
-                    .await?
-                {
+                if self.run_scatter(&shards, request, combine, &asked).await? {
                     self.skip_until_sync = true;
                 }
             }

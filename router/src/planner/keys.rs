@@ -120,3 +120,135 @@ mod tests {
         assert_eq!(text, Key::Uuid(u));
     }
 }
+
+/// The elements of a one-dimensional array in Postgres's text format (`{1,2,NULL}`,
+/// `{"a b","c\"d"}`, with an optional `[1:3]=` prefix); nested braces are flattened, since
+/// `= ANY` compares with every element. `None` is NULL.
+pub fn array_elements_text(text: &str) -> Result<Vec<Option<String>>, String> {
+    let bad = || format!("malformed array literal: \"{text}\"");
+    let mut body = text.trim();
+    if body.starts_with('[') {
+        body = body.split_once('=').ok_or_else(bad)?.1.trim_start();
+    }
+    let body = body
+        .strip_prefix('{')
+        .and_then(|b| b.strip_suffix('}'))
+        .ok_or_else(bad)?;
+    let mut out = Vec::new();
+    let mut chars = body.chars().peekable();
+    loop {
+        while chars.next_if(|c| c.is_whitespace() || *c == '{').is_some() {}
+        let Some(&first) = chars.peek() else { break };
+        if first == '"' {
+            chars.next();
+            let mut value = String::new();
+            loop {
+                match chars.next().ok_or_else(bad)? {
+                    '"' => break,
+                    '\\' => value.push(chars.next().ok_or_else(bad)?),
+                    c => value.push(c),
+                }
+            }
+            out.push(Some(value));
+        } else {
+            let mut value = String::new();
+            while let Some(c) = chars.next_if(|c| *c != ',' && *c != '}') {
+                if c == '\\' {
+                    value.push(chars.next().ok_or_else(bad)?);
+                } else {
+                    value.push(c);
+                }
+            }
+            let value = value.trim();
+            if value.is_empty() {
+                return Err(bad());
+            }
+            out.push((!value.eq_ignore_ascii_case("null")).then(|| value.to_string()));
+        }
+        while chars.next_if(|c| c.is_whitespace() || *c == '}').is_some() {}
+        match chars.next() {
+            Some(',') => {}
+            None => break,
+            Some(_) => return Err(bad()),
+        }
+    }
+    Ok(out)
+}
+
+/// The elements of an array in Postgres's binary format (any number of dimensions, flattened).
+pub fn array_elements_binary(bytes: &[u8]) -> Result<Vec<Option<&[u8]>>, String> {
+    let bad = || "malformed binary array".to_string();
+    let int = |at: usize| -> Result<i32, String> {
+        let b = bytes.get(at..at + 4).ok_or_else(bad)?;
+        Ok(i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let ndim = usize::try_from(int(0)?).map_err(|_| bad())?;
+    if ndim > 6 {
+        return Err(bad());
+    }
+    let mut count: usize = usize::from(ndim > 0);
+    for d in 0..ndim {
+        let len = usize::try_from(int(12 + 8 * d)?).map_err(|_| bad())?;
+        count = count.checked_mul(len).ok_or_else(bad)?;
+    }
+    let mut at = 12 + 8 * ndim;
+    let mut out = Vec::with_capacity(count.min(bytes.len() / 4));
+    for _ in 0..count {
+        let len = int(at)?;
+        at += 4;
+        if len < 0 {
+            out.push(None);
+            continue;
+        }
+        let end = at.checked_add(len as usize).ok_or_else(bad)?;
+        out.push(Some(bytes.get(at..end).ok_or_else(bad)?));
+        at = end;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod array_tests {
+    use super::*;
+
+    #[test]
+    fn text_arrays() {
+        let s = |v: &[Option<&str>]| v.iter().map(|o| o.map(String::from)).collect::<Vec<_>>();
+        assert_eq!(
+            array_elements_text("{1, 2,NULL}").unwrap(),
+            s(&[Some("1"), Some("2"), None])
+        );
+        assert_eq!(
+            array_elements_text(r#"{"a b","c\"d","NULL",x}"#).unwrap(),
+            s(&[Some("a b"), Some("c\"d"), Some("NULL"), Some("x")])
+        );
+        assert_eq!(
+            array_elements_text("[0:1]={{1,2},{3,4}}").unwrap(),
+            s(&[Some("1"), Some("2"), Some("3"), Some("4")])
+        );
+        assert_eq!(array_elements_text("{}").unwrap(), s(&[]));
+        assert!(array_elements_text("1,2").is_err());
+        assert!(array_elements_text("{1,,2}").is_err());
+        assert!(array_elements_text("{\"open}").is_err());
+    }
+
+    #[test]
+    fn binary_arrays() {
+        // int8[] {7, NULL}: ndim 1, has nulls, oid 20, dim 2, lbound 1.
+        let mut b = Vec::new();
+        for v in [1i32, 1, 20, 2, 1] {
+            b.extend_from_slice(&v.to_be_bytes());
+        }
+        b.extend_from_slice(&8i32.to_be_bytes());
+        b.extend_from_slice(&7i64.to_be_bytes());
+        b.extend_from_slice(&(-1i32).to_be_bytes());
+        let got = array_elements_binary(&b).unwrap();
+        assert_eq!(got, [Some(&7i64.to_be_bytes()[..]), None]);
+        assert!(array_elements_binary(&b[..b.len() - 6]).is_err());
+        // An empty array has no dimensions.
+        assert_eq!(
+            array_elements_binary(&[0; 12]).unwrap(),
+            Vec::<Option<&[u8]>>::new()
+        );
+    }
+}

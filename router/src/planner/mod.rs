@@ -142,6 +142,9 @@ pub enum KeySource {
     /// A constant that is part of the planned text itself (plans of un-normalized text, or
     /// literals the normalizer leaves alone).
     Literal(String),
+    /// An array of keys (`key = ANY($1)`, `key = ANY('{1,2}')`): the inner source gives the
+    /// array value, whose elements are the keys.
+    Array(Box<KeySource>),
 }
 
 /// The plan of one statement text.
@@ -203,7 +206,7 @@ impl PlanRef<'_> {
                 .buf
                 .literal(i - self.params_before())
                 .map(KeyValue::Text),
-            KeySource::Param(_) => None,
+            KeySource::Param(_) | KeySource::Array(_) => None,
         }
     }
 }

@@ -8,8 +8,8 @@
 
 use shardmap::{KeyType, Table};
 use sqlparser::ast::{
-    BinaryOperator, CastKind, DataType, Expr, Ident, InTarget, ObjectName, ObjectNamePart,
-    UnaryOperator, Value,
+    ArrayElemTypeDef, BinaryOperator, CastKind, DataType, Expr, Ident, InTarget, ObjectName,
+    ObjectNamePart, UnaryOperator, Value,
 };
 
 use super::KeySource;
@@ -100,6 +100,12 @@ fn pin_of(expr: &Expr, scope: &[ScopeRel<'_>], index: usize) -> Option<Vec<KeySo
         } if is_key_column(expr, scope, index) && !list.is_empty() => {
             list.iter().map(|e| key_source(e, key_type)).collect()
         }
+        Expr::AnyOp {
+            left,
+            compare_op: BinaryOperator::Eq,
+            right,
+            ..
+        } if is_key_column(left, scope, index) => array_keys(right, key_type),
         _ => None,
     }
 }
@@ -164,6 +170,36 @@ pub(crate) fn key_source(expr: &Expr, key_type: KeyType) -> Option<KeySource> {
             format: None,
             ..
         } if cast_keeps_value(data_type, key_type) => key_source(expr, key_type),
+        _ => None,
+    }
+}
+
+/// The keys of the array in `key = ANY(array)`: an `ARRAY[...]` of key values, or one array
+/// value (a parameter, or a literal such as `'{1,2}'`) whose elements are read at Bind.
+fn array_keys(expr: &Expr, key_type: KeyType) -> Option<Vec<KeySource>> {
+    match expr {
+        Expr::Nested(inner) => array_keys(inner, key_type),
+        Expr::Array(a) if !a.elem.is_empty() => {
+            a.elem.iter().map(|e| key_source(e, key_type)).collect()
+        }
+        Expr::Cast {
+            kind: CastKind::Cast | CastKind::DoubleColon,
+            expr,
+            data_type: DataType::Array(elem),
+            format: None,
+            ..
+        } => {
+            let elem_type = match elem {
+                ArrayElemTypeDef::SquareBracket(t, _) | ArrayElemTypeDef::Qualified(t, _) => t,
+                _ => return None,
+            };
+            cast_keeps_value(elem_type, key_type).then_some(())?;
+            array_keys(expr, key_type)
+        }
+        Expr::Value(_) => match key_source(expr, key_type)? {
+            KeySource::Array(_) => None,
+            one => Some(vec![KeySource::Array(Box::new(one))]),
+        },
         _ => None,
     }
 }

@@ -8,7 +8,7 @@
 
 use shardmap::{ShardMap, Table};
 
-use super::Merge;
+use super::{KeySource, Merge};
 use sqlparser::ast::{
     CommentObject, CopyLegacyCsvOption, CopyLegacyOption, CopyOption, CopySource, CopyTarget,
     ObjectName, ObjectType, OnCommit, Statement,
@@ -380,7 +380,8 @@ fn data(stmt: &Statement, map: &ShardMap, positions: &KeyPositions) -> Route {
         };
     }
     let keys: Vec<_> = refs.pins.into_iter().flat_map(|p| p.keys).collect();
-    let spread = if keys.len() < 2 {
+    let one_key = keys.len() == 1 && !matches!(keys[0], KeySource::Array(_));
+    let spread = if one_key {
         None
     } else if let Statement::Insert(ins) = stmt {
         // Rows for several shards can be split, each shard's part run in its own transaction
@@ -388,6 +389,10 @@ fn data(stmt: &Statement, map: &ShardMap, positions: &KeyPositions) -> Route {
         // row (to give them back in VALUES order), which ON CONFLICT may not do.
         let one_table = refs.sharded.len() == 1;
         (one_table && (ins.returning.is_none() || ins.on.is_none())).then_some(Merge::SplitRows)
+    } else if matches!(stmt, Statement::Update(_) | Statement::Delete(_)) {
+        // Each key's rows live on its shard only, so the same statement on each shard of its
+        // keys does exactly the work (with one sharded table: a join would see one shard's part).
+        (refs.sharded.len() == 1).then_some(Merge::Write)
     } else {
         super::scatter::merge_for(stmt).ok()
     };

@@ -24,6 +24,10 @@ pub enum Merge {
     /// Not a read: the VALUES rows of a multi-row INSERT, split by the shard of each row's key
     /// (the route's keys are one per row, in order).
     SplitRows,
+    /// Not a read: an UPDATE or DELETE whose keys (`IN`, `= ANY`) fall on several shards, run
+    /// on the shards of its keys, each in a transaction, all committed only if all succeeded;
+    /// row counts summed, RETURNING rows concatenated.
+    Write,
 }
 
 /// One aggregate of a select list, and how the shards' values of it combine.
