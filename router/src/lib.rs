@@ -12,6 +12,7 @@ pub mod cli;
 pub mod config;
 pub mod errors;
 pub mod frontend;
+pub mod merge;
 pub mod planner;
 pub mod protocol;
 pub mod server;

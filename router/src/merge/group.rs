@@ -1,0 +1,830 @@
+//! Grouping merge: combines the per-shard results of a `GROUP BY` / aggregate query.
+//!
+//! Each shard runs the query with its own grouping and sends one row per group it saw, the
+//! same group possibly on several shards. [`GroupMerge`] folds those rows by group key and
+//! combines the partial aggregates: counts and sums add up, min/max take the extreme, and
+//! `avg` is computed from a `sum(x), count(x)` pair exactly as Postgres's final function does.
+//! Without any group key it is a plain aggregate, which always yields exactly one row.
+//!
+//! Group keys must be types whose equal values have equal bytes (integers, bool, text, uuid,
+//! dates), since groups are matched by bytes; `numeric` and floats are refused because e.g.
+//! `1.0` and `1.00` (or `0` and `-0`) are one group but print differently.
+
+use std::collections::HashMap;
+
+use super::datetime::DateKind;
+use super::numeric::Numeric;
+use super::row::{self, Column};
+use super::value::{self, Kind};
+use super::{check_sortable, compare_rows, float, MergeError, SortKey};
+
+/// An aggregate whose per-shard partial results combine into the total.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AggOp {
+    Count,
+    Sum,
+    Min,
+    Max,
+}
+
+/// One output (client) column, in terms of the shards' columns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Out {
+    /// A group key: the shard column, passed through.
+    Key(usize),
+    /// The aggregate `op` whose per-shard value is in `column`.
+    Agg { op: AggOp, column: usize },
+    /// `avg(x)`, from the shards' `sum(x)` and `count(x)` columns.
+    Avg { sum: usize, count: usize },
+}
+
+/// How an output column is computed, decided once from the shard column types.
+#[derive(Debug, Clone, Copy)]
+enum Plan {
+    Key(usize),
+    /// Counts: exact, must fit in int8 at the end; 0 when there are no rows.
+    Count(usize),
+    /// Bigint sums (of int2/int4): like counts, but NULL when there are no values.
+    SumInt(usize),
+    SumNumeric(usize),
+    SumFloat8(usize),
+    SumFloat4(usize),
+    Extreme {
+        column: usize,
+        kind: Kind,
+        max: bool,
+    },
+    AvgNumeric {
+        sum: usize,
+        count: usize,
+        sum_kind: Kind,
+    },
+    AvgFloat8 {
+        sum: usize,
+        count: usize,
+    },
+}
+
+/// The running value of one output column in one group.
+#[derive(Debug, Clone)]
+enum Acc {
+    Key,
+    Int(Option<i128>),
+    Numeric(Option<Numeric>),
+    F64(Option<f64>),
+    F32(Option<f32>),
+    Extreme(Option<Vec<u8>>),
+    Avg { sum: Option<Numeric>, count: i128 },
+    AvgF64 { sum: Option<f64>, count: i128 },
+}
+
+/// A group: its key values as first seen, and one accumulator per output column.
+#[derive(Debug, Clone)]
+struct Group {
+    keys: Vec<Option<Vec<u8>>>,
+    accs: Vec<Acc>,
+}
+
+/// Merges the shards' grouped rows; see the module documentation.
+#[derive(Debug)]
+pub struct GroupMerge {
+    plans: Vec<Plan>,
+    shard_columns: Vec<Column>,
+    text_bytewise: bool,
+    /// Group index by normalized key (bpchar without trailing spaces).
+    index: HashMap<Vec<Option<Vec<u8>>>, usize>,
+    groups: Vec<Group>,
+}
+
+const OVERFLOW_BIGINT: &str = "bigint out of range";
+const OVERFLOW_FLOAT: &str = "value out of range: overflow";
+
+impl GroupMerge {
+    /// `out`: the client's columns in order; `shard_columns`: the shards' RowDescription.
+    /// `text_bytewise`: the database collation is C, so text min/max and sorting work by bytes.
+    /// Fails when some column cannot be merged exactly.
+    pub fn new(
+        out: Vec<Out>,
+        shard_columns: Vec<Column>,
+        text_bytewise: bool,
+    ) -> Result<GroupMerge, MergeError> {
+        let col = |i: usize| {
+            shard_columns.get(i).ok_or(MergeError::from(
+                "an output column refers to a missing shard column",
+            ))
+        };
+        let mut plans = Vec::with_capacity(out.len());
+        for o in &out {
+            let plan = match *o {
+                Out::Key(i) => {
+                    check_group_key(col(i)?)?;
+                    Plan::Key(i)
+                }
+                Out::Agg { op, column } => plan_agg(op, column, col(column)?, text_bytewise)?,
+                Out::Avg { sum, count } => plan_avg(sum, col(sum)?, count, col(count)?)?,
+            };
+            plans.push(plan);
+        }
+        Ok(GroupMerge {
+            plans,
+            shard_columns,
+            text_bytewise,
+            index: HashMap::new(),
+            groups: Vec::new(),
+        })
+    }
+
+    /// Folds one shard DataRow body into its group.
+    pub fn fold(&mut self, data_row_body: &[u8]) -> Result<(), MergeError> {
+        let fields = row::fields(data_row_body)?;
+        if fields.len() != self.shard_columns.len() {
+            return Err("a DataRow does not match its RowDescription".into());
+        }
+        let mut norm = Vec::new();
+        for plan in &self.plans {
+            if let Plan::Key(i) = *plan {
+                norm.push(fields[i].map(|v| self.normalize_key(i, v).to_vec()));
+            }
+        }
+        let g = match self.index.get(&norm) {
+            Some(&g) => g,
+            None => {
+                let keys = self
+                    .plans
+                    .iter()
+                    .filter_map(|p| match *p {
+                        Plan::Key(i) => Some(fields[i].map(<[u8]>::to_vec)),
+                        _ => None,
+                    })
+                    .collect();
+                self.new_group(keys);
+                self.index.insert(norm, self.groups.len() - 1);
+                self.groups.len() - 1
+            }
+        };
+        let cols = &self.shard_columns;
+        let group = &mut self.groups[g];
+        for (plan, acc) in self.plans.iter().zip(group.accs.iter_mut()) {
+            accumulate(*plan, acc, &fields, cols)?;
+        }
+        Ok(())
+    }
+
+    /// The client's RowDescription body. `avg_names` names the `Avg` columns in output order
+    /// (e.g. `avg`, or the alias the client gave).
+    pub fn row_description(&self, avg_names: &[&[u8]]) -> Result<Vec<u8>, MergeError> {
+        let avgs = self
+            .plans
+            .iter()
+            .filter(|p| matches!(p, Plan::AvgNumeric { .. } | Plan::AvgFloat8 { .. }))
+            .count();
+        if avgs != avg_names.len() {
+            return Err("one name is needed per avg column".into());
+        }
+        let mut cols = self.output_columns();
+        let mut names = avg_names.iter();
+        for (c, p) in cols.iter_mut().zip(&self.plans) {
+            if matches!(p, Plan::AvgNumeric { .. } | Plan::AvgFloat8 { .. }) {
+                if let Some(name) = names.next() {
+                    c.name = name.to_vec();
+                }
+            }
+        }
+        Ok(row::row_description_body(&cols))
+    }
+
+    /// Appends the merged rows to `out` as whole DataRow frames (tag, length, body), sorted by
+    /// `keys` (in terms of output columns) when given, else in first-seen order. Returns the
+    /// number of rows.
+    pub fn finish(mut self, keys: &[SortKey], out: &mut Vec<u8>) -> Result<u64, MergeError> {
+        let out_cols = self.output_columns();
+        check_sortable(keys, &out_cols, self.text_bytewise)?;
+        let plain_aggregate = !self.plans.iter().any(|p| matches!(p, Plan::Key(_)));
+        if plain_aggregate && self.groups.is_empty() {
+            // No shard row at all: still one row, of zero counts and NULLs.
+            self.new_group(Vec::new());
+        }
+        let mut rows = Vec::with_capacity(self.groups.len());
+        for g in &self.groups {
+            rows.push(self.output_row(g)?);
+        }
+        if !keys.is_empty() {
+            let mut failure = None;
+            rows.sort_by(|a, b| {
+                compare_rows(a, b, keys, &out_cols).unwrap_or_else(|e| {
+                    failure.get_or_insert(e);
+                    std::cmp::Ordering::Equal
+                })
+            });
+            if let Some(e) = failure {
+                return Err(e);
+            }
+        }
+        for r in &rows {
+            row::write_data_row_frame(r, out);
+        }
+        Ok(rows.len() as u64)
+    }
+
+    fn normalize_key<'a>(&self, column: usize, v: &'a [u8]) -> &'a [u8] {
+        match self.shard_columns.get(column).map(|c| Kind::of(c.type_oid)) {
+            Some(Some(Kind::Text { bpchar: true })) => value::trim_spaces(v),
+            _ => v,
+        }
+    }
+
+    fn new_group(&mut self, keys: Vec<Option<Vec<u8>>>) {
+        let accs = self
+            .plans
+            .iter()
+            .map(|p| match p {
+                Plan::Key(_) => Acc::Key,
+                Plan::Count(_) => Acc::Int(Some(0)),
+                Plan::SumInt(_) => Acc::Int(None),
+                Plan::SumNumeric(_) => Acc::Numeric(None),
+                Plan::SumFloat8(_) => Acc::F64(None),
+                Plan::SumFloat4(_) => Acc::F32(None),
+                Plan::Extreme { .. } => Acc::Extreme(None),
+                Plan::AvgNumeric { .. } => Acc::Avg {
+                    sum: None,
+                    count: 0,
+                },
+                Plan::AvgFloat8 { .. } => Acc::AvgF64 {
+                    sum: None,
+                    count: 0,
+                },
+            })
+            .collect();
+        self.groups.push(Group { keys, accs });
+    }
+
+    fn output_columns(&self) -> Vec<Column> {
+        self.plans
+            .iter()
+            .map(|p| match *p {
+                Plan::Key(i)
+                | Plan::Count(i)
+                | Plan::SumInt(i)
+                | Plan::SumNumeric(i)
+                | Plan::SumFloat8(i)
+                | Plan::SumFloat4(i)
+                | Plan::Extreme { column: i, .. } => self.shard_columns[i].clone(),
+                Plan::AvgNumeric { sum, .. } => {
+                    Column::new(b"avg", 1700, self.shard_columns[sum].binary)
+                }
+                Plan::AvgFloat8 { sum, .. } => {
+                    Column::new(b"avg", 701, self.shard_columns[sum].binary)
+                }
+            })
+            .collect()
+    }
+
+    fn output_row(&self, g: &Group) -> Result<Vec<u8>, MergeError> {
+        let mut keys = g.keys.iter();
+        let mut values: Vec<Option<Vec<u8>>> = Vec::with_capacity(self.plans.len());
+        for (plan, acc) in self.plans.iter().zip(&g.accs) {
+            let binary = |i: usize| self.shard_columns[i].binary;
+            let v = match (*plan, acc) {
+                (Plan::Key(_), _) => keys.next().cloned().flatten(),
+                (Plan::Count(i) | Plan::SumInt(i), Acc::Int(v)) => match v {
+                    None => None,
+                    Some(v) => {
+                        let v = i64::try_from(*v).map_err(|_| MergeError::from(OVERFLOW_BIGINT))?;
+                        Some(if binary(i) {
+                            v.to_be_bytes().to_vec()
+                        } else {
+                            v.to_string().into_bytes()
+                        })
+                    }
+                },
+                (Plan::SumNumeric(_), Acc::Numeric(v)) => v.as_ref().map(|n| n.to_text().into()),
+                (Plan::SumFloat8(i), Acc::F64(v)) => v.map(|v| f64_bytes(v, binary(i))),
+                (Plan::SumFloat4(i), Acc::F32(v)) => v.map(|v| {
+                    if binary(i) {
+                        v.to_bits().to_be_bytes().to_vec()
+                    } else {
+                        float::format_f32(v).into_bytes()
+                    }
+                }),
+                (Plan::Extreme { .. }, Acc::Extreme(v)) => v.clone(),
+                (Plan::AvgNumeric { .. }, Acc::Avg { sum, count }) => {
+                    avg_numeric(sum.as_ref(), *count)?.map(String::into_bytes)
+                }
+                (Plan::AvgFloat8 { sum, .. }, Acc::AvgF64 { sum: s, count }) => {
+                    match (s, *count) {
+                        (_, 0) => None,
+                        (None, _) => return Err(SUM_NULL_COUNT.into()),
+                        // float8_avg: Sx / N, without overflow checks.
+                        (Some(s), n) => Some(f64_bytes(s / n as f64, binary(sum))),
+                    }
+                }
+                _ => return Err("internal error: aggregate state mismatch".into()),
+            };
+            values.push(v);
+        }
+        let refs: Vec<Option<&[u8]>> = values.iter().map(|v| v.as_deref()).collect();
+        Ok(row::data_row_body(&refs))
+    }
+}
+
+const SUM_NULL_COUNT: &str = "a shard sent a NULL sum with a non-zero count";
+
+fn avg_numeric(sum: Option<&Numeric>, count: i128) -> Result<Option<String>, MergeError> {
+    if count == 0 {
+        return Ok(None);
+    }
+    let sum = sum.ok_or(SUM_NULL_COUNT)?;
+    let count = u64::try_from(count).map_err(|_| MergeError::from(OVERFLOW_BIGINT))?;
+    Ok(Some(sum.div_count(count)?.to_text()))
+}
+
+fn f64_bytes(v: f64, binary: bool) -> Vec<u8> {
+    if binary {
+        v.to_bits().to_be_bytes().to_vec()
+    } else {
+        float::format_f64(v).into_bytes()
+    }
+}
+
+fn type_name(col: &Column) -> String {
+    format!(
+        "column \"{}\" (type OID {})",
+        String::from_utf8_lossy(&col.name),
+        col.type_oid
+    )
+}
+
+fn check_group_key(col: &Column) -> Result<(), MergeError> {
+    match Kind::of(col.type_oid) {
+        Some(
+            Kind::Int2
+            | Kind::Int4
+            | Kind::Int8
+            | Kind::Oid
+            | Kind::Bool
+            | Kind::Text { .. }
+            | Kind::Uuid
+            | Kind::Date(DateKind::Date | DateKind::Timestamp),
+        ) => Ok(()),
+        // Text timestamptz depends on each session's TimeZone; binary is an absolute instant.
+        Some(Kind::Date(DateKind::TimestampTz)) if col.binary => Ok(()),
+        Some(Kind::Float4 | Kind::Float8 | Kind::Numeric) => Err(format!(
+            "GROUP BY {} across shards: equal values can differ in bytes (1.0 and 1.00)",
+            type_name(col)
+        )
+        .into()),
+        _ => Err(format!("GROUP BY {} is not supported across shards", type_name(col)).into()),
+    }
+}
+
+fn plan_agg(op: AggOp, i: usize, col: &Column, text_bytewise: bool) -> Result<Plan, MergeError> {
+    let kind = Kind::of(col.type_oid);
+    Ok(match op {
+        AggOp::Count if kind == Some(Kind::Int8) => Plan::Count(i),
+        AggOp::Count => return Err("count() column is not a bigint".into()),
+        AggOp::Sum => match kind {
+            // sum(int2/int4) is a bigint; sum(int8) is numeric.
+            Some(Kind::Int8) => Plan::SumInt(i),
+            Some(Kind::Numeric) if col.binary => {
+                return Err(
+                    "numeric in binary format cannot be merged; ask for text results".into(),
+                )
+            }
+            Some(Kind::Numeric) => Plan::SumNumeric(i),
+            Some(Kind::Float8) => Plan::SumFloat8(i),
+            Some(Kind::Float4) => Plan::SumFloat4(i),
+            _ => {
+                return Err(
+                    format!("sum() of {} cannot be merged across shards", type_name(col)).into(),
+                )
+            }
+        },
+        AggOp::Min | AggOp::Max => Plan::Extreme {
+            column: i,
+            kind: value::check_comparable(col, text_bytewise)?,
+            max: op == AggOp::Max,
+        },
+    })
+}
+
+fn plan_avg(
+    sum: usize,
+    sum_col: &Column,
+    count: usize,
+    count_col: &Column,
+) -> Result<Plan, MergeError> {
+    if Kind::of(count_col.type_oid) != Some(Kind::Int8) {
+        return Err("avg(): the count column is not a bigint".into());
+    }
+    match Kind::of(sum_col.type_oid) {
+        // avg of integers and numeric is numeric, which is merged in text only.
+        Some(Kind::Int8 | Kind::Numeric) if sum_col.binary => {
+            Err("numeric in binary format cannot be merged; ask for text results".into())
+        }
+        Some(sum_kind @ (Kind::Int8 | Kind::Numeric)) => Ok(Plan::AvgNumeric {
+            sum,
+            count,
+            sum_kind,
+        }),
+        Some(Kind::Float8) => Ok(Plan::AvgFloat8 { sum, count }),
+        Some(Kind::Float4) => Err(
+            "avg(real) across shards: the shards' real sums lose the precision avg keeps".into(),
+        ),
+        _ => Err(format!(
+            "avg() of {} cannot be merged across shards",
+            type_name(sum_col)
+        )
+        .into()),
+    }
+}
+
+/// Adds one shard row's value(s) into an accumulator.
+fn accumulate(
+    plan: Plan,
+    acc: &mut Acc,
+    fields: &[Option<&[u8]>],
+    cols: &[Column],
+) -> Result<(), MergeError> {
+    let kind_of = |i: usize| Kind::of(cols[i].type_oid).unwrap_or(Kind::Int8);
+    match (plan, acc) {
+        (Plan::Key(_), _) => {}
+        (Plan::Count(i) | Plan::SumInt(i), Acc::Int(total)) => {
+            if let Some(v) = fields[i] {
+                let v = value::int(Kind::Int8, cols[i].binary, v)? as i128;
+                *total = Some(total.unwrap_or(0) + v);
+            }
+        }
+        (Plan::SumNumeric(i), Acc::Numeric(total)) => {
+            if let Some(v) = fields[i] {
+                let v = Numeric::parse(v)?;
+                *total = Some(match total.take() {
+                    Some(t) => t.add(&v),
+                    None => v,
+                });
+            }
+        }
+        (Plan::SumFloat8(i), Acc::F64(total)) => {
+            if let Some(v) = fields[i] {
+                let v = value::float(Kind::Float8, cols[i].binary, v)?;
+                *total = Some(match *total {
+                    // float8pl: an infinite sum of finite values is an overflow error.
+                    Some(t) => {
+                        let s = t + v;
+                        if s.is_infinite() && t.is_finite() && v.is_finite() {
+                            return Err(OVERFLOW_FLOAT.into());
+                        }
+                        s
+                    }
+                    None => v,
+                });
+            }
+        }
+        (Plan::SumFloat4(i), Acc::F32(total)) => {
+            if let Some(v) = fields[i] {
+                let v = value::float(Kind::Float4, cols[i].binary, v)? as f32;
+                *total = Some(match *total {
+                    Some(t) => {
+                        let s = t + v;
+                        if s.is_infinite() && t.is_finite() && v.is_finite() {
+                            return Err(OVERFLOW_FLOAT.into());
+                        }
+                        s
+                    }
+                    None => v,
+                });
+            }
+        }
+        (Plan::Extreme { column, kind, max }, Acc::Extreme(best)) => {
+            if let Some(v) = fields[column] {
+                let better = match best {
+                    None => true,
+                    Some(b) => {
+                        let ord = value::compare(kind, cols[column].binary, v, b)?;
+                        if max {
+                            ord.is_gt()
+                        } else {
+                            ord.is_lt()
+                        }
+                    }
+                };
+                if better {
+                    *best = Some(v.to_vec());
+                }
+            }
+        }
+        (
+            Plan::AvgNumeric {
+                sum,
+                count,
+                sum_kind,
+            },
+            Acc::Avg { sum: s, count: n },
+        ) => {
+            *n += count_value(fields[count], &cols[count])?;
+            if let Some(v) = fields[sum] {
+                let v = match sum_kind {
+                    Kind::Int8 => Numeric::from_i128(value::int(Kind::Int8, false, v)? as i128),
+                    _ => Numeric::parse(v)?,
+                };
+                *s = Some(match s.take() {
+                    Some(t) => t.add(&v),
+                    None => v,
+                });
+            }
+        }
+        (Plan::AvgFloat8 { sum, count }, Acc::AvgF64 { sum: s, count: n }) => {
+            *n += count_value(fields[count], &cols[count])?;
+            if let Some(v) = fields[sum] {
+                let v = value::float(kind_of(sum), cols[sum].binary, v)?;
+                *s = Some(match *s {
+                    Some(t) => {
+                        let r = t + v;
+                        if r.is_infinite() && t.is_finite() && v.is_finite() {
+                            return Err(OVERFLOW_FLOAT.into());
+                        }
+                        r
+                    }
+                    None => v,
+                });
+            }
+        }
+        _ => return Err("internal error: aggregate state mismatch".into()),
+    }
+    Ok(())
+}
+
+fn count_value(v: Option<&[u8]>, col: &Column) -> Result<i128, MergeError> {
+    let v = v.ok_or("a shard sent a NULL count")?;
+    Ok(value::int(Kind::Int8, col.binary, v)? as i128)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::merge::row::{data_row_body, fields};
+
+    fn text_col(name: &str, oid: u32) -> Column {
+        Column::new(name.as_bytes(), oid, false)
+    }
+
+    fn row(values: &[Option<&str>]) -> Vec<u8> {
+        let v: Vec<Option<&[u8]>> = values.iter().map(|v| v.map(str::as_bytes)).collect();
+        data_row_body(&v)
+    }
+
+    /// The DataRow frames in `out` as text fields.
+    fn rows(out: &[u8]) -> Vec<Vec<Option<String>>> {
+        let mut rest = out;
+        let mut result = Vec::new();
+        while !rest.is_empty() {
+            assert_eq!(rest[0], b'D');
+            let len = i32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+            let body = &rest[5..1 + len];
+            let f = fields(body).unwrap();
+            result.push(
+                f.iter()
+                    .map(|v| v.map(|v| String::from_utf8(v.to_vec()).unwrap()))
+                    .collect(),
+            );
+            rest = &rest[1 + len..];
+        }
+        result
+    }
+
+    fn s(v: &str) -> Option<String> {
+        Some(v.to_string())
+    }
+
+    #[test]
+    fn groups_combine_across_shards() {
+        // Shards answer: SELECT k, count(*), sum(x), min(x), max(x), sum(n), count(n) GROUP BY k
+        let cols = vec![
+            text_col("k", 23),
+            text_col("count", 20),
+            text_col("sum", 20),
+            text_col("min", 23),
+            text_col("max", 23),
+            text_col("sum", 1700),
+            text_col("count", 20),
+        ];
+        let out = vec![
+            Out::Key(0),
+            Out::Agg {
+                op: AggOp::Count,
+                column: 1,
+            },
+            Out::Agg {
+                op: AggOp::Sum,
+                column: 2,
+            },
+            Out::Agg {
+                op: AggOp::Min,
+                column: 3,
+            },
+            Out::Agg {
+                op: AggOp::Max,
+                column: 4,
+            },
+            Out::Avg { sum: 5, count: 6 },
+        ];
+        let mut m = GroupMerge::new(out, cols, false).unwrap();
+        for r in [
+            row(&[
+                Some("1"),
+                Some("2"),
+                Some("10"),
+                Some("3"),
+                Some("7"),
+                Some("1.5"),
+                Some("2"),
+            ]),
+            row(&[Some("2"), Some("1"), None, None, None, None, Some("0")]),
+            row(&[
+                None,
+                Some("1"),
+                Some("-4"),
+                Some("-4"),
+                Some("-4"),
+                Some("1"),
+                Some("1"),
+            ]),
+            row(&[
+                Some("1"),
+                Some("3"),
+                Some("5"),
+                Some("-1"),
+                Some("2"),
+                Some("1.00"),
+                Some("1"),
+            ]),
+        ] {
+            m.fold(&r).unwrap();
+        }
+        let desc = m.row_description(&[b"a"]).unwrap();
+        let rd = crate::merge::row::columns(&desc).unwrap();
+        assert_eq!(rd[5].name, b"a");
+        assert_eq!(rd[5].type_oid, 1700);
+        let key = SortKey {
+            column: 0,
+            descending: false,
+            nulls_first: false,
+        };
+        let mut buf = Vec::new();
+        assert_eq!(m.finish(&[key], &mut buf).unwrap(), 3);
+        assert_eq!(
+            rows(&buf),
+            vec![
+                vec![
+                    s("1"),
+                    s("5"),
+                    s("15"),
+                    s("-1"),
+                    s("7"),
+                    s("0.83333333333333333333")
+                ],
+                vec![s("2"), s("1"), None, None, None, None],
+                vec![
+                    None,
+                    s("1"),
+                    s("-4"),
+                    s("-4"),
+                    s("-4"),
+                    s("1.00000000000000000000")
+                ],
+            ]
+        );
+    }
+
+    #[test]
+    fn plain_aggregate_is_one_row_even_without_rows() {
+        let cols = vec![
+            text_col("count", 20),
+            text_col("sum", 1700),
+            text_col("max", 25),
+        ];
+        let out = vec![
+            Out::Agg {
+                op: AggOp::Count,
+                column: 0,
+            },
+            Out::Agg {
+                op: AggOp::Sum,
+                column: 1,
+            },
+            Out::Agg {
+                op: AggOp::Max,
+                column: 2,
+            },
+        ];
+        let m = GroupMerge::new(out.clone(), cols.clone(), true).unwrap();
+        let mut buf = Vec::new();
+        assert_eq!(m.finish(&[], &mut buf).unwrap(), 1);
+        assert_eq!(rows(&buf), vec![vec![s("0"), None, None]]);
+
+        let mut m = GroupMerge::new(out, cols, true).unwrap();
+        m.fold(&row(&[Some("0"), None, None])).unwrap();
+        m.fold(&row(&[Some("2"), Some("0.10"), Some("b")])).unwrap();
+        m.fold(&row(&[Some("1"), Some("-0.1"), Some("B")])).unwrap();
+        let mut buf = Vec::new();
+        m.finish(&[], &mut buf).unwrap();
+        assert_eq!(rows(&buf), vec![vec![s("3"), s("0.00"), s("b")]]);
+    }
+
+    #[test]
+    fn bigint_overflow_is_an_error() {
+        let cols = vec![text_col("sum", 20)];
+        let out = vec![Out::Agg {
+            op: AggOp::Sum,
+            column: 0,
+        }];
+        let mut m = GroupMerge::new(out, cols, false).unwrap();
+        m.fold(&row(&[Some("9223372036854775807")])).unwrap();
+        m.fold(&row(&[Some("1")])).unwrap();
+        let err = m.finish(&[], &mut Vec::new()).unwrap_err();
+        assert_eq!(err.message(), "bigint out of range");
+    }
+
+    #[test]
+    fn float_sums_and_overflow() {
+        let cols = vec![Column::new(b"sum", 701, true), text_col("count", 20)];
+        let out = vec![
+            Out::Agg {
+                op: AggOp::Sum,
+                column: 0,
+            },
+            Out::Avg { sum: 0, count: 1 },
+        ];
+        let mut m = GroupMerge::new(out.clone(), cols.clone(), false).unwrap();
+        let f = |v: f64, n: &str| {
+            let b = v.to_be_bytes();
+            data_row_body(&[Some(&b), Some(n.as_bytes())])
+        };
+        m.fold(&f(1.5, "2")).unwrap();
+        m.fold(&f(2.0, "2")).unwrap();
+        let mut buf = Vec::new();
+        m.finish(&[], &mut buf).unwrap();
+        let body = &buf[5..];
+        let fs = fields(body).unwrap();
+        assert_eq!(fs[0], Some(&3.5f64.to_be_bytes()[..]));
+        assert_eq!(fs[1], Some(&0.875f64.to_be_bytes()[..]));
+
+        let mut m = GroupMerge::new(out, cols, false).unwrap();
+        m.fold(&f(f64::MAX, "1")).unwrap();
+        assert!(m.fold(&f(f64::MAX, "1")).is_err());
+    }
+
+    #[test]
+    fn keys_group_nulls_together_and_bpchar_without_padding() {
+        let cols = vec![text_col("k", 1042), text_col("count", 20)];
+        let out = vec![
+            Out::Key(0),
+            Out::Agg {
+                op: AggOp::Count,
+                column: 1,
+            },
+        ];
+        let mut m = GroupMerge::new(out, cols, false).unwrap();
+        for r in [
+            row(&[Some("a  "), Some("1")]),
+            row(&[Some("a"), Some("2")]),
+            row(&[None, Some("3")]),
+            row(&[None, Some("4")]),
+        ] {
+            m.fold(&r).unwrap();
+        }
+        let mut buf = Vec::new();
+        assert_eq!(m.finish(&[], &mut buf).unwrap(), 2);
+        assert_eq!(rows(&buf), vec![vec![s("a  "), s("3")], vec![None, s("7")]]);
+    }
+
+    #[test]
+    fn what_is_refused() {
+        let numeric = vec![text_col("k", 1700)];
+        assert!(GroupMerge::new(vec![Out::Key(0)], numeric, false).is_err());
+        let float = vec![text_col("k", 701)];
+        assert!(GroupMerge::new(vec![Out::Key(0)], float, false).is_err());
+        let binary_numeric = vec![Column::new(b"sum", 1700, true)];
+        let sum = Out::Agg {
+            op: AggOp::Sum,
+            column: 0,
+        };
+        let err = GroupMerge::new(vec![sum.clone()], binary_numeric, false).unwrap_err();
+        assert!(err.message().contains("binary"));
+        let text = vec![text_col("m", 25)];
+        let max = Out::Agg {
+            op: AggOp::Max,
+            column: 0,
+        };
+        assert!(GroupMerge::new(vec![max], text, false).is_err());
+        let real = vec![text_col("sum", 700), text_col("count", 20)];
+        assert!(GroupMerge::new(vec![Out::Avg { sum: 0, count: 1 }], real, false).is_err());
+        let interval = vec![text_col("sum", 1186)];
+        assert!(GroupMerge::new(vec![sum.clone()], interval, false).is_err());
+        assert!(GroupMerge::new(vec![Out::Key(3)], vec![], false).is_err());
+        // A malformed row is an error, not a panic.
+        let mut m = GroupMerge::new(vec![sum], vec![text_col("sum", 20)], false).unwrap();
+        assert!(m.fold(&row(&[Some("12x")])).is_err());
+        assert!(m.fold(&[0, 1, 0]).is_err());
+        assert!(m.fold(&row(&[Some("1"), Some("2")])).is_err());
+    }
+}

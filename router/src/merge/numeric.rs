@@ -1,0 +1,453 @@
+//! Exact decimal arithmetic on Postgres `numeric` values in text format: parsing, comparison,
+//! addition, and the division `avg` does, with the output formatted byte for byte as
+//! `numeric_out` would.
+//!
+//! A finite value is kept as decimal digits plus a display scale (`dscale`: the number of
+//! digits after the point, which Postgres prints even when they are zeros, e.g. `4.00`).
+//! Text is what a shard sent, so parsing is strict and fails rather than guesses.
+
+use std::cmp::Ordering;
+
+use super::MergeError;
+
+/// Postgres's `NUMERIC_MIN_SIG_DIGITS`: a quotient gets at least this many significant digits.
+const MIN_SIG_DIGITS: i64 = 16;
+/// Postgres's `NUMERIC_MAX_DISPLAY_SCALE`.
+const MAX_DISPLAY_SCALE: i64 = 1000;
+/// Postgres's `DEC_DIGITS`: numeric stores base-10000 digits, which the scale rules count in.
+const DEC_DIGITS: i64 = 4;
+
+/// A numeric value, including the special values Postgres 14+ has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Numeric {
+    NaN,
+    PosInf,
+    NegInf,
+    Finite(Decimal),
+}
+
+/// A finite decimal: `(-1)^neg * digits * 10^-scale`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decimal {
+    neg: bool,
+    /// Decimal digits (0..=9), least significant first, without high-order zeros; empty is zero.
+    digits: Vec<u8>,
+    /// Display scale: digits after the decimal point.
+    scale: usize,
+}
+
+impl Numeric {
+    /// Parses `numeric_out` text: `NaN`, `Infinity`, `-Infinity`, or `-?digits(.digits)?`.
+    pub fn parse(text: &[u8]) -> Result<Numeric, MergeError> {
+        match text {
+            b"NaN" => return Ok(Numeric::NaN),
+            b"Infinity" => return Ok(Numeric::PosInf),
+            b"-Infinity" => return Ok(Numeric::NegInf),
+            _ => {}
+        }
+        let p = Parts::split(text)?;
+        let mut digits: Vec<u8> = p.int.iter().chain(p.frac).rev().map(|c| c - b'0').collect();
+        while digits.last() == Some(&0) {
+            digits.pop();
+        }
+        Ok(Numeric::Finite(Decimal {
+            neg: p.neg && !digits.is_empty(),
+            digits,
+            scale: p.frac.len(),
+        }))
+    }
+
+    /// Zero with no decimals (the start of a sum).
+    pub fn zero() -> Numeric {
+        Numeric::Finite(Decimal {
+            neg: false,
+            digits: Vec::new(),
+            scale: 0,
+        })
+    }
+
+    /// An integer, e.g. a bigint sum on its way to `avg`.
+    pub fn from_i128(v: i128) -> Numeric {
+        let mut digits = Vec::new();
+        let mut m = v.unsigned_abs();
+        while m > 0 {
+            digits.push((m % 10) as u8);
+            m /= 10;
+        }
+        Numeric::Finite(Decimal {
+            neg: v < 0,
+            digits,
+            scale: 0,
+        })
+    }
+
+    /// `a + b` as `numeric_add` computes it: the result's scale is the larger input scale;
+    /// NaN absorbs everything and opposite infinities give NaN.
+    pub fn add(&self, other: &Numeric) -> Numeric {
+        use Numeric::*;
+        match (self, other) {
+            (NaN, _) | (_, NaN) | (PosInf, NegInf) | (NegInf, PosInf) => NaN,
+            (PosInf, _) | (_, PosInf) => PosInf,
+            (NegInf, _) | (_, NegInf) => NegInf,
+            (Finite(a), Finite(b)) => Finite(a.add(b)),
+        }
+    }
+
+    /// `sum / count` as `numeric_div` computes it for `avg`: the scale from `select_div_scale`,
+    /// the last digit rounded half away from zero. `count` must be positive.
+    pub fn div_count(&self, count: u64) -> Result<Numeric, MergeError> {
+        if count == 0 {
+            return Err("division by a zero count".into());
+        }
+        Ok(match self {
+            Numeric::Finite(d) => Numeric::Finite(d.div_count(count)?),
+            other => other.clone(),
+        })
+    }
+
+    /// Half of a finite value, exactly (one more decimal); specials stay as they are.
+    pub fn half(&self) -> Numeric {
+        match self {
+            Numeric::Finite(d) if !d.is_zero() => {
+                // x / 2 = 5x / 10.
+                let mut five = Vec::new();
+                for _ in 0..5 {
+                    five = add_mag(&five, &d.digits);
+                }
+                Numeric::Finite(Decimal {
+                    neg: d.neg,
+                    digits: five,
+                    scale: d.scale + 1,
+                })
+            }
+            other => other.clone(),
+        }
+    }
+
+    /// The value as `numeric_out` prints it.
+    pub fn to_text(&self) -> String {
+        match self {
+            Numeric::NaN => "NaN".into(),
+            Numeric::PosInf => "Infinity".into(),
+            Numeric::NegInf => "-Infinity".into(),
+            Numeric::Finite(d) => d.to_text(),
+        }
+    }
+}
+
+impl Decimal {
+    fn is_zero(&self) -> bool {
+        self.digits.is_empty()
+    }
+
+    /// The digits scaled up to `scale` (which must not be below ours).
+    fn digits_at(&self, scale: usize) -> Vec<u8> {
+        if self.is_zero() {
+            return Vec::new();
+        }
+        let mut d = vec![0; scale - self.scale];
+        d.extend_from_slice(&self.digits);
+        d
+    }
+
+    fn add(&self, other: &Decimal) -> Decimal {
+        let scale = self.scale.max(other.scale);
+        let a = self.digits_at(scale);
+        let b = other.digits_at(scale);
+        let (neg, digits) = if self.neg == other.neg {
+            (self.neg, add_mag(&a, &b))
+        } else {
+            match cmp_mag(&a, &b) {
+                Ordering::Less => (other.neg, sub_mag(&b, &a)),
+                _ => (self.neg, sub_mag(&a, &b)),
+            }
+        };
+        Decimal {
+            neg: neg && !digits.is_empty(),
+            digits,
+            scale,
+        }
+    }
+
+    /// Postgres's weight (in base-10000 digits) and value of the first non-zero base-10000
+    /// digit; (0, 0) for zero. `select_div_scale` estimates the quotient's size from these.
+    fn weight_and_first_digit(&self) -> (i64, u32) {
+        if self.is_zero() {
+            return (0, 0);
+        }
+        // Decimal exponent of the most significant digit, then the base-10000 group holding it.
+        let exp = self.digits.len() as i64 - 1 - self.scale as i64;
+        let weight = exp.div_euclid(DEC_DIGITS);
+        let mut first = 0u32;
+        for place in (weight * DEC_DIGITS..weight * DEC_DIGITS + DEC_DIGITS).rev() {
+            let idx = place + self.scale as i64;
+            let d = if idx >= 0 {
+                self.digits.get(idx as usize).copied().unwrap_or(0)
+            } else {
+                0
+            };
+            first = first * 10 + d as u32;
+        }
+        (weight, first)
+    }
+
+    fn div_count(&self, count: u64) -> Result<Decimal, MergeError> {
+        let divisor = Numeric::from_i128(count as i128);
+        let Numeric::Finite(divisor) = divisor else {
+            return Err("division by a zero count".into());
+        };
+        let (w1, f1) = self.weight_and_first_digit();
+        let (w2, f2) = divisor.weight_and_first_digit();
+        // select_div_scale: estimate the quotient's weight, assuming the dividend's first digit
+        // is smaller when the two first digits are equal.
+        let mut qweight = w1 - w2;
+        if f1 <= f2 {
+            qweight -= 1;
+        }
+        // Postgres: at least MIN_SIG_DIGITS digits, not fewer decimals than the dividend's,
+        // at most MAX_DISPLAY_SCALE (the dividend's scale is never negative).
+        let rscale = (MIN_SIG_DIGITS - qweight * DEC_DIGITS).max(self.scale as i64);
+        let rscale = rscale.min(MAX_DISPLAY_SCALE);
+        if rscale < self.scale as i64 {
+            return Err(
+                "avg of numeric values with more than 1000 decimals cannot be merged".into(),
+            );
+        }
+        let rscale = rscale as usize;
+        // The exact quotient of the digits scaled to rscale, rounded half away from zero.
+        let scaled = self.digits_at(rscale);
+        let mut quotient = Vec::with_capacity(scaled.len());
+        let mut rem: u128 = 0;
+        for &d in scaled.iter().rev() {
+            let cur = rem * 10 + d as u128;
+            quotient.push((cur / count as u128) as u8);
+            rem = cur % count as u128;
+        }
+        quotient.reverse();
+        if rem * 2 >= count as u128 {
+            quotient = add_mag(&quotient, &[1]);
+        }
+        while quotient.last() == Some(&0) {
+            quotient.pop();
+        }
+        Ok(Decimal {
+            neg: self.neg && !quotient.is_empty(),
+            digits: quotient,
+            scale: rscale,
+        })
+    }
+
+    fn to_text(&self) -> String {
+        let mut s = String::with_capacity(self.digits.len().max(self.scale + 1) + 2);
+        if self.neg {
+            s.push('-');
+        }
+        // Big-endian digits, padded so there is at least one digit before the point.
+        let width = self.digits.len().max(self.scale + 1);
+        for i in (0..width).rev() {
+            let d = self.digits.get(i).copied().unwrap_or(0);
+            s.push((b'0' + d) as char);
+            if i == self.scale && i > 0 {
+                s.push('.');
+            }
+        }
+        s
+    }
+}
+
+fn cmp_mag(a: &[u8], b: &[u8]) -> Ordering {
+    a.len()
+        .cmp(&b.len())
+        .then_with(|| a.iter().rev().cmp(b.iter().rev()))
+}
+
+fn add_mag(a: &[u8], b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(a.len().max(b.len()) + 1);
+    let mut carry = 0u8;
+    for i in 0..a.len().max(b.len()) {
+        let s = a.get(i).copied().unwrap_or(0) + b.get(i).copied().unwrap_or(0) + carry;
+        out.push(s % 10);
+        carry = s / 10;
+    }
+    if carry > 0 {
+        out.push(carry);
+    }
+    out
+}
+
+/// `a - b` for `a >= b`, without high-order zeros.
+fn sub_mag(a: &[u8], b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(a.len());
+    let mut borrow = 0i8;
+    for (i, &da) in a.iter().enumerate() {
+        let mut d = da as i8 - b.get(i).copied().unwrap_or(0) as i8 - borrow;
+        borrow = 0;
+        if d < 0 {
+            d += 10;
+            borrow = 1;
+        }
+        out.push(d as u8);
+    }
+    while out.last() == Some(&0) {
+        out.pop();
+    }
+    out
+}
+
+/// A borrowed view of numeric text, for comparing without allocating.
+struct Parts<'a> {
+    neg: bool,
+    /// Integer digits as written.
+    int: &'a [u8],
+    /// Fraction digits as written.
+    frac: &'a [u8],
+}
+
+impl<'a> Parts<'a> {
+    fn split(text: &'a [u8]) -> Result<Parts<'a>, MergeError> {
+        const BAD: &str = "malformed numeric value from a shard";
+        let (neg, rest) = match text.split_first() {
+            Some((b'-', rest)) => (true, rest),
+            _ => (false, text),
+        };
+        let (int, frac) = match rest.iter().position(|&c| c == b'.') {
+            Some(dot) => (&rest[..dot], &rest[dot + 1..]),
+            None => (rest, &rest[rest.len()..]),
+        };
+        let digits_ok = |s: &[u8]| s.iter().all(u8::is_ascii_digit);
+        if int.is_empty() || !digits_ok(int) || !digits_ok(frac) {
+            return Err(BAD.into());
+        }
+        Ok(Parts { neg, int, frac })
+    }
+
+    /// Significant digits: integer part without leading zeros, fraction without trailing zeros.
+    fn trimmed(&self) -> (&'a [u8], &'a [u8]) {
+        let i = self
+            .int
+            .iter()
+            .position(|&c| c != b'0')
+            .unwrap_or(self.int.len());
+        let f = self
+            .frac
+            .iter()
+            .rposition(|&c| c != b'0')
+            .map_or(0, |p| p + 1);
+        (&self.int[i..], &self.frac[..f])
+    }
+}
+
+/// Compares two numeric text values as Postgres orders them: by value (so `1.0` equals `1.00`),
+/// with `-Infinity` lowest and `NaN` above `Infinity`.
+pub fn compare_text(a: &[u8], b: &[u8]) -> Result<Ordering, MergeError> {
+    // Rank of the special values around the finite ones.
+    fn rank(t: &[u8]) -> i8 {
+        match t {
+            b"-Infinity" => 0,
+            b"Infinity" => 2,
+            b"NaN" => 3,
+            _ => 1,
+        }
+    }
+    let (ra, rb) = (rank(a), rank(b));
+    if ra != 1 || rb != 1 {
+        return Ok(ra.cmp(&rb));
+    }
+    let (pa, pb) = (Parts::split(a)?, Parts::split(b)?);
+    let (ia, fa) = pa.trimmed();
+    let (ib, fb) = pb.trimmed();
+    let zero_a = ia.is_empty() && fa.is_empty();
+    let zero_b = ib.is_empty() && fb.is_empty();
+    let sign = |neg: bool, zero: bool| {
+        if zero {
+            0
+        } else if neg {
+            -1
+        } else {
+            1
+        }
+    };
+    let (sa, sb) = (sign(pa.neg, zero_a), sign(pb.neg, zero_b));
+    if sa != sb || sa == 0 {
+        return Ok(sa.cmp(&sb));
+    }
+    // Same sign, both non-zero: compare magnitudes, reversed for negatives.
+    let mag = ia
+        .len()
+        .cmp(&ib.len())
+        .then_with(|| ia.cmp(ib))
+        .then_with(|| fa.cmp(fb));
+    Ok(if sa < 0 { mag.reverse() } else { mag })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn n(s: &str) -> Numeric {
+        Numeric::parse(s.as_bytes()).unwrap()
+    }
+
+    fn avg(sum: &str, count: u64) -> String {
+        n(sum).div_count(count).unwrap().to_text()
+    }
+
+    #[test]
+    fn parse_and_print_keep_the_display_scale() {
+        for s in [
+            "0",
+            "0.00",
+            "-1.50",
+            "123456789012345678901234567890.000001",
+            "NaN",
+        ] {
+            assert_eq!(n(s).to_text(), s);
+        }
+        assert_eq!(n("-0.00").to_text(), "0.00");
+        for bad in ["", "-", "1e5", "1.2.3", " 1", "+1", ".5", "Inf"] {
+            assert!(Numeric::parse(bad.as_bytes()).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn addition() {
+        assert_eq!(n("1.50").add(&n("2.5")).to_text(), "4.00");
+        assert_eq!(n("1.5").add(&n("-1.5")).to_text(), "0.0");
+        assert_eq!(n("-10").add(&n("3.25")).to_text(), "-6.75");
+        assert_eq!(n("9999.99").add(&n("0.01")).to_text(), "10000.00");
+        assert_eq!(n("0.001").add(&n("-1")).to_text(), "-0.999");
+        assert_eq!(n("Infinity").add(&n("1")), Numeric::PosInf);
+        assert_eq!(n("Infinity").add(&n("-Infinity")), Numeric::NaN);
+        assert_eq!(n("NaN").add(&n("-Infinity")), Numeric::NaN);
+    }
+
+    #[test]
+    fn average_scale_matches_postgres() {
+        // Values printed by Postgres 15 for SELECT avg(x).
+        assert_eq!(avg("1", 3), "0.33333333333333333333");
+        assert_eq!(avg("2", 3), "0.66666666666666666667");
+        assert_eq!(avg("10", 7), "1.4285714285714286");
+        assert_eq!(avg("6", 3), "2.0000000000000000");
+        assert_eq!(avg("0", 2), "0.00000000000000000000");
+        assert_eq!(avg("-5", 2), "-2.5000000000000000");
+        assert_eq!(avg("1.5", 1), "1.50000000000000000000");
+        assert_eq!(avg("100000", 1), "100000.000000000000");
+        assert_eq!(avg("Infinity", 2), "Infinity");
+        assert!(n("1").div_count(0).is_err());
+    }
+
+    #[test]
+    fn comparison() {
+        let c = |a: &str, b: &str| compare_text(a.as_bytes(), b.as_bytes()).unwrap();
+        assert_eq!(c("1.0", "1.00"), Ordering::Equal);
+        assert_eq!(c("0", "-0.000"), Ordering::Equal);
+        assert_eq!(c("-2", "-10"), Ordering::Greater);
+        assert_eq!(c("0.5", "0.45"), Ordering::Greater);
+        assert_eq!(c("10", "9.99"), Ordering::Greater);
+        assert_eq!(c("-0.001", "0"), Ordering::Less);
+        assert_eq!(c("NaN", "Infinity"), Ordering::Greater);
+        assert_eq!(c("NaN", "NaN"), Ordering::Equal);
+        assert_eq!(c("-Infinity", "-1"), Ordering::Less);
+        assert!(compare_text(b"abc", b"1").is_err());
+    }
+}
