@@ -59,6 +59,8 @@ pub struct Shared {
     /// ParameterStatus values of a real backend, reported to clients at startup.
     pub server_params: RwLock<Vec<(String, String)>>,
     params_learned: AtomicBool,
+    /// The shards' database collation is C (or POSIX): text compares by bytes.
+    text_bytewise: AtomicBool,
     clients: Mutex<HashMap<i32, Arc<ClientSlot>>>,
     /// Salts the fake SCRAM verifiers of unknown users, stable for this process.
     pub mock_key: [u8; 32],
@@ -67,6 +69,18 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// Whether text sorts by its bytes on the shards (their collation is C), learned from the
+    /// catalog; until known, no.
+    pub fn text_bytewise(&self) -> bool {
+        self.text_bytewise
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn learn_text_bytewise(&self, bytewise: bool) {
+        self.text_bytewise
+            .store(bytewise, std::sync::atomic::Ordering::Relaxed);
+    }
+
     pub fn new(config: Config, map: ShardMap, workers: usize) -> Shared {
         let settings = PoolSettings {
             max_size: config.pool.max_size,
@@ -89,6 +103,7 @@ impl Shared {
             statements: Registry::default(),
             server_params: RwLock::new(default_server_params()),
             params_learned: AtomicBool::new(false),
+            text_bytewise: AtomicBool::new(false),
             clients: Mutex::new(HashMap::new()),
             mock_key: rand::random(),
             next_client: AtomicI32::new(1),

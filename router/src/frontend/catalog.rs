@@ -1,15 +1,13 @@
 //! What the router learns from a shard's catalog: where each sharded table's key sits among its
-//! columns, so that `INSERT INTO kv VALUES (...)` without a column list can be routed. Every
+//! columns, so that `INSERT INTO kv VALUES (...)` without a column list can be routed, and
+//! whether the database's collation sorts text by bytes (which merges across shards need). Every
 //! shard has the same schema (DDL on sharded tables reaches all of them), so the default shard
 //! answers for all. Learned at start and again after each DDL that the router broadcasts.
 
 use std::collections::HashMap;
 
-use bytes::Buf;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
 use super::settings::quote_literal;
-use crate::protocol::frame::{begin_frame, end_frame, next_frame};
+use crate::protocol::frame::{begin_frame, end_frame};
 use crate::shared::Shared;
 
 /// Reads the column order of every sharded table and hands the key positions to the planner.
@@ -19,6 +17,24 @@ pub async fn learn_key_positions(shared: &Shared) {
     let Ok(mut conn) = shared.checkout(shard).await else {
         return;
     };
+    // Text sorts by bytes only under the C collation; the merge of ORDER BY / min / max of text
+    // across shards needs that.
+    conn.settings_fp = 0;
+    match first_column(
+        &mut conn,
+        "RESET ALL; SELECT datcollate FROM pg_database WHERE datname = current_database()",
+    )
+    .await
+    {
+        Ok(c) => {
+            shared.learn_text_bytewise(matches!(c.first().map(String::as_str), Some("C" | "POSIX")))
+        }
+        Err(e) => {
+            tracing::warn!("could not read the database collation: {e}");
+            conn.broken = true;
+            return;
+        }
+    }
     let mut positions = HashMap::new();
     for table in shared.map.tables() {
         let name = table.qualified_name();
@@ -56,32 +72,20 @@ async fn first_column(
     out.extend_from_slice(sql.as_bytes());
     out.push(0);
     end_frame(&mut out, at);
-    conn.stream.write_all(&out).await?;
     let mut values = Vec::new();
-    loop {
-        while let Some(h) = next_frame(&conn.rbuf).map_err(std::io::Error::other)? {
-            let body = &conn.rbuf[5..h.total];
-            match conn.rbuf[0] {
-                b'D' if body.len() >= 6 => {
-                    let len = i32::from_be_bytes([body[2], body[3], body[4], body[5]]);
-                    if let Some(v) = usize::try_from(len).ok().and_then(|n| body.get(6..6 + n)) {
-                        values.push(String::from_utf8_lossy(v).into_owned());
-                    }
-                }
-                b'E' => values.clear(),
-                b'Z' => {
-                    conn.rbuf.advance(h.total);
-                    return Ok(values);
-                }
-                _ => {}
+    let mut failed = false;
+    conn.round_trip(&out, 1, |frame| match frame[0] {
+        b'D' => {
+            if let Ok(Some(v)) = crate::merge::row::nth_field(&frame[5..], 0) {
+                values.push(String::from_utf8_lossy(v).into_owned());
             }
-            conn.rbuf.advance(h.total);
         }
-        if conn.stream.read_buf(&mut conn.rbuf).await? == 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "the server closed the connection",
-            ));
-        }
+        b'E' => failed = true,
+        _ => {}
+    })
+    .await?;
+    if failed {
+        values.clear();
     }
+    Ok(values)
 }

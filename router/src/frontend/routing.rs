@@ -27,12 +27,14 @@ pub enum Decision {
     Rollback,
     /// DDL for every shard.
     Broadcast,
-    /// A read on every shard: one row of aggregates to merge, or rows to concatenate (at most
-    /// `limit`). With `keyed`, only the shards of the statement's keys are needed
+    /// A read on every shard: rows to concatenate (at most `limit`), or, with `combine`, a
+    /// merge by the plan's [`crate::planner::MergePlan`] ([`merge_plan`]) that skips `offset`
+    /// rows and keeps `limit`. With `keyed`, only the shards of the statement's keys are needed
     /// ([`keyed_shards`]).
     Scatter {
-        aggs: Option<crate::planner::Aggregates>,
+        combine: bool,
         limit: Option<u64>,
+        offset: u64,
         keyed: bool,
         /// A write: each shard's part runs in a transaction, all committed only if all
         /// succeeded.
@@ -82,8 +84,9 @@ pub fn decide(
     if let [Route::ScatterWrite { message }] = plan.statements.as_slice() {
         if allow_scatter_writes {
             return Ok(Decision::Scatter {
-                aggs: None,
+                combine: false,
                 limit: None,
+                offset: 0,
                 keyed: false,
                 write: true,
             });
@@ -179,10 +182,15 @@ pub fn decide(
                                         literals,
                                     )? {
                                         Decision::Scatter {
-                                            aggs, limit, write, ..
-                                        } => Ok(Decision::Scatter {
-                                            aggs,
+                                            combine,
                                             limit,
+                                            offset,
+                                            write,
+                                            ..
+                                        } => Ok(Decision::Scatter {
+                                            combine,
+                                            limit,
+                                            offset,
                                             keyed: true,
                                             write,
                                         }),
@@ -261,6 +269,10 @@ fn scatter_decision(
     params_before: usize,
     literals: &(impl Literals + ?Sized),
 ) -> Result<Decision, SqlError> {
+    let count = |source: &Option<KeySource>| match source {
+        None => Ok(None),
+        Some(source) => read_limit(source, bind, params_before, literals),
+    };
     Ok(match merge {
         Merge::SplitRows if bind.is_none() => Decision::SplitInsert,
         Merge::SplitRows => {
@@ -270,24 +282,24 @@ fn scatter_decision(
             )
             .with_hint("send one INSERT per shard (or single-row INSERTs), or send the multi-row INSERT with literal values as a simple query"))
         }
-        Merge::Aggregate(aggs) => Decision::Scatter {
-            aggs: Some(*aggs),
-            limit: None,
+        Merge::Combine(plan) => Decision::Scatter {
+            combine: true,
+            limit: count(&plan.limit)?,
+            offset: count(&plan.offset)?.unwrap_or(0),
             keyed: false,
             write: false,
         },
         Merge::Write => Decision::Scatter {
-            aggs: None,
+            combine: false,
             limit: None,
+            offset: 0,
             keyed: false,
             write: true,
         },
         Merge::Concat { limit } => Decision::Scatter {
-            aggs: None,
-            limit: match limit {
-                None => None,
-                Some(source) => read_limit(source, bind, params_before, literals)?,
-            },
+            combine: false,
+            limit: count(limit)?,
+            offset: 0,
             keyed: false,
             write: false,
         },
@@ -339,6 +351,22 @@ pub fn with_manual(
         (None, d) => d,
         (Some(_), Ok(d @ (Decision::Begin | Decision::Commit | Decision::Rollback))) => Ok(d),
         (Some(s), _) => Ok(Decision::Shard(s)),
+    }
+}
+
+/// The merge plan of a single statement that is scattered with [`Decision::Scatter`]'s
+/// `combine`.
+pub fn merge_plan(plan: &Plan) -> Option<std::sync::Arc<crate::planner::MergePlan>> {
+    match plan.statements.as_slice() {
+        [Route::Scatter {
+            merge: Merge::Combine(p),
+            ..
+        }]
+        | [Route::Keyed {
+            spread: Some(Merge::Combine(p)),
+            ..
+        }] => Some(p.clone()),
+        _ => None,
     }
 }
 

@@ -39,6 +39,7 @@ use crate::protocol::reply::{self, SqlError, TxStatus};
 use crate::shared::{CancelTarget, ClientSlot, Shared};
 use crate::statements::Statement;
 
+mod merged;
 mod prepared_sql;
 mod split_insert;
 
@@ -138,21 +139,21 @@ struct ScatterBatch {
     request: Vec<u8>,
     /// The shards to ask (all, or those of the statement's keys).
     shards: Vec<usize>,
-    combine: Combine,
+    gather: Gather,
     /// The client's messages so far, to answer in order: Parse, Describe statement, Bind,
     /// Describe portal, Close.
     asked: Vec<u8>,
 }
 
 /// How the answers of a scattered statement combine (see [`Decision::Scatter`]).
-#[derive(Clone, Copy, Debug, Default)]
-struct Combine {
-    aggs: Option<crate::planner::Aggregates>,
+#[derive(Clone, Debug, Default)]
+struct Gather {
+    /// Sorted, grouped or aggregated: the merge engine's plan.
+    plan: Option<Arc<crate::planner::MergePlan>>,
     limit: Option<u64>,
+    offset: u64,
     /// A write: each shard's part in a transaction, all committed only if all succeeded.
     write: bool,
-    /// Bit i: the client wants result column i in binary.
-    binary: u8,
 }
 
 impl Session {
@@ -323,8 +324,9 @@ impl Session {
             return Ok(());
         }
         if let Decision::Scatter {
-            aggs,
+            combine,
             limit,
+            offset,
             keyed,
             write,
         } = decision
@@ -332,32 +334,45 @@ impl Session {
             if self.pinned.is_some() || self.tx != TxStatus::Idle {
                 return self.refuse_simple(scatter_in_transaction()).await;
             }
+            let planned = self.shared.planner.plan(sql, &mut self.nbuf);
             let shards = if keyed {
-                let planned = self.shared.planner.plan(sql, &mut self.nbuf);
-                let params_before = planned.params_before();
-                let shards = routing::keyed_shards(
+                routing::keyed_shards(
                     &planned,
                     None,
-                    params_before,
+                    planned.params_before(),
                     &planned,
                     &self.shared.map,
-                );
-                drop(planned);
-                match shards {
-                    Ok(s) => s,
-                    Err(e) => return self.refuse_simple(e).await,
-                }
+                )
             } else {
-                (0..self.shared.map.shards().len()).collect()
+                Ok((0..self.shared.map.shards().len()).collect())
             };
-            let combine = Combine {
-                aggs,
+            let plan = combine.then(|| routing::merge_plan(&planned)).flatten();
+            drop(planned);
+            let shards = match shards {
+                Ok(s) => s,
+                Err(e) => return self.refuse_simple(e).await,
+            };
+            let request = match &plan {
+                Some(p) if p.rewrite => match crate::planner::shard_sql(sql) {
+                    Ok(text) => {
+                        let mut q = Vec::with_capacity(text.len() + 6);
+                        let at = begin_frame(&mut q, b'Q');
+                        q.extend_from_slice(text.as_bytes());
+                        q.push(0);
+                        end_frame(&mut q, at);
+                        q
+                    }
+                    Err(why) => return self.refuse_simple(cannot_rewrite(why)).await,
+                },
+                _ => frame.to_vec(),
+            };
+            let gather = Gather {
+                plan,
                 limit,
+                offset,
                 write,
-                binary: 0,
             };
-            self.run_scatter(&shards, frame.to_vec(), combine, &[])
-                .await?;
+            self.run_scatter(&shards, request, gather, &[]).await?;
             reply::ready_for_query(&mut self.cout, TxStatus::Idle);
             return Ok(());
         }
@@ -501,8 +516,9 @@ impl Session {
                     return self.batch_error(err).await;
                 }
                 if let Decision::Scatter {
-                    aggs,
+                    combine,
                     limit,
+                    offset,
                     keyed,
                     write,
                 } = decision
@@ -518,15 +534,36 @@ impl Session {
                     } else {
                         (0..self.shared.map.shards().len()).collect()
                     };
-                    let combine = Combine {
-                        aggs,
-                        limit,
-                        write,
-                        binary: (0..8)
-                            .filter(|&i| bind.result_binary(i))
-                            .fold(0u8, |m, i| m | (1 << i)),
+                    let plan = if !combine {
+                        None
+                    } else if bind.statement.is_empty() {
+                        self.unnamed.plan.as_deref().and_then(routing::merge_plan)
+                    } else {
+                        self.named
+                            .get(bind.statement)
+                            .and_then(|n| routing::merge_plan(&n.plan))
                     };
-                    return self.begin_scatter_batch(&bind, combine, shards);
+                    let gather = Gather {
+                        plan,
+                        limit,
+                        offset,
+                        write,
+                    };
+                    let shard_text = match gather.plan.as_deref() {
+                        Some(p) if p.rewrite => {
+                            let sql = if bind.statement.is_empty() {
+                                Some(self.unnamed.sql.as_str())
+                            } else {
+                                self.named.get(bind.statement).map(|n| &*n.stmt.sql)
+                            };
+                            match crate::planner::shard_sql(sql.unwrap_or_default()) {
+                                Ok(text) => Some(text),
+                                Err(why) => return self.batch_error(cannot_rewrite(why)).await,
+                            }
+                        }
+                        _ => None,
+                    };
+                    return self.begin_scatter_batch(&bind, gather, shards, shard_text);
                 }
                 if let Decision::Shard(shard) = decision {
                     match &self.pinned {
@@ -701,15 +738,20 @@ impl Session {
         &mut self,
         shards: &[usize],
         request: Vec<u8>,
-        combine: Combine,
+        gather: Gather,
         asked: &[u8],
     ) -> Result<bool, SessionError> {
-        let Combine {
-            aggs,
+        let Gather {
+            plan,
             limit,
+            offset,
             write,
-            binary,
-        } = combine;
+        } = gather;
+        if let Some(plan) = plan {
+            return self
+                .run_merged(shards, request, plan, limit, offset, asked)
+                .await;
+        }
         // Dropped on every early return below, which rolls back a write everywhere.
         let commit = write.then(|| tokio::sync::watch::channel(None).0);
         let mut receivers = scatter::start(
@@ -724,7 +766,6 @@ impl Session {
         let mut descriptions = 0;
         let mut answered = !extended;
         let mut rows_sent: u64 = 0;
-        let mut merge = aggs.map(|a| scatter::AggregateMerge::new(a, binary));
         // The command of the shards' CommandComplete (SELECT, UPDATE, DELETE) and the sum of
         // their row counts.
         let mut verb: Option<String> = None;
@@ -771,16 +812,7 @@ impl Session {
                                 answer_asked(&mut self.cout, asked, &statement_desc, &portal_desc);
                                 answered = true;
                             }
-                            if let Some(m) = merge.as_mut() {
-                                if let Err(why) = m.fold(&frame[5..]) {
-                                    SqlError::new(
-                                        errors::FEATURE_NOT_SUPPORTED,
-                                        format!("cannot merge the aggregates of the shards: {why}"),
-                                    )
-                                    .write(&mut self.cout);
-                                    return Ok(true);
-                                }
-                            } else if limit.is_none_or(|l| rows_sent < l) {
+                            if limit.is_none_or(|l| rows_sent < l) {
                                 self.cout.extend_from_slice(frame);
                                 rows_sent += 1;
                             }
@@ -841,24 +873,12 @@ impl Session {
         if copy_out {
             put_frame(&mut self.cout, b'c', &[]);
         }
-        if let Some(m) = merge {
-            if let Err(why) = m.write(&mut self.cout) {
-                SqlError::new(
-                    errors::FEATURE_NOT_SUPPORTED,
-                    format!("cannot merge the aggregates of the shards: {why}"),
-                )
-                .write(&mut self.cout);
-                return Ok(true);
+        match verb.as_deref() {
+            // A read's count is what the client got (a LIMIT may have cut the rows).
+            None | Some("SELECT") => {
+                reply::command_complete(&mut self.cout, &format!("SELECT {rows_sent}"))
             }
-            reply::command_complete(&mut self.cout, "SELECT 1");
-        } else {
-            match verb.as_deref() {
-                // A read's count is what the client got (a LIMIT may have cut the rows).
-                None | Some("SELECT") => {
-                    reply::command_complete(&mut self.cout, &format!("SELECT {rows_sent}"))
-                }
-                Some(verb) => reply::command_complete(&mut self.cout, &format!("{verb} {tagged}")),
-            }
+            Some(verb) => reply::command_complete(&mut self.cout, &format!("{verb} {tagged}")),
         }
         Ok(false)
     }
@@ -1073,8 +1093,9 @@ impl Session {
     fn begin_scatter_batch(
         &mut self,
         bind: &Bind<'_>,
-        combine: Combine,
+        gather: Gather,
         shards: Vec<usize>,
+        shard_text: Option<String>,
     ) -> Result<(), SessionError> {
         let (sql, types) = if bind.statement.is_empty() {
             (self.unnamed.sql.clone(), self.unnamed.param_types.clone())
@@ -1084,6 +1105,8 @@ impl Session {
                 None => (String::new(), vec![0, 0]),
             }
         };
+        // The shards run the rewritten text when the merge needs one.
+        let sql = shard_text.unwrap_or(sql);
         let mut request = Vec::new();
         write_parse(&mut request, b"\0", &sql, &types);
         put_frame(&mut request, b'D', b"S\0");
@@ -1118,7 +1141,7 @@ impl Session {
         self.scatter = Some(ScatterBatch {
             request,
             shards,
-            combine,
+            gather,
             asked,
         });
         Ok(())
@@ -1149,10 +1172,10 @@ impl Session {
                 if request.is_empty() {
                     return Ok(());
                 }
-                let combine = batch.combine;
+                let gather = batch.gather.clone();
                 let asked = std::mem::take(&mut batch.asked);
                 let shards = std::mem::take(&mut batch.shards);
-                if self.run_scatter(&shards, request, combine, &asked).await? {
+                if self.run_scatter(&shards, request, gather, &asked).await? {
                     self.skip_until_sync = true;
                 }
             }
@@ -2257,6 +2280,14 @@ fn answer_asked(out: &mut Vec<u8>, asked: &[u8], statement_desc: &[u8], portal_d
 
 /// The session setting that pins a client's statements to one shard (operators only).
 const MANUAL_SHARD: &str = "shardgate.shard";
+
+/// A merged read whose text the router could not rewrite for the shards.
+fn cannot_rewrite(why: &str) -> SqlError {
+    SqlError::new(
+        errors::FEATURE_NOT_SUPPORTED,
+        format!("this read across shards cannot be rewritten for the shards: {why}"),
+    )
+}
 
 fn scatter_in_transaction() -> SqlError {
     SqlError::new(

@@ -21,13 +21,7 @@ pub mod keys;
 pub mod normalize;
 mod scatter;
 
-pub use scatter::{AggOp, Aggregates, Merge};
-
-/// The merge the planner picks for a statement (for tests of the code that runs merges).
-#[doc(hidden)]
-pub fn scatter_merge_for_tests(stmt: &sqlparser::ast::Statement) -> Result<Merge, &'static str> {
-    scatter::merge_for(stmt)
-}
+pub use scatter::{shard_sql, Merge, MergePlan};
 mod pins;
 pub mod prepared_sql;
 mod refs;
@@ -289,6 +283,19 @@ impl Planner {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         match Parser::parse_sql(&PostgreSqlDialect {}, text) {
+            // `ORDER BY 1` / `GROUP BY 1` name columns by position, which normalization turned
+            // into `$n`: only the original text says which column.
+            Ok(statements)
+                if normalized
+                    && buf.literal_count() > 0
+                    && statements.iter().any(scatter::positions_normalized) =>
+            {
+                Plan {
+                    statements: Vec::new(),
+                    normalized,
+                    use_original: true,
+                }
+            }
             Ok(statements) => Plan {
                 statements: statements
                     .iter()

@@ -1,26 +1,43 @@
 //! Which reads of a sharded table without a key can be answered from all shards, and how their
-//! answers combine. Only shapes whose merge is exact are accepted: rows of a plain SELECT are
-//! concatenated (a LIMIT without ORDER BY keeps the first N, which is as correct as Postgres's
-//! own choice of N), and a lone `count(...)` is summed. Everything else is refused with the
-//! reason, never answered wrongly: ORDER BY, OFFSET, DISTINCT, GROUP BY, HAVING, window
-//! functions, any other function in the select list (it might be an aggregate), set operations.
+//! answers combine. Only shapes whose merge is exact are accepted:
+//!
+//! - a plain SELECT: rows concatenated (a LIMIT without ORDER BY keeps the first N, which is as
+//!   correct as Postgres's own choice of N);
+//! - `ORDER BY` columns of the select list: each shard sorts, the router merges the sorted
+//!   streams; `LIMIT` is applied by each shard and again after the merge, `OFFSET` only after
+//!   it (the shards are asked for `LIMIT limit + offset`);
+//! - aggregates (`count`, `sum`, `min`, `max`, and `avg`, which the shards are asked as `sum`
+//!   and `count`), with `GROUP BY` columns of the select list or `DISTINCT`: the shards group,
+//!   the router combines equal groups ([`crate::merge::GroupMerge`]), then sorts, skips and
+//!   limits itself.
+//!
+//! Everything else is refused with the reason, never answered wrongly: HAVING, window
+//! functions, DISTINCT ON, set operations, WITH, other functions in the select list of an
+//! aggregate query (they might be aggregates), ORDER BY expressions not in the select list.
+//! Whether a column's values can be merged (types, collation) is checked on the shards' first
+//! answer, by the merge engine.
 
 use std::ops::ControlFlow;
+use std::sync::Arc;
 
 use sqlparser::ast::{
-    visit_expressions, CopySource, CopyTarget, Expr, FunctionArg, FunctionArgExpr,
-    FunctionArguments, GroupByExpr, LimitClause, Query, SelectItem, SetExpr, Statement, Value,
+    visit_expressions, CopySource, CopyTarget, Distinct, Expr, FunctionArg, FunctionArgExpr,
+    FunctionArgumentList, FunctionArguments, GroupByExpr, LimitClause, Offset, OffsetRows,
+    OrderByKind, OrderBySort, Query, SelectItem, SetExpr, Statement, Value,
 };
+use sqlparser::dialect::PostgreSqlDialect;
+use sqlparser::parser::Parser;
 
 use super::KeySource;
+use crate::merge::{AggOp, Out, SortKey};
 
-/// How the shards' answers to a scattered read combine.
+/// How the shards' answers to a scattered statement combine.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Merge {
     /// All rows of all shards, in shard order; at most `limit` rows when there is a LIMIT.
     Concat { limit: Option<KeySource> },
-    /// One row of aggregates (`count`, `sum`, `min`, `max`), merged column by column.
-    Aggregate(Aggregates),
+    /// Sorted, grouped or aggregated: the merge engine's work.
+    Combine(Arc<MergePlan>),
     /// Not a read: the VALUES rows of a multi-row INSERT, split by the shard of each row's key
     /// (the route's keys are one per row, in order).
     SplitRows,
@@ -30,142 +47,210 @@ pub enum Merge {
     Write,
 }
 
-/// One aggregate of a select list, and how the shards' values of it combine.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AggOp {
-    /// `count(..)`: the sum of the counts.
-    Count,
-    /// `sum(..)`: the sum of the sums (NULL only if every shard's is NULL).
-    Sum,
-    /// `min(..)`: the smallest.
-    Min,
-    /// `max(..)`: the largest.
-    Max,
-}
-
-/// The aggregates of a select list, in order (at most [`Aggregates::MAX`]); `Copy` so that a
-/// routing decision carrying it stays small.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Aggregates {
-    ops: [AggOp; Aggregates::MAX],
-    len: u8,
-}
-
-impl Aggregates {
-    pub const MAX: usize = 8;
-
-    pub fn ops(&self) -> &[AggOp] {
-        &self.ops[..self.len as usize]
-    }
-
-    fn from_ops(list: &[AggOp]) -> Option<Aggregates> {
-        if list.is_empty() || list.len() > Self::MAX {
-            return None;
-        }
-        let mut ops = [AggOp::Count; Self::MAX];
-        ops[..list.len()].copy_from_slice(list);
-        Some(Aggregates {
-            ops,
-            len: list.len() as u8,
-        })
-    }
+/// A read that the merge engine combines.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MergePlan {
+    /// The client's columns in terms of the shards' columns, when the shards' rows are groups
+    /// (or one row of aggregates) to combine; `None` when rows pass through in sorted order.
+    pub group: Option<Vec<Out>>,
+    /// `ORDER BY`, in the client's columns.
+    pub order: Vec<SortKey>,
+    pub limit: Option<KeySource>,
+    pub offset: Option<KeySource>,
+    /// The output names of the `avg` columns, in order.
+    pub avg_names: Vec<String>,
+    /// The shards run [`shard_sql`] of the client's text rather than the text itself.
+    pub rewrite: bool,
 }
 
 /// The merge for a statement, or why it cannot be scattered.
 pub(crate) fn merge_for(stmt: &Statement) -> Result<Merge, &'static str> {
     let merge = merge_of_query(stmt)?;
-    // COPY data is concatenated as it comes: no count to sum, no rows to stop at.
+    // COPY data is concatenated as it comes: no rows to count, sort or stop at.
     if matches!(stmt, Statement::Copy { .. }) && merge != (Merge::Concat { limit: None }) {
-        return Err("COPY of a count or a LIMIT across shards is not supported");
+        return Err("COPY of a sorted, grouped or limited query across shards is not supported");
     }
     Ok(merge)
 }
 
-fn merge_of_query(stmt: &Statement) -> Result<Merge, &'static str> {
-    let q: &Query = match stmt {
-        Statement::Query(q) => q,
+fn the_query(stmt: &Statement) -> Result<&Query, &'static str> {
+    match stmt {
+        Statement::Query(q) => Ok(q),
         // COPY (SELECT ...) TO STDOUT: the rows of the query, as COPY data.
         Statement::Copy {
             source: CopySource::Query(q),
             to: true,
             target: CopyTarget::Stdout,
             ..
-        } => q,
-        _ => return Err("only SELECT can read from all shards (writes need a key)"),
-    };
+        } => Ok(q),
+        _ => Err("only SELECT can read from all shards (writes need a key)"),
+    }
+}
+
+/// One select-list item, classified.
+enum Item {
+    Agg(AggOp),
+    Avg,
+    /// No function call at all: a column, a constant, operators.
+    Plain,
+    /// Calls a function (which might be an aggregate unless it is a GROUP BY expression).
+    Function,
+}
+
+fn merge_of_query(stmt: &Statement) -> Result<Merge, &'static str> {
+    let q = the_query(stmt)?;
     if q.with.is_some() {
         return Err("WITH is not supported across shards");
-    }
-    if q.order_by.is_some() {
-        return Err("ORDER BY across shards is not supported yet");
     }
     if q.fetch.is_some() || !q.locks.is_empty() || q.for_clause.is_some() {
         return Err("FETCH, FOR UPDATE/SHARE and FOR clauses are not supported across shards");
     }
-    let limit = match &q.limit_clause {
-        None
-        | Some(LimitClause::LimitOffset {
-            limit: None,
-            offset: None,
-            ..
-        }) => None,
-        Some(LimitClause::LimitOffset {
-            limit: Some(e),
-            offset: None,
-            limit_by,
-        }) if limit_by.is_empty() => {
-            Some(limit_source(e).ok_or("LIMIT must be a number or a parameter")?)
-        }
-        Some(_) => return Err("OFFSET across shards is not supported yet"),
-    };
+    let (limit, offset) = limit_offset(q)?;
     let SetExpr::Select(select) = q.body.as_ref() else {
         return Err("UNION, INTERSECT, EXCEPT and VALUES are not supported across shards");
     };
-    if select.distinct.is_some() || select.top.is_some() || select.into.is_some() {
-        return Err("DISTINCT is not supported across shards yet");
+    if select.top.is_some() || select.into.is_some() {
+        return Err("TOP and SELECT INTO are not supported across shards");
     }
-    if !matches!(&select.group_by, GroupByExpr::Expressions(e, m) if e.is_empty() && m.is_empty())
-        || select.having.is_some()
-    {
-        return Err("GROUP BY and HAVING across shards are not supported yet");
+    if select.having.is_some() {
+        return Err("HAVING across shards is not supported");
     }
     if !select.named_window.is_empty() || select.qualify.is_some() {
         return Err("window functions are not supported across shards");
     }
-    let ops: Vec<Option<AggOp>> = select
-        .projection
-        .iter()
-        .map(|i| item_expr(i).and_then(plain_aggregate))
-        .collect();
-    if ops.iter().any(Option::is_some) {
-        let ops: Option<Vec<AggOp>> = ops.into_iter().collect();
-        let Some(aggs) = ops.as_deref().and_then(Aggregates::from_ops) else {
-            return Err("a select list across shards must be all plain columns, or all count/sum/min/max (at most 8)");
-        };
-        return if limit.is_none() {
-            Ok(Merge::Aggregate(aggs))
-        } else {
-            Err("LIMIT with aggregates across shards is not supported")
-        };
-    }
+    let group_by: &[Expr] = match &select.group_by {
+        GroupByExpr::Expressions(e, m) if m.is_empty() => e,
+        _ => return Err("GROUP BY ALL and grouping modifiers are not supported across shards"),
+    };
+    let distinct = match &select.distinct {
+        None | Some(Distinct::All) => false,
+        Some(Distinct::Distinct) => true,
+        Some(Distinct::On(_)) => return Err("DISTINCT ON is not supported across shards"),
+    };
+    let mut items = Vec::with_capacity(select.projection.len());
     for item in &select.projection {
         let Some(expr) = item_expr(item) else {
+            // `*` or `t.*`: plain columns.
+            items.push(Item::Plain);
             continue;
         };
-        let found = visit_expressions(expr, |e| {
-            match e {
-            Expr::Function(_) => ControlFlow::Break("a function in the select list (only plain columns and a lone count() are supported across shards yet)"),
-            Expr::Subquery(_) | Expr::Exists { .. } => {
-                ControlFlow::Break("a subquery in the select list is not supported across shards")
-            }
-            _ => ControlFlow::Continue(()),
-        }
-        });
-        if let ControlFlow::Break(why) = found {
-            return Err(why);
-        }
+        items.push(classify(expr)?);
     }
-    Ok(Merge::Concat { limit })
+    let aggregated = items.iter().any(|i| matches!(i, Item::Agg(_) | Item::Avg));
+    let grouped = aggregated || distinct || !group_by.is_empty();
+    let order = order_keys(q, &select.projection)?;
+
+    if !grouped {
+        if items.iter().any(|i| matches!(i, Item::Function)) {
+            return Err("a function in the select list (only plain columns and the aggregates count/sum/min/max/avg are supported across shards)");
+        }
+        if order.is_empty() && offset.is_none() {
+            return Ok(Merge::Concat { limit });
+        }
+        let rewrite = offset.is_some();
+        return Ok(Merge::Combine(Arc::new(MergePlan {
+            group: None,
+            order,
+            limit,
+            offset,
+            avg_names: Vec::new(),
+            rewrite,
+        })));
+    }
+
+    if select.projection.iter().any(|i| {
+        !matches!(
+            i,
+            SelectItem::UnnamedExpr(_) | SelectItem::ExprWithAlias { .. }
+        )
+    }) {
+        return Err("`*` with GROUP BY, DISTINCT or aggregates is not supported across shards: name the columns");
+    }
+    if distinct && aggregated {
+        return Err("DISTINCT with aggregates is not supported across shards");
+    }
+    // Every GROUP BY expression must be a column of the answer: the router groups by those.
+    let mut is_group_key = vec![distinct; items.len()];
+    for g in group_by {
+        let i = output_column(g, &select.projection)
+            .ok_or("GROUP BY across shards must group by columns of the select list")?;
+        is_group_key[i] = true;
+    }
+    let mut out = Vec::with_capacity(items.len());
+    let mut avg_names = Vec::new();
+    let mut column = 0;
+    for (i, item) in items.iter().enumerate() {
+        match item {
+            Item::Agg(op) => out.push(Out::Agg { op: *op, column }),
+            Item::Avg => {
+                out.push(Out::Avg {
+                    sum: column,
+                    count: column + 1,
+                });
+                column += 1;
+                avg_names.push(match &select.projection[i] {
+                    SelectItem::ExprWithAlias { alias, .. } => alias.value.clone(),
+                    _ => "avg".to_string(),
+                });
+            }
+            // A GROUP BY expression, or (when grouping by a primary key) a plain column that
+            // depends on it: either way, equal within a group.
+            Item::Plain => out.push(Out::Key(column)),
+            Item::Function if is_group_key[i] => out.push(Out::Key(column)),
+            Item::Function => return Err("a function in the select list of an aggregate query across shards must be a GROUP BY expression (only count/sum/min/max/avg aggregates merge)"),
+        }
+        column += 1;
+    }
+    let rewrite = !avg_names.is_empty() || !order.is_empty() || limit.is_some() || offset.is_some();
+    Ok(Merge::Combine(Arc::new(MergePlan {
+        group: Some(out),
+        order,
+        limit,
+        offset,
+        avg_names,
+        rewrite,
+    })))
+}
+
+/// Whether ORDER BY or GROUP BY of a query holds a `$n`: in a normalized text that may be a
+/// column position (`ORDER BY 1`) or part of an expression of the select list, which the plan
+/// must see as the client wrote it.
+pub(crate) fn positions_normalized(stmt: &Statement) -> bool {
+    let Ok(q) = the_query(stmt) else {
+        return false;
+    };
+    // Anywhere inside, too: `GROUP BY n % 3` must match `n % 3` in the select list, and the two
+    // 3s are different `$n`s once normalized.
+    let is_param = |e: &Expr| {
+        visit_expressions(e, |x| match x {
+            Expr::Value(v) if matches!(v.value, Value::Placeholder(_)) => ControlFlow::Break(()),
+            _ => ControlFlow::Continue(()),
+        })
+        .is_break()
+    };
+    let in_order = matches!(&q.order_by, Some(o) if matches!(&o.kind,
+        OrderByKind::Expressions(list) if list.iter().any(|o| is_param(&o.expr))));
+    let in_group = matches!(q.body.as_ref(), SetExpr::Select(s)
+        if matches!(&s.group_by, GroupByExpr::Expressions(e, _) if e.iter().any(is_param)));
+    in_order || in_group
+}
+
+fn classify(expr: &Expr) -> Result<Item, &'static str> {
+    if let Some(op) = plain_aggregate(expr) {
+        return Ok(op);
+    }
+    let found = visit_expressions(expr, |e| match e {
+        Expr::Function(_) => ControlFlow::Break(None),
+        Expr::Subquery(_) | Expr::Exists { .. } => ControlFlow::Break(Some(
+            "a subquery in the select list is not supported across shards",
+        )),
+        _ => ControlFlow::Continue(()),
+    });
+    match found {
+        ControlFlow::Break(Some(why)) => Err(why),
+        ControlFlow::Break(None) => Ok(Item::Function),
+        ControlFlow::Continue(()) => Ok(Item::Plain),
+    }
 }
 
 fn item_expr(item: &SelectItem) -> Option<&Expr> {
@@ -175,34 +260,115 @@ fn item_expr(item: &SelectItem) -> Option<&Expr> {
     }
 }
 
-/// `count(*)`, `count(x)`, `sum(x)`, `min(x)`, `max(x)` (not DISTINCT, no FILTER, no OVER):
-/// aggregates whose per-shard values combine exactly.
-fn plain_aggregate(expr: &Expr) -> Option<AggOp> {
+/// `count(*)`, `count(x)`, `sum(x)`, `min(x)`, `max(x)`, `avg(x)` (not DISTINCT, no FILTER, no
+/// OVER, no ORDER BY inside): aggregates whose per-shard values combine exactly.
+fn plain_aggregate(expr: &Expr) -> Option<Item> {
     let Expr::Function(f) = expr else {
         return None;
     };
     if f.name.0.len() != 1 || f.filter.is_some() || f.over.is_some() || !f.within_group.is_empty() {
         return None;
     }
-    let op = match f.name.0.last()?.to_string().to_ascii_lowercase().as_str() {
-        "count" => AggOp::Count,
-        "sum" => AggOp::Sum,
-        "min" => AggOp::Min,
-        "max" => AggOp::Max,
+    let item = match f.name.0.last()?.to_string().to_ascii_lowercase().as_str() {
+        "count" => Item::Agg(AggOp::Count),
+        "sum" => Item::Agg(AggOp::Sum),
+        "min" => Item::Agg(AggOp::Min),
+        "max" => Item::Agg(AggOp::Max),
+        "avg" => Item::Avg,
         _ => return None,
     };
     let FunctionArguments::List(list) = &f.args else {
         return None;
     };
     let args_ok = match list.args.as_slice() {
-        [FunctionArg::Unnamed(FunctionArgExpr::Wildcard)] => op == AggOp::Count,
+        [FunctionArg::Unnamed(FunctionArgExpr::Wildcard)] => {
+            matches!(item, Item::Agg(AggOp::Count))
+        }
         [FunctionArg::Unnamed(FunctionArgExpr::Expr(_))] => true,
         _ => false,
     };
-    (list.duplicate_treatment.is_none() && list.clauses.is_empty() && args_ok).then_some(op)
+    (list.duplicate_treatment.is_none() && list.clauses.is_empty() && args_ok).then_some(item)
 }
 
-fn limit_source(e: &Expr) -> Option<KeySource> {
+/// The select-list column an expression of GROUP BY or ORDER BY means: a 1-based position, an
+/// output name, or the same expression as an item.
+fn output_column(e: &Expr, projection: &[SelectItem]) -> Option<usize> {
+    if let Expr::Value(v) = e {
+        if let Value::Number(n, _) = &v.value {
+            let n: usize = n.parse().ok()?;
+            return (1..=projection.len()).contains(&n).then(|| n - 1);
+        }
+    }
+    if let Expr::Identifier(ident) = e {
+        let by_alias = projection.iter().position(|item| {
+            matches!(item, SelectItem::ExprWithAlias { alias, .. }
+                if super::pins::fold(alias) == super::pins::fold(ident))
+        });
+        if by_alias.is_some() {
+            return by_alias;
+        }
+    }
+    projection
+        .iter()
+        .position(|item| item_expr(item) == Some(e))
+}
+
+fn order_keys(q: &Query, projection: &[SelectItem]) -> Result<Vec<SortKey>, &'static str> {
+    let Some(order_by) = &q.order_by else {
+        return Ok(Vec::new());
+    };
+    let OrderByKind::Expressions(list) = &order_by.kind else {
+        return Err("ORDER BY ALL is not supported across shards");
+    };
+    list.iter()
+        .map(|o| {
+            if o.with_fill.is_some() {
+                return Err("ORDER BY ... WITH FILL is not supported");
+            }
+            let descending = match &o.options.sort {
+                None | Some(OrderBySort::Asc) => false,
+                Some(OrderBySort::Desc) => true,
+                Some(OrderBySort::Using(_)) => {
+                    return Err("ORDER BY ... USING is not supported across shards")
+                }
+            };
+            let column = output_column(&o.expr, projection)
+                .ok_or("ORDER BY across shards must sort by columns of the select list")?;
+            Ok(SortKey {
+                column,
+                descending,
+                nulls_first: o.options.nulls_first.unwrap_or(descending),
+            })
+        })
+        .collect()
+}
+
+fn limit_offset(q: &Query) -> Result<(Option<KeySource>, Option<KeySource>), &'static str> {
+    match &q.limit_clause {
+        None => Ok((None, None)),
+        Some(LimitClause::LimitOffset {
+            limit,
+            offset,
+            limit_by,
+        }) if limit_by.is_empty() => {
+            let limit = match limit {
+                None => None,
+                Some(Expr::Value(v)) if matches!(v.value, Value::Null) => None,
+                Some(e) => Some(count_source(e).ok_or("LIMIT must be a number or a parameter")?),
+            };
+            let offset = match offset {
+                None => None,
+                Some(o) => {
+                    Some(count_source(&o.value).ok_or("OFFSET must be a number or a parameter")?)
+                }
+            };
+            Ok((limit, offset))
+        }
+        Some(_) => Err("this LIMIT form is not supported across shards"),
+    }
+}
+
+fn count_source(e: &Expr) -> Option<KeySource> {
     match e {
         Expr::Value(v) => match &v.value {
             Value::Number(n, _) => Some(KeySource::Literal(n.clone())),
@@ -215,5 +381,207 @@ fn limit_source(e: &Expr) -> Option<KeySource> {
             _ => None,
         },
         _ => None,
+    }
+}
+
+/// The text the shards run for a [`MergePlan`] with `rewrite`, made from the client's own text
+/// (not the normalized one: its literals must stay literals). Each `avg(x)` becomes
+/// `sum(x), count(x)`; a grouped query loses ORDER BY, LIMIT and OFFSET (the router applies
+/// them after combining the groups); a sorted one asks each shard for `LIMIT limit + offset`
+/// rows without OFFSET. Parameters keep their place and type (`$n::bigint`), so the statement's
+/// parameter types do not change.
+pub fn shard_sql(sql: &str) -> Result<String, &'static str> {
+    let mut stmts = Parser::parse_sql(&PostgreSqlDialect {}, sql)
+        .map_err(|_| "the statement does not parse")?;
+    let [stmt] = stmts.as_mut_slice() else {
+        return Err("one statement expected");
+    };
+    let Statement::Query(q) = stmt else {
+        return Err("only SELECT is rewritten");
+    };
+    let (limit, offset) = match q.limit_clause.take() {
+        None => (None, None),
+        Some(LimitClause::LimitOffset { limit, offset, .. }) => (limit, offset.map(|o| o.value)),
+        Some(_) => return Err("this LIMIT form is not supported across shards"),
+    };
+    let SetExpr::Select(select) = q.body.as_mut() else {
+        return Err("only a plain SELECT is rewritten");
+    };
+    let grouped = select
+        .projection
+        .iter()
+        .any(|i| item_expr(i).and_then(plain_aggregate).is_some())
+        || matches!(select.distinct, Some(Distinct::Distinct))
+        || !matches!(&select.group_by, GroupByExpr::Expressions(e, _) if e.is_empty());
+    // A parameter kept in place with its type, its value unused.
+    let typed = |e: Expr| -> Expr {
+        let text = format!("0 * ({e})::bigint");
+        Parser::new(&PostgreSqlDialect {})
+            .try_with_sql(&text)
+            .and_then(|mut p| p.parse_expr())
+            .unwrap_or(e)
+    };
+    let parse = |text: String| -> Result<Expr, &'static str> {
+        Parser::new(&PostgreSqlDialect {})
+            .try_with_sql(&text)
+            .and_then(|mut p| p.parse_expr())
+            .map_err(|_| "internal: a rewritten LIMIT does not parse")
+    };
+    let is_param =
+        |e: &Expr| matches!(e, Expr::Value(v) if matches!(v.value, Value::Placeholder(_)));
+    let (new_limit, new_offset) = if grouped {
+        let mut projection = Vec::with_capacity(select.projection.len() + 2);
+        for item in select.projection.drain(..) {
+            let avg_arg = item_expr(&item).and_then(|e| match (plain_aggregate(e), e) {
+                (Some(Item::Avg), Expr::Function(f)) => match &f.args {
+                    FunctionArguments::List(FunctionArgumentList { args, .. }) => {
+                        args.first().cloned()
+                    }
+                    _ => None,
+                },
+                _ => None,
+            });
+            match avg_arg {
+                Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(x))) => {
+                    let sum = parse(format!("sum({x})"))?;
+                    let count = parse(format!("count({x})"))?;
+                    projection.push(SelectItem::UnnamedExpr(sum));
+                    projection.push(SelectItem::UnnamedExpr(count));
+                }
+                _ => projection.push(item),
+            }
+        }
+        select.projection = projection;
+        q.order_by = None;
+        // No LIMIT/OFFSET on the shards; parameters stay referenced (and typed).
+        let limit = match limit {
+            Some(l) if is_param(&l) => Some(parse(format!("NULL::bigint + {}", typed(l)))?),
+            _ => None,
+        };
+        let offset = match offset {
+            Some(o) if is_param(&o) => Some(typed(o)),
+            _ => None,
+        };
+        (limit, offset)
+    } else {
+        match (limit, offset) {
+            (Some(l), Some(o)) => (Some(parse(format!("({l})::bigint + ({o})::bigint"))?), None),
+            (None, Some(o)) if is_param(&o) => (None, Some(typed(o))),
+            (l, _) => (l, None),
+        }
+    };
+    if new_limit.is_some() || new_offset.is_some() {
+        q.limit_clause = Some(LimitClause::LimitOffset {
+            limit: new_limit,
+            offset: new_offset.map(|value| Offset {
+                value,
+                rows: OffsetRows::None,
+            }),
+            limit_by: Vec::new(),
+        });
+    }
+    Ok(stmt.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(sql: &str) -> Result<Merge, &'static str> {
+        let stmt = Parser::parse_sql(&PostgreSqlDialect {}, sql).expect("sql");
+        merge_for(&stmt[0])
+    }
+
+    fn combine(sql: &str) -> MergePlan {
+        match plan(sql) {
+            Ok(Merge::Combine(p)) => (*p).clone(),
+            other => panic!("{sql}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn shapes() {
+        assert_eq!(
+            plan("SELECT id, v FROM t LIMIT 3"),
+            Ok(Merge::Concat {
+                limit: Some(KeySource::Literal("3".into()))
+            })
+        );
+        let p = combine("SELECT id, v FROM t ORDER BY v DESC, 1 LIMIT $1 OFFSET 2");
+        assert_eq!(p.group, None);
+        assert_eq!(
+            p.order,
+            [
+                SortKey {
+                    column: 1,
+                    descending: true,
+                    nulls_first: true
+                },
+                SortKey {
+                    column: 0,
+                    descending: false,
+                    nulls_first: false
+                }
+            ]
+        );
+        assert_eq!(p.limit, Some(KeySource::Param(0)));
+        assert!(p.rewrite);
+        let p =
+            combine("SELECT k, count(*), avg(n) AS mean, max(n) FROM t GROUP BY k ORDER BY mean");
+        assert_eq!(
+            p.group,
+            Some(vec![
+                Out::Key(0),
+                Out::Agg {
+                    op: AggOp::Count,
+                    column: 1
+                },
+                Out::Avg { sum: 2, count: 3 },
+                Out::Agg {
+                    op: AggOp::Max,
+                    column: 4
+                }
+            ])
+        );
+        assert_eq!(p.order[0].column, 2);
+        assert_eq!(p.avg_names, ["mean"]);
+        let p = combine("SELECT count(*), sum(n) FROM t");
+        assert!(!p.rewrite);
+        let p = combine("SELECT DISTINCT v FROM t");
+        assert_eq!(p.group, Some(vec![Out::Key(0)]));
+        let p = combine("SELECT lower(v), count(*) FROM t GROUP BY lower(v)");
+        assert_eq!(p.group.as_ref().map(|g| g[0].clone()), Some(Out::Key(0)));
+        for refused in [
+            "SELECT k, count(*) FROM t GROUP BY k HAVING count(*) > 1",
+            "SELECT count(*) FROM t GROUP BY k",
+            "SELECT k, string_agg(v, ',') FROM t GROUP BY k",
+            "SELECT id FROM t ORDER BY v",
+            "SELECT DISTINCT ON (v) v FROM t",
+            "SELECT lower(v) FROM t",
+            "SELECT count(DISTINCT v) FROM t",
+            "SELECT * FROM t GROUP BY id",
+        ] {
+            assert!(plan(refused).is_err(), "{refused}");
+        }
+    }
+
+    #[test]
+    fn shard_text() {
+        assert_eq!(
+            shard_sql("SELECT k, avg(n) AS a, count(*) FROM t WHERE x = 'y' GROUP BY k ORDER BY 2 LIMIT 5").unwrap(),
+            "SELECT k, sum(n), count(n), count(*) FROM t WHERE x = 'y' GROUP BY k"
+        );
+        assert_eq!(
+            shard_sql("SELECT id FROM t ORDER BY id LIMIT $1 OFFSET $2").unwrap(),
+            "SELECT id FROM t ORDER BY id LIMIT ($1)::BIGINT + ($2)::BIGINT"
+        );
+        assert_eq!(
+            shard_sql("SELECT k, sum(n) FROM t GROUP BY k LIMIT $1 OFFSET $2").unwrap(),
+            "SELECT k, sum(n) FROM t GROUP BY k LIMIT NULL::BIGINT + 0 * ($1)::BIGINT OFFSET 0 * ($2)::BIGINT"
+        );
+        assert_eq!(
+            shard_sql("SELECT id FROM t ORDER BY id OFFSET 10").unwrap(),
+            "SELECT id FROM t ORDER BY id"
+        );
     }
 }

@@ -187,7 +187,7 @@ fn keys_that_cannot_be_pinned() {
     assert!(matches!(
         route(&p, "SELECT count(*) FROM kv WHERE v = 'x'"),
         Route::Scatter {
-            merge: Merge::Aggregate(_),
+            merge: Merge::Combine(_),
             ..
         }
     ));
@@ -198,12 +198,33 @@ fn keys_that_cannot_be_pinned() {
             ..
         }
     ));
+    // Sorted, grouped and aggregated reads go to the merge engine.
+    for sql in [
+        "SELECT id, v FROM kv ORDER BY id",
+        "SELECT avg(id) FROM kv",
+        "SELECT v, count(*) FROM kv GROUP BY v",
+        "SELECT DISTINCT v FROM kv",
+        "SELECT id FROM kv ORDER BY id OFFSET 2",
+    ] {
+        assert!(
+            matches!(
+                route(&p, sql),
+                Route::Scatter {
+                    merge: Merge::Combine(_),
+                    ..
+                }
+            ),
+            "{sql}"
+        );
+    }
     for (sql, why) in [
-        ("SELECT * FROM kv ORDER BY id", "ORDER BY"),
-        ("SELECT avg(id) FROM kv", "function"),
-        ("SELECT v, count(*) FROM kv GROUP BY v", "GROUP BY"),
-        ("SELECT DISTINCT v FROM kv", "DISTINCT"),
-        ("SELECT id FROM kv OFFSET 2", "OFFSET"),
+        ("SELECT id FROM kv ORDER BY v", "ORDER BY"),
+        (
+            "SELECT v, count(*) FROM kv GROUP BY v HAVING count(*) > 1",
+            "HAVING",
+        ),
+        ("SELECT DISTINCT ON (v) v FROM kv", "DISTINCT ON"),
+        ("SELECT string_agg(v, ',') FROM kv", "function"),
         ("SELECT id FROM kv UNION SELECT id FROM kv", "not fix"),
     ] {
         unroutable(&p, sql, why);
@@ -459,7 +480,7 @@ fn copy() {
     unroutable(
         &p,
         "COPY (SELECT count(*) FROM kv) TO STDOUT",
-        "COPY of a count",
+        "COPY of a sorted, grouped or limited query",
     );
     assert_eq!(
         keys(&p, "COPY (SELECT * FROM kv WHERE id = 3) TO STDOUT"),
