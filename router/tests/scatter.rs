@@ -348,6 +348,8 @@ async fn merged_reads_match_one_postgres() {
     let one_postgres = format!("FROM (VALUES {}) AS names(name, n)", values.join(", "));
     for sql in [
         "SELECT name, n FROM names WHERE name LIKE 'mrg-%' ORDER BY name",
+        "SELECT * FROM names WHERE name LIKE 'mrg-%' ORDER BY n, name DESC",
+        "SELECT * FROM names WHERE name LIKE 'mrg-%' ORDER BY 2 DESC, 1 LIMIT 7",
         "SELECT name, n FROM names WHERE name LIKE 'mrg-%' ORDER BY n DESC NULLS LAST, name LIMIT 10 OFFSET 5",
         "SELECT name, n FROM names WHERE name LIKE 'mrg-%' ORDER BY 2, 1 DESC OFFSET 50",
         "SELECT n, count(*), sum(n), avg(n), min(name), max(name) FROM names WHERE name LIKE 'mrg-%' GROUP BY n ORDER BY n",

@@ -55,6 +55,9 @@ pub struct MergePlan {
     pub group: Option<Vec<Out>>,
     /// `ORDER BY`, in the client's columns.
     pub order: Vec<SortKey>,
+    /// Sort keys whose column is known only by name (the select list has a `*`): `order[i]`'s
+    /// column is the answer's column of that name.
+    pub order_names: Vec<(usize, String)>,
     pub limit: Option<KeySource>,
     pub offset: Option<KeySource>,
     /// The output names of the `avg` columns, in order.
@@ -138,7 +141,7 @@ fn merge_of_query(stmt: &Statement) -> Result<Merge, &'static str> {
     }
     let aggregated = items.iter().any(|i| matches!(i, Item::Agg(_) | Item::Avg));
     let grouped = aggregated || distinct || !group_by.is_empty();
-    let order = order_keys(q, &select.projection)?;
+    let (order, order_names) = order_keys(q, &select.projection)?;
 
     if !grouped {
         if items.iter().any(|i| matches!(i, Item::Function)) {
@@ -151,6 +154,7 @@ fn merge_of_query(stmt: &Statement) -> Result<Merge, &'static str> {
         return Ok(Merge::Combine(Arc::new(MergePlan {
             group: None,
             order,
+            order_names,
             limit,
             offset,
             avg_names: Vec::new(),
@@ -202,9 +206,13 @@ fn merge_of_query(stmt: &Statement) -> Result<Merge, &'static str> {
         column += 1;
     }
     let rewrite = !avg_names.is_empty() || !order.is_empty() || limit.is_some() || offset.is_some();
+    if !order_names.is_empty() {
+        return Err("ORDER BY across shards must sort by columns of the select list");
+    }
     Ok(Merge::Combine(Arc::new(MergePlan {
         group: Some(out),
         order,
+        order_names: Vec::new(),
         limit,
         offset,
         avg_names,
@@ -313,34 +321,72 @@ fn output_column(e: &Expr, projection: &[SelectItem]) -> Option<usize> {
         .position(|item| item_expr(item) == Some(e))
 }
 
-fn order_keys(q: &Query, projection: &[SelectItem]) -> Result<Vec<SortKey>, &'static str> {
+type OrderKeys = (Vec<SortKey>, Vec<(usize, String)>);
+
+fn order_keys(q: &Query, projection: &[SelectItem]) -> Result<OrderKeys, &'static str> {
     let Some(order_by) = &q.order_by else {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), Vec::new()));
     };
     let OrderByKind::Expressions(list) = &order_by.kind else {
         return Err("ORDER BY ALL is not supported across shards");
     };
-    list.iter()
-        .map(|o| {
-            if o.with_fill.is_some() {
-                return Err("ORDER BY ... WITH FILL is not supported");
+    let wildcard = projection.iter().any(|i| {
+        matches!(
+            i,
+            SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..)
+        )
+    });
+    let mut keys = Vec::with_capacity(list.len());
+    let mut by_name = Vec::new();
+    for o in list {
+        if o.with_fill.is_some() {
+            return Err("ORDER BY ... WITH FILL is not supported");
+        }
+        let descending = match &o.options.sort {
+            None | Some(OrderBySort::Asc) => false,
+            Some(OrderBySort::Desc) => true,
+            Some(OrderBySort::Using(_)) => {
+                return Err("ORDER BY ... USING is not supported across shards")
             }
-            let descending = match &o.options.sort {
-                None | Some(OrderBySort::Asc) => false,
-                Some(OrderBySort::Desc) => true,
-                Some(OrderBySort::Using(_)) => {
-                    return Err("ORDER BY ... USING is not supported across shards")
-                }
-            };
-            let column = output_column(&o.expr, projection)
-                .ok_or("ORDER BY across shards must sort by columns of the select list")?;
-            Ok(SortKey {
-                column,
-                descending,
-                nulls_first: o.options.nulls_first.unwrap_or(descending),
-            })
-        })
-        .collect()
+        };
+        let position = match &o.expr {
+            Expr::Value(v) => match &v.value {
+                Value::Number(n, _) => n.parse::<usize>().ok().filter(|&n| n > 0),
+                _ => None,
+            },
+            _ => None,
+        };
+        let column = match output_column(&o.expr, projection) {
+            // With a `*` an item's index is not its column: only positions (which count output
+            // columns) and names (resolved against the shards' answer) are known.
+            Some(c) if !wildcard => c,
+            _ if wildcard && position.is_some() => position.unwrap_or(1) - 1,
+            // `SELECT * ... ORDER BY v`: the answer's column named v, once the shards say
+            // which columns `*` has.
+            _ if wildcard => {
+                let name = match &o.expr {
+                    Expr::Identifier(i) => super::pins::fold(i),
+                    Expr::CompoundIdentifier(parts) => {
+                        parts.last().map(super::pins::fold).unwrap_or_default()
+                    }
+                    _ => {
+                        return Err(
+                            "ORDER BY across shards must sort by columns of the select list",
+                        )
+                    }
+                };
+                by_name.push((keys.len(), name));
+                0
+            }
+            _ => return Err("ORDER BY across shards must sort by columns of the select list"),
+        };
+        keys.push(SortKey {
+            column,
+            descending,
+            nulls_first: o.options.nulls_first.unwrap_or(descending),
+        });
+    }
+    Ok((keys, by_name))
 }
 
 fn limit_offset(q: &Query) -> Result<(Option<KeySource>, Option<KeySource>), &'static str> {

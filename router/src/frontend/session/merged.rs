@@ -170,7 +170,24 @@ impl Session {
             Some(b'T') => merge::columns(&row_description[5..])?,
             _ => Vec::new(),
         };
-        merge::check_sortable(&plan.order, &columns, self.shared.text_bytewise())?;
+        let mut order = plan.order.clone();
+        for (i, name) in &plan.order_names {
+            let mut named = columns
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.name == name.as_bytes());
+            match (named.next(), named.next(), order.get_mut(*i)) {
+                (Some((column, _)), None, Some(key)) => key.column = column,
+                _ => {
+                    return Err(Failure::Router(SqlError::new(
+                        errors::FEATURE_NOT_SUPPORTED,
+                        format!("ORDER BY {name} across shards: the answer has no single column of that name"),
+                    )))
+                }
+            }
+        }
+        let order = order;
+        merge::check_sortable(&order, &columns, self.shared.text_bytewise())?;
         if extended {
             answer_asked(&mut self.cout, asked, &desc.statement, &desc.portal);
         } else {
@@ -186,8 +203,7 @@ impl Session {
                 let better = match best.and_then(|b| streams[b].rows.front()) {
                     None => true,
                     Some(current) => {
-                        merge::compare_rows(&row[5..], &current[5..], &plan.order, &columns)?
-                            .is_lt()
+                        merge::compare_rows(&row[5..], &current[5..], &order, &columns)?.is_lt()
                     }
                 };
                 if better {
