@@ -156,6 +156,10 @@ async fn a_transaction_stays_on_its_shard() {
         msg.contains(&ra) && msg.contains(&rb),
         "names both shards: {msg}"
     );
+    // Raised on the pinned backend, but without the PL/pgSQL context of the DO block that
+    // raised it: the client sees the router's error as Postgres would send one.
+    let db = err.as_db_error().expect("a database error");
+    assert_eq!((db.where_(), db.file(), db.routine()), (None, None, None));
     let err = client
         .simple_query("SELECT 1")
         .await
@@ -178,6 +182,7 @@ async fn a_transaction_stays_on_its_shard() {
         .await
         .expect_err("cross shard");
     assert_eq!(sqlstate(&err), "0A000");
+    assert_eq!(err.as_db_error().and_then(|e| e.where_()), None);
     tx.rollback().await.expect("rollback");
 
     // A transaction on one shard commits normally.

@@ -131,6 +131,9 @@ pub struct Session {
     broadcast: Option<String>,
     /// An extended-protocol batch that reads across all shards, until its Sync.
     scatter: Option<ScatterBatch>,
+    /// The router raised its own error on the pinned connection: the next error forwarded is
+    /// that one, and loses the server's PL/pgSQL context.
+    raised: bool,
 }
 
 /// What a scattered extended-protocol batch has asked so far, to answer in order at Execute.
@@ -188,6 +191,7 @@ impl Session {
             tx_changes: Vec::new(),
             broadcast: None,
             scatter: None,
+            raised: false,
         }
     }
 
@@ -1720,6 +1724,7 @@ impl Session {
         self.skip_until_sync = true;
         if self.pinned.is_some() {
             let raise = raise_sql(&err);
+            self.raised = true;
             write_parse(&mut self.bout, b"\0", &raise, &[0, 0]);
             self.replies.push(Kind::Parse, Audience::Silent);
             let at = begin_frame(&mut self.bout, b'B');
@@ -1933,7 +1938,13 @@ impl Session {
                     .on_frame(h.tag, &conn.rbuf[5..h.total])
                     .map_err(|d| ExchangeError::Backend(d.to_string()))?;
                 if step.action == super::replies::Action::Forward {
-                    self.cout.extend_from_slice(&conn.rbuf[..h.total]);
+                    if h.tag == b'E' && std::mem::take(&mut self.raised) {
+                        self.cout.extend_from_slice(&reply::without_server_location(
+                            &conn.rbuf[..h.total],
+                        ));
+                    } else {
+                        self.cout.extend_from_slice(&conn.rbuf[..h.total]);
+                    }
                 }
                 if let Some(status) = step.ready {
                     self.tx = status;
@@ -2413,6 +2424,7 @@ fn raise_sql(err: &SqlError) -> String {
 impl Session {
     /// Pushes a simple-protocol raise of `err` for the pinned connection.
     fn push_raise_query(&mut self, err: &SqlError, audience: Audience) {
+        self.raised = true;
         let at = begin_frame(&mut self.bout, b'Q');
         self.bout.extend_from_slice(raise_sql(err).as_bytes());
         self.bout.push(0);

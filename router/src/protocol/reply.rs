@@ -191,3 +191,42 @@ mod tests {
         );
     }
 }
+
+/// An ErrorResponse frame without the fields that say where in the server it arose (context,
+/// source file, line, routine, position): the router's own errors are raised on a backend with
+/// a `DO` block (so the backend's transaction fails with them), and its PL/pgSQL context is
+/// not part of the error the client would get from Postgres.
+pub fn without_server_location(frame: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(frame.len());
+    let at = crate::protocol::frame::begin_frame(&mut out, frame[0]);
+    for field in frame.get(5..).unwrap_or_default().split(|&b| b == 0) {
+        match field.first() {
+            None | Some(b'W' | b'F' | b'L' | b'R' | b'P' | b'p' | b'q') => {}
+            Some(_) => {
+                out.extend_from_slice(field);
+                out.push(0);
+            }
+        }
+    }
+    out.push(0);
+    crate::protocol::frame::end_frame(&mut out, at);
+    out
+}
+
+#[cfg(test)]
+mod location_tests {
+    use super::*;
+
+    #[test]
+    fn drops_where_the_server_raised_it() {
+        let mut frame = Vec::new();
+        crate::protocol::frame::put_frame(
+            &mut frame,
+            b'E',
+            b"SERROR\0C0A000\0Mno\0Hhint\0WPL/pgSQL function inline_code_block line 1 at RAISE\0Fpl_exec.c\0L3900\0Rexec_stmt_raise\0\0",
+        );
+        let mut want = Vec::new();
+        crate::protocol::frame::put_frame(&mut want, b'E', b"SERROR\0C0A000\0Mno\0Hhint\0\0");
+        assert_eq!(without_server_location(&frame), want);
+    }
+}
