@@ -4,21 +4,8 @@
 
 mod common;
 
-use common::{shared_env, sqlstate};
+use common::{rows, shared_env, sqlstate};
 use tokio_postgres::SimpleQueryMessage;
-
-fn rows(msgs: &[SimpleQueryMessage]) -> Vec<Vec<String>> {
-    msgs.iter()
-        .filter_map(|m| match m {
-            SimpleQueryMessage::Row(r) => Some(
-                (0..r.len())
-                    .map(|i| r.get(i).unwrap_or("NULL").to_string())
-                    .collect(),
-            ),
-            _ => None,
-        })
-        .collect()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_across_shards_merge_exactly() {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{shared_env, sqlstate, Router};
+use common::{rows, shared_env, sqlstate, Router};
 use tokio_postgres::{Client, SimpleQueryMessage};
 
 async fn show(client: &Client, sql: &str) -> String {
@@ -200,19 +200,6 @@ async fn prepared_statements_per_connection_are_bounded() {
         (900..=1000).contains(&n),
         "shard 0's connection holds {n} prepared statements"
     );
-}
-
-fn rows(msgs: &[SimpleQueryMessage]) -> Vec<Vec<String>> {
-    msgs.iter()
-        .filter_map(|m| match m {
-            SimpleQueryMessage::Row(r) => Some(
-                (0..r.len())
-                    .map(|i| r.get(i).unwrap_or("NULL").to_string())
-                    .collect(),
-            ),
-            _ => None,
-        })
-        .collect()
 }
 
 /// SQL-level PREPARE / EXECUTE / DEALLOCATE: with one connection per shard shared by two

@@ -322,3 +322,17 @@ pub fn pg_program(name: &str) -> PathBuf {
         Path::new("/usr/bin").join(name)
     }
 }
+
+/// The rows of a simple query's answer, every value as text (`NULL` for NULL).
+pub fn rows(msgs: &[tokio_postgres::SimpleQueryMessage]) -> Vec<Vec<String>> {
+    msgs.iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => Some(
+                (0..r.len())
+                    .map(|i| r.get(i).unwrap_or("NULL").to_string())
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect()
+}

@@ -7,9 +7,7 @@
 //! router-wide statement, prepared on demand on whichever connection serves it; its replies have
 //! the simple-query shape (the Bind's and a NoData are hidden). `DEALLOCATE` is answered here.
 
-use super::{
-    prepare_on, Audience, Decision, Kind, Named, Session, SessionError, SqlError, TxStatus,
-};
+use super::{Audience, Decision, Kind, Named, Session, SessionError, SqlError, TxStatus};
 use crate::errors;
 use crate::planner::prepared_sql::{self, PreparedSql};
 use crate::protocol::frame::{begin_frame, end_frame, put_frame};
@@ -81,20 +79,9 @@ impl Session {
             self.router_error_simple(err);
             return Ok(());
         }
-        let Some(pinned) = self.pinned.as_mut() else {
-            return Err(SessionError::Protocol(
-                "internal: PREPARE without a connection".into(),
-            ));
-        };
-        if !pinned.conn.prepared.contains(&stmt.id) {
-            prepare_on(
-                &mut self.bout,
-                &mut self.replies,
-                &mut pinned.conn,
-                &stmt,
-                Audience::Router,
-            );
-        }
+        // The name is taken now and given back below if Postgres refuses the statement.
+        self.named.insert(name.clone(), named);
+        self.prepare_for_use(&name)?;
         let mut done = Vec::with_capacity(16);
         reply::command_complete(&mut done, "PREPARE");
         self.replies.push_synthetic(done);
@@ -113,8 +100,8 @@ impl Session {
             .pinned
             .as_mut()
             .is_some_and(|p| p.conn.prepared.contains(&stmt.id));
-        if prepared {
-            self.named.insert(name, named);
+        if !prepared {
+            self.named.remove(&name);
         }
         if in_transaction {
             self.release_if_idle().await;
@@ -198,20 +185,7 @@ impl Session {
             let err = errors::cross_shard_transaction(&self.shard_name(on), &self.shard_name(w));
             return self.refuse_simple(err).await;
         }
-        let Some(pinned) = self.pinned.as_mut() else {
-            return Err(SessionError::Protocol(
-                "internal: EXECUTE without a connection".into(),
-            ));
-        };
-        if !pinned.conn.prepared.contains(&stmt.id) {
-            prepare_on(
-                &mut self.bout,
-                &mut self.replies,
-                &mut pinned.conn,
-                &stmt,
-                Audience::Router,
-            );
-        }
+        self.prepare_for_use(name)?;
         self.bout.extend_from_slice(&bind);
         self.replies.push(Kind::Bind, Audience::Router);
         let at = begin_frame(&mut self.bout, b'D');
