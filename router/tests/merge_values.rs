@@ -1,16 +1,20 @@
 //! Checks the merge engine (`shardgate::merge`) against a real Postgres: for many value sets,
 //! split into "shards", the merged per-shard answers must be byte for byte what Postgres
 //! answers for the whole set (avg, numeric and float sums, float formatting, and ORDER BY of
-//! ints, numeric, floats, text, dates and timestamps with NULLs first or last).
+//! ints, numeric, floats, text, dates and timestamps with NULLs first or last), and binary
+//! `numeric` is decoded and encoded exactly as Postgres's `numeric_send` / `numeric_out`.
 //!
 //! The "shards" are just subsets of a VALUES list run on one throw-away server.
 
 use std::cmp::Ordering;
 use std::sync::OnceLock;
 
+use shardgate::merge::numeric::Numeric;
+use shardgate::merge::value::{compare, Kind};
 use shardgate::merge::{
     compare_rows, data_row_body, fields, float, AggOp, Column, GroupMerge, Out, SortKey,
 };
+use tokio_postgres::types::{FromSql, Type};
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
 
 fn server() -> &'static pgharness::Server {
@@ -565,5 +569,192 @@ async fn order_by_merge_matches_postgres() {
                 assert_eq!(merged, want, "round {round}: {order}");
             }
         }
+    }
+}
+
+/// A binary numeric or bigint field as Postgres sent it (tokio-postgres asks for binary).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Raw(Vec<u8>);
+
+impl<'a> FromSql<'a> for Raw {
+    fn from_sql(_: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(Raw(raw.to_vec()))
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::NUMERIC || *ty == Type::INT8
+    }
+}
+
+/// Numeric SQL expressions whose binary form is easy to get wrong: zeros with scales,
+/// trailing zeros inside and past a base-10000 digit, powers of 10000, the specials.
+fn numeric_edge_values() -> Vec<String> {
+    let mut v: Vec<String> = [
+        "0",
+        "-0.00",
+        "0.0",
+        "1",
+        "-1",
+        "1.500",
+        "-1.500",
+        "1.5000",
+        "1.50000",
+        "10000",
+        "10000.0000",
+        "9999",
+        "99999999",
+        "100000000",
+        "0.0001",
+        "0.00010",
+        "0.00001",
+        "-0.00001",
+        "123456789.123456789",
+        "-123456789.123456789",
+        "100000000.000000010",
+        "'NaN'",
+        "'Infinity'",
+        "'-Infinity'",
+        "1e100",
+        "-1e-100",
+        "1.0e-20",
+        "1::numeric / 3",
+        "2::numeric / 3",
+        "10::numeric / 4",
+        "1.5 * 1.000",
+        "12345678901234567890123456789012345678901234567890",
+        "0.000000000000000000000000000000000000000000000000001",
+        "power(10::numeric, 300)",
+        "1 / power(10::numeric, 300)",
+        "round(2.5, 20)",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    for scale in 0..9 {
+        v.push(format!("round(1234.5678::numeric, {scale})"));
+        v.push(format!("round(-70000::numeric, {scale})"));
+    }
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_numeric_is_numeric_send() {
+    let client = connect().await;
+    let mut rng = Rng(0x5eed_0005);
+    let mut values = numeric_edge_values();
+    values.extend((0..600).map(|_| numeric_value(&mut rng)));
+    let list: Vec<String> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| format!("({i}, ({v})::numeric)"))
+        .collect();
+    let sql = format!(
+        "SELECT x, x::text FROM (VALUES {}) v(i, x) ORDER BY i",
+        list.join(",")
+    );
+    let rows = client.query(&sql, &[]).await.expect("numeric values");
+    assert_eq!(rows.len(), values.len());
+    for (v, row) in values.iter().zip(&rows) {
+        let Raw(bytes) = row.get(0);
+        let text: String = row.get(1);
+        let decoded = Numeric::from_binary(&bytes).expect("decodes");
+        assert_eq!(decoded.to_text(), text, "{v}: decoding {bytes:02x?}");
+        let encoded = Numeric::parse(text.as_bytes())
+            .expect("parses")
+            .to_binary()
+            .expect("encodes");
+        assert_eq!(encoded, bytes, "{v}: encoding {text}");
+    }
+    // ORDER BY on binary numeric: Postgres's order, and its equalities (1.5 = 1.500).
+    let sql = format!(
+        "SELECT x, x = lead(x) OVER (ORDER BY x, i) FROM (VALUES {}) v(i, x) ORDER BY x, i",
+        list.join(",")
+    );
+    let rows = client
+        .query(&sql, &[])
+        .await
+        .expect("sorted numeric values");
+    for pair in rows.windows(2) {
+        let (Raw(a), Raw(b)) = (pair[0].get(0), pair[1].get(0));
+        let equal: bool = pair[0].get(1);
+        let ord = compare(Kind::Numeric, true, &a, &b).expect("comparable");
+        let want = if equal {
+            Ordering::Equal
+        } else {
+            Ordering::Less
+        };
+        assert_eq!(ord, want, "{a:02x?} vs {b:02x?}");
+    }
+}
+
+/// A DataRow body of raw (binary) fields.
+fn raw_row(values: &[Option<Raw>]) -> Vec<u8> {
+    let v: Vec<Option<&[u8]>> = values
+        .iter()
+        .map(|v| v.as_ref().map(|r| r.0.as_slice()))
+        .collect();
+    data_row_body(&v)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_avg_and_sums_match_postgres() {
+    let client = connect().await;
+    let mut rng = Rng(0x5eed_0006);
+    let mut sets = edge_sets();
+    for i in 0..300 {
+        let ty = ["int4", "int8", "numeric"][i % 3];
+        let n = 1 + rng.below(7) as usize;
+        let values = (0..n)
+            .map(|_| match (ty, rng.below(10)) {
+                (_, 0) => "NULL".to_string(),
+                ("numeric", _) => numeric_value(&mut rng),
+                _ => int_value(&mut rng, ty),
+            })
+            .collect();
+        sets.push((ty, values));
+    }
+    for (ty, values) in sets {
+        let shards = split(&mut rng, &values);
+        let sum_oid = if ty == "int4" { 20 } else { 1700 };
+        let cols = vec![
+            Column::new(b"sum", sum_oid, true),
+            Column::new(b"count", 20, true),
+        ];
+        let out = vec![
+            Out::Avg { sum: 0, count: 1 },
+            Out::Agg {
+                op: AggOp::Sum,
+                column: 0,
+            },
+            Out::Agg {
+                op: AggOp::Count,
+                column: 1,
+            },
+        ];
+        let mut merge = GroupMerge::new(out, cols, false).expect("mergeable");
+        for shard in &shards {
+            let sql = format!(
+                "SELECT sum(x), count(x) FROM (VALUES {}) v(x)",
+                values_list(shard, ty)
+            );
+            let row = client.query_one(&sql, &[]).await.expect("shard sum");
+            let fields: Vec<Option<Raw>> = vec![row.get(0), row.get(1)];
+            merge.fold(&raw_row(&fields)).expect("fold");
+        }
+        let sql = format!(
+            "SELECT avg(x), sum(x), count(x) FROM (VALUES {}) v(x)",
+            values_list(&values, ty)
+        );
+        let row = client.query_one(&sql, &[]).await.expect("whole avg");
+        let want: Vec<Option<Raw>> = vec![row.get(0), row.get(1), row.get(2)];
+        let mut buf = Vec::new();
+        merge.finish(&[], &mut buf).expect("finish");
+        assert_eq!(buf[0], b'D');
+        let got: Vec<Option<Raw>> = fields(&buf[5..])
+            .expect("a DataRow")
+            .iter()
+            .map(|f| f.map(|v| Raw(v.to_vec())))
+            .collect();
+        assert_eq!(got, want, "{ty} values {values:?} split as {shards:?}");
     }
 }

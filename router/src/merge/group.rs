@@ -4,6 +4,8 @@
 //! same group possibly on several shards. [`GroupMerge`] folds those rows by group key and
 //! combines the partial aggregates: counts and sums add up, min/max take the extreme, and
 //! `avg` is computed from a `sum(x), count(x)` pair exactly as Postgres's final function does.
+//! Results keep each shard column's format; `numeric` is exact in text and in binary (what
+//! drivers such as tokio-postgres ask for), and `avg(x)` is sent in its `sum(x)`'s format.
 //! Without any group key it is a plain aggregate, which always yields exactly one row.
 //!
 //! Group keys must be types whose equal values have equal bytes (integers, bool, text, uuid,
@@ -297,7 +299,10 @@ impl GroupMerge {
                         })
                     }
                 },
-                (Plan::SumNumeric(_), Acc::Numeric(v)) => v.as_ref().map(|n| n.to_text().into()),
+                (Plan::SumNumeric(i), Acc::Numeric(v)) => match v {
+                    Some(n) => Some(numeric_bytes(n, binary(i))?),
+                    None => None,
+                },
                 (Plan::SumFloat8(i), Acc::F64(v)) => v.map(|v| f64_bytes(v, binary(i))),
                 (Plan::SumFloat4(i), Acc::F32(v)) => v.map(|v| {
                     if binary(i) {
@@ -307,8 +312,11 @@ impl GroupMerge {
                     }
                 }),
                 (Plan::Extreme { .. }, Acc::Extreme(v)) => v.clone(),
-                (Plan::AvgNumeric { .. }, Acc::Avg { sum, count }) => {
-                    avg_numeric(sum.as_ref(), *count)?.map(String::into_bytes)
+                (Plan::AvgNumeric { sum: i, .. }, Acc::Avg { sum, count }) => {
+                    match avg_numeric(sum.as_ref(), *count)? {
+                        Some(avg) => Some(numeric_bytes(&avg, binary(i))?),
+                        None => None,
+                    }
                 }
                 (Plan::AvgFloat8 { sum, .. }, Acc::AvgF64 { sum: s, count }) => {
                     match (s, *count) {
@@ -329,13 +337,21 @@ impl GroupMerge {
 
 const SUM_NULL_COUNT: &str = "a shard sent a NULL sum with a non-zero count";
 
-fn avg_numeric(sum: Option<&Numeric>, count: i128) -> Result<Option<String>, MergeError> {
+fn avg_numeric(sum: Option<&Numeric>, count: i128) -> Result<Option<Numeric>, MergeError> {
     if count == 0 {
         return Ok(None);
     }
     let sum = sum.ok_or(SUM_NULL_COUNT)?;
     let count = u64::try_from(count).map_err(|_| MergeError::from(OVERFLOW_BIGINT))?;
-    Ok(Some(sum.div_count(count)?.to_text()))
+    Ok(Some(sum.div_count(count)?))
+}
+
+fn numeric_bytes(n: &Numeric, binary: bool) -> Result<Vec<u8>, MergeError> {
+    if binary {
+        n.to_binary()
+    } else {
+        Ok(n.to_text().into_bytes())
+    }
 }
 
 fn f64_bytes(v: f64, binary: bool) -> Vec<u8> {
@@ -385,11 +401,6 @@ fn plan_agg(op: AggOp, i: usize, col: &Column, text_bytewise: bool) -> Result<Pl
         AggOp::Sum => match kind {
             // sum(int2/int4) is a bigint; sum(int8) is numeric.
             Some(Kind::Int8) => Plan::SumInt(i),
-            Some(Kind::Numeric) if col.binary => {
-                return Err(
-                    "numeric in binary format cannot be merged; ask for text results".into(),
-                )
-            }
             Some(Kind::Numeric) => Plan::SumNumeric(i),
             Some(Kind::Float8) => Plan::SumFloat8(i),
             Some(Kind::Float4) => Plan::SumFloat4(i),
@@ -417,10 +428,7 @@ fn plan_avg(
         return Err("avg(): the count column is not a bigint".into());
     }
     match Kind::of(sum_col.type_oid) {
-        // avg of integers and numeric is numeric, which is merged in text only.
-        Some(Kind::Int8 | Kind::Numeric) if sum_col.binary => {
-            Err("numeric in binary format cannot be merged; ask for text results".into())
-        }
+        // avg of integers and numeric is numeric, sent in the sum column's format.
         Some(sum_kind @ (Kind::Int8 | Kind::Numeric)) => Ok(Plan::AvgNumeric {
             sum,
             count,
@@ -456,7 +464,7 @@ fn accumulate(
         }
         (Plan::SumNumeric(i), Acc::Numeric(total)) => {
             if let Some(v) = fields[i] {
-                let v = Numeric::parse(v)?;
+                let v = value::numeric(cols[i].binary, v)?;
                 *total = Some(match total.take() {
                     Some(t) => t.add(&v),
                     None => v,
@@ -522,9 +530,10 @@ fn accumulate(
         ) => {
             *n += count_value(fields[count], &cols[count])?;
             if let Some(v) = fields[sum] {
+                let binary = cols[sum].binary;
                 let v = match sum_kind {
-                    Kind::Int8 => Numeric::from_i128(value::int(Kind::Int8, false, v)? as i128),
-                    _ => Numeric::parse(v)?,
+                    Kind::Int8 => Numeric::from_i128(value::int(Kind::Int8, binary, v)? as i128),
+                    _ => value::numeric(binary, v)?,
                 };
                 *s = Some(match s.take() {
                     Some(t) => t.add(&v),
@@ -774,6 +783,78 @@ mod tests {
     }
 
     #[test]
+    fn binary_numeric_sum_min_max_avg() {
+        // Shards answer: SELECT sum(n), min(n), max(n), sum(n), count(n), sum(i), count(i)
+        // in binary, where n is numeric and i an int4 (whose sum is a bigint).
+        let cols = vec![
+            Column::new(b"sum", 1700, true),
+            Column::new(b"min", 1700, true),
+            Column::new(b"max", 1700, true),
+            Column::new(b"sum", 1700, true),
+            Column::new(b"count", 20, true),
+            Column::new(b"sum", 20, true),
+            Column::new(b"count", 20, true),
+        ];
+        let agg = |op, column| Out::Agg { op, column };
+        let out = vec![
+            agg(AggOp::Sum, 0),
+            agg(AggOp::Min, 1),
+            agg(AggOp::Max, 2),
+            Out::Avg { sum: 3, count: 4 },
+            Out::Avg { sum: 5, count: 6 },
+        ];
+        let mut m = GroupMerge::new(out, cols, false).unwrap();
+        let num = |s: &str| Numeric::parse(s.as_bytes()).unwrap().to_binary().unwrap();
+        let int8 = |v: i64| v.to_be_bytes().to_vec();
+        for (sum, min, max, count, isum, icount) in [
+            ("1.50", "0.5", "1.00", 2, 3, 2),
+            ("-0.5", "-0.5", "-0.5", 1, -1, 1),
+        ] {
+            let (s, lo, hi) = (num(sum), num(min), num(max));
+            let (n, is, ic) = (int8(count), int8(isum), int8(icount));
+            let fields: [Option<&[u8]>; 7] = [
+                Some(&s),
+                Some(&lo),
+                Some(&hi),
+                Some(&s),
+                Some(&n),
+                Some(&is),
+                Some(&ic),
+            ];
+            m.fold(&data_row_body(&fields)).unwrap();
+        }
+        let desc = m.row_description(&[b"avg", b"avg"]).unwrap();
+        let rd = crate::merge::row::columns(&desc).unwrap();
+        assert!(rd[3].binary && rd[3].type_oid == 1700);
+        assert!(rd[4].binary && rd[4].type_oid == 1700);
+        let mut buf = Vec::new();
+        m.finish(&[], &mut buf).unwrap();
+        let f = fields(&buf[5..]).unwrap();
+        let text = |v: Option<&[u8]>| Numeric::from_binary(v.unwrap()).unwrap().to_text();
+        assert_eq!(f[0].map(<[u8]>::to_vec), Some(num("1.00")));
+        assert_eq!(text(f[1]), "-0.5");
+        assert_eq!(text(f[2]), "1.00");
+        assert_eq!(
+            f[3].map(<[u8]>::to_vec),
+            Some(num("0.33333333333333333333"))
+        );
+        assert_eq!(text(f[4]), "0.66666666666666666667");
+        // A malformed binary numeric is an error, not a panic.
+        let bad: [Option<&[u8]>; 7] = [Some(&[0, 1]), None, None, None, None, None, None];
+        assert!(binary_sum_fold_fails(&bad));
+    }
+
+    fn binary_sum_fold_fails(fields: &[Option<&[u8]>]) -> bool {
+        let cols = vec![Column::new(b"sum", 1700, true); fields.len()];
+        let out = vec![Out::Agg {
+            op: AggOp::Sum,
+            column: 0,
+        }];
+        let mut m = GroupMerge::new(out, cols, false).unwrap();
+        m.fold(&data_row_body(fields)).is_err()
+    }
+
+    #[test]
     fn keys_group_nulls_together_and_bpchar_without_padding() {
         let cols = vec![text_col("k", 1042), text_col("count", 20)];
         let out = vec![
@@ -803,13 +884,12 @@ mod tests {
         assert!(GroupMerge::new(vec![Out::Key(0)], numeric, false).is_err());
         let float = vec![text_col("k", 701)];
         assert!(GroupMerge::new(vec![Out::Key(0)], float, false).is_err());
-        let binary_numeric = vec![Column::new(b"sum", 1700, true)];
+        let binary_numeric = vec![Column::new(b"k", 1700, true)];
+        assert!(GroupMerge::new(vec![Out::Key(0)], binary_numeric, false).is_err());
         let sum = Out::Agg {
             op: AggOp::Sum,
             column: 0,
         };
-        let err = GroupMerge::new(vec![sum.clone()], binary_numeric, false).unwrap_err();
-        assert!(err.message().contains("binary"));
         let text = vec![text_col("m", 25)];
         let max = Out::Agg {
             op: AggOp::Max,

@@ -7,8 +7,9 @@
 use std::cmp::Ordering;
 
 use super::datetime::{self, DateKind};
+use super::numeric::{self, Numeric};
 use super::row::Column;
-use super::{float, numeric, MergeError};
+use super::{float, MergeError};
 
 /// The types the merge engine knows, by OID.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,9 +79,6 @@ pub fn unsupported(col: &Column) -> MergeError {
 pub fn check_comparable(col: &Column, text_bytewise: bool) -> Result<Kind, MergeError> {
     let kind = Kind::of(col.type_oid).ok_or_else(|| unsupported(col))?;
     match kind {
-        Kind::Numeric if col.binary => {
-            Err("numeric in binary format cannot be merged; ask for text results".into())
-        }
         Kind::Text { .. } if !text_bytewise => {
             Err("ORDER BY a text column across shards needs the C collation".into())
         }
@@ -96,9 +94,7 @@ pub fn compare(kind: Kind, binary: bool, a: &[u8], b: &[u8]) -> Result<Ordering,
         Kind::Float4 | Kind::Float8 => {
             float::compare(float(kind, binary, a)?, float(kind, binary, b)?)
         }
-        Kind::Numeric if binary => {
-            return Err("numeric in binary format cannot be merged; ask for text results".into())
-        }
+        Kind::Numeric if binary => numeric::compare_binary(a, b)?,
         Kind::Numeric => numeric::compare_text(a, b)?,
         Kind::Bool => boolean(binary, a)?.cmp(&boolean(binary, b)?),
         Kind::Text { bpchar } => {
@@ -181,6 +177,15 @@ pub fn float(kind: Kind, binary: bool, v: &[u8]) -> Result<f64, MergeError> {
     }
 }
 
+/// A numeric value, in text or binary format.
+pub fn numeric(binary: bool, v: &[u8]) -> Result<Numeric, MergeError> {
+    if binary {
+        Numeric::from_binary(v)
+    } else {
+        Numeric::parse(v)
+    }
+}
+
 fn boolean(binary: bool, v: &[u8]) -> Result<bool, MergeError> {
     match (binary, v) {
         (false, b"t") | (true, [1]) => Ok(true),
@@ -251,11 +256,25 @@ mod tests {
     }
 
     #[test]
+    fn numeric_text_and_binary() {
+        let bin = |s: &str| Numeric::parse(s.as_bytes()).unwrap().to_binary().unwrap();
+        assert_eq!(cmp(Kind::Numeric, false, b"1.0", b"1.00"), Ordering::Equal);
+        let (a, b) = (bin("1.0"), bin("1.00"));
+        assert_eq!(cmp(Kind::Numeric, true, &a, &b), Ordering::Equal);
+        let (a, b) = (bin("-10000"), bin("-9999.99"));
+        assert_eq!(cmp(Kind::Numeric, true, &a, &b), Ordering::Less);
+        let (a, b) = (bin("NaN"), bin("Infinity"));
+        assert_eq!(cmp(Kind::Numeric, true, &a, &b), Ordering::Greater);
+        assert!(compare(Kind::Numeric, true, &a, &[0, 0]).is_err());
+        assert!(compare(Kind::Numeric, true, &a, b"1").is_err());
+    }
+
+    #[test]
     fn what_cannot_be_compared() {
         let text = Column::new(b"t", 25, false);
         assert!(check_comparable(&text, false).is_err());
         assert!(check_comparable(&text, true).is_ok());
-        assert!(check_comparable(&Column::new(b"n", 1700, true), true).is_err());
+        assert!(check_comparable(&Column::new(b"n", 1700, true), true).is_ok());
         let interval = Column::new(b"i", 1186, false);
         let err = check_comparable(&interval, true).unwrap_err();
         assert!(err.to_string().contains("OID 1186"), "{err}");
