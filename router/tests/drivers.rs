@@ -13,7 +13,9 @@
 //! cancelled `pg_sleep(10)` (57014); and reads without a key, scattered to every shard and
 //! summed: `SELECT count(*) FROM kv WHERE id BETWEEN <first> AND <last>` of the driver's own
 //! range (exactly 20, whatever the other drivers insert meanwhile; 7 times, so that it runs as
-//! a named statement too) and `SELECT count(*) FROM kv` (at least 20).
+//! a named statement too) and `SELECT count(*) FROM kv` (at least 20); then reads the router
+//! merges: `ORDER BY ... LIMIT 3 OFFSET 1`, `count/min/max/sum/avg` (numeric, decoded as each
+//! driver decodes numeric, in text or binary) and a `GROUP BY` (`scatter_merge`).
 //!
 //! The drivers' dependencies are installed by `router/tests/drivers/install.sh`; when they are
 //! missing these tests FAIL and say so, they never skip.
@@ -182,6 +184,95 @@ fn check_index(env: &Env, name: &str, index: &str) {
 
 // ---------------------------------------------------------------------------------------------
 // tokio-postgres, in this process.
+
+/// A `numeric` as tokio-postgres receives it (always binary; the crate has no numeric type of
+/// its own), decoded from Postgres's wire format into its decimal text: ndigits, weight, sign,
+/// dscale (each 16 bits), then ndigits base-10000 digits, the first one worth 10000^weight.
+#[derive(Debug)]
+struct Numeric(String);
+
+impl<'a> tokio_postgres::types::FromSql<'a> for Numeric {
+    fn from_sql(
+        _: &tokio_postgres::types::Type,
+        raw: &'a [u8],
+    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        let word = |i: usize| -> Result<u16, String> {
+            raw.get(2 * i..2 * i + 2)
+                .map(|b| u16::from_be_bytes([b[0], b[1]]))
+                .ok_or_else(|| format!("numeric: {} bytes, truncated", raw.len()))
+        };
+        let ndigits = word(0)? as usize;
+        let weight = word(1)? as i16 as i64;
+        let sign = word(2)?;
+        let dscale = word(3)? as i64;
+        if raw.len() != 8 + 2 * ndigits {
+            return Err(format!("numeric: {} bytes for {ndigits} digits", raw.len()).into());
+        }
+        let digits = (0..ndigits)
+            .map(|i| word(4 + i))
+            .collect::<Result<Vec<u16>, _>>()?;
+        if digits.iter().any(|&d| d > 9999) {
+            return Err(format!("numeric: digit out of range in {digits:?}").into());
+        }
+        // The digit worth 10000^(weight - i), zero where not sent.
+        let digit = |i: i64| -> u16 {
+            usize::try_from(i)
+                .ok()
+                .and_then(|i| digits.get(i).copied())
+                .unwrap_or(0)
+        };
+        let mut text = match sign {
+            0x0000 => String::new(),
+            0x4000 => "-".to_string(),
+            0xC000 => return Ok(Numeric("NaN".into())),
+            0xD000 => return Ok(Numeric("Infinity".into())),
+            0xF000 => return Ok(Numeric("-Infinity".into())),
+            _ => return Err(format!("numeric: sign {sign:#06x}").into()),
+        };
+        if weight < 0 {
+            text.push('0');
+        } else {
+            text.push_str(&digit(0).to_string());
+            for i in 1..=weight {
+                text.push_str(&format!("{:04}", digit(i)));
+            }
+        }
+        if dscale > 0 {
+            let mut frac = String::new();
+            for j in 1..=(dscale + 3) / 4 {
+                frac.push_str(&format!("{:04}", digit(weight + j)));
+            }
+            frac.truncate(dscale as usize);
+            text.push('.');
+            text.push_str(&frac);
+        }
+        Ok(Numeric(text))
+    }
+
+    fn accepts(ty: &tokio_postgres::types::Type) -> bool {
+        *ty == tokio_postgres::types::Type::NUMERIC
+    }
+}
+
+impl Numeric {
+    /// The value as `mantissa / 10^scale`, for exact comparisons (`None` if it does not fit).
+    fn scaled(&self) -> Option<(i128, u32)> {
+        let (int, frac) = self.0.split_once('.').unwrap_or((&self.0, ""));
+        let mantissa = format!("{int}{frac}").parse().ok()?;
+        Some((mantissa, frac.len() as u32))
+    }
+
+    /// Whether the value is exactly `num / den`.
+    fn is_exactly(&self, num: i128, den: i128) -> bool {
+        self.scaled().is_some_and(|(m, scale)| {
+            10i128
+                .checked_pow(scale)
+                .and_then(|p| num.checked_mul(p))
+                .zip(m.checked_mul(den))
+                .is_some_and(|(a, b)| a == b)
+        })
+    }
+}
 
 async fn tokio_postgres_script(
     url: &str,
@@ -360,6 +451,92 @@ async fn tokio_postgres_script(
         return Err(format!("simple-protocol SELECT count(*) FROM kv: {msgs:?}"));
     }
     println!("ok scatter_count: range count {ROWS} x{SCATTER_REPEAT}, total {total}");
+
+    *step = "scatter_merge";
+    // Reads the router merges across shards: ORDER BY (k-way merge) with LIMIT/OFFSET,
+    // aggregates, GROUP BY, each a named statement. The expectations come from this driver's
+    // keys (every one of them still in kv: no step deleted a row, the updates changed only v).
+    // tokio-postgres receives results in binary; numeric (sum and avg of bigint) is decoded by
+    // `Numeric` above and compared exactly.
+    let (lo, hi) = (keys[0], keys[keys.len() - 1]);
+    let mut desc = keys.clone();
+    desc.sort_unstable_by(|a, b| b.cmp(a));
+    let want_order = desc[1..4].to_vec();
+    let n = keys.len() as i64;
+    let (min, max) = (*keys.iter().min().unwrap(), *keys.iter().max().unwrap());
+    let want_sum: i128 = keys.iter().map(|&k| k as i128).sum();
+    let want_groups: Vec<(i64, i64)> = (0..2)
+        .map(|p| (p, keys.iter().filter(|&&k| k % 2 == p).count() as i64))
+        .filter(|&(_, c)| c > 0)
+        .collect();
+    let order = client
+        .prepare("SELECT id FROM kv WHERE id BETWEEN $1 AND $2 ORDER BY id DESC LIMIT 3 OFFSET 1")
+        .await
+        .map_err(e)?;
+    let agg = client
+        .prepare(
+            "SELECT count(*), min(id), max(id), sum(id), avg(id) FROM kv WHERE id BETWEEN $1 AND $2",
+        )
+        .await
+        .map_err(e)?;
+    let group = client
+        .prepare(
+            "SELECT id % 2 AS parity, count(*) FROM kv WHERE id BETWEEN $1 AND $2 \
+             GROUP BY id % 2 ORDER BY parity",
+        )
+        .await
+        .map_err(e)?;
+    let (mut sum_got, mut avg_got) = (String::new(), String::new());
+    for _ in 0..SCATTER_REPEAT {
+        let ids: Vec<i64> = client
+            .query(&order, &[&lo, &hi])
+            .await
+            .map_err(e)?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        if ids != want_order {
+            return Err(format!(
+                "ORDER BY id DESC LIMIT 3 OFFSET 1: expected {want_order:?}, got {ids:?}"
+            ));
+        }
+        let row = client.query_one(&agg, &[&lo, &hi]).await.map_err(e)?;
+        let got: (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+        if got != (n, min, max) {
+            return Err(format!(
+                "count, min, max: expected {:?}, got {got:?}",
+                (n, min, max)
+            ));
+        }
+        let sum: Numeric = row.try_get(3).map_err(e)?;
+        let avg: Numeric = row.try_get(4).map_err(e)?;
+        if !sum.is_exactly(want_sum, 1) {
+            return Err(format!("sum(id): expected {want_sum}, got {}", sum.0));
+        }
+        if !avg.is_exactly(want_sum, n as i128) {
+            return Err(format!(
+                "avg(id): expected exactly {want_sum}/{n}, got {}",
+                avg.0
+            ));
+        }
+        (sum_got, avg_got) = (sum.0, avg.0);
+        let groups: Vec<(i64, i64)> = client
+            .query(&group, &[&lo, &hi])
+            .await
+            .map_err(e)?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        if groups != want_groups {
+            return Err(format!(
+                "GROUP BY id % 2: expected {want_groups:?}, got {groups:?}"
+            ));
+        }
+    }
+    println!(
+        "ok scatter_merge: order/limit/offset, count/min/max/sum/avg (sum {sum_got}, avg \
+         {avg_got}), group by x{SCATTER_REPEAT}, named statements, binary numeric"
+    );
     Ok(())
 }
 

@@ -1116,7 +1116,31 @@ impl Session {
         put_frame(&mut request, b'D', b"S\0");
         let at = begin_frame(&mut request, b'B');
         request.extend_from_slice(b"\0\0");
-        request.extend_from_slice(bind.tail);
+        match gather.plan.as_deref().and_then(|p| p.group.as_deref()) {
+            // One format code per column, and the shards answer more columns than the client
+            // sees (each `avg` is asked as `sum` and `count`): one code per shard column.
+            Some(out) if bind.result_format_count() > 1 => {
+                request.extend_from_slice(bind.without_result_formats());
+                let codes: Vec<i16> = out
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(i, o)| {
+                        let code = i16::from(bind.result_binary(i));
+                        let n = if matches!(o, crate::merge::Out::Avg { .. }) {
+                            2
+                        } else {
+                            1
+                        };
+                        std::iter::repeat_n(code, n)
+                    })
+                    .collect();
+                request.extend_from_slice(&(codes.len() as i16).to_be_bytes());
+                for c in codes {
+                    request.extend_from_slice(&c.to_be_bytes());
+                }
+            }
+            _ => request.extend_from_slice(bind.tail),
+        }
         end_frame(&mut request, at);
         put_frame(&mut request, b'D', b"P\0");
         put_frame(&mut request, b'E', b"\0\0\0\0\0");

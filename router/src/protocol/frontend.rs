@@ -202,6 +202,18 @@ impl<'a> Bind<'a> {
         }
     }
 
+    /// Everything after the statement name up to the result formats (parameter formats and
+    /// values), for re-sending the Bind with other result formats.
+    pub fn without_result_formats(&self) -> &'a [u8] {
+        &self.tail[..self.tail.len() - self.result_formats.len()]
+    }
+
+    /// How many result format codes the Bind gives: 0 (all text), 1 (one for all columns), or
+    /// one per column.
+    pub fn result_format_count(&self) -> usize {
+        i16::from_be_bytes([self.result_formats[0], self.result_formats[1]]) as usize
+    }
+
     /// Parameter `index`: its format and its value (`None` for NULL).
     pub fn param(&self, index: usize) -> Option<(Format, Option<&'a [u8]>)> {
         if index >= self.param_count {

@@ -5,6 +5,8 @@
 // SHARDGATE_DRIVER (see ../python/psycopg_driver.py).
 // Prints one line per step; exits 1 with "FAIL <step>: ..." on the first deviation.
 
+import java.math.BigDecimal;
+import java.math.BigInteger;
 import java.net.URI;
 import java.sql.Connection;
 import java.sql.DriverManager;
@@ -13,6 +15,7 @@ import java.sql.ResultSet;
 import java.sql.SQLException;
 import java.sql.Statement;
 import java.util.ArrayList;
+import java.util.Collections;
 import java.util.List;
 import java.util.Properties;
 import java.util.concurrent.Executors;
@@ -198,6 +201,81 @@ public class DriverMatrix {
         }
         if (total < ROWS) fail("SELECT count(*) FROM kv: " + total + " < the " + ROWS + " rows of this driver alone");
         ok("range count " + ROWS + " x" + SCATTER_REPEAT + ", total " + total);
+
+        step = "scatter_merge";
+        // Reads the router merges across shards: ORDER BY (k-way merge) with LIMIT/OFFSET,
+        // aggregates, GROUP BY; repeated past prepareThreshold like scatter_count. The
+        // expectations come from this driver's keys (every one of them still in kv: no step
+        // deleted a row, the updates changed only v); numeric (sum and avg of bigint) is read
+        // with getBigDecimal and compared exactly.
+        List<Long> desc = new ArrayList<>(keys);
+        Collections.sort(desc, Collections.reverseOrder());
+        List<Long> wantOrder = desc.subList(1, 4);
+        long lo = keys.get(0), hi = keys.get(ROWS - 1);
+        long wantMin = Collections.min(keys), wantMax = Collections.max(keys);
+        BigInteger wantSumInt = BigInteger.ZERO;
+        long[] wantParity = new long[2];
+        for (long key : keys) {
+            wantSumInt = wantSumInt.add(BigInteger.valueOf(key));
+            wantParity[(int) (key % 2)]++;
+        }
+        BigDecimal wantSum = new BigDecimal(wantSumInt);
+        // Exact (the keys' average ends after one decimal); divide() without a MathContext
+        // throws if the quotient does not terminate.
+        BigDecimal wantAvg = wantSum.divide(BigDecimal.valueOf(keys.size()));
+        List<String> wantGroups = new ArrayList<>();
+        for (int p = 0; p < 2; p++) if (wantParity[p] > 0) wantGroups.add(p + ":" + wantParity[p]);
+        BigDecimal sumGot = null, avgGot = null;
+        boolean named;
+        try (PreparedStatement order = conn.prepareStatement(
+                 "SELECT id FROM kv WHERE id BETWEEN ? AND ? ORDER BY id DESC LIMIT 3 OFFSET 1");
+             PreparedStatement agg = conn.prepareStatement(
+                 "SELECT count(*), min(id), max(id), sum(id), avg(id) FROM kv WHERE id BETWEEN ? AND ?");
+             PreparedStatement group = conn.prepareStatement(
+                 "SELECT id % 2 AS parity, count(*) FROM kv WHERE id BETWEEN ? AND ? GROUP BY id % 2 ORDER BY parity")) {
+            for (int i = 0; i < SCATTER_REPEAT; i++) {
+                order.setLong(1, lo);
+                order.setLong(2, hi);
+                List<Long> got = new ArrayList<>();
+                try (ResultSet rs = order.executeQuery()) {
+                    while (rs.next()) got.add(rs.getLong(1));
+                }
+                if (!got.equals(wantOrder)) fail("ORDER BY id DESC LIMIT 3 OFFSET 1: expected " + wantOrder + ", got " + got);
+
+                agg.setLong(1, lo);
+                agg.setLong(2, hi);
+                try (ResultSet rs = agg.executeQuery()) {
+                    if (!rs.next()) fail("aggregates: no row");
+                    long n = rs.getLong(1), mn = rs.getLong(2), mx = rs.getLong(3);
+                    if (n != keys.size() || mn != wantMin || mx != wantMax) {
+                        fail("count, min, max: expected " + keys.size() + ", " + wantMin + ", " + wantMax
+                            + ", got " + n + ", " + mn + ", " + mx);
+                    }
+                    sumGot = rs.getBigDecimal(4);
+                    avgGot = rs.getBigDecimal(5);
+                    if (sumGot == null || sumGot.compareTo(wantSum) != 0) {
+                        fail("sum(id): expected " + wantSum + ", got " + (sumGot == null ? null : sumGot.toPlainString()));
+                    }
+                    if (avgGot == null || avgGot.compareTo(wantAvg) != 0) {
+                        fail("avg(id): expected exactly " + wantAvg.toPlainString() + ", got "
+                            + (avgGot == null ? null : avgGot.toPlainString()));
+                    }
+                    if (rs.next()) fail("aggregates: more than one row");
+                }
+
+                group.setLong(1, lo);
+                group.setLong(2, hi);
+                List<String> groups = new ArrayList<>();
+                try (ResultSet rs = group.executeQuery()) {
+                    while (rs.next()) groups.add(rs.getLong(1) + ":" + rs.getLong(2));
+                }
+                if (!groups.equals(wantGroups)) fail("GROUP BY id % 2: expected " + wantGroups + ", got " + groups);
+            }
+            named = agg.unwrap(PGStatement.class).isUseServerPrepare();
+        }
+        if (!named) fail("pgjdbc did not switch the aggregate query to a named server-side statement");
+        ok("order/limit/offset, count/min/max/sum/avg (sum " + sumGot.toPlainString() + ", avg "
+            + avgGot.toPlainString() + "), group by x" + SCATTER_REPEAT + ", named after 5");
 
         select.close();
         conn.close();

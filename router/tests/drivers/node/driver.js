@@ -129,6 +129,58 @@ async function main() {
   if (!(total >= ROWS)) fail(`SELECT count(*) FROM kv: ${total} < the ${ROWS} rows of this driver alone`)
   ok(`range count ${ROWS} x${SCATTER_REPEAT}, total ${total}`)
 
+  step = 'scatter_merge'
+  // Reads the router merges across shards: ORDER BY (k-way merge) with LIMIT/OFFSET,
+  // aggregates, GROUP BY; named and unnamed statements alternately, like scatter_count. The
+  // expectations come from this driver's keys (every one of them still in kv: no step deleted
+  // a row, the updates changed only v), in BigInt. pg receives everything in text and hands
+  // bigint and numeric over as strings.
+  const big = keys.map(BigInt)
+  const wantOrder = [...big].sort((a, b) => (a < b ? 1 : a > b ? -1 : 0)).slice(1, 4).map(String)
+  const count = BigInt(big.length)
+  const sum = big.reduce((a, b) => a + b, 0n)
+  const min = big.reduce((a, b) => (b < a ? b : a))
+  const max = big.reduce((a, b) => (b > a ? b : a))
+  // avg = sum / count exactly, by long division: the integer part and 10 fraction digits,
+  // and whether the quotient ends within them.
+  const avgInt = String(sum / count)
+  let rem = sum % count
+  let avgFrac = ''
+  for (let d = 0; d < 10; d++) {
+    rem *= 10n
+    avgFrac += String(rem / count)
+    rem %= count
+  }
+  const avgExact = rem === 0n
+  const wantGroups = [0n, 1n]
+    .map((p) => [String(p), String(big.filter((k) => k % 2n === p).length)])
+    .filter(([, n]) => n !== '0')
+  const range = [keys[0], keys[ROWS - 1]]
+  let sumGot, avgGot
+  for (let i = 0; i < SCATTER_REPEAT; i++) {
+    const named = (name, q) => (i % 2 === 0 ? { ...q, name } : q)
+    let res = await client.query(named('drv_merge_order', { text: 'SELECT id FROM kv WHERE id BETWEEN $1 AND $2 ORDER BY id DESC LIMIT 3 OFFSET 1', values: range }))
+    const ids = res.rows.map((r) => r.id)
+    if (JSON.stringify(ids) !== JSON.stringify(wantOrder)) fail(`ORDER BY id DESC LIMIT 3 OFFSET 1: expected ${JSON.stringify(wantOrder)}, got ${JSON.stringify(ids)}`)
+    res = await client.query(named('drv_merge_agg', { text: 'SELECT count(*) AS n, min(id) AS lo, max(id) AS hi, sum(id) AS s, avg(id) AS a FROM kv WHERE id BETWEEN $1 AND $2', values: range }))
+    if (res.rows.length !== 1) fail(`aggregates: expected 1 row, got ${JSON.stringify(res.rows)}`)
+    const r = res.rows[0]
+    if (r.n !== String(count) || r.lo !== String(min) || r.hi !== String(max)) fail(`count, min, max: expected ${count}, ${min}, ${max}, got ${JSON.stringify(r)}`)
+    if (typeof r.s !== 'string' || r.s !== String(sum)) fail(`sum(id): expected exactly ${sum}, got ${JSON.stringify(r.s)}`)
+    const m = typeof r.a === 'string' ? /^(\d+)(?:\.(\d*))?$/.exec(r.a) : null
+    if (!m) fail(`avg(id): expected a numeric string, got ${JSON.stringify(r.a)}`)
+    const frac = m[2] || ''
+    if (m[1] !== avgInt || frac.padEnd(10, '0').slice(0, 10) !== avgFrac || (avgExact && /[^0]/.test(frac.slice(10)))) {
+      fail(`avg(id): expected ${sum}/${count} = ${avgInt}.${avgFrac}${avgExact ? '' : '…'}, got ${r.a}`)
+    }
+    sumGot = r.s
+    avgGot = r.a
+    res = await client.query(named('drv_merge_group', { text: 'SELECT id % 2 AS parity, count(*) AS n FROM kv WHERE id BETWEEN $1 AND $2 GROUP BY id % 2 ORDER BY parity', values: range }))
+    const groups = res.rows.map((g) => [g.parity, g.n])
+    if (JSON.stringify(groups) !== JSON.stringify(wantGroups)) fail(`GROUP BY id % 2: expected ${JSON.stringify(wantGroups)}, got ${JSON.stringify(groups)}`)
+  }
+  ok(`order/limit/offset, count/min/max/sum/avg (sum ${sumGot}, avg ${avgGot}), group by x${SCATTER_REPEAT}, named and unnamed, text numeric`)
+
   await client.end()
   console.log('PASS')
 }

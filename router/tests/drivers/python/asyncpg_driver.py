@@ -10,6 +10,8 @@ import asyncio
 import os
 import sys
 import time
+from decimal import Decimal
+from fractions import Fraction
 
 import asyncpg
 
@@ -160,6 +162,48 @@ async def main():
         if n != ROWS:
             fail(f"count of this driver's range: expected {ROWS}, got {n!r}")
     ok(f"range count {ROWS} x{SCATTER_REPEAT}, total {total}")
+
+    step = "scatter_merge"
+    # Reads the router merges across shards: ORDER BY (k-way merge) with LIMIT/OFFSET,
+    # aggregates, GROUP BY. The expectations come from this driver's keys (every one of them
+    # still in kv: no step deleted a row, the updates changed only v). asyncpg receives results
+    # in binary; numeric (sum and avg of bigint) becomes decimal.Decimal.
+    lo, hi = keys[0], keys[-1]
+    want_order = sorted(keys, reverse=True)[1:4]
+    want_sum = sum(keys)
+    want_avg = Fraction(want_sum, len(keys))
+    want_groups = [(p, sum(1 for k in keys if k % 2 == p)) for p in (0, 1)]
+    want_groups = [g for g in want_groups if g[1] > 0]
+    for _ in range(SCATTER_REPEAT):
+        rows = await conn.fetch(
+            "SELECT id FROM kv WHERE id BETWEEN $1 AND $2 ORDER BY id DESC LIMIT 3 OFFSET 1", lo, hi
+        )
+        if [r[0] for r in rows] != want_order:
+            fail(f"ORDER BY id DESC LIMIT 3 OFFSET 1: expected {want_order}, got {[tuple(r) for r in rows]}")
+        row = await conn.fetchrow(
+            "SELECT count(*), min(id), max(id), sum(id), avg(id) FROM kv WHERE id BETWEEN $1 AND $2",
+            lo,
+            hi,
+        )
+        n, mn, mx, total_sum, avg = tuple(row)
+        if (n, mn, mx) != (len(keys), min(keys), max(keys)):
+            fail(f"count, min, max: expected {(len(keys), min(keys), max(keys))}, got {tuple(row)!r}")
+        if not isinstance(total_sum, Decimal) or total_sum != Decimal(want_sum):
+            fail(f"sum(id): expected Decimal {want_sum}, got {total_sum!r}")
+        if not isinstance(avg, Decimal) or Fraction(avg) != want_avg:
+            fail(f"avg(id): expected exactly {want_sum}/{len(keys)}, got {avg!r}")
+        rows = await conn.fetch(
+            "SELECT id % 2 AS parity, count(*) FROM kv WHERE id BETWEEN $1 AND $2"
+            " GROUP BY id % 2 ORDER BY parity",
+            lo,
+            hi,
+        )
+        if [tuple(r) for r in rows] != want_groups:
+            fail(f"GROUP BY id % 2: expected {want_groups}, got {[tuple(r) for r in rows]}")
+    ok(
+        f"order/limit/offset, count/min/max/sum/avg (sum {total_sum}, avg {avg}), group by"
+        f" x{SCATTER_REPEAT}, named statements, binary numeric"
+    )
 
     await conn.close()
     if deferred:

@@ -9,6 +9,8 @@ import os
 import sys
 import threading
 import time
+from decimal import Decimal
+from fractions import Fraction
 
 import psycopg
 from psycopg import errors
@@ -139,6 +141,45 @@ def main():
     if total < ROWS:
         fail(f"SELECT count(*) FROM kv: {total} < the {ROWS} rows of this driver alone")
     ok(f"range count {ROWS} x{SCATTER_REPEAT}, total {total}")
+
+    step = "scatter_merge"
+    # Reads the router merges across shards: ORDER BY (k-way merge) with LIMIT/OFFSET,
+    # aggregates, GROUP BY. The expectations come from this driver's keys (every one of them
+    # still in kv: no step deleted a row, the updates changed only v). psycopg receives
+    # everything in text; numeric (sum and avg of bigint) becomes decimal.Decimal.
+    lo, hi = keys[0], keys[-1]
+    want_order = sorted(keys, reverse=True)[1:4]
+    want_sum = sum(keys)
+    want_avg = Fraction(want_sum, len(keys))
+    want_groups = [(p, sum(1 for k in keys if k % 2 == p)) for p in (0, 1)]
+    want_groups = [g for g in want_groups if g[1] > 0]
+    for _ in range(SCATTER_REPEAT):
+        rows = conn.execute(
+            "SELECT id FROM kv WHERE id BETWEEN %s AND %s ORDER BY id DESC LIMIT 3 OFFSET 1",
+            (lo, hi),
+        ).fetchall()
+        if [r[0] for r in rows] != want_order:
+            fail(f"ORDER BY id DESC LIMIT 3 OFFSET 1: expected {want_order}, got {rows!r}")
+        row = conn.execute(
+            "SELECT count(*), min(id), max(id), sum(id), avg(id) FROM kv WHERE id BETWEEN %s AND %s",
+            (lo, hi),
+        ).fetchone()
+        n, mn, mx, total_sum, avg = row
+        if (n, mn, mx) != (len(keys), min(keys), max(keys)):
+            fail(f"count, min, max: expected {(len(keys), min(keys), max(keys))}, got {row!r}")
+        if not isinstance(total_sum, Decimal) or total_sum != Decimal(want_sum):
+            fail(f"sum(id): expected Decimal {want_sum}, got {total_sum!r}")
+        if not isinstance(avg, Decimal) or Fraction(avg) != want_avg:
+            fail(f"avg(id): expected exactly {want_sum}/{len(keys)}, got {avg!r}")
+        rows = conn.execute(
+            # %% is psycopg's escape of a literal % (the modulo) next to %s placeholders.
+            "SELECT id %% 2 AS parity, count(*) FROM kv WHERE id BETWEEN %s AND %s"
+            " GROUP BY id %% 2 ORDER BY parity",
+            (lo, hi),
+        ).fetchall()
+        if [tuple(r) for r in rows] != want_groups:
+            fail(f"GROUP BY id % 2: expected {want_groups}, got {rows!r}")
+    ok(f"order/limit/offset, count/min/max/sum/avg (sum {total_sum}, avg {avg}), group by x{SCATTER_REPEAT}, text numeric")
 
     conn.close()
     print("PASS", flush=True)

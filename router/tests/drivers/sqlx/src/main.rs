@@ -8,6 +8,7 @@
 
 use std::time::{Duration, Instant};
 
+use sqlx::types::BigDecimal;
 use sqlx::{Connection, Executor, PgConnection, Row};
 
 const ROWS: i64 = 20;
@@ -236,6 +237,85 @@ async fn run(step: &mut &'static str) -> Result<()> {
     ok(
         step,
         &format!("range count {ROWS} x{SCATTER_REPEAT}, total {total}"),
+    );
+
+    *step = "scatter_merge";
+    // Reads the router merges across shards: ORDER BY (k-way merge) with LIMIT/OFFSET,
+    // aggregates, GROUP BY, each a named statement from sqlx's cache. The expectations come from
+    // this driver's keys (every one of them still in kv: no step deleted a row, the updates
+    // changed only v). sqlx receives results in binary; numeric (sum and avg of bigint) is
+    // decoded into BigDecimal and compared exactly.
+    let (lo, hi) = (keys[0], keys[keys.len() - 1]);
+    let mut desc = keys.clone();
+    desc.sort_unstable_by(|a, b| b.cmp(a));
+    let want_order = desc[1..4].to_vec();
+    let n = keys.len() as i64;
+    let (min, max) = (*keys.iter().min().unwrap(), *keys.iter().max().unwrap());
+    let want_sum = BigDecimal::from(keys.iter().sum::<i64>());
+    // Exact: the keys' average ends after one decimal (BigDecimal's division keeps 100 digits).
+    let want_avg = &want_sum / BigDecimal::from(n);
+    let want_groups: Vec<(i64, i64)> = (0..2)
+        .map(|p| (p, keys.iter().filter(|&&k| k % 2 == p).count() as i64))
+        .filter(|&(_, c)| c > 0)
+        .collect();
+    let (mut sum_got, mut avg_got) = (BigDecimal::from(0), BigDecimal::from(0));
+    for _ in 0..SCATTER_REPEAT {
+        let ids: Vec<i64> = sqlx::query_scalar(
+            "SELECT id FROM kv WHERE id BETWEEN $1 AND $2 ORDER BY id DESC LIMIT 3 OFFSET 1",
+        )
+        .bind(lo)
+        .bind(hi)
+        .fetch_all(&mut conn)
+        .await
+        .map_err(|e| format!("ORDER BY id DESC LIMIT 3 OFFSET 1: {e}"))?;
+        if ids != want_order {
+            return Err(format!(
+                "ORDER BY id DESC LIMIT 3 OFFSET 1: expected {want_order:?}, got {ids:?}"
+            ));
+        }
+        let (c, mn, mx, sum, avg): (i64, i64, i64, BigDecimal, BigDecimal) = sqlx::query_as(
+            "SELECT count(*), min(id), max(id), sum(id), avg(id) FROM kv WHERE id BETWEEN $1 AND $2",
+        )
+        .bind(lo)
+        .bind(hi)
+        .fetch_one(&mut conn)
+        .await
+        .map_err(|e| format!("count/min/max/sum/avg: {e}"))?;
+        if (c, mn, mx) != (n, min, max) {
+            return Err(format!(
+                "count, min, max: expected {:?}, got {:?}",
+                (n, min, max),
+                (c, mn, mx)
+            ));
+        }
+        if sum != want_sum {
+            return Err(format!("sum(id): expected {want_sum}, got {sum}"));
+        }
+        if avg != want_avg {
+            return Err(format!("avg(id): expected exactly {want_avg}, got {avg}"));
+        }
+        (sum_got, avg_got) = (sum, avg);
+        let groups: Vec<(i64, i64)> = sqlx::query_as(
+            "SELECT id % 2 AS parity, count(*) FROM kv WHERE id BETWEEN $1 AND $2 \
+             GROUP BY id % 2 ORDER BY parity",
+        )
+        .bind(lo)
+        .bind(hi)
+        .fetch_all(&mut conn)
+        .await
+        .map_err(|e| format!("GROUP BY id % 2: {e}"))?;
+        if groups != want_groups {
+            return Err(format!(
+                "GROUP BY id % 2: expected {want_groups:?}, got {groups:?}"
+            ));
+        }
+    }
+    ok(
+        step,
+        &format!(
+            "order/limit/offset, count/min/max/sum/avg (sum {sum_got}, avg {avg_got}), group by \
+             x{SCATTER_REPEAT}, named statements, binary numeric"
+        ),
     );
 
     conn.close().await.map_err(|e| e.to_string())?;
