@@ -168,6 +168,10 @@ pub struct Limits {
     /// commit one after the other (all or none, except when a shard fails between the COMMITs);
     /// clients can also opt in per session with `SET shardgate.allow_scatter_writes = on`.
     pub allow_scatter_writes: bool,
+    /// `max_merge_groups`: how many groups (of a GROUP BY, DISTINCT or aggregate read across
+    /// shards) the router may hold while it combines them; more is refused with `54000`, so
+    /// one read cannot take the router's memory. Default 1000000.
+    pub max_merge_groups: usize,
 }
 
 /// Every problem found in one config file; shown as `FILE:LINE: sentence`, one per line
@@ -263,6 +267,7 @@ struct RawLimits {
     plan_cache_size: Option<Spanned<i64>>,
     slow_statement_ms: Option<Spanned<i64>>,
     allow_scatter_writes: Option<bool>,
+    max_merge_groups: Option<Spanned<i64>>,
 }
 
 /// Reads and checks a config file.
@@ -540,6 +545,7 @@ pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
         plan_cache_size: check.count(&l.plan_cache_size, "limits.plan_cache_size", 10_000, 0),
         slow_statement: check.optional_ms(&l.slow_statement_ms, "limits.slow_statement_ms", 1000),
         allow_scatter_writes: l.allow_scatter_writes.unwrap_or(false),
+        max_merge_groups: check.count(&l.max_merge_groups, "limits.max_merge_groups", 1_000_000, 1),
     };
 
     if !check.problems.is_empty() {
@@ -789,6 +795,7 @@ slow_statement_ms = 250
                 plan_cache_size: 0,
                 slow_statement: Some(Duration::from_millis(250)),
                 allow_scatter_writes: false,
+                max_merge_groups: 1_000_000,
             }
         );
         // No password, plain or backend, is printed by Debug.
@@ -850,6 +857,7 @@ slow_statement_ms = 250
                 plan_cache_size: 10_000,
                 slow_statement: Some(Duration::from_secs(1)),
                 allow_scatter_writes: false,
+                max_merge_groups: 1_000_000,
             }
         );
     }

@@ -401,3 +401,37 @@ async fn merged_reads_match_one_postgres() {
     );
     assert_eq!(got, want.lines().collect::<Vec<_>>());
 }
+
+/// A grouped read across shards holds its groups in the router: `limits.max_merge_groups`
+/// bounds them, with 54000 past it, and the client goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grouped_reads_are_bounded() {
+    let env = shared_env();
+    let router = common::Router::start_with(&env.map, "[limits]\nmax_merge_groups = 3\n");
+    let client = router.connect().await;
+    for i in 0..8 {
+        client
+            .execute(
+                "INSERT INTO names (name, n) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                &[&format!("cap-{i}"), &i],
+            )
+            .await
+            .expect("insert");
+    }
+    let got = rows(
+        &client
+            .simple_query("SELECT n % 3 AS m, count(*) FROM names WHERE name LIKE 'cap-%' GROUP BY n % 3 ORDER BY m")
+            .await
+            .expect("three groups"),
+    );
+    assert_eq!(got, [["0", "3"], ["1", "3"], ["2", "2"]]);
+    let err = client
+        .simple_query("SELECT n, count(*) FROM names WHERE name LIKE 'cap-%' GROUP BY n")
+        .await
+        .expect_err("eight groups");
+    assert_eq!(sqlstate(&err), "54000");
+    assert_eq!(
+        rows(&client.simple_query("SELECT 1").await.expect("usable")),
+        [["1"]]
+    );
+}

@@ -136,6 +136,11 @@ impl GroupMerge {
         })
     }
 
+    /// How many groups are held so far.
+    pub fn groups(&self) -> usize {
+        self.groups.len()
+    }
+
     /// Folds one shard DataRow body into its group.
     pub fn fold(&mut self, data_row_body: &[u8]) -> Result<(), MergeError> {
         let fields = row::fields(data_row_body)?;

@@ -284,6 +284,16 @@ impl Session {
                 while let Some(row) = s.rows.pop_front() {
                     groups.fold(&row[5..])?;
                 }
+                let max = self.shared.config.limits.max_merge_groups;
+                if groups.groups() > max {
+                    return Err(Failure::Router(
+                        SqlError::new(
+                            "54000",
+                            format!("this read across shards has more than {max} groups to combine (limits.max_merge_groups)"),
+                        )
+                        .with_hint("narrow the read, or group by the shard key so that each group lives on one shard and can be read shard by shard"),
+                    ));
+                }
                 if s.done {
                     break;
                 }
