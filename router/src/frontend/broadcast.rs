@@ -8,12 +8,9 @@
 
 use std::sync::Arc;
 
-use bytes::Buf;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
 use super::settings::Settings;
 use crate::errors;
-use crate::protocol::frame::{begin_frame, end_frame, next_frame};
+use crate::protocol::frame::put_query;
 use crate::protocol::reply::SqlError;
 use crate::shared::Shared;
 
@@ -72,39 +69,19 @@ async fn on_shard(shared: &Shared, shard: usize, sql: &str, settings: &Settings)
     let mut out = Vec::new();
     let fp = settings.fingerprint();
     let apply = settings.write_apply(conn.settings_fp, &mut out);
-    query(&mut out, sql);
-    let result = async {
-        conn.stream.write_all(&out).await?;
-        let mut tags = Vec::new();
-        let mut error: Option<Vec<u8>> = None;
-        // Skip the settings query's replies, then collect the statement's.
-        let mut ready_left = if apply { 2 } else { 1 };
-        loop {
-            while let Some(h) = next_frame(&conn.rbuf).map_err(std::io::Error::other)? {
-                let frame = conn.rbuf[..h.total].to_vec();
-                conn.rbuf.advance(h.total);
-                let settings_reply = apply && ready_left == 2;
-                match h.tag {
-                    b'Z' => {
-                        ready_left -= 1;
-                        if ready_left == 0 {
-                            return Ok((tags, error));
-                        }
-                    }
-                    b'C' if !settings_reply => tags.extend_from_slice(&frame),
-                    b'E' if !settings_reply && error.is_none() => error = Some(frame),
-                    _ => {}
-                }
-            }
-            if conn.stream.read_buf(&mut conn.rbuf).await? == 0 {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    "the server closed the connection",
-                ));
-            }
-        }
-    }
-    .await;
+    put_query(&mut out, sql);
+    // Skip the settings query's replies, then collect the statement's.
+    let readies = if apply { 2 } else { 1 };
+    let (mut seen, mut tags, mut error) = (0, Vec::new(), None::<Vec<u8>>);
+    let result = conn
+        .round_trip(&out, readies, |frame| match frame[0] {
+            b'Z' => seen += 1,
+            b'C' if seen + 1 == readies => tags.extend_from_slice(frame),
+            b'E' if seen + 1 == readies && error.is_none() => error = Some(frame.to_vec()),
+            _ => {}
+        })
+        .await
+        .map(|()| (tags, error));
     match result {
         Ok((tags, None)) => {
             conn.settings_fp = fp;
@@ -125,13 +102,6 @@ async fn on_shard(shared: &Shared, shard: usize, sql: &str, settings: &Settings)
             Outcome::Unavailable(errors::shard_lost(&name, &endpoint, &e.to_string()))
         }
     }
-}
-
-fn query(out: &mut Vec<u8>, sql: &str) {
-    let at = begin_frame(out, b'Q');
-    out.extend_from_slice(sql.as_bytes());
-    out.push(0);
-    end_frame(out, at);
 }
 
 /// SQLSTATE and message of an ErrorResponse frame.

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use super::settings::quote_literal;
-use crate::protocol::frame::{begin_frame, end_frame};
+use crate::protocol::frame::put_query;
 use crate::shared::Shared;
 
 /// Reads the column order of every sharded table and hands the key positions to the planner.
@@ -68,10 +68,7 @@ async fn first_column(
     sql: &str,
 ) -> std::io::Result<Vec<String>> {
     let mut out = Vec::new();
-    let at = begin_frame(&mut out, b'Q');
-    out.extend_from_slice(sql.as_bytes());
-    out.push(0);
-    end_frame(&mut out, at);
+    put_query(&mut out, sql);
     let mut values = Vec::new();
     let mut failed = false;
     conn.round_trip(&out, 1, |frame| match frame[0] {

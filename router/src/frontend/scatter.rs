@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::settings::Settings;
 use crate::errors;
-use crate::protocol::frame::{next_frame, put_frame};
+use crate::protocol::frame::{next_frame, put_query};
 use crate::protocol::reply::SqlError;
 use crate::shared::Shared;
 
@@ -76,7 +76,7 @@ async fn on_shard(
     let mut out = Vec::with_capacity(request.len() + 64);
     let mut skip_ready = usize::from(settings.write_apply(conn.settings_fp, &mut out));
     if commit.is_some() {
-        put_frame(&mut out, b'Q', b"BEGIN\0");
+        put_query(&mut out, "BEGIN");
         skip_ready += 1;
     }
     out.extend_from_slice(request);
@@ -138,11 +138,7 @@ async fn on_shard(
         Ok(Some(true))
     );
     let mut end = Vec::with_capacity(16);
-    put_frame(
-        &mut end,
-        b'Q',
-        if verdict { b"COMMIT\0" } else { b"ROLLBACK\0" },
-    );
+    put_query(&mut end, if verdict { "COMMIT" } else { "ROLLBACK" });
     let (mut error, mut status) = (None, b'?');
     let ended = conn
         .round_trip(&end, 1, |frame| match frame[0] {

@@ -33,7 +33,7 @@ use super::settings::{self, Change, Settings};
 use crate::backend::pool::PooledConn;
 use crate::errors;
 use crate::planner::{NormalizeBuf, Plan};
-use crate::protocol::frame::{begin_frame, end_frame, frames, next_frame, put_frame};
+use crate::protocol::frame::{begin_frame, end_frame, frames, next_frame, put_frame, put_query};
 use crate::protocol::frontend::{self, Bind, Malformed, Parse, Target};
 use crate::protocol::reply::{self, SqlError, TxStatus};
 use crate::shared::{CancelTarget, ClientSlot, Shared};
@@ -360,10 +360,7 @@ impl Session {
                 Some(p) if p.rewrite => match crate::planner::shard_sql(sql) {
                     Ok(text) => {
                         let mut q = Vec::with_capacity(text.len() + 6);
-                        let at = begin_frame(&mut q, b'Q');
-                        q.extend_from_slice(text.as_bytes());
-                        q.push(0);
-                        end_frame(&mut q, at);
+                        put_query(&mut q, &text);
                         q
                     }
                     Err(why) => return self.refuse_simple(cannot_rewrite(why)).await,
@@ -1807,21 +1804,14 @@ impl Session {
         let mut conn = conn;
         if conn.settings_fp != fp {
             // The client's settings go out in the same write as its statement.
-            let at = begin_frame(&mut self.bout, b'Q');
-            self.bout
-                .extend_from_slice(self.settings.apply_sql().as_bytes());
-            self.bout.push(0);
-            end_frame(&mut self.bout, at);
+            put_query(&mut self.bout, &self.settings.apply_sql());
             self.replies.push(Kind::Query, Audience::Silent);
             conn.settings_fp = fp;
         }
         self.pinned = Some(Pinned { shard, conn });
         self.unnamed_on_conn = false;
         if let Some(begin) = with_begin.then(|| self.pending_begin.take()).flatten() {
-            let at = begin_frame(&mut self.bout, b'Q');
-            self.bout.extend_from_slice(begin.as_bytes());
-            self.bout.push(0);
-            end_frame(&mut self.bout, at);
+            put_query(&mut self.bout, &begin);
             // Its error, if any, is the client's; its ReadyForQuery is not.
             self.replies.push(Kind::Query, Audience::Router);
         }
@@ -2146,10 +2136,7 @@ impl CopyTarget {
         };
         let mut out = Vec::new();
         let mut settings_ready = usize::from(settings.write_apply(conn.settings_fp, &mut out));
-        let at = begin_frame(&mut out, b'Q');
-        out.extend_from_slice(sql.as_bytes());
-        out.push(0);
-        end_frame(&mut out, at);
+        put_query(&mut out, sql);
         conn.stream.write_all(&out).await.map_err(lost)?;
         conn.settings_fp = settings.fingerprint();
         let mut target = CopyTarget {
@@ -2449,10 +2436,7 @@ impl Session {
     /// Pushes a simple-protocol raise of `err` for the pinned connection.
     fn push_raise_query(&mut self, err: &SqlError, audience: Audience) {
         self.raised = true;
-        let at = begin_frame(&mut self.bout, b'Q');
-        self.bout.extend_from_slice(raise_sql(err).as_bytes());
-        self.bout.push(0);
-        end_frame(&mut self.bout, at);
+        put_query(&mut self.bout, &raise_sql(err));
         self.replies.push(Kind::Query, audience);
     }
 }

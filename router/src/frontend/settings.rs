@@ -123,10 +123,7 @@ impl Settings {
         if conn_fp == self.fp {
             return false;
         }
-        let at = crate::protocol::frame::begin_frame(out, b'Q');
-        out.extend_from_slice(self.apply_sql().as_bytes());
-        out.push(0);
-        crate::protocol::frame::end_frame(out, at);
+        crate::protocol::frame::put_query(out, &self.apply_sql());
         true
     }
 

@@ -14,7 +14,7 @@ use super::broadcast::error_fields;
 use super::settings::Settings;
 use crate::backend::pool::PooledConn;
 use crate::errors;
-use crate::protocol::frame::{begin_frame, end_frame};
+use crate::protocol::frame::put_query;
 use crate::protocol::reply::SqlError;
 use crate::shared::Shared;
 
@@ -127,8 +127,8 @@ async fn insert(shared: &Shared, shard: usize, sql: &str, settings: &Settings) -
     let mut conn = shared.checkout(shard).await?;
     let mut out = Vec::with_capacity(sql.len() + 64);
     let settings_sent = settings.write_apply(conn.settings_fp, &mut out);
-    query(&mut out, "BEGIN");
-    query(&mut out, sql);
+    put_query(&mut out, "BEGIN");
+    put_query(&mut out, sql);
     let readies = 2 + usize::from(settings_sent);
     let (mut seen, mut frames, mut error) = (0, Vec::new(), None);
     let result = conn
@@ -156,7 +156,7 @@ async fn insert(shared: &Shared, shard: usize, sql: &str, settings: &Settings) -
 /// (or the connection's failure) if it did not end as asked. A broken connection is discarded.
 async fn end(mut conn: PooledConn, commit: bool) -> Result<(), String> {
     let mut out = Vec::with_capacity(16);
-    query(&mut out, if commit { "COMMIT" } else { "ROLLBACK" });
+    put_query(&mut out, if commit { "COMMIT" } else { "ROLLBACK" });
     let mut error = None;
     let mut status = b'?';
     let result = conn
@@ -179,13 +179,6 @@ async fn end(mut conn: PooledConn, commit: bool) -> Result<(), String> {
         }
         (Ok(()), None) => Ok(()),
     }
-}
-
-fn query(out: &mut Vec<u8>, sql: &str) {
-    let at = begin_frame(out, b'Q');
-    out.extend_from_slice(sql.as_bytes());
-    out.push(0);
-    end_frame(out, at);
 }
 
 /// The client's answer from every part's reply frames (without ReadyForQuery): the first

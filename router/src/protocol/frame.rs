@@ -85,6 +85,14 @@ pub fn put_frame(out: &mut Vec<u8>, tag: u8, body: &[u8]) {
     out.extend_from_slice(body);
 }
 
+/// Appends a simple-protocol Query message for `sql`.
+pub fn put_query(out: &mut Vec<u8>, sql: &str) {
+    out.push(b'Q');
+    out.extend_from_slice(&((sql.len() + 5) as i32).to_be_bytes());
+    out.extend_from_slice(sql.as_bytes());
+    out.push(0);
+}
+
 /// Starts a frame whose body the caller appends; finish it with [`end_frame`].
 pub fn begin_frame(out: &mut Vec<u8>, tag: u8) -> usize {
     let at = out.len();
@@ -130,6 +138,15 @@ mod tests {
         assert!(next_frame(&[b'Q', 0, 0, 0, 3]).is_err());
         assert!(next_frame(&[b'Q', 0xff, 0xff, 0xff, 0xff]).is_err());
         assert!(next_frame(&[b'Q', 0x7f, 0, 0, 0]).is_err());
+    }
+
+    #[test]
+    fn put_query_is_a_query_frame() {
+        let mut a = Vec::new();
+        put_query(&mut a, "SELECT 1");
+        let mut b = Vec::new();
+        put_frame(&mut b, b'Q', b"SELECT 1\0");
+        assert_eq!(a, b);
     }
 
     #[test]
