@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use bytes::Buf;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::settings::Settings;
 use crate::errors;
@@ -33,7 +33,11 @@ pub type Chunk = Result<Vec<u8>, SqlError>;
 /// With `commit` (a write), each shard runs the request inside a transaction that stays open
 /// after its reply; it ends when `commit` says: COMMIT on `Some(true)`, ROLLBACK on
 /// `Some(false)` or when the sender is dropped. After a COMMIT each receiver yields one more
-/// item: an empty chunk when it committed, the error when it did not.
+/// item: an empty chunk when it committed, the error when it did not. The shards of a write
+/// run one after another in the order given (the caller gives shard order): two writes that
+/// lock rows on the same shards then take those locks, and the pooled connections, in the
+/// same order, so they cannot wait for each other in a cycle across shards, which no single
+/// Postgres could detect.
 pub fn start(
     shared: &Arc<Shared>,
     shards: &[usize],
@@ -42,6 +46,7 @@ pub fn start(
     commit: Option<&watch::Sender<Option<bool>>>,
 ) -> Vec<mpsc::Receiver<Chunk>> {
     let request = Arc::new(request);
+    let mut previous: Option<oneshot::Receiver<()>> = None;
     shards
         .iter()
         .map(|&shard| {
@@ -50,14 +55,28 @@ pub fn start(
             let request = request.clone();
             let settings = settings.clone();
             let commit = commit.map(|c| c.subscribe());
+            let order = commit.is_some().then(|| {
+                let (done, next) = oneshot::channel();
+                Turn {
+                    after: previous.replace(next),
+                    done,
+                }
+            });
             tokio::spawn(async move {
-                if let Err(e) = on_shard(&shared, shard, &request, &settings, &tx, commit).await {
+                let outcome = on_shard(&shared, shard, &request, &settings, &tx, commit, order);
+                if let Err(e) = outcome.await {
                     let _ = tx.send(Err(e)).await;
                 }
             });
             rx
         })
         .collect()
+}
+
+/// A shard's place in a write's order: wait for the shard before it, then tell the next.
+struct Turn {
+    after: Option<oneshot::Receiver<()>>,
+    done: oneshot::Sender<()>,
 }
 
 async fn on_shard(
@@ -67,7 +86,18 @@ async fn on_shard(
     settings: &Settings,
     tx: &mpsc::Sender<Chunk>,
     commit: Option<watch::Receiver<Option<bool>>>,
+    turn: Option<Turn>,
 ) -> Result<(), SqlError> {
+    let (after, done) = match turn {
+        Some(t) => (t.after, Some(t.done)),
+        None => (None, None),
+    };
+    if let Some(after) = after {
+        if after.await.is_err() {
+            // The shard before failed: the session has stopped, and this part never starts.
+            return Ok(());
+        }
+    }
     let name = shared.map.shards()[shard].range.to_string();
     let pool = shared.pools().for_shard(shard);
     let mut pooled = shared.checkout(shard).await?;
@@ -76,7 +106,8 @@ async fn on_shard(
     let mut out = Vec::with_capacity(request.len() + 64);
     let mut skip_ready = usize::from(settings.write_apply(conn.settings_fp, &mut out));
     if commit.is_some() {
-        put_query(&mut out, "BEGIN");
+        // Deferred constraints are checked now, not at a COMMIT that others may have passed.
+        put_query(&mut out, "BEGIN; SET CONSTRAINTS ALL IMMEDIATE");
         skip_ready += 1;
     }
     out.extend_from_slice(request);
@@ -129,6 +160,9 @@ async fn on_shard(
         return result;
     }
     conn.settings_fp = fp;
+    if let Some(done) = done {
+        let _ = done.send(());
+    }
     let Some(mut commit) = commit else {
         return result;
     };

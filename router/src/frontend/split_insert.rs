@@ -1,7 +1,7 @@
 //! A multi-row INSERT whose rows belong to several shards: each shard gets an INSERT of its own
-//! rows (cut from the client's text by [`crate::planner::values`]), all run at once, each in a
-//! transaction that is committed only when every shard's INSERT succeeded, and rolled back
-//! everywhere otherwise. So a failing row (a duplicate key, a bad value) leaves no row anywhere,
+//! rows (cut from the client's text by [`crate::planner::values`]), run one shard after another
+//! in shard order, each in a transaction that is committed only when every shard's INSERT
+//! succeeded, and rolled back everywhere otherwise. So a failing row (a duplicate key, a bad value) leaves no row anywhere,
 //! as with one Postgres. Only a failure between the first and the last COMMIT can leave a part
 //! applied; the error then names the shards that committed and those that did not.
 //!
@@ -37,35 +37,26 @@ pub async fn run(
 ) -> Outcome {
     let n = parts.len();
     let shards: Vec<usize> = parts.iter().map(|p| p.0).collect();
-    // Phase 1: BEGIN and the INSERT on every shard at once; the transactions stay open.
-    let mut tasks = tokio::task::JoinSet::new();
-    for (i, (shard, sql)) in parts.into_iter().enumerate() {
-        let shared = shared.clone();
-        let settings = settings.clone();
-        tasks.spawn(async move { (i, insert(&shared, shard, &sql, &settings).await) });
-    }
+    // Phase 1: BEGIN and the INSERT on each shard, one after another in shard order (see
+    // `scatter::start` on why the order matters); the transactions stay open.
     let mut conns: Vec<(usize, PooledConn)> = Vec::with_capacity(n);
     let mut replies: Vec<Vec<u8>> = vec![Vec::new(); n];
     let mut failure: Option<Outcome> = None;
-    while let Some(joined) = tasks.join_next().await {
-        match joined {
-            Ok((i, Ok((conn, Ok(frames))))) => {
+    for (i, (shard, sql)) in parts.into_iter().enumerate() {
+        match insert(shared, shard, &sql, settings).await {
+            Ok((conn, Ok(frames))) => {
                 conns.push((i, conn));
                 replies[i] = frames;
             }
-            Ok((i, Ok((conn, Err(error))))) => {
+            Ok((conn, Err(error))) => {
                 // Postgres refused the rows; that shard's transaction is aborted.
                 conns.push((i, conn));
-                failure.get_or_insert(Outcome::RolledBack(error));
-            }
-            Ok((_, Err(e))) => {
-                failure.get_or_insert(Outcome::Failed(e));
+                failure = Some(Outcome::RolledBack(error));
+                break;
             }
             Err(e) => {
-                failure.get_or_insert(Outcome::Failed(SqlError::new(
-                    errors::CONNECTION_FAILURE,
-                    format!("internal: an INSERT task failed: {e}"),
-                )));
+                failure = Some(Outcome::Failed(e));
+                break;
             }
         }
     }
@@ -127,7 +118,8 @@ async fn insert(shared: &Shared, shard: usize, sql: &str, settings: &Settings) -
     let mut conn = shared.checkout(shard).await?;
     let mut out = Vec::with_capacity(sql.len() + 64);
     let settings_sent = settings.write_apply(conn.settings_fp, &mut out);
-    put_query(&mut out, "BEGIN");
+    // Deferred constraints are checked with the INSERT, not at a COMMIT others may have passed.
+    put_query(&mut out, "BEGIN; SET CONSTRAINTS ALL IMMEDIATE");
     put_query(&mut out, sql);
     let readies = 2 + usize::from(settings_sent);
     let (mut seen, mut frames, mut error) = (0, Vec::new(), None);
