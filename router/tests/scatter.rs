@@ -345,6 +345,7 @@ async fn merged_reads_match_one_postgres() {
         "SELECT n, count(*) AS c FROM names WHERE name LIKE 'mrg-%' GROUP BY n ORDER BY c DESC, n LIMIT 3",
         "SELECT n % 3 AS m, avg(n) FROM names WHERE name LIKE 'mrg-%' GROUP BY n % 3 ORDER BY m",
         "SELECT avg(n), count(*) FROM names WHERE name LIKE 'none-%'",
+        "SELECT avg(n), n % 2 FROM names WHERE name LIKE 'mrg-%' GROUP BY 2 ORDER BY 2 NULLS FIRST",
     ] {
         let got: Vec<String> = client
             .simple_query(sql)

@@ -20,15 +20,8 @@ pub async fn learn_key_positions(shared: &Shared) {
     // Text sorts by bytes only under the C collation; the merge of ORDER BY / min / max of text
     // across shards needs that.
     conn.settings_fp = 0;
-    match first_column(
-        &mut conn,
-        "RESET ALL; SELECT datcollate FROM pg_database WHERE datname = current_database()",
-    )
-    .await
-    {
-        Ok(c) => {
-            shared.learn_text_bytewise(matches!(c.first().map(String::as_str), Some("C" | "POSIX")))
-        }
+    match first_column(&mut conn, TEXT_BYTEWISE).await {
+        Ok(c) => shared.learn_text_bytewise(c.first().map(String::as_str) == Some("t")),
         Err(e) => {
             tracing::warn!("could not read the database collation: {e}");
             conn.broken = true;
@@ -61,6 +54,17 @@ pub async fn learn_key_positions(shared: &Shared) {
     tracing::debug!(tables = positions.len(), "learned key positions");
     shared.planner.learn_key_positions(positions);
 }
+
+/// Whether text compares by its bytes everywhere: the database's collation is C or POSIX from
+/// the libc provider (an ICU database can say `C` in `datcollate`), and no user column has a
+/// collation of its own. Fails (so: no) on a Postgres without `datlocprovider` (before 15).
+const TEXT_BYTEWISE: &str =
+    "RESET ALL; SELECT datlocprovider = 'c' AND datcollate IN ('C', 'POSIX') \
+    AND NOT EXISTS (SELECT 1 FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid \
+    JOIN pg_namespace n ON n.oid = c.relnamespace \
+    WHERE a.attnum > 0 AND a.attcollation NOT IN (0, 100, 950, 951) \
+    AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg_toast%') \
+    FROM pg_database WHERE datname = current_database()";
 
 /// The first column of every row of a simple query, as text (empty when it fails).
 async fn first_column(

@@ -1963,6 +1963,11 @@ impl Session {
                 if let Some(status) = step.ready {
                     self.tx = status;
                 }
+                if step.ready.is_some() {
+                    // A raised error that never came (dropped with a skipped batch) must not
+                    // strip a later, real one.
+                    self.raised = false;
+                }
                 if let Some(c) = step.completion {
                     match c {
                         Completion::Settings | Completion::DiscardAll => {

@@ -142,6 +142,9 @@ fn merge_of_query(stmt: &Statement) -> Result<Merge, &'static str> {
     let aggregated = items.iter().any(|i| matches!(i, Item::Agg(_) | Item::Avg));
     let grouped = aggregated || distinct || !group_by.is_empty();
     let (order, order_names) = order_keys(q, &select.projection)?;
+    if (grouped || !order.is_empty()) && select.projection.iter().any(has_collate) {
+        return Err("COLLATE in a sorted or grouped read across shards is not supported (the router compares text by bytes, as the C collation does)");
+    }
 
     if !grouped {
         if items.iter().any(|i| matches!(i, Item::Function)) {
@@ -176,6 +179,20 @@ fn merge_of_query(stmt: &Statement) -> Result<Merge, &'static str> {
     // Every GROUP BY expression must be a column of the answer: the router groups by those.
     let mut is_group_key = vec![distinct; items.len()];
     for g in group_by {
+        // In GROUP BY a bare name means an input column before an output alias (the other way
+        // round from ORDER BY): `SELECT lower(v) AS v ... GROUP BY v` groups by the column v.
+        // The router cannot see the input columns, so an alias that is not the very same
+        // column is ambiguous to it.
+        if let Expr::Identifier(name) = g {
+            let aliased = select.projection.iter().any(|item| {
+                matches!(item, SelectItem::ExprWithAlias { alias, expr }
+                    if super::pins::fold(alias) == super::pins::fold(name)
+                        && !matches!(expr, Expr::Identifier(i) if super::pins::fold(i) == super::pins::fold(name)))
+            });
+            if aliased {
+                return Err("GROUP BY an output alias across shards is ambiguous (Postgres prefers an input column of that name): group by the expression or its position");
+            }
+        }
         let i = output_column(g, &select.projection)
             .ok_or("GROUP BY across shards must group by columns of the select list")?;
         is_group_key[i] = true;
@@ -241,6 +258,16 @@ pub(crate) fn positions_normalized(stmt: &Statement) -> bool {
     let in_group = matches!(q.body.as_ref(), SetExpr::Select(s)
         if matches!(&s.group_by, GroupByExpr::Expressions(e, _) if e.iter().any(is_param)));
     in_order || in_group
+}
+
+fn has_collate(item: &SelectItem) -> bool {
+    item_expr(item).is_some_and(|e| {
+        visit_expressions(e, |x| match x {
+            Expr::Collate { .. } => ControlFlow::Break(()),
+            _ => ControlFlow::Continue(()),
+        })
+        .is_break()
+    })
 }
 
 fn classify(expr: &Expr) -> Result<Item, &'static str> {
@@ -366,9 +393,7 @@ fn order_keys(q: &Query, projection: &[SelectItem]) -> Result<OrderKeys, &'stati
             _ if wildcard => {
                 let name = match &o.expr {
                     Expr::Identifier(i) => super::pins::fold(i),
-                    Expr::CompoundIdentifier(parts) => {
-                        parts.last().map(super::pins::fold).unwrap_or_default()
-                    }
+                    // `t.col` may be another relation's column than the `*` one of that name.
                     _ => {
                         return Err(
                             "ORDER BY across shards must sort by columns of the select list",
@@ -476,6 +501,26 @@ pub fn shard_sql(sql: &str) -> Result<String, &'static str> {
     let is_param =
         |e: &Expr| matches!(e, Expr::Value(v) if matches!(v.value, Value::Placeholder(_)));
     let (new_limit, new_offset) = if grouped {
+        // Positions in GROUP BY count the client's columns, which the avg expansion below
+        // shifts: name the expressions instead.
+        if let GroupByExpr::Expressions(exprs, _) = &mut select.group_by {
+            for g in exprs.iter_mut() {
+                let position = match &*g {
+                    Expr::Value(v) => match &v.value {
+                        Value::Number(n, _) => n.parse::<usize>().ok(),
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                if let Some(item) = position
+                    .and_then(|n| n.checked_sub(1))
+                    .and_then(|i| select.projection.get(i))
+                    .and_then(item_expr)
+                {
+                    *g = item.clone();
+                }
+            }
+        }
         let mut projection = Vec::with_capacity(select.projection.len() + 2);
         for item in select.projection.drain(..) {
             let avg_arg = item_expr(&item).and_then(|e| match (plain_aggregate(e), e) {
@@ -606,6 +651,10 @@ mod tests {
             "SELECT lower(v) FROM t",
             "SELECT count(DISTINCT v) FROM t",
             "SELECT * FROM t GROUP BY id",
+            // Postgres groups by an input column v here, not by the alias.
+            "SELECT lower(v) AS v, count(*) FROM t GROUP BY v",
+            "SELECT v COLLATE \"de_DE\" AS w FROM t ORDER BY w",
+            "SELECT u.* FROM t JOIN u ON t.id = u.id ORDER BY t.created",
         ] {
             assert!(plan(refused).is_err(), "{refused}");
         }
@@ -624,6 +673,11 @@ mod tests {
         assert_eq!(
             shard_sql("SELECT k, sum(n) FROM t GROUP BY k LIMIT $1 OFFSET $2").unwrap(),
             "SELECT k, sum(n) FROM t GROUP BY k LIMIT NULL::BIGINT + 0 * ($1)::BIGINT OFFSET 0 * ($2)::BIGINT"
+        );
+        // Positions in GROUP BY survive the avg expansion.
+        assert_eq!(
+            shard_sql("SELECT avg(v), k FROM t GROUP BY 2").unwrap(),
+            "SELECT sum(v), count(v), k FROM t GROUP BY k"
         );
         assert_eq!(
             shard_sql("SELECT id FROM t ORDER BY id OFFSET 10").unwrap(),

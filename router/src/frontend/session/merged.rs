@@ -315,6 +315,11 @@ impl Session {
         {
             self.cout.extend_from_slice(row);
             sent += 1;
+            if self.cout.len() >= 64 * 1024 {
+                self.flush_client().await.map_err(|e| {
+                    Failure::Router(SqlError::new(errors::CONNECTION_FAILURE, e.to_string()))
+                })?;
+            }
         }
         reply::command_complete(&mut self.cout, &format!("SELECT {sent}"));
         Ok(())

@@ -119,14 +119,20 @@ impl Session {
         let Some(named) = self.named.get(name) else {
             return self.refuse_simple(no_such_statement(name)).await;
         };
-        if args.len() != named.params_before {
+        // The statement's parameters: those its text uses, or more if PREPARE declared more.
+        let declared = named
+            .stmt
+            .param_types
+            .get(..2)
+            .map_or(0, |n| u16::from_be_bytes([n[0], n[1]]) as usize);
+        let expected = named.params_before.max(declared);
+        if args.len() != expected {
             let err = SqlError::new(
                 "42601",
                 format!("wrong number of parameters for prepared statement \"{name}\""),
             )
             .with_detail(format!(
-                "Expected {} parameters but got {}.",
-                named.params_before,
+                "Expected {expected} parameters but got {}.",
                 args.len()
             ));
             return self.refuse_simple(err).await;
