@@ -188,23 +188,30 @@ fn edge_sets() -> Vec<(&'static str, Vec<String>)> {
     ]
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn avg_and_sums_of_integers_and_numeric_match_postgres() {
-    let client = connect().await;
-    let mut rng = Rng(0x5eed_0001);
+/// The edge sets plus `count` random sets of int4, int8 and numeric values (about one in ten
+/// NULL), 1 to 7 values each.
+fn value_sets(rng: &mut Rng, count: usize) -> Vec<(&'static str, Vec<String>)> {
     let mut sets = edge_sets();
-    for i in 0..400 {
+    for i in 0..count {
         let ty = ["int4", "int8", "numeric"][i % 3];
         let n = 1 + rng.below(7) as usize;
         let values = (0..n)
             .map(|_| match (ty, rng.below(10)) {
                 (_, 0) => "NULL".to_string(),
-                ("numeric", _) => numeric_value(&mut rng),
-                _ => int_value(&mut rng, ty),
+                ("numeric", _) => numeric_value(rng),
+                _ => int_value(rng, ty),
             })
             .collect();
         sets.push((ty, values));
     }
+    sets
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn avg_and_sums_of_integers_and_numeric_match_postgres() {
+    let client = connect().await;
+    let mut rng = Rng(0x5eed_0001);
+    let sets = value_sets(&mut rng, 400);
     for (ty, values) in sets {
         let shards = split(&mut rng, &values);
         let mut sql = String::new();
@@ -700,19 +707,7 @@ fn raw_row(values: &[Option<Raw>]) -> Vec<u8> {
 async fn binary_avg_and_sums_match_postgres() {
     let client = connect().await;
     let mut rng = Rng(0x5eed_0006);
-    let mut sets = edge_sets();
-    for i in 0..300 {
-        let ty = ["int4", "int8", "numeric"][i % 3];
-        let n = 1 + rng.below(7) as usize;
-        let values = (0..n)
-            .map(|_| match (ty, rng.below(10)) {
-                (_, 0) => "NULL".to_string(),
-                ("numeric", _) => numeric_value(&mut rng),
-                _ => int_value(&mut rng, ty),
-            })
-            .collect();
-        sets.push((ty, values));
-    }
+    let sets = value_sets(&mut rng, 300);
     for (ty, values) in sets {
         let shards = split(&mut rng, &values);
         let sum_oid = if ty == "int4" { 20 } else { 1700 };
