@@ -4,7 +4,7 @@
 //! Each shard runs on its own task with its own pooled connection and hands whole reply frames
 //! to the session through a small bounded channel, so a big scan never sits in memory: a shard
 //! whose rows are not yet wanted simply waits. The session forwards rows of shard 0, then shard
-//! 1, ...; a lone `count()` is summed instead. The first error ends the read; connections whose
+//! 1, ..., or hands them to the merge engine. The first error ends the read; connections whose
 //! replies were not read to the end are discarded, never reused.
 //!
 //! Writes on several shards (UPDATE/DELETE by a key list, or without a key when the client opted
@@ -106,8 +106,7 @@ async fn on_shard(
     let mut out = Vec::with_capacity(request.len() + 64);
     let mut skip_ready = usize::from(settings.write_apply(conn.settings_fp, &mut out));
     if commit.is_some() {
-        // Deferred constraints are checked now, not at a COMMIT that others may have passed.
-        put_query(&mut out, "BEGIN; SET CONSTRAINTS ALL IMMEDIATE");
+        put_query(&mut out, super::split_insert::BEGIN_PART);
         skip_ready += 1;
     }
     out.extend_from_slice(request);
@@ -171,33 +170,14 @@ async fn on_shard(
         commit.wait_for(|d| d.is_some()).await.as_deref(),
         Ok(Some(true))
     );
-    let mut end = Vec::with_capacity(16);
-    put_query(&mut end, if verdict { "COMMIT" } else { "ROLLBACK" });
-    let (mut error, mut status) = (None, b'?');
-    let ended = conn
-        .round_trip(&end, 1, |frame| match frame[0] {
-            b'E' => error = Some(super::broadcast::error_fields(frame).1),
-            b'Z' => status = frame.get(5).copied().unwrap_or(b'?'),
-            _ => {}
-        })
-        .await;
-    let failure = match (ended, error) {
-        (Err(e), _) => Some(e.to_string()),
-        (Ok(()), Some(message)) => Some(message),
-        (Ok(()), None) if status != b'I' => Some("the transaction did not end".to_string()),
-        (Ok(()), None) => None,
-    };
-    if let Some(why) = failure {
-        drop(deadpool::managed::Object::take(pooled));
-        if verdict {
-            return Err(SqlError::new(errors::CONNECTION_FAILURE, why));
+    match super::split_insert::end(pooled, verdict).await {
+        Err(why) if verdict => Err(SqlError::new(errors::CONNECTION_FAILURE, why)),
+        Ok(()) if verdict => {
+            let _ = tx.send(Ok(Vec::new())).await;
+            Ok(())
         }
-        return Ok(());
+        _ => Ok(()),
     }
-    if verdict {
-        let _ = tx.send(Ok(Vec::new())).await;
-    }
-    Ok(())
 }
 
 /// The number in a `SELECT n` (or any `TAG n`) CommandComplete body.

@@ -149,7 +149,7 @@ struct ScatterBatch {
 }
 
 /// How the answers of a scattered statement combine (see [`Decision::Scatter`]).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 struct Gather {
     /// Sorted, grouped or aggregated: the merge engine's plan.
     plan: Option<Arc<crate::planner::MergePlan>>,
@@ -535,15 +535,10 @@ impl Session {
                     } else {
                         (0..self.shared.map.shards().len()).collect()
                     };
-                    let plan = if !combine {
-                        None
-                    } else if bind.statement.is_empty() {
-                        self.unnamed.plan.as_deref().and_then(routing::merge_plan)
-                    } else {
-                        self.named
-                            .get(bind.statement)
-                            .and_then(|n| routing::merge_plan(&n.plan))
-                    };
+                    let plan = combine
+                        .then(|| self.plan_of(bind.statement))
+                        .flatten()
+                        .and_then(|p| routing::merge_plan(&p));
                     let gather = Gather {
                         plan,
                         limit,
@@ -552,12 +547,7 @@ impl Session {
                     };
                     let shard_text = match gather.plan.as_deref() {
                         Some(p) if p.rewrite => {
-                            let sql = if bind.statement.is_empty() {
-                                Some(self.unnamed.sql.as_str())
-                            } else {
-                                self.named.get(bind.statement).map(|n| &*n.stmt.sql)
-                            };
-                            match crate::planner::shard_sql(sql.unwrap_or_default()) {
+                            match crate::planner::shard_sql(&self.sql_of(bind.statement)) {
                                 Ok(text) => Some(text),
                                 Err(why) => return self.batch_error(cannot_rewrite(why)).await,
                             }

@@ -118,8 +118,7 @@ async fn insert(shared: &Shared, shard: usize, sql: &str, settings: &Settings) -
     let mut conn = shared.checkout(shard).await?;
     let mut out = Vec::with_capacity(sql.len() + 64);
     let settings_sent = settings.write_apply(conn.settings_fp, &mut out);
-    // Deferred constraints are checked with the INSERT, not at a COMMIT others may have passed.
-    put_query(&mut out, "BEGIN; SET CONSTRAINTS ALL IMMEDIATE");
+    put_query(&mut out, BEGIN_PART);
     put_query(&mut out, sql);
     let readies = 2 + usize::from(settings_sent);
     let (mut seen, mut frames, mut error) = (0, Vec::new(), None);
@@ -144,9 +143,13 @@ async fn insert(shared: &Shared, shard: usize, sql: &str, settings: &Settings) -
     Ok((conn, error.map_or(Ok(frames), Err)))
 }
 
+/// How each shard's part of a write on several shards begins: deferred constraints are checked
+/// with the statement, not at a COMMIT that other shards may already have passed.
+pub(super) const BEGIN_PART: &str = "BEGIN; SET CONSTRAINTS ALL IMMEDIATE";
+
 /// COMMIT or ROLLBACK on a connection left in a transaction; `Err` with Postgres's message
 /// (or the connection's failure) if it did not end as asked. A broken connection is discarded.
-async fn end(mut conn: PooledConn, commit: bool) -> Result<(), String> {
+pub(super) async fn end(mut conn: PooledConn, commit: bool) -> Result<(), String> {
     let mut out = Vec::with_capacity(16);
     put_query(&mut out, if commit { "COMMIT" } else { "ROLLBACK" });
     let mut error = None;

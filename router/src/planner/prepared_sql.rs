@@ -15,6 +15,7 @@ use sqlparser::keywords::Keyword;
 use sqlparser::parser::Parser;
 use sqlparser::tokenizer::{Token, Tokenizer};
 
+use super::pins::fold;
 use crate::errors;
 use crate::protocol::reply::SqlError;
 
@@ -56,7 +57,7 @@ pub fn read(sql: &str) -> Result<PreparedSql, SqlError> {
                 param_types.extend_from_slice(&type_oid(t)?.to_be_bytes());
             }
             Ok(PreparedSql::Prepare {
-                name: ident_name(&name.value, name.quote_style.is_some()),
+                name: fold(name),
                 param_types,
                 body: body_after_as(sql)?.to_string(),
             })
@@ -77,14 +78,14 @@ pub fn read(sql: &str) -> Result<PreparedSql, SqlError> {
                 .map(constant)
                 .collect::<Result<Vec<_>, _>>()?;
             Ok(PreparedSql::Execute {
-                name: ident_name(&ident.value, ident.quote_style.is_some()),
+                name: fold(ident),
                 args,
             })
         }
         Statement::Deallocate { name, .. } => {
             let all = name.quote_style.is_none() && name.value.eq_ignore_ascii_case("all");
             Ok(PreparedSql::Deallocate {
-                name: (!all).then(|| ident_name(&name.value, name.quote_style.is_some())),
+                name: (!all).then(|| fold(name)),
             })
         }
         _ => Err(unsupported("this form of EXECUTE is not supported")),
@@ -93,15 +94,6 @@ pub fn read(sql: &str) -> Result<PreparedSql, SqlError> {
 
 fn unsupported(message: &str) -> SqlError {
     SqlError::new(errors::FEATURE_NOT_SUPPORTED, message.to_string())
-}
-
-/// Postgres folds unquoted identifiers to lower case.
-fn ident_name(value: &str, quoted: bool) -> String {
-    if quoted {
-        value.to_string()
-    } else {
-        value.to_lowercase()
-    }
 }
 
 /// The text after the `AS` that ends the PREPARE header, untouched (sqlparser's rendering of
