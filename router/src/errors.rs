@@ -1,10 +1,10 @@
 //! The router's own errors, each with the SQLSTATE a Postgres client expects and a message
-//! that says what happened and what to do. Errors from Postgres itself are forwarded untouched
-//! and never pass through here.
+//! that says what happened and what to do. Every SQLSTATE the router raises is named here;
+//! errors from Postgres itself are forwarded untouched and never pass through here.
+//! docs/errors.md lists them for users.
 
 use std::time::Duration;
 
-use crate::backend::conn::BackendError;
 use crate::protocol::reply::SqlError;
 
 pub const PROTOCOL_VIOLATION: &str = "08P01";
@@ -18,9 +18,13 @@ pub const UNKNOWN_DATABASE: &str = "3D000";
 pub const IN_FAILED_TRANSACTION: &str = "25P02";
 pub const UNDEFINED_PREPARED_STATEMENT: &str = "26000";
 pub const DUPLICATE_PREPARED_STATEMENT: &str = "42P05";
+pub const SYNTAX_ERROR: &str = "42601";
 pub const INVALID_TEXT_REPRESENTATION: &str = "22P02";
+pub const NUMERIC_VALUE_OUT_OF_RANGE: &str = "22003";
 pub const INVALID_PARAMETER_VALUE: &str = "22023";
-pub const ADMIN_SHUTDOWN: &str = "57P01";
+pub const PROGRAM_LIMIT_EXCEEDED: &str = "54000";
+pub const QUERY_CANCELED: &str = "57014";
+pub const INTERNAL_ERROR: &str = "XX000";
 
 /// A shard's pool had no free connection for the whole checkout timeout.
 pub fn pool_exhausted(shard: &str, endpoint: &str, waited: Duration) -> SqlError {
@@ -34,13 +38,14 @@ pub fn pool_exhausted(shard: &str, endpoint: &str, waited: Duration) -> SqlError
     .with_hint("the shard is overloaded or its pool is too small: raise [pool] max_size, or retry")
 }
 
-/// A shard's primary could not be reached or refused the router's login.
-pub fn shard_unreachable(shard: &str, err: &BackendError) -> SqlError {
-    let code = match err {
-        BackendError::Refused { .. } | BackendError::NoPassword { .. } => CANNOT_CONNECT,
-        _ => CONNECTION_FAILURE,
+/// A shard's primary could not be reached (`refused`: it refused the router's login).
+pub fn shard_unreachable(shard: &str, refused: bool, why: &str) -> SqlError {
+    let code = if refused {
+        CANNOT_CONNECT
+    } else {
+        CONNECTION_FAILURE
     };
-    SqlError::new(code, format!("shard {shard} is unavailable: {err}"))
+    SqlError::new(code, format!("shard {shard} is unavailable: {why}"))
         .with_hint("statements for other shards are not affected; retry when the shard is back")
 }
 
@@ -59,4 +64,62 @@ pub fn cross_shard_transaction(first: &str, second: &str) -> SqlError {
         format!("this transaction started on shard {first} and this statement needs shard {second}"),
     )
     .with_hint("a transaction must stay on one shard: keep the keys of one transaction on one shard, or commit before touching the other shard")
+}
+
+pub fn in_failed_transaction() -> SqlError {
+    SqlError::new(
+        IN_FAILED_TRANSACTION,
+        "current transaction is aborted, commands ignored until end of transaction block",
+    )
+}
+
+pub fn scatter_in_transaction() -> SqlError {
+    SqlError::new(
+        FEATURE_NOT_SUPPORTED,
+        "a read across all shards cannot run inside a transaction, which stays on one shard",
+    )
+    .with_hint("run it outside BEGIN ... COMMIT, or add the sharding key to read one shard")
+}
+
+pub fn ddl_in_transaction() -> SqlError {
+    SqlError::new(
+        FEATURE_NOT_SUPPORTED,
+        "DDL that goes to every shard cannot run inside a transaction",
+    )
+    .with_hint(
+        "run it on its own, outside BEGIN ... COMMIT; each shard applies it in its own transaction",
+    )
+}
+
+/// A merged read whose text the router could not rewrite for the shards.
+pub fn cannot_rewrite(why: &str) -> SqlError {
+    SqlError::new(
+        FEATURE_NOT_SUPPORTED,
+        format!("this read across shards cannot be rewritten for the shards: {why}"),
+    )
+}
+
+pub fn undefined_statement(name: &str) -> SqlError {
+    if name.is_empty() {
+        return SqlError::new(
+            UNDEFINED_PREPARED_STATEMENT,
+            "unnamed prepared statement does not exist",
+        );
+    }
+    SqlError::new(
+        UNDEFINED_PREPARED_STATEMENT,
+        format!("prepared statement \"{name}\" does not exist"),
+    )
+}
+
+pub fn duplicate_statement(name: &str) -> SqlError {
+    SqlError::new(
+        DUPLICATE_PREPARED_STATEMENT,
+        format!("prepared statement \"{name}\" already exists"),
+    )
+}
+
+/// The router's own invariant broke; the client's statement is refused rather than guessed.
+pub fn internal(what: impl std::fmt::Display) -> SqlError {
+    SqlError::new(INTERNAL_ERROR, format!("internal: {what}"))
 }

@@ -3,11 +3,16 @@
 //! Login (startup, SCRAM-SHA-256 / MD5 / cleartext / trust) uses the `postgres-protocol`
 //! crate's sans-IO pieces. After that the connection is a byte pipe: the session writes
 //! client frames (rewritten where needed) and reads reply frames without decoding rows.
+//!
+//! Every exchange that writes a request and then reads its replies up to ReadyForQuery goes
+//! through [`BackendConn::request`] (frame by frame) or [`BackendConn::round_trip`] (all at
+//! once). The one exception is a client's own statement on its pinned connection
+//! (`session::relay`), which must write, read, forward to the client and watch a timer at
+//! the same time.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use fallible_iterator::FallibleIterator;
 use postgres_protocol::authentication::sasl::{self, ScramSha256};
 use postgres_protocol::message::{backend, frontend};
@@ -70,42 +75,59 @@ pub struct BackendConn {
     /// ParameterStatus values Postgres sent at login (server_version, ...).
     pub params: Vec<(String, String)>,
     /// Router-wide ids of the statements prepared on this connection (bounded).
-    pub prepared: PreparedSet,
+    pub prepared: super::prepared::PreparedSet,
     /// Set when the connection may hold state another client must not see, or when its
     /// protocol state is unknown; such a connection is never reused.
     pub broken: bool,
     /// Fingerprint of the session settings this connection holds (see
-    /// `frontend::settings`): 0 for a fresh connection, `settings::UNKNOWN` after a change the
+    /// `session::settings`): 0 for a fresh connection, `settings::UNKNOWN` after a change the
     /// router could not follow.
     pub settings_fp: u64,
     pub created: Instant,
 }
 
 impl BackendConn {
-    /// Writes `out` (whole simple-protocol messages) and hands every reply frame to `on_frame`
-    /// until `readies` ReadyForQuery frames have come: the router's own short exchanges, where
-    /// nothing is streamed to a client while it waits.
+    /// Writes `out` and returns its replies, frame by frame, up to and including the
+    /// `readies`-th ReadyForQuery.
+    pub async fn request(&mut self, out: &[u8], readies: usize) -> std::io::Result<Replies<'_>> {
+        self.stream.write_all(out).await?;
+        Ok(self.replies(readies))
+    }
+
+    /// The replies to what was written last, up to and including the `readies`-th
+    /// ReadyForQuery (see [`BackendConn::request`]).
+    pub fn replies(&mut self, readies: usize) -> Replies<'_> {
+        Replies {
+            conn: self,
+            readies,
+            read: 0,
+        }
+    }
+
+    /// Writes `out` and hands every reply frame to `on_frame` until `readies` ReadyForQuery
+    /// frames have come: the router's own short exchanges, where nothing is streamed to a
+    /// client while it waits.
     pub async fn round_trip(
         &mut self,
         out: &[u8],
-        mut readies: usize,
+        readies: usize,
         mut on_frame: impl FnMut(&[u8]),
     ) -> std::io::Result<()> {
-        use bytes::Buf;
-        self.stream.write_all(out).await?;
-        while readies > 0 {
-            while let Some(h) =
+        let mut replies = self.request(out, readies).await?;
+        while let Some(frame) = replies.next().await? {
+            on_frame(frame);
+        }
+        Ok(())
+    }
+
+    /// The header of the next whole frame in the read buffer, reading from the socket until
+    /// one has arrived. The frame stays in `rbuf` until the caller advances past it.
+    pub async fn next_frame(&mut self) -> std::io::Result<crate::protocol::FrameHeader> {
+        loop {
+            if let Some(h) =
                 crate::protocol::frame::next_frame(&self.rbuf).map_err(std::io::Error::other)?
             {
-                on_frame(&self.rbuf[..h.total]);
-                let ready = h.tag == b'Z';
-                self.rbuf.advance(h.total);
-                if ready {
-                    readies -= 1;
-                    if readies == 0 {
-                        return Ok(());
-                    }
-                }
+                return Ok(h);
             }
             if self.stream.read_buf(&mut self.rbuf).await? == 0 {
                 return Err(std::io::Error::new(
@@ -114,7 +136,6 @@ impl BackendConn {
                 ));
             }
         }
-        Ok(())
     }
 
     /// Connects and logs in; the whole login is bounded by the endpoint's connect timeout.
@@ -151,7 +172,7 @@ impl BackendConn {
             pid: 0,
             secret: 0,
             params: Vec::new(),
-            prepared: PreparedSet::default(),
+            prepared: Default::default(),
             broken: false,
             settings_fp: 0,
             created: Instant::now(),
@@ -168,6 +189,15 @@ impl BackendConn {
 
         let mut scram: Option<ScramSha256> = None;
         loop {
+            let h = conn.next_frame().await.map_err(io)?;
+            if h.tag == b'E' {
+                let (code, message) = crate::protocol::backend::error_fields(&conn.rbuf[..h.total]);
+                return Err(BackendError::Refused {
+                    endpoint: name.clone(),
+                    code,
+                    message,
+                });
+            }
             let msg = conn.read_message().await.map_err(io)?;
             out.clear();
             match msg {
@@ -230,14 +260,6 @@ impl BackendConn {
                     conn.secret = body.secret_key();
                 }
                 backend::Message::ReadyForQuery(_) => return Ok(conn),
-                backend::Message::ErrorResponse(body) => {
-                    let (code, message) = error_fields(&body);
-                    return Err(BackendError::Refused {
-                        endpoint: name.clone(),
-                        code,
-                        message,
-                    });
-                }
                 backend::Message::NoticeResponse(_) => {}
                 _ => return Err(proto("unexpected message during login".into())),
             }
@@ -275,129 +297,33 @@ impl BackendConn {
     }
 }
 
-fn error_fields(body: &backend::ErrorResponseBody) -> (String, String) {
-    let mut code = String::new();
-    let mut message = String::new();
-    let mut fields = body.fields();
-    while let Ok(Some(f)) = fields.next() {
-        match f.type_() {
-            b'C' => code = String::from_utf8_lossy(f.value_bytes()).into_owned(),
-            b'M' => message = String::from_utf8_lossy(f.value_bytes()).into_owned(),
-            _ => {}
+/// The replies to one request, frame by frame (see [`BackendConn::request`]).
+pub struct Replies<'c> {
+    conn: &'c mut BackendConn,
+    readies: usize,
+    /// Length of the frame handed out last, dropped from the buffer on the next call.
+    read: usize,
+}
+
+impl Replies<'_> {
+    /// The next reply frame; `None` once the last ReadyForQuery has been handed out.
+    pub async fn next(&mut self) -> std::io::Result<Option<&[u8]>> {
+        self.conn.rbuf.advance(std::mem::take(&mut self.read));
+        if self.readies == 0 {
+            return Ok(None);
         }
-    }
-    (code, message)
-}
-
-/// Sends a CancelRequest for backend (or router client) `pid` to `addr`: a Postgres server, or
-/// another router of the fleet. Like Postgres's own cancel, it says nothing about whether
-/// anything was running; errors are only about reaching `addr`.
-pub async fn send_cancel(
-    addr: impl tokio::net::ToSocketAddrs,
-    pid: i32,
-    secret: i32,
-) -> std::io::Result<()> {
-    let packet = crate::protocol::startup::cancel_request(pid, secret);
-    let send = async {
-        let mut s = TcpStream::connect(addr).await?;
-        s.write_all(&packet).await?;
-        // The receiver closes the connection when it has acted; wait for that.
-        let mut sink = [0u8; 16];
-        let _ = s.read(&mut sink).await;
-        Ok(())
-    };
-    match tokio::time::timeout(Duration::from_secs(5), send).await {
-        Ok(r) => r,
-        Err(_) => Err(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            "the cancel request timed out",
-        )),
-    }
-}
-
-/// How many router statements one backend connection keeps prepared. Postgres keeps every
-/// prepared statement in the backend's memory until the connection ends; a client that
-/// prepares many distinct texts must not grow every backend without bound.
-pub const MAX_PREPARED_PER_CONNECTION: usize = 1000;
-
-/// The statements prepared on one connection, with the least recently used evicted first.
-#[derive(Default, Debug)]
-pub struct PreparedSet {
-    last_use: HashMap<u64, u64>,
-    tick: u64,
-}
-
-impl PreparedSet {
-    /// Whether statement `id` is prepared; marks it used.
-    pub fn contains(&mut self, id: &u64) -> bool {
-        self.tick += 1;
-        match self.last_use.get_mut(id) {
-            Some(t) => {
-                *t = self.tick;
-                true
-            }
-            None => false,
+        let h = self.conn.next_frame().await?;
+        if h.tag == b'Z' {
+            self.readies -= 1;
         }
-    }
-
-    /// Records statement `id` as prepared; returns the statement to close first when the set is
-    /// full (the least recently used).
-    pub fn insert(&mut self, id: u64) -> Option<u64> {
-        self.tick += 1;
-        let evict = if self.last_use.len() >= MAX_PREPARED_PER_CONNECTION
-            && !self.last_use.contains_key(&id)
-        {
-            let oldest = self
-                .last_use
-                .iter()
-                .min_by_key(|(_, t)| **t)
-                .map(|(id, _)| *id);
-            if let Some(old) = oldest {
-                self.last_use.remove(&old);
-            }
-            oldest
-        } else {
-            None
-        };
-        self.last_use.insert(id, self.tick);
-        evict
-    }
-
-    pub fn remove(&mut self, id: &u64) {
-        self.last_use.remove(id);
-    }
-
-    pub fn clear(&mut self) {
-        self.last_use.clear();
-    }
-
-    pub fn len(&self) -> usize {
-        self.last_use.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.last_use.is_empty()
+        self.read = h.total;
+        Ok(Some(&self.conn.rbuf[..h.total]))
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn evicts_the_least_recently_used() {
-        let mut set = PreparedSet::default();
-        for id in 0..MAX_PREPARED_PER_CONNECTION as u64 {
-            assert_eq!(set.insert(id), None);
-        }
-        assert!(set.contains(&0));
-        assert_eq!(
-            set.insert(5000),
-            Some(1),
-            "0 was used again, 1 is the oldest"
-        );
-        assert!(!set.contains(&1));
-        assert_eq!(set.len(), MAX_PREPARED_PER_CONNECTION);
-        assert_eq!(set.insert(5000), None, "already there");
+impl Drop for Replies<'_> {
+    fn drop(&mut self) {
+        // A caller that stops early (at a CopyInResponse, say) leaves the rest for later reads.
+        self.conn.rbuf.advance(self.read);
     }
 }

@@ -1,10 +1,21 @@
-//! Connections from the router to the shards' Postgres primaries.
+//! Connections from the router to the shards' Postgres primaries, and what the router keeps
+//! about them.
 //!
-//! [`conn`] logs in to a primary and then only moves raw frames; [`pool`] keeps one
-//! independent pool of such connections per (host, port, database).
+//! | module | what |
+//! |---|---|
+//! | [`conn`] | one connection: login, then raw frames; the request/reply helper |
+//! | [`pool`] | one independent pool of connections per (host, port, database) |
+//! | [`prepared`] | which router statements one connection has prepared (bounded, LRU) |
+//! | [`registry`] | the router-wide registry of prepared statement texts (`sg_<id>`) |
+//! | [`catalog`] | what the router learns from a shard's catalog (key positions, collation) |
+//! | [`cancel`] | cancel requests to a backend or to another router |
 
+pub mod cancel;
+pub mod catalog;
 pub mod conn;
 pub mod pool;
+pub mod prepared;
+pub mod registry;
 
 pub use conn::{BackendConn, BackendError, Endpoint};
 pub use pool::{Pools, ShardPool};

@@ -53,6 +53,12 @@ impl managed::Manager for Manager {
 
 pub type PooledConn = Object<Manager>;
 
+/// Closes a connection instead of returning it to its pool: it may hold state another client
+/// must not see (an open transaction, a half-read reply), or it broke.
+pub fn discard(conn: PooledConn) {
+    drop(Object::take(conn));
+}
+
 /// The pool of one endpoint.
 pub struct ShardPool {
     pub endpoint: Endpoint,

@@ -175,38 +175,6 @@ pub fn array_elements_text(text: &str) -> Result<Vec<Option<String>>, String> {
     Ok(out)
 }
 
-/// The elements of an array in Postgres's binary format (any number of dimensions, flattened).
-pub fn array_elements_binary(bytes: &[u8]) -> Result<Vec<Option<&[u8]>>, String> {
-    let bad = || "malformed binary array".to_string();
-    let int = |at: usize| -> Result<i32, String> {
-        let b = bytes.get(at..at + 4).ok_or_else(bad)?;
-        Ok(i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-    };
-    let ndim = usize::try_from(int(0)?).map_err(|_| bad())?;
-    if ndim > 6 {
-        return Err(bad());
-    }
-    let mut count: usize = usize::from(ndim > 0);
-    for d in 0..ndim {
-        let len = usize::try_from(int(12 + 8 * d)?).map_err(|_| bad())?;
-        count = count.checked_mul(len).ok_or_else(bad)?;
-    }
-    let mut at = 12 + 8 * ndim;
-    let mut out = Vec::with_capacity(count.min(bytes.len() / 4));
-    for _ in 0..count {
-        let len = int(at)?;
-        at += 4;
-        if len < 0 {
-            out.push(None);
-            continue;
-        }
-        let end = at.checked_add(len as usize).ok_or_else(bad)?;
-        out.push(Some(bytes.get(at..end).ok_or_else(bad)?));
-        at = end;
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod array_tests {
     use super::*;
@@ -230,25 +198,5 @@ mod array_tests {
         assert!(array_elements_text("1,2").is_err());
         assert!(array_elements_text("{1,,2}").is_err());
         assert!(array_elements_text("{\"open}").is_err());
-    }
-
-    #[test]
-    fn binary_arrays() {
-        // int8[] {7, NULL}: ndim 1, has nulls, oid 20, dim 2, lbound 1.
-        let mut b = Vec::new();
-        for v in [1i32, 1, 20, 2, 1] {
-            b.extend_from_slice(&v.to_be_bytes());
-        }
-        b.extend_from_slice(&8i32.to_be_bytes());
-        b.extend_from_slice(&7i64.to_be_bytes());
-        b.extend_from_slice(&(-1i32).to_be_bytes());
-        let got = array_elements_binary(&b).unwrap();
-        assert_eq!(got, [Some(&7i64.to_be_bytes()[..]), None]);
-        assert!(array_elements_binary(&b[..b.len() - 6]).is_err());
-        // An empty array has no dimensions.
-        assert_eq!(
-            array_elements_binary(&[0; 12]).unwrap(),
-            Vec::<Option<&[u8]>>::new()
-        );
     }
 }

@@ -50,6 +50,8 @@ pub enum Route {
     /// type are each pinned): all of them must land on one shard, which the caller checks.
     Keyed {
         table: String,
+        /// The key column of `table`.
+        key: String,
         key_type: KeyType,
         keys: Vec<KeySource>,
         /// For a read whose keys may land on several shards (`IN (...)`): how the answers of
@@ -96,34 +98,7 @@ pub enum Route {
     Unparsed,
 }
 
-/// How COPY data is written, from the COPY statement's options, and where the key is in it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CopyFormat {
-    pub csv: bool,
-    pub delimiter: u8,
-    pub quote: u8,
-    pub escape: u8,
-    pub header: bool,
-    /// Position of the sharding key in the column list.
-    pub key_index: usize,
-    /// Number of columns in the list.
-    pub columns: usize,
-}
-
-impl CopyFormat {
-    /// The text format's defaults.
-    pub fn text(key_index: usize, columns: usize) -> CopyFormat {
-        CopyFormat {
-            csv: false,
-            delimiter: b'\t',
-            quote: b'"',
-            escape: b'"',
-            header: false,
-            key_index,
-            columns,
-        }
-    }
-}
+pub use crate::protocol::copy::Format as CopyFormat;
 
 /// Where a key value comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]

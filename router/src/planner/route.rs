@@ -393,11 +393,17 @@ fn data(stmt: &Statement, map: &ShardMap, positions: &KeyPositions) -> Route {
         // Each key's rows live on its shard only, so the same statement on each shard of its
         // keys does exactly the work (with one sharded table: a join would see one shard's part).
         (refs.sharded.len() == 1).then_some(Merge::Write)
-    } else {
+    } else if refs.sharded.len() == 1 {
+        // A read of one sharded table: each key's rows are only on its shard, so the shards of
+        // its keys answer it exactly. A join of two pinned references on different shards has
+        // no shard that holds both sides, and is refused.
         super::scatter::merge_for(stmt).ok()
+    } else {
+        None
     };
     Route::Keyed {
         table: name,
+        key: first.key.clone(),
         key_type,
         keys,
         spread,

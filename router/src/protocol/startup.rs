@@ -45,16 +45,6 @@ pub enum StartupError {
     Malformed(#[from] Malformed),
 }
 
-/// A CancelRequest packet.
-pub fn cancel_request(pid: i32, secret: i32) -> [u8; 16] {
-    let mut packet = [0u8; 16];
-    packet[0..4].copy_from_slice(&16i32.to_be_bytes());
-    packet[4..8].copy_from_slice(&CANCEL_REQUEST.to_be_bytes());
-    packet[8..12].copy_from_slice(&pid.to_be_bytes());
-    packet[12..16].copy_from_slice(&secret.to_be_bytes());
-    packet
-}
-
 /// Length of the startup packet at the front of `buf` once its 4-byte length has arrived.
 pub fn packet_len(buf: &[u8]) -> Result<Option<usize>, StartupError> {
     if buf.len() < 4 {

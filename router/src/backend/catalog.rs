@@ -1,0 +1,94 @@
+//! What the router learns from a shard's catalog: where each sharded table's key sits among its
+//! columns, so that `INSERT INTO kv VALUES (...)` without a column list can be routed, and
+//! whether the database's collation sorts text by bytes (which merges across shards need). Every
+//! shard has the same schema (DDL on sharded tables reaches all of them), so the default shard
+//! answers for all. Learned at start and again after each DDL that the router broadcasts.
+
+use std::collections::HashMap;
+
+use bytes::BytesMut;
+
+use crate::protocol::request;
+use crate::server::Shared;
+use crate::session::settings::quote_literal;
+
+/// Reads the column order of every sharded table and hands the key positions to the planner.
+/// A shard that cannot be asked leaves the planner as it was (INSERTs then need a column list).
+pub async fn learn_key_positions(shared: &Shared) {
+    let shard = shared.map.default_shard();
+    let Ok(mut conn) = shared.checkout(shard).await else {
+        return;
+    };
+    // Text sorts by bytes only under the C collation; the merge of ORDER BY / min / max of text
+    // across shards needs that.
+    conn.settings_fp = 0;
+    match first_column(&mut conn, TEXT_BYTEWISE).await {
+        Ok(c) => shared.learn_text_bytewise(c.first().map(String::as_str) == Some("t")),
+        Err(e) => {
+            tracing::warn!("could not read the database collation: {e}");
+            conn.broken = true;
+            return;
+        }
+    }
+    let mut positions = HashMap::new();
+    for table in shared.map.tables() {
+        let name = table.qualified_name();
+        // RESET ALL first: a client's search_path on this pooled connection must not decide
+        // which table an unqualified name means.
+        let sql = format!(
+            "RESET ALL; SELECT attname FROM pg_attribute WHERE attrelid = to_regclass({}) AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            quote_literal(&name)
+        );
+        conn.settings_fp = 0;
+        match first_column(&mut conn, &sql).await {
+            Ok(columns) => {
+                if let Some(p) = columns.iter().position(|c| *c == table.key) {
+                    positions.insert(name, p);
+                }
+            }
+            Err(e) => {
+                tracing::warn!("could not read the column order of {name}: {e}");
+                conn.broken = true;
+                return;
+            }
+        }
+    }
+    tracing::debug!(tables = positions.len(), "learned key positions");
+    shared.planner.learn_key_positions(positions);
+}
+
+/// Whether text compares by its bytes everywhere: the database's collation is C or POSIX from
+/// the libc provider (an ICU database can say `C` in `datcollate`), and no user column has a
+/// collation of its own. Fails (so: no) on a Postgres without `datlocprovider` (before 15).
+const TEXT_BYTEWISE: &str =
+    "RESET ALL; SELECT datlocprovider = 'c' AND datcollate IN ('C', 'POSIX') \
+    AND NOT EXISTS (SELECT 1 FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid \
+    JOIN pg_namespace n ON n.oid = c.relnamespace \
+    WHERE a.attnum > 0 AND a.attcollation NOT IN (0, 100, 950, 951) \
+    AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg_toast%') \
+    FROM pg_database WHERE datname = current_database()";
+
+/// The first column of every row of a simple query, as text (empty when it fails).
+async fn first_column(
+    conn: &mut crate::backend::BackendConn,
+    sql: &str,
+) -> std::io::Result<Vec<String>> {
+    let mut out = BytesMut::new();
+    request::query(&mut out, sql).map_err(std::io::Error::other)?;
+    let mut values = Vec::new();
+    let mut failed = false;
+    conn.round_trip(&out, 1, |frame| match frame[0] {
+        b'D' => {
+            if let Ok(Some(v)) = crate::merge::row::nth_field(&frame[5..], 0) {
+                values.push(String::from_utf8_lossy(v).into_owned());
+            }
+        }
+        b'E' => failed = true,
+        _ => {}
+    })
+    .await?;
+    if failed {
+        values.clear();
+    }
+    Ok(values)
+}

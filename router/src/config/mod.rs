@@ -1,0 +1,259 @@
+//! `router.toml`: where the router listens, which shard map it serves, who may log in, and
+//! how it logs in to the shards, sizes its pools and limits its clients.
+//!
+//! Loading is a pure function of the file (so that a later reload can swap a whole [`Config`]
+//! at once): [`load`] reads it, [`parse`] checks it part by part ([`sections`], on the file
+//! form of [`raw`], with the shared checks of [`check`]) and returns either a ready-to-use
+//! [`Config`] (typed values, paths resolved, plain passwords already turned into SCRAM
+//! verifiers) or a [`ConfigError`] that lists every problem as `FILE:LINE: sentence`, in the
+//! same style as shard map errors, so an operator fixes a file in one pass. The field docs
+//! below are the reference that `docs/configuration.md` follows.
+
+mod check;
+mod raw;
+mod sections;
+
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use shardmap::Problem;
+
+use crate::auth::Secret;
+use check::Checker;
+use raw::RawConfig;
+
+/// `listen` when the file does not set it: local connections only, PgBouncer's port.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:6432";
+
+/// A checked `router.toml`.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file this was loaded from, for reloads and messages.
+    pub source: PathBuf,
+    /// `listen`: the address clients connect to. Default `127.0.0.1:6432`.
+    pub listen: SocketAddr,
+    /// `shardmap`: the shard map file, resolved against the config file's directory when
+    /// relative. Required.
+    pub shardmap: PathBuf,
+    /// `database`: the logical database name clients connect to (the `dbname` of their
+    /// connection string); the shards' own database names come from the shard map. Required.
+    pub database: String,
+    /// `auth`: how clients prove who they are. Default `scram-sha-256`.
+    pub auth: AuthMethod,
+    /// `[[users]]`: who may log in, each with a SCRAM verifier (plain passwords in the file
+    /// are turned into verifiers at load). At least one is required with `scram-sha-256`.
+    pub users: Vec<User>,
+    /// `[backend]`: how the router logs in to the shards.
+    pub backend: Backend,
+    /// `[pool]`: connection pools to the shards.
+    pub pool: Pool,
+    /// `[limits]`: limits and thresholds on clients and statements.
+    pub limits: Limits,
+    /// `router_id`: this router's number in its fleet, 0 to 127 (default 0). It is part of the
+    /// BackendKeyData every client gets, so a cancel request that reaches another router of
+    /// the fleet can be forwarded here.
+    pub router_id: u8,
+    /// `[[peers]]`: the other routers of the fleet, by id, with the address they listen on.
+    pub peers: Vec<Peer>,
+}
+
+/// One `[[peers]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    pub id: u8,
+    pub address: SocketAddr,
+}
+
+/// Highest router id: ids live in the top 7 bits of the (positive) BackendKeyData process id.
+pub const MAX_ROUTER_ID: i64 = 127;
+
+impl Config {
+    /// The `[[users]]` entry named `name` (the user of a client's startup message).
+    pub fn user(&self, name: &str) -> Option<&User> {
+        // Users are few; a scan per login is cheaper than keeping an index in sync.
+        self.users.iter().find(|u| u.name == name)
+    }
+}
+
+/// `auth`: how clients authenticate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthMethod {
+    /// `"scram-sha-256"`: a password checked with SCRAM-SHA-256, as Postgres does.
+    ScramSha256,
+    /// `"trust"`: anyone who can reach `listen` gets in as any user. Never the default.
+    Trust,
+}
+
+/// One `[[users]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct User {
+    /// `name`: the user name clients log in as.
+    pub name: String,
+    /// `password`: a plain password or a Postgres `SCRAM-SHA-256$...` verifier (as in
+    /// `pg_authid`); after loading always [`Secret::Scram`].
+    pub secret: Secret,
+}
+
+/// `[backend]`: the credentials and session settings of the router's connections to shards.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Backend {
+    /// `user`: the Postgres user, for shards whose primary URL names none. Default `postgres`.
+    pub user: String,
+    /// `password`: the plain password, for shards whose primary URL gives none. Default none
+    /// (for `trust` or peer setups). A SCRAM verifier cannot be used to log in.
+    pub password: Option<String>,
+    /// `application_name`: shown in `pg_stat_activity` on the shards. Default `shardgate`.
+    pub application_name: String,
+}
+
+// Config is logged with `{:?}`: never print the backend password.
+impl fmt::Debug for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Backend")
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("application_name", &self.application_name)
+            .finish()
+    }
+}
+
+/// `[pool]`: one pool per (host, port, database) of the shard map's primaries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pool {
+    /// `max_size`: most connections per pool. Default 20; at least 1.
+    pub max_size: usize,
+    /// `min_idle`: idle connections each pool keeps open. Default 0; at most `max_size`.
+    pub min_idle: usize,
+    /// `connect_timeout_ms`: how long opening a backend connection (TCP and login) may take.
+    /// Default 2000; more than 0.
+    pub connect_timeout: Duration,
+    /// `checkout_timeout_ms`: how long a statement waits for a free connection before the
+    /// client gets `53300`. Default 5000; more than 0.
+    pub checkout_timeout: Duration,
+    /// `idle_timeout_ms`: idle connections above `min_idle` are closed after this long.
+    /// Default 600000 (10 minutes); 0 = never.
+    pub idle_timeout: Option<Duration>,
+}
+
+/// `[limits]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// `max_clients`: client connections beyond this are refused with `53300`. Default 10000;
+    /// at least 1.
+    pub max_clients: usize,
+    /// `statement_timeout_ms`: statements running longer are cancelled with `57014`.
+    /// Default 0 = none.
+    pub statement_timeout: Option<Duration>,
+    /// `plan_cache_size`: routing plans of distinct statement texts kept. Default 10000;
+    /// 0 = no cache.
+    pub plan_cache_size: usize,
+    /// `slow_statement_ms`: statements slower than this are logged with their shard and
+    /// timings. Default 1000; 0 = no slow-statement log.
+    pub slow_statement: Option<Duration>,
+    /// `allow_scatter_writes`: let UPDATE and DELETE of a sharded table without a key run on
+    /// every shard. Off by default: such a write touches every shard, and its transactions
+    /// commit one after the other (all or none, except when a shard fails between the COMMITs);
+    /// clients can also opt in per session with `SET shardgate.allow_scatter_writes = on`.
+    pub allow_scatter_writes: bool,
+    /// `max_merge_groups`: how many groups (of a GROUP BY, DISTINCT or aggregate read across
+    /// shards) the router may hold while it combines them; more is refused with `54000`, so
+    /// one read cannot take the router's memory. Default 1000000.
+    pub max_merge_groups: usize,
+}
+
+/// Every problem found in one config file; shown as `FILE:LINE: sentence`, one per line
+/// (just `FILE: sentence` when the problem has no line, e.g. a missing setting).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The file the config came from.
+    pub origin: String,
+    /// Sorted by line.
+    pub problems: Vec<Problem>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, p) in self.problems.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            if p.line > 0 {
+                write!(f, "{}:{}: {}", self.origin, p.line, p.message)?;
+            } else {
+                write!(f, "{}: {}", self.origin, p.message)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Reads and checks a config file.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        origin: path.display().to_string(),
+        problems: vec![Problem {
+            line: 0,
+            message: format!("cannot read the config file: {e}"),
+        }],
+    })?;
+    parse(&text, path)
+}
+
+/// Checks config text. `origin` is the file it came from: it names the file in errors, and
+/// relative paths in the config are relative to its directory.
+pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
+    let mut check = Checker {
+        text,
+        problems: Vec::new(),
+    };
+    let raw: RawConfig = match toml::from_str(text) {
+        Ok(raw) => raw,
+        Err(e) => {
+            let line = e.span().map_or(0, |s| check.line(s));
+            check.add(line, e.message().trim());
+            return check.finish(origin, None);
+        }
+    };
+    let listen = sections::listen(&raw, &mut check);
+    let shardmap = sections::shardmap(&raw, origin, &mut check);
+    let database = sections::database(&raw, &mut check);
+    let auth = sections::auth(&raw, &mut check);
+    let (router_id, peers) = sections::fleet(&raw, &mut check);
+    let users = sections::users(&raw, auth, &mut check);
+    let backend = sections::backend(&raw.backend, &mut check);
+    let pool = sections::pool(&raw.pool, &mut check);
+    let limits = sections::limits(&raw.limits, &mut check);
+    if !check.problems.is_empty() {
+        return check.finish(origin, None);
+    }
+    // Only now, with the file known good, pay for PBKDF2 on each plain password: logins then
+    // cost one HMAC chain instead.
+    let users = users
+        .into_iter()
+        .map(|(u, _)| User {
+            name: u.name,
+            secret: u.secret.into_scram(),
+        })
+        .collect();
+    let config = Config {
+        source: origin.to_path_buf(),
+        listen,
+        shardmap,
+        database,
+        auth: auth.unwrap_or(AuthMethod::ScramSha256),
+        users,
+        backend,
+        pool,
+        limits,
+        router_id,
+        peers,
+    };
+    check.finish(origin, Some(config))
+}

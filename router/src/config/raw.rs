@@ -1,0 +1,69 @@
+//! `router.toml` as it is written: every value `Spanned` so a problem can name its line, and
+//! optional so that a missing setting is reported in our words rather than serde's. The
+//! sections in [`super::sections`] turn this into the checked [`super::Config`].
+
+use serde::Deserialize;
+use toml::Spanned;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    pub(super) listen: Option<Spanned<String>>,
+    pub(super) shardmap: Option<Spanned<String>>,
+    pub(super) database: Option<Spanned<String>>,
+    pub(super) auth: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) users: Vec<Spanned<RawUser>>,
+    #[serde(default)]
+    pub(super) backend: RawBackend,
+    #[serde(default)]
+    pub(super) pool: RawPool,
+    #[serde(default)]
+    pub(super) limits: RawLimits,
+    pub(super) router_id: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub(super) peers: Vec<Spanned<RawPeer>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPeer {
+    pub(super) id: Spanned<i64>,
+    pub(super) address: Spanned<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawUser {
+    pub(super) name: Option<Spanned<String>>,
+    pub(super) password: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBackend {
+    pub(super) user: Option<Spanned<String>>,
+    pub(super) password: Option<Spanned<String>>,
+    pub(super) application_name: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPool {
+    pub(super) max_size: Option<Spanned<i64>>,
+    pub(super) min_idle: Option<Spanned<i64>>,
+    pub(super) connect_timeout_ms: Option<Spanned<i64>>,
+    pub(super) checkout_timeout_ms: Option<Spanned<i64>>,
+    pub(super) idle_timeout_ms: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLimits {
+    pub(super) max_clients: Option<Spanned<i64>>,
+    pub(super) statement_timeout_ms: Option<Spanned<i64>>,
+    pub(super) plan_cache_size: Option<Spanned<i64>>,
+    pub(super) slow_statement_ms: Option<Spanned<i64>>,
+    pub(super) allow_scatter_writes: Option<bool>,
+    pub(super) max_merge_groups: Option<Spanned<i64>>,
+}

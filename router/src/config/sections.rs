@@ -1,0 +1,281 @@
+//! The checks of each part of `router.toml`, one function per part: each reads the raw file
+//! form ([`super::raw`]), reports every problem with its line to the [`Checker`], and returns
+//! the checked value (a harmless default where it found a problem, so that checking goes on and
+//! the operator sees every problem at once).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use toml::Spanned;
+
+use super::check::Checker;
+use super::raw::{RawBackend, RawConfig, RawLimits, RawPool};
+use super::{AuthMethod, Backend, Limits, Peer, Pool, User, DEFAULT_LISTEN, MAX_ROUTER_ID};
+use crate::auth::Secret;
+
+/// `listen`.
+pub(super) fn listen(raw: &RawConfig, check: &mut Checker<'_>) -> SocketAddr {
+    let listen_text = raw
+        .listen
+        .as_ref()
+        .map_or(DEFAULT_LISTEN, |l| l.get_ref().as_str());
+    match listen_text.trim().parse::<SocketAddr>() {
+        Ok(addr) => addr,
+        Err(_) => {
+            let line = raw.listen.as_ref().map_or(0, |l| check.line(l.span()));
+            check.add(
+                line,
+                format!(
+                    "listen {listen_text:?} is not an IP address and port; write it like \
+                     \"127.0.0.1:6432\" or \"[::]:6432\" (host names are not accepted)"
+                ),
+            );
+            SocketAddr::from(([127, 0, 0, 1], 6432))
+        }
+    }
+}
+
+/// `shardmap`, resolved against the config file's directory.
+pub(super) fn shardmap(raw: &RawConfig, origin: &Path, check: &mut Checker<'_>) -> PathBuf {
+    let base = origin.parent().unwrap_or(Path::new(""));
+    match &raw.shardmap {
+        Some(s) if !s.get_ref().trim().is_empty() => base.join(s.get_ref().trim()),
+        Some(s) => {
+            let line = check.line(s.span());
+            check.add(
+                line,
+                "shardmap is empty; give the path of the shard map file",
+            );
+            PathBuf::new()
+        }
+        None => {
+            check.add(
+                0,
+                "shardmap is missing; give the path of the shard map file, e.g. \
+                 shardmap = \"shardmap.toml\" (relative to this file)",
+            );
+            PathBuf::new()
+        }
+    }
+}
+
+/// `database`.
+pub(super) fn database(raw: &RawConfig, check: &mut Checker<'_>) -> String {
+    match &raw.database {
+        Some(d) if !d.get_ref().trim().is_empty() => d.get_ref().trim().to_string(),
+        Some(d) => {
+            let line = check.line(d.span());
+            check.add(
+                line,
+                "database is empty; give the database name clients connect to",
+            );
+            String::new()
+        }
+        None => {
+            check.add(
+                0,
+                "database is missing; give the database name clients connect to, e.g. database = \"app\"",
+            );
+            String::new()
+        }
+    }
+}
+
+/// `auth`; `None` when unreadable (reported once, not again as "no users").
+pub(super) fn auth(raw: &RawConfig, check: &mut Checker<'_>) -> Option<AuthMethod> {
+    match raw
+        .auth
+        .as_ref()
+        .map(|a| (a.get_ref().trim(), check.line(a.span())))
+    {
+        None | Some(("scram-sha-256", _)) => Some(AuthMethod::ScramSha256),
+        Some(("trust", _)) => Some(AuthMethod::Trust),
+        Some((other, line)) => {
+            check.add(
+                line,
+                format!("auth {other:?} is not an authentication method; use \"scram-sha-256\" or \"trust\""),
+            );
+            None
+        }
+    }
+}
+
+/// `router_id` and `[[peers]]`: this router's place in its fleet.
+pub(super) fn fleet(raw: &RawConfig, check: &mut Checker<'_>) -> (u8, Vec<Peer>) {
+    let router_id = match &raw.router_id {
+        None => 0,
+        Some(id) if (0..=MAX_ROUTER_ID).contains(id.get_ref()) => *id.get_ref() as u8,
+        Some(id) => {
+            let line = check.line(id.span());
+            check.add(
+                line,
+                format!(
+                    "router_id is {}; it must be 0 to {MAX_ROUTER_ID}",
+                    id.get_ref()
+                ),
+            );
+            0
+        }
+    };
+    let mut peers: Vec<Peer> = Vec::new();
+    for p in &raw.peers {
+        let line = check.line(p.span());
+        let p = p.get_ref();
+        let id = *p.id.get_ref();
+        let address = p.address.get_ref().trim().parse::<SocketAddr>();
+        if !(0..=MAX_ROUTER_ID).contains(&id) {
+            check.add(line, format!("peer id {id} must be 0 to {MAX_ROUTER_ID}"));
+        } else if id as u8 == router_id {
+            check.add(
+                line,
+                format!("peer id {id} is this router's own router_id; list only the other routers"),
+            );
+        } else if peers.iter().any(|q| q.id == id as u8) {
+            check.add(line, format!("peer id {id} is listed twice"));
+        } else {
+            match address {
+                Ok(address) => peers.push(Peer {
+                    id: id as u8,
+                    address,
+                }),
+                Err(_) => check.add(
+                    line,
+                    format!(
+                        "peer address {:?} is not an IP address and port, e.g. \"10.0.0.2:6432\"",
+                        p.address.get_ref()
+                    ),
+                ),
+            }
+        }
+    }
+    (router_id, peers)
+}
+
+/// `[[users]]`, each with the line of its entry; `auth` decides whether none is a problem.
+pub(super) fn users(
+    raw: &RawConfig,
+    auth: Option<AuthMethod>,
+    check: &mut Checker<'_>,
+) -> Vec<(User, usize)> {
+    let mut users: Vec<(User, usize)> = Vec::new();
+    for u in &raw.users {
+        let entry = check.line(u.span());
+        let u = u.get_ref();
+        let name = match &u.name {
+            Some(n) if !n.get_ref().trim().is_empty() => n.get_ref().trim().to_string(),
+            Some(n) => {
+                let line = check.line(n.span());
+                check.add(line, "user name is empty");
+                continue;
+            }
+            None => {
+                check.add(entry, "[[users]] entry has no name");
+                continue;
+            }
+        };
+        let secret = match &u.password {
+            Some(p) => match Secret::parse(p.get_ref()) {
+                Ok(s) => s,
+                Err(e) => {
+                    let line = check.line(p.span());
+                    check.add(line, format!("user {name:?}: {e}"));
+                    continue;
+                }
+            },
+            None => {
+                check.add(
+                    entry,
+                    format!("user {name:?} has no password; give a plain password or a SCRAM-SHA-256$... verifier"),
+                );
+                continue;
+            }
+        };
+        if let Some((_, first)) = users.iter().find(|(existing, _)| existing.name == name) {
+            let first = *first;
+            check.add(
+                entry,
+                format!("user {name:?} is defined twice (first on line {first}); keep one [[users]] entry per user"),
+            );
+            continue;
+        }
+        users.push((User { name, secret }, entry));
+    }
+    // A user whose entry is broken is not in `users`, but it was meant to be: only complain
+    // about "no users" when none were written at all.
+    if auth == Some(AuthMethod::ScramSha256) && raw.users.is_empty() {
+        let line = raw.auth.as_ref().map_or(0, |a| check.line(a.span()));
+        check.add(
+            line,
+            "auth is scram-sha-256 but no [[users]] are defined, so nobody could log in; \
+             add [[users]] entries with name and password, or set auth = \"trust\"",
+        );
+    }
+    users
+}
+
+/// `[backend]`.
+pub(super) fn backend(b: &RawBackend, check: &mut Checker<'_>) -> Backend {
+    let text_or = |v: &Option<Spanned<String>>, default: &str| {
+        v.as_ref()
+            .map_or(default.to_string(), |s| s.get_ref().clone())
+    };
+    if let Some(p) = &b.password {
+        if p.get_ref().starts_with("SCRAM-SHA-256$") {
+            let line = check.line(p.span());
+            check.add(
+                    line,
+                    "backend.password is a SCRAM verifier, which cannot be used to log in; give the plain password",
+                );
+        }
+    }
+    if let Some(u) = &b.user {
+        if u.get_ref().trim().is_empty() {
+            let line = check.line(u.span());
+            check.add(
+                line,
+                "backend.user is empty; leave it out to use \"postgres\"",
+            );
+        }
+    }
+    Backend {
+        user: text_or(&b.user, "postgres").trim().to_string(),
+        password: b.password.as_ref().map(|p| p.get_ref().clone()),
+        application_name: text_or(&b.application_name, "shardgate"),
+    }
+}
+
+/// `[pool]`.
+pub(super) fn pool(p: &RawPool, check: &mut Checker<'_>) -> Pool {
+    let max_size = check.count(&p.max_size, "pool.max_size", 20, 1);
+    let min_idle = check.count(&p.min_idle, "pool.min_idle", 0, 0);
+    if min_idle > max_size {
+        let line = p.min_idle.as_ref().map_or(0, |m| check.line(m.span()));
+        check.add(
+            line,
+            format!("pool.min_idle is {min_idle}, more than pool.max_size ({max_size}); it can be at most max_size"),
+        );
+    }
+    Pool {
+        max_size,
+        min_idle,
+        connect_timeout: check.timeout(&p.connect_timeout_ms, "pool.connect_timeout_ms", 2000),
+        checkout_timeout: check.timeout(&p.checkout_timeout_ms, "pool.checkout_timeout_ms", 5000),
+        idle_timeout: check.optional_ms(&p.idle_timeout_ms, "pool.idle_timeout_ms", 600_000),
+    }
+}
+
+/// `[limits]`.
+pub(super) fn limits(l: &RawLimits, check: &mut Checker<'_>) -> Limits {
+    Limits {
+        max_clients: check.count(&l.max_clients, "limits.max_clients", 10_000, 1),
+        statement_timeout: check.optional_ms(
+            &l.statement_timeout_ms,
+            "limits.statement_timeout_ms",
+            0,
+        ),
+        plan_cache_size: check.count(&l.plan_cache_size, "limits.plan_cache_size", 10_000, 0),
+        slow_statement: check.optional_ms(&l.slow_statement_ms, "limits.slow_statement_ms", 1000),
+        allow_scatter_writes: l.allow_scatter_writes.unwrap_or(false),
+        max_merge_groups: check.count(&l.max_merge_groups, "limits.max_merge_groups", 1_000_000, 1),
+    }
+}

@@ -1,0 +1,472 @@
+//! Tests of `router.toml` checking: every problem named with its line, defaults, examples.
+
+use super::*;
+use crate::auth::ScramVerifier;
+
+const VERIFIER: &str = "SCRAM-SHA-256$4096:AQIDBAUGBwgJCgsMDQ4PEA==$8rrDg00OqaiWXJ7p+sCgHEIaBSHY89ZJl3mfIsf32oY=:05L1f+yZbiN8O0AnO40Og85NNRhvzTS57naKRWCcsIA=";
+
+fn parse_str(text: &str) -> Result<Config, ConfigError> {
+    parse(text, Path::new("/etc/shardgate/router.toml"))
+}
+
+/// The (line, message) of every problem, for asserting both.
+fn problems(text: &str) -> Vec<(usize, String)> {
+    match parse_str(text) {
+        Ok(c) => panic!("expected problems, got {c:?}"),
+        Err(e) => e
+            .problems
+            .into_iter()
+            .map(|p| (p.line, p.message))
+            .collect(),
+    }
+}
+
+/// Asserts exactly one problem, on `line`, whose message contains `words`.
+fn one_problem(text: &str, line: usize, words: &str) {
+    let found = problems(text);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].0, line, "{found:?}");
+    assert!(
+        found[0].1.contains(words),
+        "{:?} does not contain {words:?}",
+        found[0].1
+    );
+}
+
+const MINIMAL: &str = "shardmap = \"shardmap.toml\"\ndatabase = \"app\"\n[[users]]\nname = \"app\"\npassword = \"app\"\n";
+
+#[test]
+fn full_file() {
+    let text = format!(
+        r#"listen = "0.0.0.0:7432"
+shardmap = "maps/shardmap.toml"
+database = "app"
+auth = "scram-sha-256"
+
+[[users]]
+name = "app"
+password = "app-password"
+
+[[users]]
+name = "admin"
+password = "{VERIFIER}"
+
+[backend]
+user = "router"
+password = "backend-secret"
+application_name = "sg"
+
+[pool]
+max_size = 50
+min_idle = 2
+connect_timeout_ms = 1500
+checkout_timeout_ms = 3000
+idle_timeout_ms = 0
+
+[limits]
+max_clients = 500
+statement_timeout_ms = 30000
+plan_cache_size = 0
+slow_statement_ms = 250
+"#
+    );
+    let c = parse_str(&text).unwrap();
+    assert_eq!(c.source, Path::new("/etc/shardgate/router.toml"));
+    assert_eq!(c.listen, "0.0.0.0:7432".parse().unwrap());
+    assert_eq!(c.shardmap, Path::new("/etc/shardgate/maps/shardmap.toml"));
+    assert_eq!(c.database, "app");
+    assert_eq!(c.auth, AuthMethod::ScramSha256);
+    assert_eq!(c.users.len(), 2);
+    // The plain password became a verifier for that password.
+    let Secret::Scram(v) = &c.user("app").unwrap().secret else {
+        panic!("plain password kept: {:?}", c.users)
+    };
+    assert_eq!(
+        v,
+        &crate::auth::scram_verifier("app-password", v.salt(), v.iterations())
+    );
+    assert_eq!(
+        c.user("admin").unwrap().secret,
+        Secret::Scram(ScramVerifier::parse(VERIFIER).unwrap())
+    );
+    assert!(c.user("nobody").is_none());
+    assert_eq!(c.backend.user, "router");
+    assert_eq!(c.backend.password.as_deref(), Some("backend-secret"));
+    assert_eq!(c.backend.application_name, "sg");
+    assert_eq!(
+        c.pool,
+        Pool {
+            max_size: 50,
+            min_idle: 2,
+            connect_timeout: Duration::from_millis(1500),
+            checkout_timeout: Duration::from_secs(3),
+            idle_timeout: None,
+        }
+    );
+    assert_eq!(
+        c.limits,
+        Limits {
+            max_clients: 500,
+            statement_timeout: Some(Duration::from_secs(30)),
+            plan_cache_size: 0,
+            slow_statement: Some(Duration::from_millis(250)),
+            allow_scatter_writes: false,
+            max_merge_groups: 1_000_000,
+        }
+    );
+    // No password, plain or backend, is printed by Debug.
+    let debug = format!("{c:?}");
+    assert!(
+        !debug.contains("app-password") && !debug.contains("backend-secret"),
+        "{debug}"
+    );
+}
+
+/// The examples in docs/configuration.md stay valid.
+#[test]
+fn documented_examples_parse() {
+    let doc = include_str!("../../../docs/configuration.md");
+    let examples: Vec<&str> = doc
+        .split("```toml\n")
+        .skip(1)
+        .filter_map(|block| block.split("```").next())
+        .collect();
+    assert_eq!(examples.len(), 2);
+    let full = parse_str(examples[0]).unwrap();
+    assert_eq!(full.users.len(), 2);
+    let small = parse_str(examples[1]).unwrap();
+    assert_eq!(small.pool, full.pool);
+    assert_eq!(small.limits, full.limits);
+    // The full example spells out every default except the backend password.
+    assert_eq!(small.backend.user, full.backend.user);
+    assert_eq!(
+        small.backend.application_name,
+        full.backend.application_name
+    );
+}
+
+#[test]
+fn defaults() {
+    let c = parse_str(MINIMAL).unwrap();
+    assert_eq!(c.listen, DEFAULT_LISTEN.parse().unwrap());
+    assert_eq!(c.auth, AuthMethod::ScramSha256);
+    assert_eq!(c.backend.user, "postgres");
+    assert_eq!(c.backend.password, None);
+    assert_eq!(c.backend.application_name, "shardgate");
+    assert_eq!(
+        c.pool,
+        Pool {
+            max_size: 20,
+            min_idle: 0,
+            connect_timeout: Duration::from_secs(2),
+            checkout_timeout: Duration::from_secs(5),
+            idle_timeout: Some(Duration::from_secs(600)),
+        }
+    );
+    assert_eq!(
+        c.limits,
+        Limits {
+            max_clients: 10_000,
+            statement_timeout: None,
+            plan_cache_size: 10_000,
+            slow_statement: Some(Duration::from_secs(1)),
+            allow_scatter_writes: false,
+            max_merge_groups: 1_000_000,
+        }
+    );
+}
+
+#[test]
+fn trust_needs_no_users() {
+    let c = parse_str("shardmap = \"m.toml\"\ndatabase = \"app\"\nauth = \"trust\"\n").unwrap();
+    assert_eq!(c.auth, AuthMethod::Trust);
+    assert!(c.users.is_empty());
+}
+
+#[test]
+fn paths_are_relative_to_the_config_file() {
+    let at = |origin: &str, map: &str| {
+        let text = MINIMAL.replace("shardmap.toml", map);
+        parse(&text, Path::new(origin)).unwrap().shardmap
+    };
+    assert_eq!(at("conf/router.toml", "m.toml"), Path::new("conf/m.toml"));
+    assert_eq!(at("router.toml", "m.toml"), Path::new("m.toml"));
+    assert_eq!(
+        at("/etc/sg/router.toml", "/srv/m.toml"),
+        Path::new("/srv/m.toml")
+    );
+}
+
+#[test]
+fn syntax_error_names_its_line() {
+    one_problem(&format!("{MINIMAL}[pool]\nmax_size = = 3\n"), 7, "");
+}
+
+#[test]
+fn unknown_field_names_its_line() {
+    one_problem(
+        &format!("{MINIMAL}[pool]\nmax_sise = 3\n"),
+        7,
+        "unknown field `max_sise`",
+    );
+    one_problem(
+        &format!("lissten = \"x\"\n{MINIMAL}"),
+        1,
+        "unknown field `lissten`",
+    );
+}
+
+#[test]
+fn wrong_type_names_its_line() {
+    one_problem(
+        &format!("{MINIMAL}[limits]\nmax_clients = \"many\"\n"),
+        7,
+        "invalid type",
+    );
+}
+
+#[test]
+fn bad_listen() {
+    one_problem(
+        &format!("listen = \"localhost:6432\"\n{MINIMAL}"),
+        1,
+        "not an IP address and port",
+    );
+    one_problem(
+        "shardmap = \"m\"\nlisten = \"127.0.0.1\"\ndatabase = \"app\"\nauth = \"trust\"\n",
+        2,
+        "not an IP address and port",
+    );
+    // A top-level key written after a table belongs to that table, as TOML has it.
+    one_problem(
+        &format!("{MINIMAL}listen = \"127.0.0.1:1\"\n"),
+        6,
+        "unknown field `listen`",
+    );
+}
+
+#[test]
+fn missing_shardmap_and_database() {
+    let found = problems("[[users]]\nname = \"app\"\npassword = \"app\"\n");
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(found.iter().all(|(line, _)| *line == 0), "{found:?}");
+    assert!(found[0].1.starts_with("shardmap is missing"), "{found:?}");
+    assert!(found[1].1.starts_with("database is missing"), "{found:?}");
+    one_problem(
+        &MINIMAL.replace("\"shardmap.toml\"", "\" \""),
+        1,
+        "shardmap is empty",
+    );
+    one_problem(
+        &MINIMAL.replace("\"app\"\n[[", "\"\"\n[["),
+        2,
+        "database is empty",
+    );
+}
+
+#[test]
+fn bad_auth() {
+    one_problem(
+        &format!("auth = \"md5\"\n{MINIMAL}"),
+        1,
+        "not an authentication method",
+    );
+}
+
+#[test]
+fn scram_without_users() {
+    one_problem(
+        "shardmap = \"m\"\ndatabase = \"app\"\nauth = \"scram-sha-256\"\n",
+        3,
+        "no [[users]]",
+    );
+    // Without an explicit `auth` line there is no line to point at.
+    one_problem("shardmap = \"m\"\ndatabase = \"app\"\n", 0, "no [[users]]");
+}
+
+#[test]
+fn duplicate_user() {
+    one_problem(
+        &format!("{MINIMAL}\n[[users]]\nname = \"app\"\npassword = \"x\"\n"),
+        7,
+        "defined twice (first on line 3)",
+    );
+}
+
+#[test]
+fn bad_user_entries() {
+    one_problem(
+        &format!("{MINIMAL}[[users]]\npassword = \"x\"\n"),
+        6,
+        "has no name",
+    );
+    one_problem(
+        &format!("{MINIMAL}[[users]]\nname = \"b\"\n"),
+        6,
+        "user \"b\" has no password",
+    );
+    one_problem(
+        &format!("{MINIMAL}[[users]]\nname = \" \"\npassword = \"x\"\n"),
+        7,
+        "user name is empty",
+    );
+    one_problem(
+        &format!("{MINIMAL}[[users]]\nname = \"b\"\npassword = \"SCRAM-SHA-256$4096:zz\"\n"),
+        8,
+        "user \"b\": password verifier",
+    );
+    one_problem(
+        &format!("{MINIMAL}[[users]]\nname = \"b\"\npassword = \"md54ab2c5d00339c4b2a4e921d2dc4edec7\"\n"),
+        8,
+        "md5",
+    );
+}
+
+#[test]
+fn bad_backend() {
+    one_problem(
+        &format!("{MINIMAL}[backend]\npassword = \"{VERIFIER}\"\n"),
+        7,
+        "cannot be used to log in",
+    );
+    one_problem(
+        &format!("{MINIMAL}[backend]\nuser = \"\"\n"),
+        7,
+        "backend.user is empty",
+    );
+}
+
+#[test]
+fn bad_pool() {
+    one_problem(
+        &format!("{MINIMAL}[pool]\nmax_size = 0\n"),
+        7,
+        "pool.max_size is 0; it must be 1 or more",
+    );
+    one_problem(
+        &format!("{MINIMAL}[pool]\nmin_idle = -1\n"),
+        7,
+        "pool.min_idle is -1",
+    );
+    one_problem(
+        &format!("{MINIMAL}[pool]\nmax_size = 2\nmin_idle = 3\n"),
+        8,
+        "more than pool.max_size (2)",
+    );
+    one_problem(
+        &format!("{MINIMAL}[pool]\nconnect_timeout_ms = 0\n"),
+        7,
+        "pool.connect_timeout_ms is 0; it must be more than 0",
+    );
+    one_problem(
+        &format!("{MINIMAL}[pool]\ncheckout_timeout_ms = -5\n"),
+        7,
+        "pool.checkout_timeout_ms is -5",
+    );
+    one_problem(
+        &format!("{MINIMAL}[pool]\nidle_timeout_ms = -1\n"),
+        7,
+        "0 (off)",
+    );
+}
+
+#[test]
+fn bad_limits() {
+    one_problem(
+        &format!("{MINIMAL}[limits]\nmax_clients = 0\n"),
+        7,
+        "limits.max_clients is 0",
+    );
+    one_problem(
+        &format!("{MINIMAL}[limits]\nplan_cache_size = -1\n"),
+        7,
+        "limits.plan_cache_size",
+    );
+    one_problem(
+        &format!("{MINIMAL}[limits]\nstatement_timeout_ms = -1\n"),
+        7,
+        "limits.statement_timeout_ms",
+    );
+    one_problem(
+        &format!("{MINIMAL}[limits]\nslow_statement_ms = -1\n"),
+        7,
+        "limits.slow_statement_ms",
+    );
+}
+
+#[test]
+fn several_problems_one_per_line_in_file_order() {
+    let text = "listen = \"nowhere\"\nauth = \"md5\"\n[pool]\nmax_size = 0\n";
+    let err = parse_str(text).unwrap_err();
+    let shown = err.to_string();
+    let lines: Vec<&str> = shown.lines().collect();
+    assert_eq!(lines.len(), 5, "{shown}");
+    assert!(
+        lines[0].starts_with("/etc/shardgate/router.toml: shardmap is missing"),
+        "{shown}"
+    );
+    assert!(
+        lines[1].starts_with("/etc/shardgate/router.toml: database is missing"),
+        "{shown}"
+    );
+    assert!(
+        lines[2].starts_with("/etc/shardgate/router.toml:1: listen \"nowhere\""),
+        "{shown}"
+    );
+    assert!(
+        lines[3].starts_with("/etc/shardgate/router.toml:2: auth \"md5\""),
+        "{shown}"
+    );
+    assert!(
+        lines[4].starts_with("/etc/shardgate/router.toml:4: pool.max_size is 0"),
+        "{shown}"
+    );
+}
+
+#[test]
+fn load_reads_the_file_and_names_it_in_errors() {
+    let dir = std::env::temp_dir().join(format!("shardgate-config-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("router.toml");
+    std::fs::write(&path, MINIMAL).unwrap();
+    let c = load(&path).unwrap();
+    assert_eq!(c.shardmap, dir.join("shardmap.toml"));
+    std::fs::write(&path, format!("{MINIMAL}bogus = 1\n")).unwrap();
+    let shown = load(&path).unwrap_err().to_string();
+    assert!(
+        shown.starts_with(&format!("{}:6: unknown field `bogus`", path.display())),
+        "{shown}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let shown = load(&dir.join("router.toml")).unwrap_err().to_string();
+    assert!(
+        shown.contains("router.toml: cannot read the config file"),
+        "{shown}"
+    );
+}
+
+#[test]
+fn router_id_and_peers() {
+    let c = parse_str(&format!(
+        "router_id = 3\n{MINIMAL}[[peers]]\nid = 4\naddress = \"10.0.0.4:6432\"\n"
+    ))
+    .expect("a fleet config");
+    assert_eq!(c.router_id, 3);
+    assert_eq!(
+        c.peers,
+        [Peer {
+            id: 4,
+            address: "10.0.0.4:6432".parse().expect("addr")
+        }]
+    );
+    let all = problems(&format!(
+        "router_id = 200\n{MINIMAL}[[peers]]\nid = 0\naddress = \"x\"\n[[peers]]\nid = 0\naddress = \"10.0.0.1:1\"\n"
+    ));
+    let text: Vec<&str> = all.iter().map(|(_, m)| m.as_str()).collect();
+    assert!(
+        text.iter().any(|m| m.contains("router_id is 200")),
+        "{text:?}"
+    );
+    assert!(text.iter().any(|m| m.contains("own router_id")), "{text:?}");
+}

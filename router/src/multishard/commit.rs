@@ -1,0 +1,228 @@
+//! The one way a write on several shards runs: each shard's part in a transaction of its own,
+//! begun one shard after another in shard order, and committed only when every part succeeded
+//! (rolled back everywhere otherwise).
+//!
+//! Why in shard order: two such writes then take their row locks, and their pooled
+//! connections, in the same order, so they cannot wait for each other in a cycle across shards,
+//! which no single Postgres would detect. Why `SET CONSTRAINTS ALL IMMEDIATE`: deferred checks
+//! then fail with the statement, not at a COMMIT that other shards may already have passed.
+//! Only a failure between the first and the last COMMIT (a shard going away, a serialization
+//! failure) can leave part of a write applied; the error then names the shards on each side.
+
+use bytes::BytesMut;
+use tokio::io::AsyncWriteExt;
+
+use crate::backend::conn::Replies;
+use crate::backend::pool::{discard, PooledConn};
+use crate::errors;
+use crate::protocol::backend::{error_fields, ready_status};
+use crate::protocol::reply::{SqlError, TxStatus};
+use crate::protocol::request;
+use crate::server::Shared;
+use crate::session::Settings;
+
+/// How each part begins.
+pub const BEGIN_PART: &str = "BEGIN; SET CONSTRAINTS ALL IMMEDIATE";
+
+/// The parts begun so far, each an open transaction on its shard.
+pub struct Parts<'s> {
+    shared: &'s Shared,
+    settings: &'s Settings,
+    /// What the write is, for messages ("the write", "the INSERT").
+    what: &'static str,
+    open: Vec<(usize, PooledConn)>,
+    /// How many ReadyForQuery of the last part's settings and BEGIN come before its request's.
+    skip: usize,
+}
+
+/// One part's replies to its request (after the settings' and BEGIN's, which are the router's
+/// business unless they fail).
+pub struct Part<'p> {
+    replies: Replies<'p>,
+    skip: usize,
+    /// An error of the settings or of BEGIN, reported as the request's: it did not run (or
+    /// ran in an aborted transaction), and its own replies are dropped.
+    early: Option<Vec<u8>>,
+    reported: bool,
+}
+
+impl Part<'_> {
+    /// The next reply frame of the request, up to its ReadyForQuery; an I/O error means the
+    /// connection is lost.
+    pub async fn next(&mut self) -> std::io::Result<Option<&[u8]>> {
+        while self.skip > 0 {
+            let Some(frame) = self.replies.next().await? else {
+                return Ok(None);
+            };
+            match frame[0] {
+                b'Z' => self.skip -= 1,
+                b'E' if self.early.is_none() => self.early = Some(frame.to_vec()),
+                _ => {}
+            }
+        }
+        if self.early.is_none() {
+            return self.replies.next().await;
+        }
+        if self.reported {
+            return Ok(None);
+        }
+        while self.replies.next().await?.is_some() {}
+        self.reported = true;
+        Ok(self.early.as_deref())
+    }
+}
+
+impl<'s> Parts<'s> {
+    pub fn new(shared: &'s Shared, settings: &'s Settings, what: &'static str) -> Parts<'s> {
+        Parts {
+            shared,
+            settings,
+            what,
+            open: Vec::new(),
+            skip: 0,
+        }
+    }
+
+    /// Begins the next part on `shard` (after every part begun before, whose replies the caller
+    /// has read) and sends `request` in its transaction; [`Parts::replies`] then reads them.
+    pub async fn begin(&mut self, shard: usize, request: &[u8]) -> Result<(), SqlError> {
+        let mut conn = self.shared.checkout(shard).await?;
+        let mut out = BytesMut::with_capacity(request.len() + 64);
+        let settings_sent = self
+            .settings
+            .write_apply(conn.settings_fp, &mut out)
+            .map_err(errors::internal)?;
+        request::query(&mut out, BEGIN_PART).map_err(errors::internal)?;
+        out.extend_from_slice(request);
+        if settings_sent {
+            conn.settings_fp = self.settings.fingerprint();
+        }
+        if let Err(e) = conn.stream.write_all(&out).await {
+            discard(conn);
+            return Err(self.lost(shard, &e));
+        }
+        self.skip = 1 + usize::from(settings_sent);
+        self.open.push((shard, conn));
+        Ok(())
+    }
+
+    /// The replies of the part begun last (`None` before the first).
+    pub fn replies(&mut self) -> Option<Part<'_>> {
+        let skip = self.skip;
+        let (_, conn) = self.open.last_mut()?;
+        Some(Part {
+            replies: conn.replies(skip + 1),
+            skip,
+            early: None,
+            reported: false,
+        })
+    }
+
+    /// The connection of the part begun last broke: it is discarded (Postgres rolls it back).
+    pub fn drop_last(&mut self) {
+        if let Some((_, conn)) = self.open.pop() {
+            discard(conn);
+        }
+    }
+
+    /// The error for a part whose connection broke.
+    pub fn lost(&self, shard: usize, e: &std::io::Error) -> SqlError {
+        errors::shard_lost(
+            &self.shared.map.shards()[shard].range.to_string(),
+            &self.shared.pools().for_shard(shard).endpoint.name(),
+            &e.to_string(),
+        )
+    }
+
+    /// Rolls every part back.
+    pub async fn rollback(self) {
+        end_all(self.open, false).await;
+    }
+
+    /// Commits every part; the error names the shards that committed and those that did not.
+    pub async fn commit(self) -> Result<(), SqlError> {
+        let shards: Vec<usize> = self.open.iter().map(|(s, _)| *s).collect();
+        let results = end_all(self.open, true).await;
+        let mut first = String::new();
+        let mut failed = Vec::new();
+        for (i, r) in results.into_iter().enumerate() {
+            if let Err(why) = r {
+                if first.is_empty() {
+                    first = why;
+                }
+                failed.push(i);
+            }
+        }
+        if failed.is_empty() {
+            return Ok(());
+        }
+        let names = |pick: &dyn Fn(usize) -> bool| -> String {
+            (0..shards.len())
+                .filter(|&i| pick(i))
+                .map(|i| self.shared.map.shards()[shards[i]].range.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        Err(SqlError::new(
+            errors::CONNECTION_FAILURE,
+            format!(
+                "{} committed on shards {} but its COMMIT failed on {}: {first}",
+                self.what,
+                names(&|i| !failed.contains(&i)),
+                names(&|i| failed.contains(&i)),
+            ),
+        )
+        .with_hint("the failed shards' part of the write may be missing: check those rows by key and run it there again"))
+    }
+}
+
+/// Ends every part at once; the outcomes are in the parts' order.
+async fn end_all(open: Vec<(usize, PooledConn)>, commit: bool) -> Vec<Result<(), String>> {
+    let mut tasks = tokio::task::JoinSet::new();
+    let n = open.len();
+    for (i, (_, conn)) in open.into_iter().enumerate() {
+        tasks.spawn(async move { (i, end(conn, commit).await) });
+    }
+    let mut results: Vec<Result<(), String>> = (0..n)
+        .map(|_| Err("the COMMIT task did not finish".into()))
+        .collect();
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok((i, r)) => results[i] = r,
+            Err(e) => tracing::error!("a COMMIT task failed: {e}"),
+        }
+    }
+    results
+}
+
+/// COMMIT or ROLLBACK on a connection left in a transaction; `Err` with Postgres's message
+/// (or the connection's failure) if it did not end as asked. A broken connection is discarded.
+pub async fn end(mut conn: PooledConn, commit: bool) -> Result<(), String> {
+    let mut out = BytesMut::with_capacity(16);
+    if let Err(e) = request::query(&mut out, if commit { "COMMIT" } else { "ROLLBACK" }) {
+        discard(conn);
+        return Err(e.to_string());
+    }
+    let mut error = None;
+    let mut status = None;
+    let result = conn
+        .round_trip(&out, 1, |frame| match frame[0] {
+            b'E' => error = Some(error_fields(frame).1),
+            b'Z' => status = ready_status(frame),
+            _ => {}
+        })
+        .await;
+    match (result, error) {
+        (Err(e), _) => {
+            discard(conn);
+            Err(e.to_string())
+        }
+        (Ok(()), Some(message)) => Err(message),
+        // A COMMIT of an aborted transaction answers ROLLBACK without an error.
+        (Ok(()), None) if status != Some(TxStatus::Idle) => {
+            discard(conn);
+            Err("the connection stayed in a transaction".into())
+        }
+        (Ok(()), None) => Ok(()),
+    }
+}

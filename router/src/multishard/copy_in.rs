@@ -1,0 +1,344 @@
+//! COPY FROM STDIN into a sharded table, split by key: the client's rows are cut out of its
+//! CopyData ([`crate::protocol::copy`]), each row's bytes go unchanged to the shard that owns
+//! its key, and each shard runs the client's COPY statement in its own transaction. The client
+//! gets one answer with the summed row count.
+//!
+//! A key that cannot be read fails the whole COPY: every shard's COPY is failed on purpose and
+//! nothing is committed. A shard that refuses its rows (a duplicate key) is named; the other
+//! shards keep theirs.
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::broadcast::{self, Combined, Outcome};
+use crate::backend::pool::{discard, PooledConn};
+use crate::errors;
+use crate::protocol::backend::{error_fields, rows_in_tag};
+use crate::protocol::copy::{key_of, Format, Rows};
+use crate::protocol::frame::put_frame;
+use crate::protocol::reply::{self, SqlError};
+use crate::protocol::request;
+use crate::server::Shared;
+use crate::session::{ClientIo, Settings};
+
+/// Rows are sent to a shard in CopyData messages of about this size.
+const BATCH: usize = 64 * 1024;
+
+/// Why a COPY ended the session: the client left, or broke the protocol.
+#[derive(Debug)]
+pub enum ClientFailed {
+    Io(std::io::Error),
+    Protocol(String),
+}
+
+/// Runs the client's COPY FROM STDIN statement `sql` split by key, and writes the client's
+/// answer without ReadyForQuery.
+pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
+    shared: &Shared,
+    settings: &Settings,
+    client: &mut ClientIo<S>,
+    sql: &str,
+    key_type: shardmap::KeyType,
+    format: Format,
+) -> Result<(), ClientFailed> {
+    // CopyInResponse: text format, one text column per listed column.
+    let mut g = Vec::with_capacity(8 + 2 * format.columns);
+    g.push(0);
+    g.extend_from_slice(&(format.columns as i16).to_be_bytes());
+    for _ in 0..format.columns {
+        g.extend_from_slice(&0i16.to_be_bytes());
+    }
+    put_frame(&mut client.out, b'G', &g);
+    client.flush().await.map_err(ClientFailed::Io)?;
+
+    let map = &shared.map;
+    let mut targets: Vec<Option<CopyTarget>> = (0..map.shards().len()).map(|_| None).collect();
+    let mut rows = Rows::new(format);
+    let mut header: Option<Vec<u8>> = None;
+    let mut failure: Option<SqlError> = None;
+    let mut batch: Vec<Vec<u8>> = Vec::new();
+    let client_failed: Option<String> = loop {
+        let frame = match client.read_frame().await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => {
+                // The client left mid-COPY: nothing is committed anywhere.
+                for t in targets.iter_mut().flatten() {
+                    t.abandon();
+                }
+                return Err(ClientFailed::Io(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the client left during COPY",
+                )));
+            }
+            Err(crate::session::ClientError::Io(e)) => return Err(ClientFailed::Io(e)),
+            Err(crate::session::ClientError::Protocol(e)) => {
+                return Err(ClientFailed::Protocol(e.to_string()))
+            }
+        };
+        let tag = frame[0];
+        match tag {
+            b'd' => rows.feed(&frame[5..], |row| batch.push(row.to_vec())),
+            b'c' => rows.finish(|row| batch.push(row.to_vec())),
+            b'f' => {
+                let body = &frame[5..];
+                break Some(
+                    String::from_utf8_lossy(body.strip_suffix(b"\0").unwrap_or(body)).into_owned(),
+                );
+            }
+            b'H' | b'S' => {}
+            other => {
+                return Err(ClientFailed::Protocol(format!(
+                    "unexpected message type {} during COPY from stdin",
+                    other as char
+                )))
+            }
+        }
+        for row in batch.drain(..) {
+            if failure.is_some() {
+                continue;
+            }
+            if format.header && header.is_none() {
+                header = Some(row);
+                continue;
+            }
+            let shard = match key_of(&row, &format) {
+                // A NULL key is refused by Postgres itself (it is the primary key); let the
+                // default shard say so.
+                None => map.default_shard(),
+                Some(text) => match key_type.parse_key(&text) {
+                    Ok(key) => map.shard_for_key(&key),
+                    Err(e) => {
+                        failure = Some(SqlError::new(
+                            errors::INVALID_TEXT_REPRESENTATION,
+                            e.to_string(),
+                        ));
+                        continue;
+                    }
+                },
+            };
+            if targets[shard].is_none() {
+                match CopyTarget::open(shared, shard, sql, settings, header.as_deref()).await {
+                    Ok(t) => targets[shard] = Some(t),
+                    Err(e) => {
+                        failure = Some(e);
+                        continue;
+                    }
+                }
+            }
+            if let Some(t) = targets[shard].as_mut() {
+                t.push(&row).await;
+            }
+        }
+        if tag == b'c' {
+            break None;
+        }
+    };
+
+    let mut outcomes = Vec::new();
+    let mut names = Vec::new();
+    let why_fail = client_failed
+        .as_deref()
+        .or(failure.as_ref().map(|_| "rejected by the router"));
+    for (shard, t) in targets.into_iter().enumerate() {
+        if let Some(t) = t {
+            outcomes.push(t.finish(why_fail).await);
+            names.push(map.shards()[shard].range.to_string());
+        }
+    }
+    let out = &mut client.out;
+    if let Some(msg) = client_failed {
+        SqlError::new(
+            errors::QUERY_CANCELED,
+            format!("COPY from stdin failed: {msg}"),
+        )
+        .write(out);
+        return Ok(());
+    }
+    if let Some(err) = failure {
+        // Nothing was committed: every shard's COPY was failed on purpose.
+        err.write(out);
+        return Ok(());
+    }
+    match broadcast::combine(&outcomes, &names) {
+        Combined::Done(_) => {
+            let rows: u64 = outcomes
+                .iter()
+                .map(|o| match o {
+                    Outcome::Done(tags) => rows_in_tag(tags.get(5..).unwrap_or_default()),
+                    _ => 0,
+                })
+                .sum();
+            reply::command_complete(out, &format!("COPY {rows}"));
+        }
+        Combined::PostgresError(frame) => out.extend_from_slice(&frame),
+        Combined::Error(e) => e.write(out),
+    }
+    Ok(())
+}
+
+/// One shard's end of a split COPY FROM STDIN.
+struct CopyTarget {
+    conn: PooledConn,
+    /// Rows not sent yet.
+    buf: Vec<u8>,
+    /// The shard refused the COPY (its ErrorResponse); its rows are dropped.
+    error: Option<Vec<u8>>,
+    /// The connection broke.
+    lost: Option<SqlError>,
+    /// The shard already answered with ReadyForQuery (its COPY failed at the start).
+    ended: bool,
+}
+
+fn lost_during_copy(e: impl std::fmt::Display) -> SqlError {
+    SqlError::new(
+        errors::CONNECTION_FAILURE,
+        format!("lost the shard during COPY: {e}"),
+    )
+}
+
+impl CopyTarget {
+    /// Starts the client's COPY statement on `shard` and waits for its CopyInResponse.
+    async fn open(
+        shared: &Shared,
+        shard: usize,
+        sql: &str,
+        settings: &Settings,
+        header: Option<&[u8]>,
+    ) -> Result<CopyTarget, SqlError> {
+        let mut conn = shared.checkout(shard).await?;
+        let lost = |e: std::io::Error| {
+            errors::shard_lost(
+                &shared.map.shards()[shard].range.to_string(),
+                &shared.pools().for_shard(shard).endpoint.name(),
+                &e.to_string(),
+            )
+        };
+        let mut out = BytesMut::new();
+        let settings_sent = settings
+            .write_apply(conn.settings_fp, &mut out)
+            .map_err(errors::internal)?;
+        request::query(&mut out, sql).map_err(errors::internal)?;
+        conn.settings_fp = settings.fingerprint();
+        let (mut skip, mut error, mut started, mut ended) =
+            (usize::from(settings_sent), None, false, false);
+        {
+            // Up to the CopyInResponse, or to the ReadyForQuery of a COPY that failed at once.
+            let mut replies = conn.request(&out, 1 + skip).await.map_err(lost)?;
+            while let Some(frame) = replies.next().await.map_err(lost)? {
+                if skip > 0 {
+                    // The settings query's replies are the router's business.
+                    skip -= usize::from(frame[0] == b'Z');
+                    continue;
+                }
+                match frame[0] {
+                    b'G' => {
+                        started = true;
+                        break;
+                    }
+                    b'E' => error = Some(frame.to_vec()),
+                    b'Z' => ended = true,
+                    _ => {}
+                }
+            }
+        }
+        let mut target = CopyTarget {
+            conn,
+            buf: Vec::with_capacity(BATCH),
+            error,
+            lost: None,
+            ended,
+        };
+        if started {
+            if let Some(header) = header {
+                target.buf.extend_from_slice(header);
+            }
+        }
+        Ok(target)
+    }
+
+    async fn push(&mut self, row: &[u8]) {
+        if self.error.is_some() || self.lost.is_some() || self.ended {
+            return;
+        }
+        self.buf.extend_from_slice(row);
+        if self.buf.len() >= BATCH {
+            self.send_buffered().await;
+        }
+    }
+
+    async fn send_buffered(&mut self) {
+        if self.buf.is_empty() || self.lost.is_some() {
+            return;
+        }
+        let mut frame = BytesMut::with_capacity(self.buf.len() + 5);
+        if let Err(e) = request::copy_data(&mut frame, &self.buf) {
+            self.lost = Some(lost_during_copy(e));
+            return;
+        }
+        self.buf.clear();
+        if let Err(e) = tokio::io::AsyncWriteExt::write_all(&mut self.conn.stream, &frame).await {
+            self.lost = Some(lost_during_copy(e));
+        }
+    }
+
+    /// Ends this shard's COPY: CopyDone, or CopyFail with `fail` (so nothing is committed).
+    async fn finish(mut self, fail: Option<&str>) -> Outcome {
+        let failed = |frame: Vec<u8>| {
+            let (code, message) = error_fields(&frame);
+            Outcome::Failed {
+                frame,
+                code,
+                message,
+            }
+        };
+        if self.ended {
+            return failed(self.error.take().unwrap_or_default());
+        }
+        let mut end = BytesMut::new();
+        if self.error.is_none() && self.lost.is_none() {
+            match fail {
+                None => {
+                    self.send_buffered().await;
+                    request::copy_done(&mut end);
+                }
+                Some(why) => {
+                    if let Err(e) = request::copy_fail(&mut end, why) {
+                        self.lost = Some(lost_during_copy(e));
+                    }
+                }
+            }
+        }
+        if let Some(e) = self.lost.take() {
+            discard(self.conn);
+            return Outcome::Unavailable(e);
+        }
+        let mut tags = Vec::new();
+        let mut error = self.error.take();
+        let result = self
+            .conn
+            .round_trip(&end, 1, |frame| match frame[0] {
+                b'C' => tags.extend_from_slice(frame),
+                b'E' if error.is_none() => error = Some(frame.to_vec()),
+                _ => {}
+            })
+            .await;
+        if result.is_err() {
+            discard(self.conn);
+            return Outcome::Unavailable(SqlError::new(
+                errors::CONNECTION_FAILURE,
+                "lost the shard at the end of COPY",
+            ));
+        }
+        match error {
+            None => Outcome::Done(tags),
+            Some(frame) => failed(frame),
+        }
+    }
+
+    /// Drops the connection mid-COPY: Postgres rolls the shard's COPY back.
+    fn abandon(&mut self) {
+        self.lost
+            .get_or_insert_with(|| SqlError::new(errors::CONNECTION_FAILURE, "abandoned"));
+        self.conn.broken = true;
+    }
+}

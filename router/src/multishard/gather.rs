@@ -1,0 +1,205 @@
+//! One answer from several shards' answers, when rows are concatenated in shard order: the
+//! descriptions of the first shard, every shard's rows (at most `limit`), one command tag with
+//! the summed row count, and for COPY TO STDOUT one CopyOutResponse and one CopyDone. Sans-IO:
+//! frames in, the client's bytes out.
+//!
+//! In the extended protocol the client also asked for answers to its batch's messages (Parse,
+//! Bind, Describe, Close); [`answer_asked`] gives them in order, with the descriptions the
+//! first shard sent.
+
+use crate::protocol::backend::{command_of_tag, rows_in_tag};
+use crate::protocol::frame::put_frame;
+use crate::protocol::reply;
+
+/// Answers to a batch's messages, in order: `P` Parse, `S` Describe statement, `B` Bind, `D`
+/// Describe portal, `C` Close; the descriptions are those a shard sent.
+pub fn answer_asked(out: &mut Vec<u8>, asked: &[u8], statement_desc: &[u8], portal_desc: &[u8]) {
+    for &k in asked {
+        match k {
+            b'P' => reply::parse_complete(out),
+            b'S' => out.extend_from_slice(statement_desc),
+            b'B' => reply::bind_complete(out),
+            b'D' => out.extend_from_slice(portal_desc),
+            b'C' => reply::close_complete(out),
+            _ => {}
+        }
+    }
+}
+
+/// What one frame meant.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Seen {
+    More,
+    /// The shard's ReadyForQuery: its answer is complete.
+    Done,
+    /// The shard's ErrorResponse, forwarded: the answer ends here.
+    Failed,
+}
+
+/// Concatenated answers.
+pub struct Concat<'a> {
+    /// The extended batch's messages to answer (empty for a simple query).
+    asked: &'a [u8],
+    limit: Option<u64>,
+    statement_desc: Vec<u8>,
+    portal_desc: Vec<u8>,
+    descriptions: usize,
+    answered: bool,
+    rows: u64,
+    /// The shards' command (`SELECT`, `UPDATE`, ...) and the sum of their row counts.
+    command: Option<String>,
+    tagged: u64,
+    copy_out: bool,
+}
+
+impl<'a> Concat<'a> {
+    pub fn new(asked: &'a [u8], limit: Option<u64>) -> Concat<'a> {
+        Concat {
+            asked,
+            limit,
+            statement_desc: Vec::new(),
+            portal_desc: Vec::new(),
+            descriptions: 0,
+            answered: asked.is_empty(),
+            rows: 0,
+            command: None,
+            tagged: 0,
+            copy_out: false,
+        }
+    }
+
+    fn answer(&mut self, out: &mut Vec<u8>) {
+        if !self.answered {
+            answer_asked(out, self.asked, &self.statement_desc, &self.portal_desc);
+            self.answered = true;
+        }
+    }
+
+    /// One reply frame of a shard; `first` for the first shard's, which describes the rows.
+    pub fn frame(&mut self, first: bool, frame: &[u8], out: &mut Vec<u8>) -> Seen {
+        let extended = !self.asked.is_empty();
+        match frame[0] {
+            b'E' => {
+                out.extend_from_slice(frame);
+                return Seen::Failed;
+            }
+            b't' if extended && first => self.statement_desc.extend_from_slice(frame),
+            b'T' | b'n' if extended && first => {
+                if self.descriptions == 0 {
+                    self.statement_desc.extend_from_slice(frame);
+                } else {
+                    self.portal_desc.extend_from_slice(frame);
+                }
+                self.descriptions += 1;
+            }
+            b'T' if !extended && first => out.extend_from_slice(frame),
+            b'D' => {
+                self.answer(out);
+                if self.limit.is_none_or(|l| self.rows < l) {
+                    out.extend_from_slice(frame);
+                    self.rows += 1;
+                }
+            }
+            b'C' => {
+                let body = &frame[5..];
+                self.tagged += rows_in_tag(body);
+                if self.command.is_none() {
+                    self.command = Some(command_of_tag(body));
+                }
+            }
+            // COPY ... TO STDOUT: one CopyOutResponse, every shard's data, one CopyDone.
+            b'H' => {
+                self.answer(out);
+                if first {
+                    out.extend_from_slice(frame);
+                    self.copy_out = true;
+                }
+            }
+            b'd' => out.extend_from_slice(frame),
+            b'Z' => {
+                // The first shard has described everything by now.
+                self.answer(out);
+                return Seen::Done;
+            }
+            _ => {}
+        }
+        Seen::More
+    }
+
+    /// The end of the answer (without ReadyForQuery): CopyDone, and the command tag. A read's
+    /// count is what the client got (a LIMIT may have cut the rows); a write's is the sum.
+    pub fn finish(mut self, out: &mut Vec<u8>) {
+        self.answer(out);
+        if self.copy_out {
+            put_frame(out, b'c', &[]);
+        }
+        match self.command.as_deref() {
+            None | Some("SELECT") => reply::command_complete(out, &format!("SELECT {}", self.rows)),
+            Some(command) => reply::command_complete(out, &format!("{command} {}", self.tagged)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::frame::frames;
+
+    fn frame(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut v = Vec::new();
+        put_frame(&mut v, tag, body);
+        v
+    }
+
+    fn tags(out: &[u8]) -> String {
+        frames(out).map(|f| f.unwrap()[0] as char).collect()
+    }
+
+    #[test]
+    fn rows_of_every_shard_one_description_one_tag() {
+        let mut c = Concat::new(&[], Some(3));
+        let mut out = Vec::new();
+        for first in [true, false] {
+            for f in [
+                frame(b'T', b"desc"),
+                frame(b'D', b"r"),
+                frame(b'D', b"r"),
+                frame(b'C', b"SELECT 2\0"),
+            ] {
+                assert_eq!(c.frame(first, &f, &mut out), Seen::More);
+            }
+            assert_eq!(c.frame(first, &frame(b'Z', b"I"), &mut out), Seen::Done);
+        }
+        c.finish(&mut out);
+        assert_eq!(tags(&out), "TDDDC", "one description, the limit of 3 rows");
+        assert!(out.ends_with(b"SELECT 3\0"));
+    }
+
+    #[test]
+    fn extended_answers_come_in_order_with_the_first_shards_descriptions() {
+        let mut c = Concat::new(b"PSBD", None);
+        let mut out = Vec::new();
+        for f in [
+            frame(b't', b"\0\0"),
+            frame(b'T', b"desc"),
+            frame(b'T', b"desc"),
+            frame(b'D', b"r"),
+            frame(b'C', b"UPDATE 1\0"),
+        ] {
+            c.frame(true, &f, &mut out);
+        }
+        c.frame(true, &frame(b'Z', b"I"), &mut out);
+        c.frame(false, &frame(b'C', b"UPDATE 4\0"), &mut out);
+        c.finish(&mut out);
+        assert_eq!(tags(&out), "1tT2TDC");
+        assert!(out.ends_with(b"UPDATE 5\0"), "write counts are summed");
+    }
+
+    #[test]
+    fn an_error_ends_the_answer() {
+        let mut c = Concat::new(&[], None);
+        let mut out = Vec::new();
+        assert_eq!(c.frame(true, &frame(b'E', b"x"), &mut out), Seen::Failed);
+        assert_eq!(tags(&out), "E");
+    }
+}

@@ -1,0 +1,326 @@
+//! Reads across shards that the merge engine combines ([`crate::merge`]): sorted streams merged
+//! row by row as they arrive, or groups (and rows of aggregates) combined once every shard has
+//! answered, then sorted, skipped and limited as the client asked.
+//!
+//! The descriptions the client sees come from shard 0, rewritten where the answer's columns
+//! differ from the shards' (an `avg` asked of the shards as `sum` and `count`). Whatever the
+//! engine cannot merge exactly is an error before any row, never a wrong answer.
+
+use std::collections::VecDeque;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+
+use super::fanout::Chunk;
+use super::gather::answer_asked;
+use crate::errors;
+use crate::merge::{self, GroupMerge, MergeError};
+use crate::planner::MergePlan;
+use crate::protocol::frame::{frames, put_frame};
+use crate::protocol::reply::{self, SqlError};
+use crate::session::ClientIo;
+
+/// Why a merged read stopped early: a shard's own ErrorResponse, the router's error, or the
+/// client going away.
+enum Failure {
+    Frame(Vec<u8>),
+    Router(SqlError),
+    Client(std::io::Error),
+}
+
+impl From<MergeError> for Failure {
+    fn from(e: MergeError) -> Failure {
+        // Arithmetic limits are data errors, as Postgres reports them; the rest is a shape or a
+        // type the router cannot merge exactly.
+        let code = if e.message().contains("out of range") {
+            errors::NUMERIC_VALUE_OUT_OF_RANGE
+        } else {
+            errors::FEATURE_NOT_SUPPORTED
+        };
+        Failure::Router(SqlError::new(
+            code,
+            format!("cannot merge the shards' answers: {}", e.message()),
+        ))
+    }
+}
+
+/// What shard 0 described: for the extended protocol its answers to Describe statement (`t`,
+/// then `T` or `n`) and Describe portal; for a simple query its RowDescription.
+#[derive(Default)]
+struct Descriptions {
+    statement: Vec<u8>,
+    portal: Vec<u8>,
+    simple: Vec<u8>,
+    seen: usize,
+}
+
+/// One shard's rows as they arrive.
+struct Stream {
+    rx: mpsc::Receiver<Chunk>,
+    rows: VecDeque<Vec<u8>>,
+    done: bool,
+}
+
+impl Stream {
+    /// Receives until a row is buffered or the shard is done; shard 0 also fills `desc`.
+    async fn fill(
+        &mut self,
+        desc: Option<&mut Descriptions>,
+        extended: bool,
+    ) -> Result<(), Failure> {
+        let mut desc = desc;
+        while self.rows.is_empty() && !self.done {
+            let chunk = match self.rx.recv().await {
+                Some(Ok(chunk)) => chunk,
+                Some(Err(e)) => return Err(Failure::Router(e)),
+                None => {
+                    return Err(Failure::Router(SqlError::new(
+                        errors::CONNECTION_FAILURE,
+                        "internal: a shard's read ended early",
+                    )))
+                }
+            };
+            for frame in frames(&chunk).map_while(Result::ok) {
+                match frame[0] {
+                    b'D' => self.rows.push_back(frame.to_vec()),
+                    b'E' => return Err(Failure::Frame(frame.to_vec())),
+                    b'Z' => self.done = true,
+                    b't' | b'T' | b'n' => {
+                        if let Some(d) = desc.as_deref_mut() {
+                            if !extended {
+                                d.simple.extend_from_slice(frame);
+                            } else if frame[0] == b't' || d.seen == 0 {
+                                d.statement.extend_from_slice(frame);
+                                d.seen += usize::from(frame[0] != b't');
+                            } else {
+                                d.portal.extend_from_slice(frame);
+                                d.seen += 1;
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a merge needs to know besides the shards' answers.
+pub struct Merging<'a> {
+    pub plan: &'a MergePlan,
+    pub limit: Option<u64>,
+    pub offset: u64,
+    /// The extended batch's messages to answer (empty for a simple query).
+    pub asked: &'a [u8],
+    /// Text compares by bytes on the shards (their collation is C).
+    pub text_bytewise: bool,
+    /// The most groups the router may hold while it combines them.
+    pub max_groups: usize,
+}
+
+/// Runs a merged read (see the module doc) over the shards' answers and writes the client's
+/// answer without ReadyForQuery; `Ok(true)` when it ended with an error.
+pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
+    client: &mut ClientIo<S>,
+    receivers: Vec<mpsc::Receiver<Chunk>>,
+    m: &Merging<'_>,
+) -> std::io::Result<bool> {
+    let mut streams: Vec<Stream> = receivers
+        .into_iter()
+        .map(|rx| Stream {
+            rx,
+            rows: VecDeque::new(),
+            done: false,
+        })
+        .collect();
+    let result = match &m.plan.group {
+        Some(_) => grouped(client, &mut streams, m).await,
+        None => sorted(client, &mut streams, m).await,
+    };
+    match result {
+        Ok(()) => Ok(false),
+        Err(Failure::Frame(frame)) => {
+            client.out.extend_from_slice(&frame);
+            Ok(true)
+        }
+        Err(Failure::Router(err)) => {
+            err.write(&mut client.out);
+            Ok(true)
+        }
+        Err(Failure::Client(e)) => Err(e),
+    }
+}
+
+/// The first answer of every shard, with shard 0's descriptions.
+async fn start_streams(streams: &mut [Stream], extended: bool) -> Result<Descriptions, Failure> {
+    let mut desc = Descriptions::default();
+    for (i, s) in streams.iter_mut().enumerate() {
+        s.fill((i == 0).then_some(&mut desc), extended).await?;
+    }
+    Ok(desc)
+}
+
+async fn flush_if_full<S: AsyncRead + AsyncWrite + Unpin>(
+    client: &mut ClientIo<S>,
+) -> Result<(), Failure> {
+    client.flush_if_full().await.map_err(Failure::Client)
+}
+
+async fn sorted<S: AsyncRead + AsyncWrite + Unpin>(
+    client: &mut ClientIo<S>,
+    streams: &mut [Stream],
+    m: &Merging<'_>,
+) -> Result<(), Failure> {
+    let (plan, limit, offset, asked) = (m.plan, m.limit, m.offset, m.asked);
+    let extended = !asked.is_empty();
+    let desc = start_streams(streams, extended).await?;
+    let row_description = if extended { &desc.portal } else { &desc.simple };
+    let columns = match row_description.first() {
+        Some(b'T') => merge::columns(&row_description[5..])?,
+        _ => Vec::new(),
+    };
+    let mut order = plan.order.clone();
+    for (i, name) in &plan.order_names {
+        let mut named = columns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.name == name.as_bytes());
+        match (named.next(), named.next(), order.get_mut(*i)) {
+            (Some((column, _)), None, Some(key)) => key.column = column,
+            _ => return Err(Failure::Router(SqlError::new(
+                errors::FEATURE_NOT_SUPPORTED,
+                format!(
+                    "ORDER BY {name} across shards: the answer has no single column of that name"
+                ),
+            ))),
+        }
+    }
+    let order = order;
+    merge::check_sortable(&order, &columns, m.text_bytewise)?;
+    if extended {
+        answer_asked(&mut client.out, asked, &desc.statement, &desc.portal);
+    } else {
+        client.out.extend_from_slice(&desc.simple);
+    }
+    let (mut skipped, mut sent) = (0u64, 0u64);
+    while limit.is_none_or(|l| sent < l) {
+        // The stream whose next row comes first (the lowest shard among equals, so rows of
+        // equal keys keep shard order).
+        let mut best: Option<usize> = None;
+        for (i, s) in streams.iter().enumerate() {
+            let Some(row) = s.rows.front() else { continue };
+            let better = match best.and_then(|b| streams[b].rows.front()) {
+                None => true,
+                Some(current) => {
+                    merge::compare_rows(&row[5..], &current[5..], &order, &columns)?.is_lt()
+                }
+            };
+            if better {
+                best = Some(i);
+            }
+        }
+        let Some(i) = best else { break };
+        if let Some(row) = streams[i].rows.pop_front() {
+            if skipped < offset {
+                skipped += 1;
+            } else {
+                client.out.extend_from_slice(&row);
+                sent += 1;
+            }
+        }
+        streams[i].fill(None, extended).await?;
+        flush_if_full(client).await?;
+    }
+    reply::command_complete(&mut client.out, &format!("SELECT {sent}"));
+    Ok(())
+}
+
+async fn grouped<S: AsyncRead + AsyncWrite + Unpin>(
+    client: &mut ClientIo<S>,
+    streams: &mut [Stream],
+    m: &Merging<'_>,
+) -> Result<(), Failure> {
+    let (plan, limit, offset, asked) = (m.plan, m.limit, m.offset, m.asked);
+    let extended = !asked.is_empty();
+    let desc = start_streams(streams, extended).await?;
+    let out = plan.group.clone().unwrap_or_default();
+    let bytewise = m.text_bytewise;
+    let avg_names: Vec<&[u8]> = plan.avg_names.iter().map(|n| n.as_bytes()).collect();
+    // The client's RowDescription for one of shard 0's.
+    let rewrite = |frame: &[u8]| -> Result<Vec<u8>, Failure> {
+        let cols = merge::columns(&frame[5..])?;
+        let body = GroupMerge::new(out.clone(), cols, bytewise)?.row_description(&avg_names)?;
+        let mut v = Vec::with_capacity(body.len() + 5);
+        put_frame(&mut v, b'T', &body);
+        Ok(v)
+    };
+    let rewrite_all = |described: &[u8]| -> Result<Vec<u8>, Failure> {
+        let mut v = Vec::with_capacity(described.len());
+        for frame in frames(described).map_while(Result::ok) {
+            if frame[0] == b'T' {
+                v.extend_from_slice(&rewrite(frame)?);
+            } else {
+                v.extend_from_slice(frame);
+            }
+        }
+        Ok(v)
+    };
+    let row_description = if extended { &desc.portal } else { &desc.simple };
+    if row_description.first() != Some(&b'T') {
+        return Err(Failure::Router(SqlError::new(
+            errors::FEATURE_NOT_SUPPORTED,
+            "internal: the shards did not describe their rows",
+        )));
+    }
+    let mut groups = GroupMerge::new(
+        out.clone(),
+        merge::columns(&row_description[5..])?,
+        bytewise,
+    )?;
+    let (statement, portal, simple) = (
+        rewrite_all(&desc.statement)?,
+        rewrite_all(&desc.portal)?,
+        rewrite_all(&desc.simple)?,
+    );
+    for s in streams.iter_mut() {
+        loop {
+            while let Some(row) = s.rows.pop_front() {
+                groups.fold(&row[5..])?;
+            }
+            let max = m.max_groups;
+            if groups.groups() > max {
+                return Err(Failure::Router(
+                        SqlError::new(
+                            errors::PROGRAM_LIMIT_EXCEEDED,
+                            format!("this read across shards has more than {max} groups to combine (limits.max_merge_groups)"),
+                        )
+                        .with_hint("narrow the read, or group by the shard key so that each group lives on one shard and can be read shard by shard"),
+                    ));
+            }
+            if s.done {
+                break;
+            }
+            s.fill(None, extended).await?;
+        }
+    }
+    let mut rows = Vec::new();
+    groups.finish(&plan.order, &mut rows)?;
+    if extended {
+        answer_asked(&mut client.out, asked, &statement, &portal);
+    } else {
+        client.out.extend_from_slice(&simple);
+    }
+    let mut sent = 0u64;
+    for row in frames(&rows)
+        .map_while(Result::ok)
+        .skip(usize::try_from(offset).unwrap_or(usize::MAX))
+        .take(limit.map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX)))
+    {
+        client.out.extend_from_slice(row);
+        sent += 1;
+        flush_if_full(client).await?;
+    }
+    reply::command_complete(&mut client.out, &format!("SELECT {sent}"));
+    Ok(())
+}

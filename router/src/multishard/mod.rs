@@ -1,0 +1,24 @@
+//! Statements that run on several shards, outside any transaction. The session resolves them
+//! (`crate::resolver`) and hands them here; each path writes one answer for the client.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`broadcast`] | DDL on every shard in parallel, one answer (or the shards it failed on) |
+//! | [`fanout`] | a read sent to several shards at once, answers streamed back per shard |
+//! | [`gather`] | concatenating shard answers into one (sans-IO) |
+//! | [`read`] | a read whose rows are concatenated in shard order |
+//! | [`merged`] | a read merged by `crate::merge`: sorted streams, combined groups |
+//! | [`commit`] | the one ordered multi-shard write: parts begun in shard order, committed together |
+//! | [`write`] | UPDATE/DELETE on several shards, through [`commit`] |
+//! | [`split_insert`] | a multi-row INSERT split by key, through [`commit`] |
+//! | [`copy_in`] | COPY FROM STDIN split by key |
+
+pub mod broadcast;
+pub mod commit;
+pub mod copy_in;
+pub mod fanout;
+pub mod gather;
+pub mod merged;
+pub mod read;
+pub mod split_insert;
+pub mod write;

@@ -1,0 +1,55 @@
+//! A read on several shards whose rows are concatenated in shard order: the shards answer at
+//! once ([`super::fanout`]), and their rows are forwarded shard by shard as they stream in
+//! ([`super::gather`]), so a big scan never sits in memory. The first error ends the read.
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+
+use super::fanout::Chunk;
+use super::gather::{Concat, Seen};
+use crate::errors;
+use crate::protocol::frame::frames;
+use crate::protocol::reply::SqlError;
+use crate::session::ClientIo;
+
+/// Forwards the shards' answers (in the order of `receivers`) as one, without ReadyForQuery;
+/// `Ok(true)` when it ended with an error. `asked` lists the extended batch's messages to
+/// answer (empty for a simple query).
+pub async fn concatenated<S: AsyncRead + AsyncWrite + Unpin>(
+    client: &mut ClientIo<S>,
+    mut receivers: Vec<mpsc::Receiver<Chunk>>,
+    asked: &[u8],
+    limit: Option<u64>,
+) -> std::io::Result<bool> {
+    let mut gather = Concat::new(asked, limit);
+    for (i, rx) in receivers.iter_mut().enumerate() {
+        'shard: loop {
+            let chunk = match rx.recv().await {
+                Some(Ok(chunk)) => chunk,
+                Some(Err(err)) => {
+                    err.write(&mut client.out);
+                    return Ok(true);
+                }
+                None => {
+                    SqlError::new(
+                        errors::CONNECTION_FAILURE,
+                        "internal: a shard's read ended early",
+                    )
+                    .write(&mut client.out);
+                    return Ok(true);
+                }
+            };
+            for frame in frames(&chunk).map_while(Result::ok) {
+                match gather.frame(i == 0, frame, &mut client.out) {
+                    Seen::More => {}
+                    Seen::Done => break 'shard,
+                    // The other shards' connections are dropped when their channels close.
+                    Seen::Failed => return Ok(true),
+                }
+            }
+            client.flush_if_full().await?;
+        }
+    }
+    gather.finish(&mut client.out);
+    Ok(false)
+}

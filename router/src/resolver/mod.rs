@@ -1,0 +1,459 @@
+//! The resolver: a plan, the statement's values, the shard map and the client's transaction in;
+//! a [`Target`] out. Step 3 of the statement path, between the planner (text → [`Plan`], shared
+//! by every text of the same shape) and the session (which executes targets).
+//!
+//! A plan says *how* to find the shards (which parameter or literal holds each key); this module
+//! reads those values ([`values`]), hashes them, looks the shards up in the map, and applies the
+//! rules that depend on the moment rather than on the text: a transaction stays on one shard,
+//! multi-shard work runs outside transactions, some statements exist only in one protocol, an
+//! operator may pin statements to a shard ([`manual`]). A key that cannot be read, or a
+//! statement that cannot run where it is, resolves to [`Dest::Refused`] with the SQLSTATE the
+//! client gets, never to a guess.
+//!
+//! Pure: no I/O, no clock, no locks. A single-shard statement resolves without allocating.
+
+pub mod manual;
+mod target;
+mod values;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+
+use shardmap::ShardMap;
+
+pub use target::{Dest, Read, SplitInsert, Target, Why, Write};
+pub use values::{Literals, Params};
+
+use crate::errors;
+use crate::planner::{KeySource, Merge, Plan, Route};
+use crate::protocol::reply::SqlError;
+
+/// One statement to resolve: its text, its plan and where its values are.
+#[derive(Clone, Copy)]
+pub struct Statement<'a> {
+    /// The client's text (with its literals): what a rewrite for the shards starts from.
+    pub sql: &'a str,
+    pub plan: &'a Plan,
+    pub params: Params<'a>,
+}
+
+/// The client's transaction, as far as routing cares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transaction {
+    /// Nothing open: autocommit.
+    None,
+    /// A transaction is open (or an extended-protocol batch has run something, which Postgres
+    /// treats as one transaction until its Sync), on `shard` once one is chosen.
+    Open { shard: Option<usize> },
+    /// The transaction failed before it reached any shard: only its end is accepted.
+    Failed,
+}
+
+/// What besides the statement decides its target.
+#[derive(Clone, Copy)]
+pub struct Context<'a> {
+    pub map: &'a ShardMap,
+    pub transaction: Transaction,
+    /// The client's `shardgate.shard` setting (its SQL value), if set.
+    pub manual: Option<&'a str>,
+    /// UPDATE/DELETE without a key may run on every shard (config or session opt-in).
+    pub allow_scatter_writes: bool,
+}
+
+/// Resolves one statement (all statements of a simple Query, which must agree on a shard).
+pub fn resolve<'a>(stmt: &Statement<'a>, cx: &Context<'a>) -> Target<'a> {
+    match dest(stmt, cx) {
+        Ok((dest, why)) => Target::new(dest, why, cx.map),
+        Err(e) => Target::new(Dest::Refused(e), None, cx.map),
+    }
+}
+
+/// A destination, and why for one shard.
+type Resolved<'a> = (Dest, Option<Why<'a>>);
+
+fn dest<'a>(stmt: &Statement<'a>, cx: &Context<'a>) -> Result<Resolved<'a>, SqlError> {
+    let control = transaction_control(stmt.plan);
+    if cx.transaction == Transaction::Failed {
+        // Like Postgres: a failed transaction accepts only its end.
+        return match control {
+            Some(d @ (Dest::Commit | Dest::Rollback)) => Ok((d, None)),
+            _ => Err(errors::in_failed_transaction()),
+        };
+    }
+    if let Some(shard) = manual::shard(stmt.sql, cx.manual, cx.map)? {
+        // Everything but transaction control goes there, even what could not be routed
+        // otherwise: that is what pinning by hand is for.
+        return match control {
+            Some(d) => Ok((d, None)),
+            None => in_transaction((Dest::Shard(shard), Some(Why::Manual)), cx),
+        };
+    }
+    in_transaction(by_plan(stmt, cx)?, cx)
+}
+
+/// `BEGIN`, `COMMIT` or `ROLLBACK` when that is all the plan is.
+pub fn transaction_control(plan: &Plan) -> Option<Dest> {
+    match plan.statements.as_slice() {
+        [Route::Begin] => Some(Dest::Begin),
+        [Route::Commit] => Some(Dest::Commit),
+        [Route::Rollback] => Some(Dest::Rollback),
+        _ => None,
+    }
+}
+
+/// The rules of an open transaction: it stays on one shard, and work on several shards (each
+/// part in a transaction of its own) cannot join it.
+fn in_transaction<'a>(resolved: Resolved<'a>, cx: &Context<'a>) -> Result<Resolved<'a>, SqlError> {
+    let Transaction::Open { shard: pinned } = cx.transaction else {
+        return Ok(resolved);
+    };
+    match &resolved.0 {
+        Dest::Shard(shard) => match pinned {
+            Some(p) if p != *shard => Err(errors::cross_shard_transaction(
+                &range(cx.map, p),
+                &range(cx.map, *shard),
+            )),
+            _ => Ok(resolved),
+        },
+        Dest::Broadcast => Err(errors::ddl_in_transaction()),
+        Dest::Read(_) | Dest::Write(_) => Err(errors::scatter_in_transaction()),
+        Dest::CopyIn { .. } => Err(SqlError::new(
+            errors::FEATURE_NOT_SUPPORTED,
+            "COPY into a sharded table cannot run inside a transaction, which stays on one shard",
+        )),
+        Dest::SplitInsert(_) => Err(SqlError::new(
+            errors::FEATURE_NOT_SUPPORTED,
+            "the rows of this INSERT fall on several shards, and a transaction runs on one shard",
+        )
+        .with_hint("insert the rows of each shard in their own transaction, or run the INSERT outside a transaction")),
+        _ => Ok(resolved),
+    }
+}
+
+fn range(map: &ShardMap, shard: usize) -> String {
+    map.shards()[shard].range.to_string()
+}
+
+/// The target the plan alone gives (before the transaction's rules).
+fn by_plan<'a>(stmt: &Statement<'a>, cx: &Context<'a>) -> Result<Resolved<'a>, SqlError> {
+    let (plan, map) = (stmt.plan, cx.map);
+    let extended = stmt.params.bind.is_some();
+    match plan.statements.as_slice() {
+        [Route::ScatterWrite { message }] => {
+            return if cx.allow_scatter_writes {
+                Ok((
+                    Dest::Write(Write {
+                        shards: (0..map.shards().len()).collect(),
+                        keyed: false,
+                    }),
+                    None,
+                ))
+            } else {
+                Err(SqlError::new(
+                    errors::FEATURE_NOT_SUPPORTED,
+                    message.clone(),
+                ))
+            };
+        }
+        [Route::Scatter { merge, .. }] => {
+            return Ok((
+                spread(stmt, map, merge, (0..map.shards().len()).collect(), false)?,
+                None,
+            ))
+        }
+        [Route::PreparedSql] if extended => {
+            return Err(SqlError::new(
+                errors::FEATURE_NOT_SUPPORTED,
+                "PREPARE, EXECUTE and DEALLOCATE are supported in the simple query protocol only",
+            )
+            .with_hint(
+                "use the driver's own prepared statements, or send the command as a simple query",
+            ))
+        }
+        [Route::PreparedSql] => return Ok((Dest::PreparedSql, None)),
+        [Route::CopyIn { .. }] if extended => {
+            return Err(SqlError::new(
+                errors::FEATURE_NOT_SUPPORTED,
+                "COPY into a sharded table is supported in the simple query protocol only",
+            )
+            .with_hint("send COPY ... FROM STDIN as a simple query, as psql's \\copy does"))
+        }
+        [Route::CopyIn { key_type, format }] => {
+            return Ok((
+                Dest::CopyIn {
+                    key_type: *key_type,
+                    format: *format,
+                },
+                None,
+            ))
+        }
+        _ => {}
+    }
+    let broadcasts = plan
+        .statements
+        .iter()
+        .filter(|r| matches!(r, Route::Broadcast))
+        .count();
+    if broadcasts > 0 {
+        if broadcasts < plan.statements.len() {
+            return Err(SqlError::new(
+                errors::FEATURE_NOT_SUPPORTED,
+                "this query mixes DDL that goes to every shard with other statements",
+            )
+            .with_hint("send DDL for sharded tables (and schema-wide DDL) in a query of its own"));
+        }
+        return Ok((Dest::Broadcast, None));
+    }
+    if let Some(control) = transaction_control(plan) {
+        return Ok((control, None));
+    }
+
+    // Every statement of the message must agree on one shard.
+    let mut chosen: Option<(usize, Why<'a>)> = None;
+    let mut agree = |shard: usize, why: Why<'a>| -> Result<(), SqlError> {
+        match chosen {
+            Some((prev, _)) if prev != shard => Err(SqlError::new(
+                errors::FEATURE_NOT_SUPPORTED,
+                format!(
+                    "the statements of this query need two shards, {} and {}",
+                    range(map, prev),
+                    range(map, shard)
+                ),
+            )
+            .with_hint("send statements for different shards separately; each query or transaction runs on one shard")),
+            Some(_) => Ok(()),
+            None => {
+                chosen = Some((shard, why));
+                Ok(())
+            }
+        }
+    };
+    let single = plan.statements.len() == 1;
+    for route in &plan.statements {
+        match route {
+            Route::Keyed {
+                table,
+                key,
+                key_type,
+                keys,
+                spread: merge,
+            } => {
+                let mut first: Option<(usize, Option<shardmap::Key<'a>>)> = None;
+                let mut count = 0;
+                let mut array = Vec::new();
+                for source in keys {
+                    let one: [usize; 1];
+                    let (shards, value): (&[usize], _) = match source {
+                        KeySource::Array(inner) => {
+                            array.clear();
+                            stmt.params
+                                .array_shards(inner, *key_type, map, &mut array)?;
+                            (&array, None)
+                        }
+                        _ => match stmt.params.key(source, *key_type)? {
+                            Some(k) => {
+                                one = [map.shard_for_key(&k)];
+                                (&one, Some(k))
+                            }
+                            None => (&[], None),
+                        },
+                    };
+                    for &s in shards {
+                        count += 1;
+                        match first {
+                            Some((f, _)) if f != s => {
+                                if let (true, Some(merge)) = (single, merge) {
+                                    // Each key's rows live only on its shard: run it on the
+                                    // shards of its keys.
+                                    let shards = keyed_shards(stmt, map)?;
+                                    return Ok((spread(stmt, map, merge, shards, true)?, None));
+                                }
+                                return Err(SqlError::new(
+                                    errors::FEATURE_NOT_SUPPORTED,
+                                    format!(
+                                        "the keys of this statement on {table} fall on several shards ({} and {})",
+                                        range(map, f),
+                                        range(map, s)
+                                    ),
+                                )
+                                .with_hint("split the statement so that each one names keys of one shard"));
+                            }
+                            Some(_) => {}
+                            None => first = Some((s, value)),
+                        }
+                    }
+                }
+                // All keys NULL: the statement matches no row anywhere; any shard answers it.
+                if let Some((s, value)) = first {
+                    let why = match (count, value) {
+                        (1, Some(value)) => Why::Key {
+                            table,
+                            column: key,
+                            value,
+                            id: value.keyspace_id(),
+                        },
+                        _ => Why::Keys {
+                            table,
+                            column: key,
+                            count,
+                        },
+                    };
+                    agree(s, why)?;
+                }
+            }
+            Route::Default => agree(map.default_shard(), Why::Unsharded)?,
+            Route::Unparsed => agree(map.default_shard(), Why::Unparsed)?,
+            Route::Any
+            | Route::Savepoint
+            | Route::Begin
+            | Route::Commit
+            | Route::Rollback
+            | Route::Broadcast => {}
+            Route::ScatterWrite { message } | Route::Unroutable { message } => {
+                return Err(SqlError::new(
+                    errors::FEATURE_NOT_SUPPORTED,
+                    message.clone(),
+                ));
+            }
+            Route::PreparedSql => {
+                return Err(SqlError::new(
+                    errors::FEATURE_NOT_SUPPORTED,
+                    "PREPARE, EXECUTE and DEALLOCATE must be the only statement of their query",
+                ));
+            }
+            Route::CopyIn { .. } => {
+                return Err(SqlError::new(
+                    errors::FEATURE_NOT_SUPPORTED,
+                    "COPY into a sharded table must be the only statement of its query",
+                ));
+            }
+            Route::Scatter { table, .. } => {
+                return Err(SqlError::new(
+                    errors::FEATURE_NOT_SUPPORTED,
+                    format!("a read of {table} across all shards must be the only statement of its query"),
+                ));
+            }
+        }
+    }
+    Ok(match chosen {
+        Some((shard, why)) => (Dest::Shard(shard), Some(why)),
+        None => (Dest::Any, None),
+    })
+}
+
+/// A statement on several shards (`shards`, in shard order), as its merge says.
+fn spread<'a>(
+    stmt: &Statement<'a>,
+    map: &ShardMap,
+    merge: &'a Merge,
+    shards: Vec<usize>,
+    keyed: bool,
+) -> Result<Dest, SqlError> {
+    let count = |source: &'a Option<KeySource>| match source {
+        None => Ok(None),
+        Some(source) => stmt.params.count(source),
+    };
+    match merge {
+        Merge::SplitRows if stmt.params.bind.is_none() => split_insert(stmt, map),
+        Merge::SplitRows => Err(SqlError::new(
+            errors::FEATURE_NOT_SUPPORTED,
+            "the rows of this INSERT fall on several shards; with bound parameters each INSERT must give rows of one shard",
+        )
+        .with_hint("send one INSERT per shard (or single-row INSERTs), or send the multi-row INSERT with literal values as a simple query")),
+        Merge::Write => Ok(Dest::Write(Write { shards, keyed })),
+        Merge::Concat { limit } => Ok(Dest::Read(Read {
+            shards,
+            keyed,
+            merge: None,
+            limit: count(limit)?,
+            offset: 0,
+            shard_sql: None,
+        })),
+        Merge::Combine(plan) => {
+            let shard_sql = if plan.rewrite {
+                Some(crate::planner::shard_sql(stmt.sql).map_err(errors::cannot_rewrite)?)
+            } else {
+                None
+            };
+            Ok(Dest::Read(Read {
+                shards,
+                keyed,
+                merge: Some(plan.clone()),
+                limit: count(&plan.limit)?,
+                offset: count(&plan.offset)?.unwrap_or(0),
+                shard_sql,
+            }))
+        }
+    }
+}
+
+/// The shards that hold the keys of a single keyed statement, in shard order.
+fn keyed_shards(stmt: &Statement<'_>, map: &ShardMap) -> Result<Vec<usize>, SqlError> {
+    let mut shards = Vec::new();
+    if let [Route::Keyed { key_type, keys, .. }] = stmt.plan.statements.as_slice() {
+        for source in keys {
+            if let KeySource::Array(inner) = source {
+                stmt.params
+                    .array_shards(inner, *key_type, map, &mut shards)?;
+            } else if let Some(key) = stmt.params.key(source, *key_type)? {
+                shards.push(map.shard_for_key(&key));
+            }
+        }
+    }
+    shards.sort_unstable();
+    shards.dedup();
+    Ok(shards)
+}
+
+/// A multi-row INSERT (simple protocol, literal values) cut into one INSERT per shard, each
+/// with that shard's rows as the client wrote them. A NULL key (which Postgres refuses for a
+/// primary key) goes to the default shard, which says so.
+fn split_insert(stmt: &Statement<'_>, map: &ShardMap) -> Result<Dest, SqlError> {
+    let cannot = || {
+        SqlError::new(
+            errors::FEATURE_NOT_SUPPORTED,
+            "the rows of this INSERT fall on several shards, and the router could not split its text",
+        )
+        .with_hint("send one INSERT per shard")
+    };
+    let [Route::Keyed { key_type, keys, .. }] = stmt.plan.statements.as_slice() else {
+        return Err(cannot());
+    };
+    let shard_of_row = keys
+        .iter()
+        .map(|source| {
+            Ok(stmt
+                .params
+                .key(source, *key_type)?
+                .map_or(map.default_shard(), |key| map.shard_for_key(&key)))
+        })
+        .collect::<Result<Vec<usize>, SqlError>>()?;
+    split_rows(stmt.sql, &shard_of_row)
+        .map(Dest::SplitInsert)
+        .ok_or_else(cannot)
+}
+
+/// The parts of a split INSERT: rows grouped by shard, in shard order.
+fn split_rows(sql: &str, shard_of_row: &[usize]) -> Option<SplitInsert> {
+    let rows = crate::planner::values::values_rows(sql)?;
+    if rows.rows.len() != shard_of_row.len() {
+        return None;
+    }
+    let mut by_shard: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (row, &shard) in shard_of_row.iter().enumerate() {
+        by_shard.entry(shard).or_default().push(row);
+    }
+    let part_of_shard: BTreeMap<usize, usize> =
+        by_shard.keys().enumerate().map(|(p, &s)| (s, p)).collect();
+    let parts = by_shard
+        .iter()
+        .map(|(&shard, picked)| (shard, rows.statement(sql, picked.iter().copied())))
+        .collect();
+    let part_of_row = shard_of_row
+        .iter()
+        .map(|s| part_of_shard.get(s).copied().unwrap_or(0))
+        .collect();
+    Some(SplitInsert { parts, part_of_row })
+}

@@ -1,0 +1,233 @@
+//! What the resolver decides for one statement: a [`Target`], a plain value that the session
+//! executes and that prints as one line (what EXPLAIN of a route shows).
+
+use std::fmt;
+use std::sync::Arc;
+
+use shardmap::{Key, KeyType, KeyspaceId, ShardMap};
+
+use crate::planner::{CopyFormat, MergePlan};
+use crate::protocol::reply::SqlError;
+
+/// Where a statement runs and why, or why it does not run at all.
+#[derive(Debug)]
+pub struct Target<'a> {
+    /// What the session executes (owned: it outlives the statement's buffers).
+    pub dest: Dest,
+    /// Why a statement runs on one shard (set with [`Dest::Shard`]).
+    pub why: Option<Why<'a>>,
+    /// The map the shard numbers index, kept for printing ranges.
+    map: &'a ShardMap,
+}
+
+impl<'a> Target<'a> {
+    pub fn new(dest: Dest, why: Option<Why<'a>>, map: &'a ShardMap) -> Target<'a> {
+        Target { dest, why, map }
+    }
+}
+
+/// The destinations a statement can have.
+#[derive(Debug)]
+pub enum Dest {
+    /// One shard.
+    Shard(usize),
+    /// Any healthy shard: the statement touches no user table (or all its keys are NULL, so it
+    /// matches no row anywhere).
+    Any,
+    /// `BEGIN` alone: the transaction's first statement chooses its shard.
+    Begin,
+    /// `COMMIT` alone.
+    Commit,
+    /// `ROLLBACK` alone.
+    Rollback,
+    /// DDL that every shard runs, each in its own transaction.
+    Broadcast,
+    /// A read on several shards whose answers are merged.
+    Read(Read),
+    /// An UPDATE or DELETE on several shards, each part in a transaction, committed together.
+    Write(Write),
+    /// A multi-row INSERT whose rows belong to several shards, split by row.
+    SplitInsert(SplitInsert),
+    /// COPY FROM STDIN into a sharded table, rows split by key.
+    CopyIn {
+        key_type: KeyType,
+        format: CopyFormat,
+    },
+    /// SQL-level PREPARE, EXECUTE or DEALLOCATE, which the session runs on the client's
+    /// protocol-level statements.
+    PreparedSql,
+    /// Not run: the error the client gets.
+    Refused(SqlError),
+}
+
+/// Why a statement runs on one shard.
+#[derive(Debug, Clone, Copy)]
+pub enum Why<'a> {
+    /// The key of a sharded table.
+    Key {
+        table: &'a str,
+        column: &'a str,
+        value: Key<'a>,
+        id: KeyspaceId,
+    },
+    /// Several keys (an `IN` list, an `= ANY` array, or several pinned tables), all on this
+    /// shard.
+    Keys {
+        table: &'a str,
+        column: &'a str,
+        count: usize,
+    },
+    /// Only tables that are not in the shard map (or function calls): the default shard.
+    Unsharded,
+    /// Text the router's SQL parser does not understand and that names no sharded table: the
+    /// default shard, so that Postgres judges it.
+    Unparsed,
+    /// An operator pinned it: `/* shard: RANGE */` or `SET shardgate.shard`.
+    Manual,
+}
+
+/// A read on several shards.
+#[derive(Debug, Clone)]
+pub struct Read {
+    /// In shard order.
+    pub shards: Vec<usize>,
+    /// Only the shards of the statement's keys (rather than all shards).
+    pub keyed: bool,
+    /// Sorted, grouped or aggregated by the merge engine; `None`: rows concatenated in shard
+    /// order.
+    pub merge: Option<Arc<MergePlan>>,
+    pub limit: Option<u64>,
+    pub offset: u64,
+    /// The text the shards run instead of the client's, when the merge needs other columns.
+    pub shard_sql: Option<String>,
+}
+
+/// An UPDATE or DELETE on several shards.
+#[derive(Debug, Clone)]
+pub struct Write {
+    /// In shard order: the parts run one after another in this order.
+    pub shards: Vec<usize>,
+    /// Only the shards of the statement's keys (rather than all shards).
+    pub keyed: bool,
+}
+
+/// A multi-row INSERT cut into one INSERT per shard.
+#[derive(Debug, Clone)]
+pub struct SplitInsert {
+    /// (shard, that shard's INSERT), in shard order.
+    pub parts: Vec<(usize, String)>,
+    /// For each VALUES row of the client's statement, the part that inserts it.
+    pub part_of_row: Vec<usize>,
+}
+
+impl fmt::Display for Target<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let range = |shard: usize| {
+            self.map
+                .shards()
+                .get(shard)
+                .map_or_else(|| format!("#{shard}"), |s| s.range.to_string())
+        };
+        let ranges = |shards: &[usize]| shards.iter().map(|&s| range(s)).collect::<Vec<_>>();
+        match &self.dest {
+            Dest::Shard(shard) => {
+                write!(f, "shard {}: ", range(*shard))?;
+                let Some(why) = &self.why else {
+                    return f.write_str("chosen by the statement");
+                };
+                match why {
+                    Why::Key {
+                        table,
+                        column,
+                        value,
+                        id,
+                    } => write!(
+                        f,
+                        "{table}.{column} = {}, keyspace id {id}",
+                        KeyText(value)
+                    ),
+                    Why::Keys {
+                        table,
+                        column,
+                        count,
+                    } => write!(f, "{count} values of {table}.{column}, all in this range"),
+                    Why::Unsharded => f.write_str("unsharded tables live on the default shard"),
+                    Why::Unparsed => f.write_str(
+                        "not understood by the router's parser and names no sharded table; the default shard judges it",
+                    ),
+                    Why::Manual => f.write_str("pinned by the operator"),
+                }
+            }
+            Dest::Any => f.write_str("any shard: no sharded or unsharded table"),
+            Dest::Begin => f.write_str("router: BEGIN; the first statement chooses the shard"),
+            Dest::Commit => f.write_str("router: COMMIT on the transaction's shard"),
+            Dest::Rollback => f.write_str("router: ROLLBACK on the transaction's shard"),
+            Dest::Broadcast => f.write_str("every shard: DDL, each in its own transaction"),
+            Dest::Read(r) => {
+                write!(
+                    f,
+                    "shards {} ({}): read, ",
+                    ranges(&r.shards).join(", "),
+                    if r.keyed { "those of its keys" } else { "all" }
+                )?;
+                match &r.merge {
+                    None => f.write_str("rows concatenated in shard order")?,
+                    Some(m) if m.group.is_some() => f.write_str("groups combined")?,
+                    Some(m) => write!(f, "sorted streams merged on {} keys", m.order.len())?,
+                }
+                if let Some(limit) = r.limit {
+                    write!(f, ", limit {limit}")?;
+                }
+                if r.offset > 0 {
+                    write!(f, ", offset {}", r.offset)?;
+                }
+                if let Some(sql) = &r.shard_sql {
+                    write!(f, "; shards run: {sql}")?;
+                }
+                Ok(())
+            }
+            Dest::Write(w) => write!(
+                f,
+                "shards {} ({}): write, one transaction per shard in shard order, committed together",
+                ranges(&w.shards).join(", "),
+                if w.keyed { "those of its keys" } else { "all" }
+            ),
+            Dest::SplitInsert(s) => {
+                let shards: Vec<usize> = s.parts.iter().map(|p| p.0).collect();
+                write!(
+                    f,
+                    "shards {}: INSERT of {} rows split by key, one transaction per shard, committed together",
+                    ranges(&shards).join(", "),
+                    s.part_of_row.len()
+                )
+            }
+            Dest::CopyIn { key_type, .. } => write!(
+                f,
+                "the shards of its rows: COPY split by its {key_type} key"
+            ),
+            Dest::PreparedSql => f.write_str("router: SQL-level prepared statement"),
+            Dest::Refused(e) => write!(f, "refused ({}): {}", e.code, e.message),
+        }
+    }
+}
+
+/// A key as SQL would write it.
+struct KeyText<'k, 'a>(&'k Key<'a>);
+
+impl fmt::Display for KeyText<'_, '_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Key::Int(v) => write!(f, "{v}"),
+            Key::Text(s) => write!(f, "'{}'", s.replace('\'', "''")),
+            Key::Uuid(u) => {
+                for (i, b) in u.iter().enumerate() {
+                    if matches!(i, 4 | 6 | 8 | 10) {
+                        f.write_str("-")?;
+                    }
+                    write!(f, "{b:02x}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! Accepting clients: one tokio task per client, which logs in ([`super::handshake`]) and then
+//! runs its [`Session`] until the client leaves.
+//!
+//! A client's failure (bad protocol, lost connection, bad password) ends that task only; every
+//! other client and the router keep running.
+
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+
+use super::handshake;
+use super::Shared;
+use crate::errors;
+use crate::protocol::reply::SqlError;
+use crate::session::{Session, Settings};
+
+/// Accepts clients until the listener fails.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Result<()> {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of file descriptors and the like: wait a moment rather than spin.
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            client(stream, shared, peer).await;
+        });
+    }
+}
+
+async fn client(mut stream: TcpStream, shared: Arc<Shared>, peer: std::net::SocketAddr) {
+    let _ = stream.set_nodelay(true);
+    if shared.clients.count() >= shared.config.limits.max_clients {
+        let mut out = Vec::new();
+        SqlError::fatal(
+            errors::TOO_MANY_CONNECTIONS,
+            "sorry, too many clients already",
+        )
+        .with_hint("raise [limits] max_clients in the router config, or use fewer connections")
+        .write(&mut out);
+        let _ = stream.write_all(&out).await;
+        return;
+    }
+    let mut buf = BytesMut::with_capacity(16 * 1024);
+    let login = match handshake::run(&mut stream, &mut buf, &shared).await {
+        Ok(handshake::Outcome::LoggedIn(login)) => login,
+        Ok(handshake::Outcome::Done) => return,
+        Err(e) => {
+            tracing::info!(%peer, "login failed: {e}");
+            return;
+        }
+    };
+    let id = login.id;
+    tracing::debug!(%peer, user = %login.user, client = id, "client logged in");
+    let settings = Settings::from_startup(&login.params);
+    let session = Session::new(shared.clone(), stream, buf, login.slot, settings);
+    if let Err(e) = session.run().await {
+        tracing::info!(%peer, client = id, "session ended: {e}");
+    }
+    shared.clients.remove(id);
+}

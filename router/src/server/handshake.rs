@@ -1,0 +1,313 @@
+//! A client's first steps: SSL/GSS negotiation (refused with `N` for now), cancel requests,
+//! the StartupMessage, the database check, SCRAM-SHA-256 authentication, and the greeting
+//! (ParameterStatus, BackendKeyData, ReadyForQuery).
+//!
+//! The whole handshake is bounded by a timeout, like Postgres's `authentication_timeout`, so
+//! a client that connects and says nothing cannot hold a slot.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::clients::{router_of, ClientSlot};
+use super::Shared;
+use crate::auth::{AuthError, ScramServer, ScramVerifier};
+use crate::config::AuthMethod;
+use crate::errors;
+use crate::protocol::frame::next_frame;
+use crate::protocol::reply::{self, SqlError, TxStatus};
+use crate::protocol::startup::{self, Startup};
+
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A logged-in client.
+pub struct Login {
+    pub user: String,
+    pub params: Vec<(String, String)>,
+    pub id: i32,
+    pub slot: Arc<ClientSlot>,
+}
+
+/// How a handshake ended without a session.
+pub enum Outcome {
+    LoggedIn(Login),
+    /// A cancel request was handled, or the client went away: close quietly.
+    Done,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// Already reported to the client as a FATAL error.
+    #[error("{0}")]
+    Refused(SqlError),
+    #[error("the client did not finish logging in within {0:?}")]
+    Timeout(Duration),
+}
+
+pub async fn run(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    shared: &Shared,
+) -> Result<Outcome, HandshakeError> {
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(stream, buf, shared)).await {
+        Ok(r) => r,
+        Err(_) => Err(HandshakeError::Timeout(HANDSHAKE_TIMEOUT)),
+    }
+}
+
+async fn refuse(stream: &mut TcpStream, err: SqlError) -> HandshakeError {
+    let mut out = Vec::new();
+    err.write(&mut out);
+    // The client may already be gone; the refusal is logged either way.
+    let _ = stream.write_all(&out).await;
+    HandshakeError::Refused(err)
+}
+
+/// Reads until `buf` holds `n` bytes; `false` on a clean EOF before anything arrived.
+async fn fill(stream: &mut TcpStream, buf: &mut BytesMut, n: usize) -> std::io::Result<bool> {
+    while buf.len() < n {
+        if stream.read_buf(buf).await? == 0 {
+            if buf.is_empty() {
+                return Ok(false);
+            }
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the client left mid-message",
+            ));
+        }
+    }
+    Ok(true)
+}
+
+async fn handshake(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    shared: &Shared,
+) -> Result<Outcome, HandshakeError> {
+    let params = loop {
+        if !fill(stream, buf, 4).await? {
+            return Ok(Outcome::Done);
+        }
+        let len = match startup::packet_len(buf) {
+            Ok(Some(len)) => len,
+            Ok(None) => continue,
+            Err(e) => {
+                return Err(refuse(
+                    stream,
+                    SqlError::fatal(errors::PROTOCOL_VIOLATION, e.to_string()),
+                )
+                .await)
+            }
+        };
+        fill(stream, buf, len).await?;
+        let packet = startup::decode(&buf[..len]);
+        buf.advance(len);
+        match packet {
+            Ok(Startup::Ssl) | Ok(Startup::GssEnc) => stream.write_all(b"N").await?,
+            Ok(Startup::Cancel { pid, secret }) => {
+                forward_cancel(shared, pid, secret).await;
+                return Ok(Outcome::Done);
+            }
+            Ok(Startup::Startup { params }) => break params,
+            Err(e) => {
+                return Err(refuse(
+                    stream,
+                    SqlError::fatal(errors::PROTOCOL_VIOLATION, e.to_string()),
+                )
+                .await)
+            }
+        }
+    };
+
+    let user = match Startup::param(&params, "user") {
+        Some(u) if !u.is_empty() => u.to_string(),
+        _ => {
+            let err = SqlError::fatal(
+                errors::INVALID_AUTHORIZATION,
+                "no PostgreSQL user name specified in startup packet",
+            );
+            return Err(refuse(stream, err).await);
+        }
+    };
+    let database = Startup::param(&params, "database")
+        .unwrap_or(&user)
+        .to_string();
+    if database != shared.config.database {
+        let err = SqlError::fatal(
+            errors::UNKNOWN_DATABASE,
+            format!("database \"{database}\" does not exist"),
+        )
+        .with_hint(format!(
+            "this router serves the database \"{}\"",
+            shared.config.database
+        ));
+        return Err(refuse(stream, err).await);
+    }
+
+    if shared.config.auth == AuthMethod::ScramSha256 {
+        if let Err(e) = authenticate(stream, buf, shared, &user).await? {
+            let err = SqlError::fatal(e.sqlstate(), e.client_message(&user));
+            return Err(refuse(stream, err).await);
+        }
+    }
+
+    let (id, slot) = shared.clients.add();
+    let mut out = Vec::with_capacity(512);
+    reply::auth_ok(&mut out);
+    let server_params = shared
+        .server_params
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    for (name, value) in &server_params {
+        // What the client asked for itself is what it is told, as Postgres does.
+        let value = match name.as_str() {
+            "application_name" | "client_encoding" | "DateStyle" | "TimeZone" | "IntervalStyle" => {
+                Startup::param(&params, name).unwrap_or(value)
+            }
+            "session_authorization" => &user,
+            _ => value,
+        };
+        reply::parameter_status(&mut out, name, value);
+    }
+    reply::backend_key_data(&mut out, id, slot.secret);
+    reply::ready_for_query(&mut out, TxStatus::Idle);
+    if let Err(e) = stream.write_all(&out).await {
+        shared.clients.remove(id);
+        return Err(e.into());
+    }
+    Ok(Outcome::LoggedIn(Login {
+        user,
+        params,
+        id,
+        slot,
+    }))
+}
+
+/// Runs SCRAM-SHA-256; the outer error is I/O, the inner one a failed login.
+async fn authenticate(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    shared: &Shared,
+    user: &str,
+) -> Result<Result<(), AuthError>, HandshakeError> {
+    let verifier = match shared.config.user(user) {
+        Some(u) => u.secret.verifier().into_owned(),
+        // Unknown users go through the same exchange and fail like a wrong password.
+        None => ScramVerifier::mock(user, &shared.mock_key),
+    };
+    let mut scram = ScramServer::new(&verifier, ScramServer::random_nonce());
+    let mut out = Vec::new();
+    reply::auth_sasl(&mut out, 10, ScramServer::mechanisms());
+    stream.write_all(&out).await?;
+
+    let body = read_password_message(stream, buf).await?;
+    let first = match scram.client_first(&body) {
+        Ok(first) => first,
+        Err(e) => return Ok(Err(e)),
+    };
+    out.clear();
+    reply::auth_sasl(&mut out, 11, &first);
+    stream.write_all(&out).await?;
+
+    let body = read_password_message(stream, buf).await?;
+    let last = match scram.client_final(&body) {
+        Ok(last) => last,
+        Err(e) => return Ok(Err(e)),
+    };
+    out.clear();
+    reply::auth_sasl(&mut out, 12, &last);
+    stream.write_all(&out).await?;
+    Ok(Ok(()))
+}
+
+/// Reads one `p` message (PasswordMessage / SASLInitialResponse / SASLResponse) body.
+async fn read_password_message(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+) -> Result<Vec<u8>, HandshakeError> {
+    loop {
+        match next_frame(buf) {
+            Ok(Some(h)) if h.tag == b'p' && h.total <= 64 * 1024 => {
+                let body = buf[h.body()].to_vec();
+                buf.advance(h.total);
+                return Ok(body);
+            }
+            Ok(Some(h)) => {
+                let err = SqlError::fatal(
+                    errors::PROTOCOL_VIOLATION,
+                    format!(
+                        "expected a password message during authentication, got message type {:?}",
+                        char::from(h.tag)
+                    ),
+                );
+                return Err(refuse(stream, err).await);
+            }
+            Ok(None) => {
+                if stream.read_buf(buf).await? == 0 {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "the client left during authentication",
+                    )
+                    .into());
+                }
+            }
+            Err(e) => {
+                return Err(refuse(
+                    stream,
+                    SqlError::fatal(errors::PROTOCOL_VIOLATION, e.to_string()),
+                )
+                .await)
+            }
+        }
+    }
+}
+
+/// Sends a CancelRequest to the backend that runs client `pid`'s statement, if the secret
+/// matches; like Postgres, says nothing back either way.
+async fn forward_cancel(shared: &Shared, pid: i32, secret: i32) {
+    let owner = router_of(pid);
+    if owner != shared.config.router_id {
+        // Another router's client: pass the request on, as it came.
+        let Some(peer) = shared.config.peers.iter().find(|p| p.id == owner) else {
+            tracing::debug!(
+                pid,
+                router = owner,
+                "cancel request for a router that is not among [[peers]]"
+            );
+            return;
+        };
+        match crate::backend::cancel::send_cancel(peer.address, pid, secret).await {
+            Ok(()) => {
+                tracing::info!(pid, router = owner, peer = %peer.address, "passed a cancel request to its router")
+            }
+            Err(e) => {
+                tracing::warn!(pid, peer = %peer.address, "could not pass a cancel request on: {e}")
+            }
+        }
+        return;
+    }
+    let Some(target) = shared.clients.cancel_target(pid, secret) else {
+        tracing::debug!(
+            pid,
+            "cancel request for an unknown client or with a wrong secret"
+        );
+        return;
+    };
+    let endpoint = &shared.pools().for_shard(target.shard).endpoint;
+    match crate::backend::cancel::send_cancel(
+        (endpoint.host.as_str(), endpoint.port),
+        target.pid,
+        target.secret,
+    )
+    .await
+    {
+        Ok(()) => tracing::info!(pid, backend = %endpoint.name(), "forwarded a cancel request"),
+        Err(e) => tracing::warn!(pid, "could not forward a cancel request: {e}"),
+    }
+}

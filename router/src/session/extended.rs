@@ -1,0 +1,428 @@
+//! Extended-protocol messages: Parse, Bind, Describe, Execute, Close, Flush and Sync.
+//!
+//! Each message is decoded once into a [`Msg`]. Until a Bind names the batch's shard, messages
+//! are held; then the held ones and the rest of the batch go to that shard's connection, in
+//! one write with its Sync. Drivers prepare (Parse, Describe, then Sync or only Flush) before
+//! they bind: that runs on any shard, outside the client's transaction, and a later Bind for
+//! another shard finishes it there and moves. A batch of only BEGIN/COMMIT/ROLLBACK is answered
+//! by the router, as in the simple protocol. An error found by the router mid-batch skips the
+//! client's messages to its Sync, as Postgres does.
+
+use std::sync::Arc;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::held::Msg;
+use super::outbox::{synthetic, ConnStatements};
+use super::replies::{Audience, Kind};
+use super::state::{Batch, Tx};
+use super::statements::{ClientStatement, Duplicate};
+use super::{Session, SessionError};
+use crate::errors;
+use crate::protocol::frame::put_frame;
+use crate::protocol::frontend;
+use crate::protocol::reply::{self, SqlError};
+use crate::resolver::{self, Dest};
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
+    pub(super) async fn extended(&mut self, frame: &[u8]) -> Result<(), SessionError> {
+        let tag = frame[0];
+        if self.state.skipping() && tag != b'S' {
+            return Ok(());
+        }
+        match self.state.batch {
+            Batch::Broadcast { .. } => return self.in_broadcast_batch(frame).await,
+            Batch::Scatter(_) => return self.in_scatter_batch(frame).await,
+            _ => {}
+        }
+        let body = &frame[5..];
+        match tag {
+            b'P' => {
+                let p = frontend::parse(body)?;
+                let parsed = {
+                    let planned = self.shared.planner.plan(p.sql, &mut self.nbuf);
+                    self.statements.parse(
+                        p.name,
+                        p.sql,
+                        p.param_types,
+                        &planned,
+                        &self.shared.statements,
+                    )
+                };
+                match parsed {
+                    Ok(stmt) => self.route_or_hold(Msg::Parse(stmt)).await,
+                    Err(Duplicate) => self.batch_error(&errors::duplicate_statement(p.name)).await,
+                }
+            }
+            b'B' => self.bind(body).await,
+            b'D' => {
+                let t = frontend::target(body, "Describe")?;
+                if t.kind != b'S' {
+                    let msg = Msg::Forward {
+                        frame,
+                        kind: Kind::DescribePortal,
+                        executes: false,
+                    };
+                    return self.route_or_hold(msg).await;
+                }
+                match self.statements.get(t.name).cloned() {
+                    Some(stmt) => self.route_or_hold(Msg::DescribeStatement(stmt)).await,
+                    None => self.batch_error(&errors::undefined_statement(t.name)).await,
+                }
+            }
+            b'C' => {
+                let t = frontend::target(body, "Close")?;
+                if t.kind == b'S' {
+                    // Closing a statement that does not exist is not an error in Postgres.
+                    // Backends keep the statement for whoever needs it next.
+                    self.statements.close(t.name);
+                    return self.route_or_hold(Msg::CloseStatement).await;
+                }
+                let msg = Msg::Forward {
+                    frame,
+                    kind: Kind::Close,
+                    executes: true,
+                };
+                self.route_or_hold(msg).await
+            }
+            b'E' => {
+                let msg = Msg::Forward {
+                    frame,
+                    kind: Kind::Execute,
+                    executes: true,
+                };
+                self.route_or_hold(msg).await
+            }
+            b'H' => self.flush(frame).await,
+            b'S' => self.sync().await,
+            _ => Ok(()),
+        }
+    }
+
+    /// A Bind: the statement it runs is found once, resolved with the Bind's parameters, and
+    /// the batch goes where the target says.
+    async fn bind(&mut self, body: &[u8]) -> Result<(), SessionError> {
+        let b = frontend::bind(body)?;
+        let Some(stmt) = self.statements.get(b.statement).cloned() else {
+            return self
+                .batch_error(&errors::undefined_statement(b.statement))
+                .await;
+        };
+        self.sql.clear();
+        self.sql.push_str(stmt.sql());
+        let dest = {
+            let resolved = resolver::Statement {
+                sql: stmt.sql(),
+                plan: &stmt.plan,
+                params: stmt.params(Some(&b)),
+            };
+            Self::resolve(
+                &self.shared,
+                &self.settings,
+                &self.state,
+                self.pin.as_ref().map(|p| p.shard),
+                &resolved,
+            )
+            .dest
+        };
+        let msg = Msg::Bind {
+            portal: b.portal.as_bytes(),
+            tail: b.tail,
+            stmt: stmt.clone(),
+        };
+        match dest {
+            Dest::Refused(err) => self.batch_error(&err).await,
+            Dest::Shard(shard) => {
+                if self.pin.is_some() && self.state.only_prepared() {
+                    // The connection only prepared statements for this batch (a Flush needed
+                    // answers before the key was known): finish that there and move.
+                    self.finish_preparation().await?;
+                }
+                if let Err(err) = self.attach(Some(shard), true).await {
+                    return self.batch_error(&err).await;
+                }
+                self.route_or_hold(msg).await
+            }
+            Dest::Broadcast | Dest::Read(_) | Dest::Write(_) => {
+                if self.pin.is_some() && self.state.only_prepared() {
+                    // Preparing is no transaction: finish it there and run on every shard.
+                    self.finish_preparation().await?;
+                }
+                let mixed = matches!(&self.state.batch, Batch::Held(held) if held.iter().any(|m| {
+                    matches!(m, Msg::Bind { .. } | Msg::Forward { executes: true, .. })
+                }));
+                if mixed {
+                    let err = SqlError::new(
+                        errors::FEATURE_NOT_SUPPORTED,
+                        "a statement on several shards must be the only statement of its batch",
+                    )
+                    .with_hint("send a Sync before and after it");
+                    return self.batch_error(&err).await;
+                }
+                self.begin_multi_batch(dest, &b, &stmt)
+            }
+            Dest::Any | Dest::Begin | Dest::Commit | Dest::Rollback => {
+                self.route_or_hold(msg).await
+            }
+            // Refused by the resolver in the extended protocol.
+            Dest::PreparedSql | Dest::SplitInsert(_) | Dest::CopyIn { .. } => {
+                self.batch_error(&errors::internal("a simple-protocol statement in a Bind"))
+                    .await
+            }
+        }
+    }
+
+    /// Sends a message now when a connection is pinned, or holds it until the batch's shard
+    /// is known.
+    async fn route_or_hold(&mut self, msg: Msg<&[u8]>) -> Result<(), SessionError> {
+        if self.pin.is_some() {
+            self.release_held()?;
+            self.send(msg)
+        } else {
+            self.state.held_mut().push(msg);
+            Ok(())
+        }
+    }
+
+    /// Writes one message for the pinned connection (or answers it, for the Close of a
+    /// statement, which needs none).
+    fn send(&mut self, msg: Msg<&[u8]>) -> Result<(), SessionError> {
+        let executes = match &msg {
+            Msg::Bind { .. } => true,
+            Msg::Forward { executes, .. } => *executes,
+            _ => false,
+        };
+        match self.pin.as_mut() {
+            Some(pin) => {
+                let mut conn = ConnStatements {
+                    prepared: &mut pin.conn.prepared,
+                    unnamed: &mut pin.unnamed,
+                };
+                self.out.send(&mut conn, msg)?;
+                self.state.sent_to_backend(executes);
+            }
+            None => match msg {
+                Msg::CloseStatement => self
+                    .out
+                    .replies
+                    .push_synthetic(synthetic(reply::close_complete)),
+                _ => {
+                    return Err(SessionError::Protocol(
+                        "internal: a message for a backend without a connection".into(),
+                    ))
+                }
+            },
+        }
+        Ok(())
+    }
+
+    /// Sends the held messages, in order, now that a connection is pinned (or answers them
+    /// when none is needed).
+    fn release_held(&mut self) -> Result<(), SessionError> {
+        let held = self.state.take_held();
+        held.drain(|msg| self.send(msg))
+    }
+
+    async fn flush(&mut self, frame: &[u8]) -> Result<(), SessionError> {
+        if self.pin.is_none() {
+            if let Batch::Held(held) = &self.state.batch {
+                if held.needs_backend() {
+                    // Answering only Parse/Describe does not start the client's transaction.
+                    let with_begin = !held.only_prepares();
+                    if let Err(err) = self.attach(None, with_begin).await {
+                        return self.batch_error(&err).await;
+                    }
+                }
+            }
+        }
+        self.release_held()?;
+        if self.pin.is_some() {
+            self.out.bytes.extend_from_slice(frame);
+            self.exchange().await?;
+        }
+        Ok(())
+    }
+
+    async fn sync(&mut self) -> Result<(), SessionError> {
+        if self.state.skipping() {
+            self.state.synced();
+            if self.pin.is_some() {
+                self.out.sync(Audience::Client);
+                self.exchange().await?;
+            } else {
+                self.answer_ready();
+            }
+            self.release_if_idle();
+            return Ok(());
+        }
+        if self.pin.is_none() {
+            if let Some(answer) = self.router_batch() {
+                self.state.synced();
+                self.out.replies.push_synthetic(answer);
+                return Ok(());
+            }
+            if let Batch::Held(held) = &self.state.batch {
+                if matches!(self.state.tx, Tx::Pending { .. }) && held.only_prepares() {
+                    return self.prepare_outside_transaction().await;
+                }
+                if held.needs_backend() {
+                    if let Err(err) = self.attach(None, true).await {
+                        self.state.synced();
+                        self.refuse_here(&err);
+                        self.answer_ready();
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        self.release_held()?;
+        if self.pin.is_some() {
+            self.out.sync(Audience::Client);
+            self.exchange().await?;
+            self.state.synced();
+            self.release_if_idle();
+        } else {
+            self.state.synced();
+            self.answer_ready();
+        }
+        Ok(())
+    }
+
+    /// A ReadyForQuery the router answers, in its place among the replies.
+    fn answer_ready(&mut self) {
+        let status = self.state.status();
+        self.out
+            .replies
+            .push_synthetic(synthetic(|o| reply::ready_for_query(o, status)));
+    }
+
+    /// A batch of only `BEGIN`, `COMMIT` or `ROLLBACK` with no connection pinned is answered by
+    /// the router, as in the simple protocol: the answers, or `None` when it needs a backend.
+    fn router_batch(&mut self) -> Option<Vec<u8>> {
+        let Batch::Held(held) = &self.state.batch else {
+            return None;
+        };
+        let control = |s: &ClientStatement| resolver::transaction_control(&s.plan);
+        let mut out = Vec::new();
+        /// What the batch does to the client's transaction.
+        enum Effect {
+            Begin(Arc<ClientStatement>),
+            End { commit: bool },
+        }
+        let mut bound: Option<(Dest, Arc<ClientStatement>)> = None;
+        let mut effect: Option<Effect> = None;
+        for m in held.iter() {
+            match m {
+                Msg::Parse(s) => {
+                    control(s)?;
+                    reply::parse_complete(&mut out);
+                }
+                Msg::Bind { stmt, .. } => {
+                    bound = Some((control(stmt)?, stmt.clone()));
+                    reply::bind_complete(&mut out);
+                }
+                Msg::DescribeStatement(_) => no_data_description(&mut out, b'S'),
+                Msg::Forward {
+                    kind: Kind::DescribePortal,
+                    ..
+                } => no_data_description(&mut out, b'P'),
+                Msg::Forward {
+                    kind: Kind::Execute,
+                    ..
+                } => {
+                    let (d, stmt) = bound.as_ref()?;
+                    let tag = match d {
+                        Dest::Begin => "BEGIN",
+                        Dest::Commit if self.state.tx != Tx::Failed => "COMMIT",
+                        _ => "ROLLBACK",
+                    };
+                    reply::command_complete(&mut out, tag);
+                    effect = Some(match d {
+                        Dest::Begin => Effect::Begin(stmt.clone()),
+                        d => Effect::End {
+                            commit: matches!(d, Dest::Commit),
+                        },
+                    });
+                }
+                Msg::Forward {
+                    kind: Kind::Close, ..
+                }
+                | Msg::CloseStatement => reply::close_complete(&mut out),
+                Msg::Forward { .. } => return None,
+            }
+        }
+        match effect {
+            Some(Effect::Begin(stmt)) if self.state.tx == Tx::Idle => self.state.begin(stmt.sql()),
+            Some(Effect::Begin(_)) => return None,
+            Some(Effect::End { commit }) => {
+                self.state.end_unsent(commit);
+            }
+            None => {}
+        }
+        reply::ready_for_query(&mut out, self.state.status());
+        Some(out)
+    }
+
+    /// Drivers prepare a statement (Parse, Describe, Sync) before its first Bind, also right
+    /// after BEGIN. Preparing is not part of the transaction, so it runs on any shard, outside
+    /// it, and the transaction is still free to start on the shard its first statement names.
+    async fn prepare_outside_transaction(&mut self) -> Result<(), SessionError> {
+        if let Err(err) = self.attach(None, false).await {
+            drop(self.state.take_held());
+            self.state.synced();
+            self.refuse_here(&err);
+            self.answer_ready();
+            return Ok(());
+        }
+        self.release_held()?;
+        self.out.sync(Audience::Router);
+        self.answer_ready();
+        self.exchange().await?;
+        self.state.synced();
+        if self.out.replies.is_empty() {
+            self.release();
+        }
+        Ok(())
+    }
+
+    /// Ends the current batch on the pinned connection with a Sync the client does not see
+    /// and returns the connection to its pool.
+    async fn finish_preparation(&mut self) -> Result<(), SessionError> {
+        self.out.sync(Audience::Silent);
+        self.exchange().await?;
+        self.state.synced();
+        self.release();
+        Ok(())
+    }
+
+    /// An error the router finds in the middle of an extended batch. With a connection pinned
+    /// the error is raised on it (so the backend skips to Sync like the client); without one
+    /// it is answered directly. Either way the client's messages are dropped until `Sync`.
+    pub(super) async fn batch_error(&mut self, err: &SqlError) -> Result<(), SessionError> {
+        drop(self.state.take_held());
+        self.state.skip_to_sync();
+        match self.pin.as_mut() {
+            Some(pin) => {
+                let mut conn = ConnStatements {
+                    prepared: &mut pin.conn.prepared,
+                    unnamed: &mut pin.unnamed,
+                };
+                self.out.raise_extended(&mut conn, err)?;
+                self.exchange().await
+            }
+            None => {
+                self.refuse_here(err);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The answer to Describe of a statement without rows or parameters (DDL, BEGIN): `t` with no
+/// parameters and `n` for a statement, `n` for a portal.
+pub(super) fn no_data_description(out: &mut Vec<u8>, kind: u8) {
+    if kind == b'S' {
+        put_frame(out, b't', &0i16.to_be_bytes());
+    }
+    put_frame(out, b'n', &[]);
+}

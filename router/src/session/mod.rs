@@ -1,0 +1,221 @@
+//! One client's session after login: the statement loop of transaction pooling.
+//!
+//! The loop ([`Session::run`]) reads whatever the client sent and handles each whole message:
+//! a simple Query ([`simple`]) or an extended-protocol message ([`extended`]). Either way the
+//! statement is planned (`crate::planner`), resolved to a target (`crate::resolver`), and the
+//! target executed: on the pinned backend connection ([`pin`], [`outbox`], [`relay`]), by the
+//! router itself (`BEGIN`, answers to a batch it runs), or on several shards ([`multi`], over
+//! `crate::multishard`). What the session is doing is its [`State`]; what it knows of the
+//! client's statements and settings is in [`statements`] and [`settings`].
+//!
+//! | file | job |
+//! |---|---|
+//! | [`client`] | the client's socket and buffers |
+//! | [`state`] | transaction and batch state, every transition |
+//! | [`simple`] | Query messages |
+//! | [`extended`] | Parse, Bind, Describe, Execute, Close, Flush, Sync |
+//! | [`held`] | extended messages decoded once, held until their batch has a shard |
+//! | [`statements`] | the client's named and unnamed statements |
+//! | [`outbox`] | client messages rewritten for the pinned connection (sans-IO) |
+//! | [`replies`] | which backend replies the client sees (sans-IO) |
+//! | [`relay`] | the I/O of one exchange with the pinned connection, COPY relay |
+//! | [`pin`] | checking a connection out for the client and returning it |
+//! | [`settings`] | the client's session settings (sans-IO) |
+//! | [`multi`] | statements that run on several shards |
+//! | [`prepared_sql`] | SQL-level PREPARE / EXECUTE / DEALLOCATE |
+//!
+//! The session is generic over its client stream, so its state machine also runs over an
+//! in-memory pipe (`tests`).
+
+mod client;
+mod extended;
+mod held;
+mod multi;
+mod outbox;
+mod pin;
+mod prepared_sql;
+mod relay;
+mod replies;
+pub mod settings;
+mod simple;
+mod state;
+mod statements;
+
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+pub use client::{ClientError, ClientIo};
+pub use settings::Settings;
+
+use crate::errors;
+use crate::planner::NormalizeBuf;
+use crate::protocol::frontend::Malformed;
+use crate::protocol::reply::SqlError;
+use crate::resolver::{self, Context, Target};
+use crate::server::clients::ClientSlot;
+use crate::server::Shared;
+use outbox::Outbox;
+use pin::Pinned;
+use state::State;
+use statements::Statements;
+
+/// Why a session ended abnormally (the client has been told where it could be).
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("client connection: {0}")]
+    Client(std::io::Error),
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+    #[error("backend connection lost inside a transaction: {0}")]
+    BackendLost(String),
+}
+
+impl From<Malformed> for SessionError {
+    fn from(m: Malformed) -> Self {
+        SessionError::Protocol(m.to_string())
+    }
+}
+
+impl From<client::ClientError> for SessionError {
+    fn from(e: client::ClientError) -> Self {
+        match e {
+            client::ClientError::Io(e) => SessionError::Client(e),
+            client::ClientError::Protocol(e) => SessionError::Protocol(e.to_string()),
+        }
+    }
+}
+
+pub struct Session<S> {
+    shared: Arc<Shared>,
+    client: ClientIo<S>,
+    slot: Arc<ClientSlot>,
+    state: State,
+    /// The backend connection the client holds, if any.
+    pin: Option<Pinned>,
+    /// What goes to the pinned connection next.
+    out: Outbox,
+    statements: Statements,
+    /// The client's session settings, applied to whichever connection serves it.
+    settings: Settings,
+    /// Settings changes of the statement or transaction under way.
+    changes: settings::Changes,
+    nbuf: NormalizeBuf,
+    /// The text of the statement being run (for the slow-statement log and settings changes).
+    sql: String,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
+    /// A session for a logged-in client; `rbuf` holds what it sent after its login.
+    pub fn new(
+        shared: Arc<Shared>,
+        stream: S,
+        rbuf: BytesMut,
+        slot: Arc<ClientSlot>,
+        settings: Settings,
+    ) -> Session<S> {
+        Session {
+            shared,
+            client: ClientIo::new(stream, rbuf),
+            slot,
+            state: State::default(),
+            pin: None,
+            out: Outbox::default(),
+            statements: Statements::default(),
+            settings,
+            changes: Default::default(),
+            nbuf: NormalizeBuf::new(),
+            sql: String::new(),
+        }
+    }
+
+    /// Runs until the client leaves; a pinned connection that is not at rest is discarded.
+    pub async fn run(mut self) -> Result<(), SessionError> {
+        let result = self.serve().await;
+        if let Err(SessionError::Protocol(why)) = &result {
+            // Like Postgres: a FATAL protocol-violation error, then the connection closes.
+            self.client.out.clear();
+            SqlError::fatal(errors::PROTOCOL_VIOLATION, why.clone()).write(&mut self.client.out);
+            let _ = self.client.flush().await;
+        }
+        self.release_at_exit();
+        result
+    }
+
+    async fn serve(&mut self) -> Result<(), SessionError> {
+        loop {
+            while let Some(frame) = self
+                .client
+                .next_frame()
+                .map_err(|e| SessionError::Protocol(e.to_string()))?
+            {
+                // Replies the router made up for earlier messages go first: nothing is owed
+                // by a backend between messages, so they are next in line.
+                self.out.replies.drain_synthetic(&mut self.client.out);
+                match frame[0] {
+                    b'Q' => self.query(&frame).await?,
+                    b'P' | b'B' | b'D' | b'E' | b'C' | b'H' | b'S' => self.extended(&frame).await?,
+                    b'X' => return Ok(()),
+                    // Stray COPY messages after a failed COPY are ignored, as Postgres does.
+                    b'd' | b'c' | b'f' => {}
+                    other => {
+                        return Err(SessionError::Protocol(format!(
+                            "invalid frontend message type {other}"
+                        )));
+                    }
+                }
+            }
+            self.out.replies.drain_synthetic(&mut self.client.out);
+            self.client.flush().await.map_err(SessionError::Client)?;
+            if !self.client.fill().await.map_err(SessionError::Client)? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Resolves one statement of the client against the current transaction.
+    fn resolve<'a>(
+        shared: &'a Shared,
+        settings: &'a Settings,
+        state: &State,
+        pinned: Option<usize>,
+        stmt: &resolver::Statement<'a>,
+    ) -> Target<'a> {
+        let cx = Context {
+            map: &shared.map,
+            transaction: state.transaction(pinned),
+            manual: settings.get(resolver::manual::SETTING),
+            allow_scatter_writes: match settings.get("shardgate.allow_scatter_writes") {
+                Some(v) => matches!(
+                    v.trim().trim_matches('\'').to_ascii_lowercase().as_str(),
+                    "on" | "true" | "1" | "yes"
+                ),
+                None => shared.config.limits.allow_scatter_writes,
+            },
+        };
+        resolver::resolve(stmt, &cx)
+    }
+
+    fn shard_name(&self, shard: usize) -> String {
+        self.shared.map.shards()[shard].range.to_string()
+    }
+
+    /// Answers with the router's error, without any backend: a transaction fails, as on
+    /// Postgres.
+    fn refuse_here(&mut self, err: &SqlError) {
+        err.write(&mut self.client.out);
+        self.state.refused();
+    }
+}
+
+impl From<crate::protocol::request::Unwritable> for SessionError {
+    /// A message the router could not write for the backend (a NUL inside a string): nothing
+    /// sensible can follow, as after a malformed message.
+    fn from(e: crate::protocol::request::Unwritable) -> Self {
+        SessionError::Protocol(e.to_string())
+    }
+}

@@ -1,0 +1,349 @@
+//! The session's side of statements that run on several shards (`crate::multishard` does the
+//! work): DDL on every shard, reads merged from several shards, writes on several shards,
+//! split INSERTs and COPY. They run outside any transaction and answer without
+//! ReadyForQuery (the caller adds it).
+//!
+//! In the extended protocol such a statement must be the only one of its batch: from its Bind
+//! to its Sync the router answers the batch's messages itself, and its Execute runs it.
+
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::extended::no_data_description;
+use super::state::Batch;
+use super::statements::ClientStatement;
+use super::{Session, SessionError};
+use crate::errors;
+use crate::merge::Out;
+use crate::multishard::{self, broadcast, copy_in, split_insert};
+use crate::protocol::frame::{begin_frame, end_frame};
+use crate::protocol::frontend::{self, Bind};
+use crate::protocol::reply::{self, SqlError, TxStatus};
+use crate::protocol::request;
+use crate::resolver::{Dest, Read, SplitInsert};
+
+/// A statement on several shards in an extended batch, run at its Execute.
+#[derive(Debug)]
+pub struct ScatterBatch {
+    /// Parse + Describe + Bind + Describe + Execute + Sync of the statement, for every shard.
+    request: Vec<u8>,
+    run: Spread,
+    /// The client's messages of the batch so far, to answer in order: `P` Parse, `S` Describe
+    /// statement, `B` Bind, `D` Describe portal, `C` Close.
+    asked: Vec<u8>,
+    /// Its Execute has run.
+    executed: bool,
+}
+
+#[derive(Debug)]
+enum Spread {
+    Read(Read),
+    Write(Vec<usize>),
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
+    /// Runs DDL on every shard and returns the client's answer (without ReadyForQuery).
+    pub(super) async fn run_broadcast(&mut self, sql: &str) -> Vec<u8> {
+        let started = std::time::Instant::now();
+        let outcomes = broadcast::run(&self.shared, sql, &self.settings).await;
+        let names: Vec<String> = self
+            .shared
+            .map
+            .shards()
+            .iter()
+            .map(|s| s.range.to_string())
+            .collect();
+        let mut out = Vec::new();
+        match broadcast::combine(&outcomes, &names) {
+            broadcast::Combined::Done(tags) => {
+                // The DDL may have changed a sharded table's columns.
+                crate::backend::catalog::learn_key_positions(&self.shared).await;
+                out = tags;
+            }
+            broadcast::Combined::PostgresError(frame) => out = frame,
+            broadcast::Combined::Error(e) => {
+                tracing::warn!(statement = %super::relay::truncate(sql, 300), "DDL failed on some shards: {}", e.message);
+                e.write(&mut out);
+            }
+        }
+        tracing::info!(shards = names.len(), elapsed_ms = started.elapsed().as_secs_f64() * 1e3, statement = %super::relay::truncate(sql, 300), "DDL broadcast");
+        out
+    }
+
+    /// A read on several shards; `Ok(true)` when it ended with an error.
+    pub(super) async fn run_read(
+        &mut self,
+        read: Read,
+        request: Vec<u8>,
+        asked: &[u8],
+    ) -> Result<bool, SessionError> {
+        let receivers =
+            multishard::fanout::start(&self.shared, &read.shards, request, &self.settings);
+        let failed = match &read.merge {
+            Some(plan) => {
+                let m = multishard::merged::Merging {
+                    plan,
+                    limit: read.limit,
+                    offset: read.offset,
+                    asked,
+                    text_bytewise: self.shared.text_bytewise(),
+                    max_groups: self.shared.config.limits.max_merge_groups,
+                };
+                multishard::merged::run(&mut self.client, receivers, &m).await
+            }
+            None => {
+                multishard::read::concatenated(&mut self.client, receivers, asked, read.limit).await
+            }
+        };
+        failed.map_err(SessionError::Client)
+    }
+
+    /// A write on several shards; `Ok(true)` when it ended with an error.
+    pub(super) async fn run_write(
+        &mut self,
+        shards: Vec<usize>,
+        request: Vec<u8>,
+        asked: &[u8],
+    ) -> Result<bool, SessionError> {
+        multishard::write::run(
+            &self.shared,
+            &self.settings,
+            &mut self.client,
+            &shards,
+            &request,
+            asked,
+        )
+        .await
+        .map_err(SessionError::Client)
+    }
+
+    pub(super) async fn run_split_insert(&mut self, split: SplitInsert) {
+        let out = &mut self.client.out;
+        match split_insert::run(&self.shared, &split.parts, &self.settings).await {
+            split_insert::Outcome::Committed(replies) => {
+                split_insert::combine(&replies, &split.part_of_row, out)
+            }
+            split_insert::Outcome::RolledBack(frame) => out.extend_from_slice(&frame),
+            split_insert::Outcome::Failed(err) => err.write(out),
+        }
+    }
+
+    pub(super) async fn run_copy_in(
+        &mut self,
+        sql: &str,
+        key_type: shardmap::KeyType,
+        format: crate::protocol::copy::Format,
+    ) -> Result<(), SessionError> {
+        copy_in::run(
+            &self.shared,
+            &self.settings,
+            &mut self.client,
+            sql,
+            key_type,
+            format,
+        )
+        .await
+        .map_err(|e| match e {
+            copy_in::ClientFailed::Io(e) => SessionError::Client(e),
+            copy_in::ClientFailed::Protocol(why) => SessionError::Protocol(why),
+        })
+    }
+
+    /// The Bind of a statement on several shards in an extended batch: the held messages and
+    /// the Bind are answered by the router, until the batch's Execute runs it.
+    pub(super) fn begin_multi_batch(
+        &mut self,
+        dest: Dest,
+        bind: &Bind<'_>,
+        stmt: &Arc<ClientStatement>,
+    ) -> Result<(), SessionError> {
+        let held = self.state.take_held();
+        let mut asked: Vec<u8> = held.asked().collect();
+        asked.push(b'B');
+        let run = match dest {
+            Dest::Broadcast => {
+                let mut out = Vec::new();
+                for k in &asked {
+                    match k {
+                        b'P' => reply::parse_complete(&mut out),
+                        b'S' => no_data_description(&mut out, b'S'),
+                        b'D' => no_data_description(&mut out, b'P'),
+                        b'B' => reply::bind_complete(&mut out),
+                        _ => reply::close_complete(&mut out),
+                    }
+                }
+                self.out.replies.push_synthetic(out);
+                self.state.batch = Batch::Broadcast {
+                    sql: stmt.sql().to_string(),
+                };
+                return Ok(());
+            }
+            Dest::Read(read) => Spread::Read(read),
+            Dest::Write(write) => Spread::Write(write.shards),
+            _ => {
+                return Err(SessionError::Protocol(
+                    "internal: not a multi-shard batch".into(),
+                ))
+            }
+        };
+        let (sql, group) = match &run {
+            Spread::Read(r) => (
+                r.shard_sql.as_deref().unwrap_or(stmt.sql()),
+                r.merge.as_ref().and_then(|m| m.group.as_deref()),
+            ),
+            Spread::Write(_) => (stmt.sql(), None),
+        };
+        let request = shard_request(sql, stmt.param_types(), bind, group)?;
+        self.state.batch = Batch::Scatter(Box::new(ScatterBatch {
+            request,
+            run,
+            asked,
+            executed: false,
+        }));
+        Ok(())
+    }
+
+    /// The rest of a DDL batch, up to its Sync.
+    pub(super) async fn in_broadcast_batch(&mut self, frame: &[u8]) -> Result<(), SessionError> {
+        let body = &frame[5..];
+        let mut out = Vec::new();
+        match frame[0] {
+            b'D' => no_data_description(&mut out, frontend::target(body, "Describe")?.kind),
+            b'C' => {
+                let t = frontend::target(body, "Close")?;
+                if t.kind == b'S' {
+                    self.statements.close(t.name);
+                }
+                reply::close_complete(&mut out);
+            }
+            b'E' => {
+                let sql = match &self.state.batch {
+                    Batch::Broadcast { sql } => sql.clone(),
+                    _ => String::new(),
+                };
+                out = self.run_broadcast(&sql).await;
+                if out.first() == Some(&b'E') {
+                    self.state.skip_to_sync();
+                }
+            }
+            b'S' => {
+                self.state.synced();
+                reply::ready_for_query(&mut out, TxStatus::Idle);
+            }
+            b'H' => {}
+            _ => {
+                SqlError::new(
+                    errors::FEATURE_NOT_SUPPORTED,
+                    "DDL that goes to every shard must be the only statement of its batch",
+                )
+                .with_hint("send a Sync after the DDL's Execute")
+                .write(&mut out);
+                self.state.skip_to_sync();
+            }
+        }
+        self.out.replies.push_synthetic(out);
+        Ok(())
+    }
+
+    /// The rest of a batch on several shards, up to its Sync.
+    pub(super) async fn in_scatter_batch(&mut self, frame: &[u8]) -> Result<(), SessionError> {
+        let body = &frame[5..];
+        let Batch::Scatter(batch) = &mut self.state.batch else {
+            return Ok(());
+        };
+        match frame[0] {
+            b'D' => {
+                let kind = frontend::target(body, "Describe")?.kind;
+                batch.asked.push(if kind == b'S' { b'S' } else { b'D' });
+            }
+            b'C' => {
+                let t = frontend::target(body, "Close")?;
+                if t.kind == b'S' {
+                    self.statements.close(t.name);
+                }
+                batch.asked.push(b'C');
+            }
+            b'E' if !batch.executed => {
+                batch.executed = true;
+                let request = std::mem::take(&mut batch.request);
+                let asked = std::mem::take(&mut batch.asked);
+                let run = std::mem::replace(&mut batch.run, Spread::Write(Vec::new()));
+                self.out.replies.drain_synthetic(&mut self.client.out);
+                let failed = match run {
+                    Spread::Read(read) => self.run_read(read, request, &asked).await?,
+                    Spread::Write(shards) => self.run_write(shards, request, &asked).await?,
+                };
+                if failed {
+                    self.state.skip_to_sync();
+                }
+            }
+            b'E' => {
+                // The statement ran at the first Execute; the portal is done.
+                reply::command_complete(&mut self.client.out, "SELECT 0");
+            }
+            b'S' => {
+                if !batch.executed {
+                    // A batch that never executed: answer what it asked.
+                    let asked = std::mem::take(&mut batch.asked);
+                    multishard::gather::answer_asked(&mut self.client.out, &asked, &[], &[]);
+                }
+                self.state.synced();
+                reply::ready_for_query(&mut self.client.out, TxStatus::Idle);
+            }
+            b'H' => {}
+            _ => {
+                SqlError::new(
+                    errors::FEATURE_NOT_SUPPORTED,
+                    "a statement on several shards must be the only statement of its batch",
+                )
+                .with_hint("send a Sync after its Execute")
+                .write(&mut self.client.out);
+                self.state.skip_to_sync();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What every shard runs for a statement on several shards in an extended batch: Parse of the
+/// (possibly rewritten) text, Describe of it, the client's Bind, Describe of the portal,
+/// Execute and Sync. When the shards answer more columns than the client sees (each `avg` is
+/// asked as `sum` and `count`), the Bind gets one result format per shard column.
+fn shard_request(
+    sql: &str,
+    param_types: &[u8],
+    bind: &Bind<'_>,
+    group: Option<&[Out]>,
+) -> Result<Vec<u8>, SessionError> {
+    let mut out = BytesMut::new();
+    request::parse(&mut out, "", sql, param_types)?;
+    request::describe_statement(&mut out, "")?;
+    match group {
+        Some(columns) if bind.result_format_count() > 1 => {
+            let at = begin_frame(&mut out, b'B');
+            out.extend_from_slice(b"\0\0");
+            out.extend_from_slice(bind.without_result_formats());
+            let codes: Vec<i16> = columns
+                .iter()
+                .enumerate()
+                .flat_map(|(i, o)| {
+                    let code = i16::from(bind.result_binary(i));
+                    let n = if matches!(o, Out::Avg { .. }) { 2 } else { 1 };
+                    std::iter::repeat_n(code, n)
+                })
+                .collect();
+            out.extend_from_slice(&(codes.len() as i16).to_be_bytes());
+            for c in codes {
+                out.extend_from_slice(&c.to_be_bytes());
+            }
+            end_frame(&mut out, at);
+        }
+        _ => request::rebind(&mut out, b"", "", bind.tail),
+    }
+    request::describe_portal(&mut out);
+    request::execute(&mut out);
+    request::sync(&mut out);
+    Ok(out.to_vec())
+}

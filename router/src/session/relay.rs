@@ -1,0 +1,252 @@
+//! The I/O of a statement on the pinned connection: write what the [`super::outbox`] holds,
+//! read the replies, hand each to [`super::replies`] and forward what the client sees, until
+//! no reply is owed. Also relays COPY FROM STDIN data, enforces the router's statement timeout
+//! (by cancelling on the backend, so Postgres answers 57014 as for any cancel), and logs slow
+//! statements.
+//!
+//! A broken backend connection is discarded, never reused. The client hears about it as an
+//! error; inside a transaction (which is gone with the connection) as a FATAL error that ends
+//! the session, since its transaction state can no longer be what Postgres had.
+
+use bytes::Buf;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use super::replies::{Action, Completion};
+use super::state::Tx;
+use super::{Session, SessionError};
+use crate::errors;
+use crate::protocol::frame::next_frame;
+use crate::protocol::reply::{self, TxStatus};
+use crate::protocol::request;
+
+/// How an exchange failed.
+enum Failed {
+    Client(std::io::Error),
+    /// The backend broke or sent something unexpected; the connection is unusable.
+    Backend(String),
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
+    /// Writes the outbox to the pinned connection and forwards replies until none are owed.
+    pub(super) async fn exchange(&mut self) -> Result<(), SessionError> {
+        match self.pump().await {
+            Ok(()) => Ok(()),
+            Err(Failed::Client(e)) => Err(SessionError::Client(e)),
+            Err(Failed::Backend(why)) => self.backend_lost(why).await,
+        }
+    }
+
+    async fn backend_lost(&mut self, why: String) -> Result<(), SessionError> {
+        let owed_ready = self.out.replies.owes_client_ready();
+        let Some(pin) = self.pin.take() else {
+            return Err(SessionError::BackendLost(why));
+        };
+        let name = self.shard_name(pin.shard);
+        let endpoint = self.shared.pools().for_shard(pin.shard).endpoint.name();
+        crate::backend::pool::discard(pin.conn);
+        self.slot.set_running(None);
+        self.out.clear();
+        tracing::warn!(shard = %name, %endpoint, "backend connection lost: {why}");
+        let in_transaction = self.state.tx != Tx::Idle;
+        self.state.lost();
+        let mut err = errors::shard_lost(&name, &endpoint, &why);
+        if in_transaction {
+            err.severity = "FATAL";
+            err.write(&mut self.client.out);
+            let _ = self.client.flush().await;
+            return Err(SessionError::BackendLost(why));
+        }
+        err.write(&mut self.client.out);
+        if owed_ready {
+            reply::ready_for_query(&mut self.client.out, TxStatus::Idle);
+        } else {
+            // The client's Sync is still to come; it gets its ReadyForQuery then.
+            self.state.skip_to_sync();
+        }
+        Ok(())
+    }
+
+    async fn pump(&mut self) -> Result<(), Failed> {
+        let Some(pin) = self.pin.as_mut() else {
+            return Err(Failed::Backend(
+                "internal: no connection to exchange with".into(),
+            ));
+        };
+        let shard = pin.shard;
+        let conn = &mut *pin.conn;
+        let mut written = 0;
+        let started = tokio::time::Instant::now();
+        let limits = &self.shared.config.limits;
+        // The router's statement timeout cancels the statement on its backend, once.
+        let mut deadline = limits.statement_timeout.map(|t| started + t);
+        self.out.replies.drain_synthetic(&mut self.client.out);
+        // A request almost always fits the socket buffer: write it straight away, and only
+        // fall back to writing while reading (below) when the kernel would block.
+        if !self.out.bytes.is_empty() {
+            match conn.stream.try_write(&self.out.bytes) {
+                Ok(n) => written = n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(Failed::Backend(e.to_string())),
+            }
+        }
+        loop {
+            let want_read = self.out.replies.awaits_backend();
+            if written == self.out.bytes.len() && !want_read {
+                break;
+            }
+            let (mut rd, mut wr) = conn.stream.split();
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline.unwrap_or(started)), if deadline.is_some() => {
+                    deadline = None;
+                    let endpoint = &self.shared.pools().for_shard(shard).endpoint;
+                    let (host, port, pid, secret) = (endpoint.host.clone(), endpoint.port, conn.pid, conn.secret);
+                    tracing::info!(shard = %self.shared.map.shards()[shard].range, "statement timeout: cancelling");
+                    tokio::spawn(async move {
+                        if let Err(e) = crate::backend::cancel::send_cancel((host.as_str(), port), pid, secret).await {
+                            tracing::warn!("could not cancel a statement past the statement timeout: {e}");
+                        }
+                    });
+                }
+                r = wr.write(&self.out.bytes[written..]), if written < self.out.bytes.len() => {
+                    match r {
+                        Ok(0) => return Err(Failed::Backend("the server closed the connection".into())),
+                        Ok(n) => written += n,
+                        Err(e) => return Err(Failed::Backend(e.to_string())),
+                    }
+                }
+                r = rd.read_buf(&mut conn.rbuf), if want_read => {
+                    match r {
+                        Ok(0) => return Err(Failed::Backend("the server closed the connection".into())),
+                        Ok(_) => {}
+                        Err(e) => return Err(Failed::Backend(e.to_string())),
+                    }
+                }
+            }
+            let mut copy_in = false;
+            loop {
+                let h = match next_frame(&conn.rbuf) {
+                    Ok(Some(h)) => h,
+                    Ok(None) => break,
+                    Err(e) => return Err(Failed::Backend(e.to_string())),
+                };
+                let step = self
+                    .out
+                    .replies
+                    .on_frame(h.tag, &conn.rbuf[5..h.total])
+                    .map_err(|d| Failed::Backend(d.to_string()))?;
+                let frame = &conn.rbuf[..h.total];
+                match step.action {
+                    Action::Forward => self.client.out.extend_from_slice(frame),
+                    Action::ForwardRaised => self
+                        .client
+                        .out
+                        .extend_from_slice(&reply::without_server_location(frame)),
+                    Action::Drop => {}
+                }
+                if let Some(status) = step.ready {
+                    self.state.ready(status);
+                }
+                match step.completion {
+                    Some(Completion::Settings) => self.changes.push(&self.sql),
+                    Some(Completion::DiscardAll) => {
+                        self.changes.push(&self.sql);
+                        // Like Postgres: the client's prepared statements are gone too.
+                        self.statements.clear();
+                        conn.prepared.clear();
+                    }
+                    Some(Completion::DeallocateAll) => conn.prepared.clear(),
+                    Some(Completion::Rollback) => self.changes.rollback(),
+                    None => {}
+                }
+                if step.ready == Some(TxStatus::Idle) {
+                    // The statement or transaction that made these changes is over and kept.
+                    if let Some(fp) = self.changes.settle(&mut self.settings) {
+                        if fp == super::settings::UNKNOWN {
+                            tracing::debug!(statement = %truncate(&self.sql, 200), "a settings change the router does not follow; the connection will be reset");
+                        }
+                        conn.settings_fp = fp;
+                    }
+                }
+                copy_in |= step.copy_in;
+                conn.rbuf.advance(h.total);
+                self.out.replies.drain_synthetic(&mut self.client.out);
+                for (id, clients_own) in self.out.replies.take_failed() {
+                    conn.prepared.remove(&id);
+                    if clients_own {
+                        self.statements.forget(id);
+                    }
+                }
+            }
+            self.client.flush().await.map_err(Failed::Client)?;
+            if copy_in {
+                relay_copy_in(&mut self.client, conn).await?;
+            }
+        }
+        self.out.bytes.clear();
+        if let Some(threshold) = limits.slow_statement {
+            let elapsed = started.elapsed();
+            if elapsed >= threshold {
+                tracing::warn!(
+                    shard = %self.shared.map.shards()[shard].range,
+                    elapsed_ms = elapsed.as_secs_f64() * 1e3,
+                    statement = %truncate(&self.sql, 300),
+                    "slow statement"
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Forwards the client's COPY data to the backend until CopyDone or CopyFail.
+async fn relay_copy_in<S: AsyncRead + AsyncWrite + Unpin>(
+    client: &mut super::client::ClientIo<S>,
+    conn: &mut crate::backend::BackendConn,
+) -> Result<(), Failed> {
+    loop {
+        let frame = match client.read_frame().await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => {
+                return Err(Failed::Client(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the client left during COPY",
+                )))
+            }
+            Err(e) => return Err(Failed::Client(std::io::Error::other(e))),
+        };
+        match frame[0] {
+            b'd' | b'c' | b'f' | b'H' | b'S' => {
+                conn.stream
+                    .write_all(&frame)
+                    .await
+                    .map_err(|e| Failed::Backend(e.to_string()))?;
+                if frame[0] == b'c' || frame[0] == b'f' {
+                    return Ok(());
+                }
+            }
+            other => {
+                // Postgres ends the COPY with an error when anything else arrives; tell it so.
+                let mut fail = bytes::BytesMut::new();
+                let why = format!("unexpected message type {other} during COPY from stdin");
+                request::copy_fail(&mut fail, &why).map_err(|e| Failed::Backend(e.to_string()))?;
+                conn.stream
+                    .write_all(&fail)
+                    .await
+                    .map_err(|e| Failed::Backend(e.to_string()))?;
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// At most `max` bytes of `s`, cut at a character boundary, for logs.
+pub(super) fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}

@@ -1,0 +1,490 @@
+//! A client's session settings under transaction pooling, sans-IO.
+//!
+//! Postgres keeps `SET` values per backend connection, but a client here gets whichever
+//! connection is free. So the router keeps each client's settings (from its startup packet and
+//! its `SET`/`RESET` statements), and each backend connection remembers a fingerprint of the
+//! settings it holds. When a client's statement lands on a connection whose fingerprint differs,
+//! the router first sends `RESET ALL` and the client's `SET`s, in the same write as the
+//! statement. Clients with the same settings (all pgbench clients, say) share connections
+//! without any resets.
+
+use std::hash::{Hash, Hasher};
+
+/// Fingerprint of a connection whose settings are not known (an untracked `SET` ran on it):
+/// it is reset before anyone uses it.
+pub const UNKNOWN: u64 = u64::MAX;
+
+/// What a statement does to the session's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// `SET [SESSION] name = value`: `value` is the SQL text of the value, as written.
+    Set { name: String, value: String },
+    /// `RESET name`
+    Reset { name: String },
+    /// `RESET ALL`, `DISCARD ALL`
+    ResetAll,
+    /// `SET LOCAL`: lasts until the end of the transaction, nothing to remember.
+    Local,
+    /// A statement that changed settings in a way the router does not follow.
+    Unknown,
+}
+
+/// Startup parameters that are not settings.
+const NOT_SETTINGS: &[&str] = &["user", "database", "replication", "options"];
+
+/// The settings of one client, in the order they were made.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Settings {
+    list: Vec<(String, String)>,
+    /// What the startup packet set: `RESET` goes back to these, as on Postgres, where they
+    /// are the session's defaults.
+    startup: Vec<(String, String)>,
+    /// `fingerprint()`, kept current: it is compared on every checkout.
+    fp: u64,
+}
+
+impl Settings {
+    /// Settings from a startup packet: every parameter except the connection's identity, and
+    /// the `-c name=value` switches of `options`. `client_encoding` UTF8 is what backend
+    /// connections use anyway, so it is left out.
+    pub fn from_startup(params: &[(String, String)]) -> Settings {
+        let mut s = Settings::default();
+        for (name, value) in params {
+            let lower = name.to_ascii_lowercase();
+            if NOT_SETTINGS.contains(&lower.as_str()) {
+                if lower == "options" {
+                    for (n, v) in parse_options(value) {
+                        s.set(&n, quote_literal(&v));
+                    }
+                }
+                continue;
+            }
+            if lower == "client_encoding" && is_utf8(value) {
+                continue;
+            }
+            s.set(&lower, quote_literal(value));
+        }
+        s.startup = s.list.clone();
+        s.fp = s.compute_fingerprint();
+        s
+    }
+
+    fn set(&mut self, name: &str, value: String) {
+        let name = name.to_ascii_lowercase();
+        match self.list.iter_mut().find(|(n, _)| *n == name) {
+            Some(entry) => entry.1 = value,
+            None => self.list.push((name, value)),
+        }
+    }
+
+    /// Applies a change; `false` when the change cannot be followed (the caller must treat the
+    /// connection's settings as unknown).
+    pub fn apply(&mut self, change: &Change) -> bool {
+        match change {
+            Change::Set { name, value } => self.set(name, value.clone()),
+            Change::Reset { name } => {
+                let name = name.to_ascii_lowercase();
+                match self.startup.iter().find(|(n, _)| *n == name) {
+                    Some((_, v)) => {
+                        let v = v.clone();
+                        self.set(&name, v);
+                    }
+                    None => self.list.retain(|(n, _)| *n != name),
+                }
+            }
+            Change::ResetAll => self.list = self.startup.clone(),
+            Change::Local => {}
+            Change::Unknown => return false,
+        }
+        self.fp = self.compute_fingerprint();
+        true
+    }
+
+    /// 0 for no settings (a fresh connection), otherwise a hash of the settings in order.
+    pub fn fingerprint(&self) -> u64 {
+        self.fp
+    }
+
+    fn compute_fingerprint(&self) -> u64 {
+        if self.list.is_empty() {
+            return 0;
+        }
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.list.hash(&mut h);
+        match h.finish() {
+            0 | UNKNOWN => 1,
+            f => f,
+        }
+    }
+
+    /// Writes a Query that gives a connection holding settings `conn_fp` these settings, when
+    /// they differ; `Ok(true)` when it wrote one (its replies, up to ReadyForQuery, come first).
+    pub fn write_apply(
+        &self,
+        conn_fp: u64,
+        out: &mut bytes::BytesMut,
+    ) -> Result<bool, crate::protocol::request::Unwritable> {
+        if conn_fp == self.fp {
+            return Ok(false);
+        }
+        crate::protocol::request::query(out, &self.apply_sql())?;
+        Ok(true)
+    }
+
+    /// The SQL that gives a connection exactly these settings.
+    pub fn apply_sql(&self) -> String {
+        let mut sql = String::from("RESET ALL");
+        for (name, value) in &self.list {
+            sql.push_str("; SET ");
+            sql.push_str(&quote_name(name));
+            sql.push_str(" = ");
+            sql.push_str(value);
+        }
+        sql
+    }
+
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.list
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// The settings changes of the statement or transaction under way: kept when it ends well (at
+/// ReadyForQuery idle), dropped at ROLLBACK.
+#[derive(Debug, Default)]
+pub struct Changes(Vec<Change>);
+
+impl Changes {
+    /// A SET, RESET or DISCARD completed; `sql` is the statement's text.
+    pub fn push(&mut self, sql: &str) {
+        self.0.push(parse_change(sql));
+    }
+
+    /// The transaction rolled back: its changes are undone.
+    pub fn rollback(&mut self) {
+        self.0.clear();
+    }
+
+    /// The statement or transaction is over: applies its changes to `settings` and returns the
+    /// fingerprint of what the connection now holds ([`UNKNOWN`] after a change the router
+    /// cannot follow), or `None` when nothing changed.
+    pub fn settle(&mut self, settings: &mut Settings) -> Option<u64> {
+        if self.0.is_empty() {
+            return None;
+        }
+        let mut known = true;
+        for change in self.0.drain(..) {
+            known &= settings.apply(&change);
+        }
+        Some(if known {
+            settings.fingerprint()
+        } else {
+            UNKNOWN
+        })
+    }
+}
+
+fn is_utf8(v: &str) -> bool {
+    matches!(
+        v.to_ascii_lowercase().replace(['-', '_'], "").as_str(),
+        "utf8" | "unicode"
+    )
+}
+
+/// `'value'` with quotes doubled.
+pub fn quote_literal(v: &str) -> String {
+    format!("'{}'", v.replace('\'', "''"))
+}
+
+/// Setting names are identifiers, possibly dotted (`app.user`). Every part is quoted: a part
+/// may be a reserved word, and Postgres looks setting names up without regard to case.
+fn quote_name(name: &str) -> String {
+    name.split('.')
+        .map(|part| format!("\"{}\"", part.replace('"', "\"\"")))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// The `-c name=value` and `--name=value` switches of the `options` startup parameter
+/// (backslash escapes a space, as libpq documents).
+pub fn parse_options(options: &str) -> Vec<(String, String)> {
+    let mut words = Vec::new();
+    let mut cur = String::new();
+    let mut chars = options.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                if let Some(n) = chars.next() {
+                    cur.push(n);
+                }
+            }
+            c if c.is_whitespace() => {
+                if !cur.is_empty() {
+                    words.push(std::mem::take(&mut cur));
+                }
+            }
+            c => cur.push(c),
+        }
+    }
+    if !cur.is_empty() {
+        words.push(cur);
+    }
+    let mut out = Vec::new();
+    let mut it = words.into_iter();
+    while let Some(w) = it.next() {
+        let pair = if w == "-c" {
+            it.next()
+        } else {
+            w.strip_prefix("--")
+                .or_else(|| w.strip_prefix("-c"))
+                .map(str::to_string)
+        };
+        if let Some((n, v)) = pair.as_deref().and_then(|p| p.split_once('=')) {
+            out.push((n.replace('-', "_").to_ascii_lowercase(), v.to_string()));
+        }
+    }
+    out
+}
+
+/// What a single `SET`/`RESET`/`DISCARD` statement does. Anything it does not recognise is
+/// `Unknown`, which is always safe (the connection is reset before reuse).
+pub fn parse_change(sql: &str) -> Change {
+    let text = sql.trim().trim_end_matches(';').trim();
+    if text.contains(';') {
+        return Change::Unknown;
+    }
+    let mut words = text.split_whitespace();
+    let first = words.next().map(str::to_ascii_lowercase);
+    match first.as_deref() {
+        Some("reset") => match words.next() {
+            Some(w) if w.eq_ignore_ascii_case("all") && words.next().is_none() => Change::ResetAll,
+            Some(w) if words.next().is_none() => Change::Reset {
+                name: unquote_name(w),
+            },
+            _ => Change::Unknown,
+        },
+        Some("discard") => match (words.next(), words.next()) {
+            (Some(w), None) if w.eq_ignore_ascii_case("all") => Change::ResetAll,
+            _ => Change::Unknown,
+        },
+        Some("set") => parse_set(text[3..].trim_start()),
+        _ => Change::Unknown,
+    }
+}
+
+fn parse_set(rest: &str) -> Change {
+    let (word, after) = split_word(rest);
+    let lower = word.to_ascii_lowercase();
+    match lower.as_str() {
+        "local" => return Change::Local,
+        "session" => {
+            let (next, _) = split_word(after);
+            if next.eq_ignore_ascii_case("authorization")
+                || next.eq_ignore_ascii_case("characteristics")
+            {
+                return Change::Unknown;
+            }
+            return parse_set(after);
+        }
+        "time" => {
+            let (zone, value) = split_word(after);
+            if zone.eq_ignore_ascii_case("zone") && !value.trim().is_empty() {
+                return set_value("timezone", value);
+            }
+            return Change::Unknown;
+        }
+        "schema" => return set_value("search_path", after),
+        "names" => return set_value("client_encoding", after),
+        "transaction" | "role" | "constraints" => return Change::Unknown,
+        _ => {}
+    }
+    // `name = value` or `name TO value`, where the name may be glued to `=`.
+    let (name, value) = match rest.find('=') {
+        Some(eq) if !rest[..eq].trim().contains(char::is_whitespace) => {
+            (rest[..eq].trim(), &rest[eq + 1..])
+        }
+        _ => {
+            let (name, after) = split_word(rest);
+            let (to, value) = split_word(after);
+            if !to.eq_ignore_ascii_case("to") {
+                return Change::Unknown;
+            }
+            (name, value)
+        }
+    };
+    if name.is_empty() {
+        return Change::Unknown;
+    }
+    set_value(&unquote_name(name), value)
+}
+
+fn set_value(name: &str, value: &str) -> Change {
+    let value = value.trim();
+    if value.is_empty() {
+        return Change::Unknown;
+    }
+    if value.eq_ignore_ascii_case("default") {
+        return Change::Reset {
+            name: name.to_string(),
+        };
+    }
+    Change::Set {
+        name: name.to_ascii_lowercase(),
+        value: value.to_string(),
+    }
+}
+
+fn split_word(s: &str) -> (&str, &str) {
+    let s = s.trim_start();
+    match s.find(char::is_whitespace) {
+        Some(i) => (&s[..i], &s[i..]),
+        None => (s, ""),
+    }
+}
+
+fn unquote_name(name: &str) -> String {
+    name.split('.')
+        .map(
+            |p| match p.strip_prefix('"').and_then(|p| p.strip_suffix('"')) {
+                Some(q) => q.replace("\"\"", "\""),
+                None => p.to_ascii_lowercase(),
+            },
+        )
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(name: &str, value: &str) -> Change {
+        Change::Set {
+            name: name.into(),
+            value: value.into(),
+        }
+    }
+
+    #[test]
+    fn parses_set_forms() {
+        assert_eq!(
+            parse_change("SET search_path = app, public"),
+            set("search_path", "app, public")
+        );
+        assert_eq!(
+            parse_change("set search_path to 'app'"),
+            set("search_path", "'app'")
+        );
+        assert_eq!(
+            parse_change("SET SESSION statement_timeout=1000;"),
+            set("statement_timeout", "1000")
+        );
+        assert_eq!(
+            parse_change("SET TIME ZONE 'UTC'"),
+            set("timezone", "'UTC'")
+        );
+        assert_eq!(
+            parse_change("SET SCHEMA 'app'"),
+            set("search_path", "'app'")
+        );
+        assert_eq!(
+            parse_change("SET NAMES 'LATIN1'"),
+            set("client_encoding", "'LATIN1'")
+        );
+        assert_eq!(
+            parse_change("SET app.user_id = '42'"),
+            set("app.user_id", "'42'")
+        );
+        assert_eq!(parse_change("SET \"App\".x = 1"), set("app.x", "1"));
+        assert_eq!(
+            parse_change("SET datestyle TO DEFAULT"),
+            Change::Reset {
+                name: "datestyle".into()
+            }
+        );
+        assert_eq!(parse_change("SET LOCAL search_path = x"), Change::Local);
+        assert_eq!(parse_change("RESET ALL"), Change::ResetAll);
+        assert_eq!(parse_change("DISCARD ALL"), Change::ResetAll);
+        assert_eq!(
+            parse_change("reset TimeZone"),
+            Change::Reset {
+                name: "timezone".into()
+            }
+        );
+        for unknown in [
+            "SET ROLE admin",
+            "SET SESSION AUTHORIZATION bob",
+            "SET TRANSACTION READ ONLY",
+            "SET x = 1; SET y = 2",
+            "SET",
+            "SET x",
+        ] {
+            assert_eq!(parse_change(unknown), Change::Unknown, "{unknown}");
+        }
+    }
+
+    #[test]
+    fn startup_parameters_and_options_become_settings() {
+        let params: Vec<(String, String)> = [
+            ("user", "app"),
+            ("database", "app"),
+            ("application_name", "psql"),
+            ("client_encoding", "UTF8"),
+            (
+                "options",
+                "-c search_path=app -c statement_timeout=5s --DateStyle=ISO\\,\\ DMY",
+            ),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let s = Settings::from_startup(&params);
+        assert_eq!(s.get("application_name"), Some("'psql'"));
+        assert_eq!(s.get("client_encoding"), None);
+        assert_eq!(s.get("search_path"), Some("'app'"));
+        assert_eq!(s.get("statement_timeout"), Some("'5s'"));
+        assert_eq!(s.get("datestyle"), Some("'ISO, DMY'"));
+        let mut changed = s.clone();
+        assert!(changed.apply(&Change::Set {
+            name: "application_name".into(),
+            value: "'x'".into()
+        }));
+        assert!(changed.apply(&Change::Set {
+            name: "timezone".into(),
+            value: "'UTC'".into()
+        }));
+        assert!(changed.apply(&Change::Reset {
+            name: "application_name".into()
+        }));
+        assert_eq!(
+            changed.get("application_name"),
+            Some("'psql'"),
+            "RESET returns to the startup value"
+        );
+        assert!(changed.apply(&Change::ResetAll));
+        assert_eq!(changed, s);
+        assert_eq!(
+            s.apply_sql(),
+            "RESET ALL; SET \"application_name\" = 'psql'; SET \"search_path\" = 'app'; SET \"statement_timeout\" = '5s'; SET \"datestyle\" = 'ISO, DMY'"
+        );
+    }
+
+    #[test]
+    fn fingerprints_follow_changes() {
+        let mut s = Settings::default();
+        assert_eq!(s.fingerprint(), 0);
+        assert!(s.apply(&set("search_path", "app")));
+        let one = s.fingerprint();
+        assert_ne!(one, 0);
+        assert!(s.apply(&set("search_path", "other")));
+        assert_ne!(s.fingerprint(), one);
+        assert!(s.apply(&Change::Reset {
+            name: "search_path".into()
+        }));
+        assert_eq!(s.fingerprint(), 0);
+        assert!(!s.apply(&Change::Unknown));
+        assert_eq!(quote_literal("it's"), "'it''s'");
+    }
+}

@@ -1,0 +1,113 @@
+//! A simple-protocol Query: planned and resolved as a whole (every statement in it must agree
+//! on one shard), then answered by the router, run on the pinned connection, or run on several
+//! shards.
+
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::replies::{Audience, Kind};
+use super::state::Tx;
+use super::{Session, SessionError};
+use crate::protocol::frontend;
+use crate::protocol::reply::{self, SqlError, TxStatus};
+use crate::resolver::{self, Dest, Params};
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
+    pub(super) async fn query(&mut self, frame: &[u8]) -> Result<(), SessionError> {
+        let sql = frontend::query(&frame[5..])?;
+        self.sql.clear();
+        self.sql.push_str(sql);
+        let pinned = self.pinned_shard();
+        let dest = {
+            let planned = self.shared.planner.plan(sql, &mut self.nbuf);
+            let stmt = resolver::Statement {
+                sql,
+                plan: &planned,
+                params: Params {
+                    bind: None,
+                    params_before: planned.params_before(),
+                    literals: &planned,
+                },
+            };
+            Self::resolve(&self.shared, &self.settings, &self.state, pinned, &stmt).dest
+        };
+        match dest {
+            Dest::Refused(err) => return self.refuse_query(&err).await,
+            Dest::PreparedSql => return self.prepared_sql(sql).await,
+            Dest::Begin if self.pin.is_none() && self.state.tx == Tx::Idle => {
+                // Sent later, in front of the transaction's first statement, on its shard.
+                self.state.begin(sql);
+                reply::command_complete(&mut self.client.out, "BEGIN");
+                self.ready();
+                return Ok(());
+            }
+            Dest::Commit | Dest::Rollback
+                if self.pin.is_none()
+                    && matches!(self.state.tx, Tx::Pending { .. } | Tx::Failed) =>
+            {
+                // The transaction never reached a shard.
+                let tag = self.state.end_unsent(matches!(dest, Dest::Commit));
+                reply::command_complete(&mut self.client.out, tag);
+                self.ready();
+                return Ok(());
+            }
+            Dest::Broadcast => {
+                let answer = self.run_broadcast(sql).await;
+                self.client.out.extend_from_slice(&answer);
+            }
+            Dest::Read(read) => {
+                let request = match &read.shard_sql {
+                    Some(text) => {
+                        let mut q = bytes::BytesMut::new();
+                        crate::protocol::request::query(&mut q, text)?;
+                        q.to_vec()
+                    }
+                    None => frame.to_vec(),
+                };
+                self.run_read(read, request, &[]).await?;
+            }
+            Dest::Write(write) => {
+                self.run_write(write.shards, frame.to_vec(), &[]).await?;
+            }
+            Dest::SplitInsert(split) => self.run_split_insert(split).await,
+            Dest::CopyIn { key_type, format } => self.run_copy_in(sql, key_type, format).await?,
+            Dest::Shard(_) | Dest::Any | Dest::Begin | Dest::Commit | Dest::Rollback => {
+                let wanted = match dest {
+                    Dest::Shard(s) => Some(s),
+                    _ => None,
+                };
+                if let Err(err) = self.attach(wanted, true).await {
+                    self.refuse_here(&err);
+                    self.ready();
+                    return Ok(());
+                }
+                self.out.bytes.extend_from_slice(frame);
+                self.out.replies.push(Kind::Query, Audience::Client);
+                self.exchange().await?;
+                self.release_if_idle();
+                return Ok(());
+            }
+        }
+        // Statements on several shards run outside any transaction.
+        reply::ready_for_query(&mut self.client.out, TxStatus::Idle);
+        Ok(())
+    }
+
+    /// The router's error for a simple query. With a connection pinned it is raised there, so
+    /// that the backend's transaction fails exactly as the client is told.
+    pub(super) async fn refuse_query(&mut self, err: &SqlError) -> Result<(), SessionError> {
+        if self.pin.is_some() {
+            self.out.raise_query(err)?;
+            self.exchange().await?;
+            self.release_if_idle();
+            return Ok(());
+        }
+        self.refuse_here(err);
+        self.ready();
+        Ok(())
+    }
+
+    /// A ReadyForQuery with the client's transaction status, answered by the router.
+    pub(super) fn ready(&mut self) {
+        reply::ready_for_query(&mut self.client.out, self.state.status());
+    }
+}

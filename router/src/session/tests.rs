@@ -1,0 +1,1 @@
+//! In-memory session tests (being written).
