@@ -7,8 +7,8 @@
 //! ErrorResponse with [`AuthError::sqlstate`]. For an unknown user it runs the same exchange
 //! against [`ScramVerifier::mock`], so the reply is the same as for a wrong password.
 //!
-//! - [`secret`]: what is stored per user ([`Secret`], [`ScramVerifier`]) and how a verifier
-//!   is derived from a plain password ([`scram_verifier`]).
+//! - [`secret`]: what is stored per user ([`Secret`], [`ScramVerifier`]); a plain password's
+//!   verifier comes from `postgres-protocol`.
 //! - [`scram`]: the SCRAM-SHA-256 exchange ([`ScramServer`]).
 
 pub mod scram;
@@ -20,7 +20,9 @@ mod tests;
 use std::fmt;
 
 pub use scram::ScramServer;
-pub use secret::{scram_verifier, ScramVerifier, Secret};
+#[cfg(test)]
+pub use secret::scram_verifier;
+pub use secret::{ScramVerifier, Secret};
 
 /// Why a login failed.
 #[derive(Debug, Clone, PartialEq, Eq)]

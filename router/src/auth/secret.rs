@@ -4,8 +4,9 @@
 //! (`SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>`), so an operator can copy one
 //! out of Postgres or `psql`'s `\password` into `router.toml` instead of a plain password.
 //! Plain passwords from the config are turned into verifiers once, when the config is loaded
-//! ([`scram_verifier`]), because deriving one costs thousands of HMACs (PBKDF2) while checking
-//! a login against one costs a handful; the router never needs the plain password again.
+//! (with `postgres-protocol`'s derivation, a fresh random salt and Postgres's 4096 iterations),
+//! because deriving one costs thousands of HMACs (PBKDF2) while checking a login against one
+//! costs a handful; the router never needs the plain password again.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -66,12 +67,18 @@ impl Secret {
     pub fn verifier(&self) -> Cow<'_, ScramVerifier> {
         match self {
             Secret::Scram(v) => Cow::Borrowed(v),
-            Secret::Plain(p) => Cow::Owned(scram_verifier(p, &random_salt(), DEFAULT_ITERATIONS)),
+            Secret::Plain(p) => Cow::Owned(
+                ScramVerifier::parse(&postgres_protocol::password::scram_sha_256(p.as_bytes()))
+                    // postgres-protocol writes the same format Postgres does.
+                    .unwrap_or_else(|e| {
+                        panic!("postgres-protocol wrote an unreadable verifier: {e}")
+                    }),
+            ),
         }
     }
 
-    /// Turns a plain password into a verifier (random salt, [`DEFAULT_ITERATIONS`]); a
-    /// verifier stays as it is.
+    /// Turns a plain password into a verifier (random salt, 4096 iterations); a verifier stays
+    /// as it is.
     pub fn into_scram(self) -> Secret {
         match self {
             Secret::Plain(_) => Secret::Scram(self.verifier().into_owned()),
@@ -199,9 +206,13 @@ impl fmt::Debug for ScramVerifier {
     }
 }
 
+/// Derives the verifier for `password` with a given salt (tests replay recorded exchanges, and
+/// check it against Postgres's own output); the router itself uses `postgres-protocol`'s.
+///
 /// Derives the verifier for `password`, byte for byte what Postgres stores for the same
 /// password, salt and iteration count (the password is SASLprep-normalised first, and used
 /// as raw bytes when it cannot be, exactly as Postgres and libpq do).
+#[cfg(test)]
 pub fn scram_verifier(password: &str, salt: &[u8], iterations: u32) -> ScramVerifier {
     let prepared = stringprep::saslprep(password).unwrap_or(Cow::Borrowed(password));
     let salted = hi(prepared.as_bytes(), salt, iterations.max(1));
@@ -214,15 +225,8 @@ pub fn scram_verifier(password: &str, salt: &[u8], iterations: u32) -> ScramVeri
     }
 }
 
-/// A fresh random salt of Postgres's length.
-pub fn random_salt() -> [u8; DEFAULT_SALT_LEN] {
-    let mut salt = [0u8; DEFAULT_SALT_LEN];
-    // rand's thread RNG is a CSPRNG seeded from the OS.
-    rand::fill(&mut salt);
-    salt
-}
-
 /// SCRAM's Hi(): PBKDF2-HMAC-SHA-256 with one output block.
+#[cfg(test)]
 fn hi(password: &[u8], salt: &[u8], iterations: u32) -> [u8; 32] {
     let mut u = hmac(password, &[salt, &1u32.to_be_bytes()]);
     let mut out = u;

@@ -53,6 +53,28 @@ impl managed::Manager for Manager {
 
 pub type PooledConn = Object<Manager>;
 
+impl Endpoint {
+    /// How the router logs in to `primary`: as the user and with the password of its URL, else
+    /// those of `[backend]`.
+    pub fn for_primary(primary: &shardmap::Primary, settings: &PoolSettings) -> Endpoint {
+        Endpoint {
+            host: primary.host.clone(),
+            port: primary.port,
+            database: primary.database.clone(),
+            user: primary
+                .user
+                .clone()
+                .unwrap_or_else(|| settings.user.clone()),
+            password: primary
+                .password
+                .clone()
+                .or_else(|| settings.password.clone()),
+            application_name: settings.application_name.clone(),
+            connect_timeout: settings.connect_timeout,
+        }
+    }
+}
+
 /// Closes a connection instead of returning it to its pool: it may hold state another client
 /// must not see (an open transaction, a half-read reply), or it broke.
 pub fn discard(conn: PooledConn) {
@@ -190,16 +212,7 @@ impl Pools {
             .shards()
             .iter()
             .map(|shard| {
-                let p = &shard.primary;
-                let endpoint = Endpoint {
-                    host: p.host.clone(),
-                    port: p.port,
-                    database: p.database.clone(),
-                    user: p.user.clone().unwrap_or_else(|| settings.user.clone()),
-                    password: p.password.clone().or_else(|| settings.password.clone()),
-                    application_name: settings.application_name.clone(),
-                    connect_timeout: settings.connect_timeout,
-                };
+                let endpoint = Endpoint::for_primary(&shard.primary, settings);
                 by_endpoint
                     .entry(endpoint.name())
                     .or_insert_with(|| Arc::new(ShardPool::new(endpoint, settings)))
@@ -240,5 +253,37 @@ impl Pools {
 
     pub fn is_empty(&self) -> bool {
         self.by_shard.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_login_prefers_the_primary_url() {
+        let settings = PoolSettings {
+            max_size: 1,
+            min_idle: 0,
+            idle_timeout: None,
+            checkout_timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(1),
+            user: "router".into(),
+            password: Some("pw".into()),
+            application_name: "shardgate".into(),
+        };
+        let with = shardmap::Primary::parse("postgres://owner:secret@db1:5432/app").unwrap();
+        let without = shardmap::Primary::parse("postgres://db2:5432/app").unwrap();
+        let e = Endpoint::for_primary(&with, &settings);
+        assert_eq!(
+            (e.user.as_str(), e.password.as_deref()),
+            ("owner", Some("secret"))
+        );
+        assert_eq!(e.name(), "db1:5432/app");
+        let e = Endpoint::for_primary(&without, &settings);
+        assert_eq!(
+            (e.user.as_str(), e.password.as_deref()),
+            ("router", Some("pw"))
+        );
     }
 }

@@ -188,12 +188,14 @@ async fn sorted<S: AsyncRead + AsyncWrite + Unpin>(
             .filter(|(_, c)| c.name == name.as_bytes());
         match (named.next(), named.next(), order.get_mut(*i)) {
             (Some((column, _)), None, Some(key)) => key.column = column,
-            _ => return Err(Failure::Router(SqlError::new(
-                errors::FEATURE_NOT_SUPPORTED,
-                format!(
+            _ => {
+                return Err(Failure::Router(SqlError::new(
+                    errors::FEATURE_NOT_SUPPORTED,
+                    format!(
                     "ORDER BY {name} across shards: the answer has no single column of that name"
                 ),
-            ))),
+                )))
+            }
         }
     }
     let order = order;
