@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Point selects with pgbench, side by side in one run: (a) direct to a shard, (b) through
-# shardgate, (c) through PgBouncer (transaction pooling) in front of the same shard. Prints
-# throughput and the proxy's CPU time per statement (user and system, from /proc/PID/stat),
-# and the ratios shardgate/PgBouncer and shardgate/direct. See docs/benchmarks.md.
+# shardgate, (c) through PgBouncer (transaction pooling) in front of the same shard, and
+# optionally (d) through another build of shardgate (--baseline REV: an older commit, built
+# side by side). Prints throughput and the proxy's CPU time per statement (user and system,
+# read from /proc by `cluster cpu`), and the ratios. See docs/benchmarks.md.
 #
 # Why one 1-shard cluster: through the router every key goes to the shard that owns it, so a
 # fair comparison needs all three paths to end at the same database with the same rows.
@@ -28,7 +29,14 @@ Options:
   -r, --rows N            rows in kv (ids 1..N)                          [default: 100000]
   -m, --modes LIST        pgbench -M modes, comma-separated:
                           simple,extended,prepared                       [default: all three]
-  -t, --targets LIST      comma-separated: direct,shardgate,pgbouncer    [default: all three]
+  -t, --targets LIST      comma-separated: direct,shardgate,pgbouncer,baseline
+                                                 [default: direct,shardgate,pgbouncer, and
+                                                  baseline when --baseline is given]
+      --baseline REV      also run a shardgate built from git revision REV (e.g. HEAD~3, a tag)
+                          in front of the same shard, with the same config: "baseline" in the
+                          tables, and sg/base ratios. Built in a git worktree under the temp dir
+                          (a release build: minutes on 2 cores)
+      --baseline-bin PATH the same with an already built shardgate binary
       --warmup SECONDS    unmeasured run through each target first       [default: 2]
       --router-threads N  worker threads of shardgate (--threads)        [default: its own, 1 per core]
       --pool-size N       backend connections per pool, for shardgate and PgBouncer alike
@@ -51,7 +59,7 @@ EOF
 die() { echo "compare.sh: $*" >&2; exit 1; }
 
 duration=10 clients=4 jobs="" rows=100000 modes="simple,extended,prepared"
-targets="direct,shardgate,pgbouncer" warmup=2 router_threads="" pool_size=20 keep=0
+targets="" warmup=2 router_threads="" pool_size=20 keep=0 baseline_rev="" baseline_bin=""
 while [[ $# -gt 0 ]]; do
     case "$1" in
         -T|--duration) duration="${2:?}"; shift 2 ;;
@@ -64,6 +72,8 @@ while [[ $# -gt 0 ]]; do
         --router-threads) router_threads="${2:?}"; shift 2 ;;
         --pool-size) pool_size="${2:?}"; shift 2 ;;
         --keep) keep=1; shift ;;
+        --baseline) baseline_rev="${2:?}"; shift 2 ;;
+        --baseline-bin) baseline_bin="${2:?}"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) usage >&2; die "unknown option: $1" ;;
     esac
@@ -73,17 +83,23 @@ for n in duration clients rows warmup pool_size ${jobs:+jobs} ${router_threads:+
 done
 ((duration > 0 && clients > 0 && rows > 0 && pool_size > 0)) || die "--duration, --clients, --rows and --pool-size must be more than 0"
 jobs="${jobs:-$((clients < 2 ? clients : 2))}"
+[[ -z "$baseline_rev" || -z "$baseline_bin" ]] || die "--baseline and --baseline-bin exclude each other"
+if [[ -z "$targets" ]]; then
+    targets="direct,shardgate,pgbouncer"
+    [[ -z "$baseline_rev$baseline_bin" ]] || targets+=",baseline"
+fi
 IFS=, read -r -a mode_list <<<"$modes"
 IFS=, read -r -a target_list <<<"$targets"
 for m in "${mode_list[@]}"; do [[ "$m" =~ ^(simple|extended|prepared)$ ]] || die "unknown mode '$m'"; done
-for t in "${target_list[@]}"; do [[ "$t" =~ ^(direct|shardgate|pgbouncer)$ ]] || die "unknown target '$t'"; done
+for t in "${target_list[@]}"; do [[ "$t" =~ ^(direct|shardgate|pgbouncer|baseline)$ ]] || die "unknown target '$t'"; done
 wants() { [[ ",$targets," == *",$1,"* ]]; }
+if wants baseline && [[ -z "$baseline_rev$baseline_bin" ]]; then die "target baseline needs --baseline REV or --baseline-bin PATH"; fi
+[[ -z "$baseline_bin" || -x "$baseline_bin" ]] || die "--baseline-bin $baseline_bin is not an executable"
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-for tool in pgbench psql ss getconf cargo; do
+for tool in pgbench psql ss cargo git; do
     command -v "$tool" >/dev/null || die "$tool is not installed"
 done
-clk_tck="$(getconf CLK_TCK)"
 
 # --- PgBouncer --------------------------------------------------------------------------------
 pgbouncer_bin=""
@@ -116,11 +132,17 @@ fi
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/shardgate-bench.XXXXXX")"
 # As root PostgreSQL and PgBouncer run as `postgres`, which must be able to enter this dir.
 chmod 755 "$tmp"
-pgbouncer_pid=""
+pgbouncer_pid="" baseline_pid="" baseline_tree=""
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
     set +e
+    if [[ -n "$baseline_pid" ]] && kill -0 "$baseline_pid" 2>/dev/null; then
+        kill -TERM "$baseline_pid"
+        for _ in $(seq 50); do kill -0 "$baseline_pid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$baseline_pid" 2>/dev/null
+    fi
+    [[ -z "$baseline_tree" ]] || git -C "$root" worktree remove --force "$baseline_tree" >/dev/null 2>&1
     if [[ -n "$pgbouncer_pid" ]] && kill -0 "$pgbouncer_pid" 2>/dev/null; then
         kill -TERM "$pgbouncer_pid"
         for _ in $(seq 50); do kill -0 "$pgbouncer_pid" 2>/dev/null || break; sleep 0.1; done
@@ -148,16 +170,27 @@ free_port() {
     done
     die "found no free port"
 }
-pg_port="$(free_port)" router_port="$(free_port)" pgbouncer_port="$(free_port)"
+pg_port="$(free_port)" router_port="$(free_port)" pgbouncer_port="$(free_port)" baseline_port="$(free_port)"
+
+# --- the baseline build (an older shardgate, side by side) ---------------------------------------
+if [[ -n "$baseline_rev" ]]; then
+    baseline_tree="$tmp/baseline-tree"
+    echo "building shardgate at $baseline_rev (release) in $baseline_tree ..."
+    git -C "$root" worktree add --detach "$baseline_tree" "$baseline_rev" >/dev/null 2>&1 ||
+        die "git worktree add $baseline_rev failed"
+    (cd "$baseline_tree" && CARGO_TARGET_DIR="$tmp/baseline-target" cargo build --release -q -p shardgate) ||
+        die "building shardgate at $baseline_rev failed"
+    baseline_bin="$tmp/baseline-target/release/shardgate"
+fi
 
 # --- cluster (builds shardgate in release mode) -----------------------------------------------
 echo "building (release) and starting a 1-shard cluster with a router in $tmp/cluster ..."
 if [[ -n "$router_threads" ]]; then
     # shardgate-cluster has no option for the router's threads: wrap the binary.
     (cd "$root" && cargo build --release -q -p shardgate-cluster -p shardgate)
-    target_dir="${CARGO_TARGET_DIR:-$root/target}"
-    case "$target_dir" in /*) ;; *) target_dir="$root/$target_dir" ;; esac
-    printf '#!/bin/sh\nexec %q "$@" --threads %q\n' "$target_dir/release/shardgate" "$router_threads" >"$tmp/shardgate"
+    built="${CARGO_TARGET_DIR:-$root/target}"
+    case "$built" in /*) ;; *) built="$root/$built" ;; esac
+    printf '#!/bin/sh\nexec %q "$@" --threads %q\n' "$built/release/shardgate" "$router_threads" >"$tmp/shardgate"
     chmod 755 "$tmp/shardgate"
     export SHARDGATE_BIN="$tmp/shardgate"
 fi
@@ -168,6 +201,24 @@ fi
 router_pid="$(awk '/"router": *\{/ { r = 1 } r && /"pid":/ { gsub(/[^0-9]/, ""); print; exit }' "$tmp/cluster/cluster.json")"
 [[ -n "$router_pid" ]] || die "no router pid in $tmp/cluster/cluster.json"
 router_log="$tmp/cluster/router.log"
+target_dir="${CARGO_TARGET_DIR:-$root/target}"
+case "$target_dir" in /*) ;; *) target_dir="$root/$target_dir" ;; esac
+cluster_bin="$target_dir/release/shardgate-cluster"
+clk_tck="$("$cluster_bin" cpu $$ | awk '$1 == "ticks_per_second" { print $2 }')"
+
+# The baseline router: the cluster's router.toml on another port, its shard map by full path.
+if wants baseline; then
+    mkdir -p "$tmp/baseline"
+    sed -e "s|^listen = .*|listen = \"127.0.0.1:$baseline_port\"|" \
+        -e "s|^shardmap = .*|shardmap = \"$tmp/cluster/shardmap.toml\"|" \
+        "$tmp/cluster/router.toml" >"$tmp/baseline/router.toml"
+    baseline_log="$tmp/baseline/router.log"
+    NO_COLOR=1 "$baseline_bin" --config "$tmp/baseline/router.toml" ${router_threads:+--threads "$router_threads"} \
+        >"$baseline_log" 2>&1 &
+    baseline_pid=$!
+    for _ in $(seq 300); do grep -q "shardgate is ready" "$baseline_log" && break; sleep 0.1; done
+    grep -q "shardgate is ready" "$baseline_log" || { cat "$baseline_log" >&2; die "the baseline router did not start"; }
+fi
 shard_db="shard_000"
 export PGPASSWORD=postgres # direct and loading; the router and PgBouncer get app/app below
 direct=(-h 127.0.0.1 -p "$pg_port" -U postgres "$shard_db")
@@ -219,12 +270,9 @@ fi
 # --- measuring --------------------------------------------------------------------------------
 printf '\\set id random(1, %d)\nSELECT v FROM kv WHERE id = :id;\n' "$rows" >"$tmp/point_select.sql"
 
-# utime+stime of a process in clock ticks, as "USER SYS" (fields 14 and 15 of /proc/PID/stat,
-# counted after the ")" that ends the command name, which may contain spaces).
+# utime and stime of a process in clock ticks, as "USER SYS".
 cpu_ticks() {
-    local rest
-    rest="$(sed 's/.*) //' "/proc/$1/stat")"
-    awk '{ print $12, $13 }' <<<"$rest"
+    "$cluster_bin" cpu "$1" | awk 'NR == 1 { print $2, $3 }'
 }
 # Busy and total jiffies of the whole machine (first line of /proc/stat).
 machine_ticks() {
@@ -236,6 +284,7 @@ conn_args() { # target -> pgbench connection arguments
         direct) echo "-h 127.0.0.1 -p $pg_port -U postgres $shard_db" ;;
         shardgate) echo "-h 127.0.0.1 -p $router_port -U app app" ;;
         pgbouncer) echo "-h 127.0.0.1 -p $pgbouncer_port -U app app" ;;
+        baseline) echo "-h 127.0.0.1 -p $baseline_port -U app app" ;;
     esac
 }
 password_of() { [[ "$1" == direct ]] && echo postgres || echo app; }
@@ -243,6 +292,7 @@ pid_of() {
     case "$1" in
         shardgate) echo "$router_pid" ;;
         pgbouncer) echo "$pgbouncer_pid" ;;
+        baseline) echo "$baseline_pid" ;;
         *) echo "" ;;
     esac
 }
@@ -325,6 +375,18 @@ for mode in "${mode_list[@]}"; do
         "$(ratio "$(sum "${user_us[$sg]:-}" "${sys_us[$sg]:-}")" "$(sum "${user_us[$pb]:-}" "${sys_us[$pb]:-}")")" \
         "$(ratio "${tps[$sg]:-}" "${tps[$dr]:-}")" | tee -a "$results"
 done
+if wants baseline; then
+    echo | tee -a "$results"
+    printf '%-9s %16s %16s %16s %17s\n' ratios 'TPS sg/base' 'user/stmt sg/base' 'sys/stmt sg/base' 'total/stmt sg/base' | tee -a "$results"
+    for mode in "${mode_list[@]}"; do
+        sg="$mode/shardgate" bs="$mode/baseline"
+        printf '%-9s %16s %16s %16s %17s\n' "$mode" \
+            "$(ratio "${tps[$sg]:-}" "${tps[$bs]:-}")" \
+            "$(ratio "${user_us[$sg]:-}" "${user_us[$bs]:-}")" \
+            "$(ratio "${sys_us[$sg]:-}" "${sys_us[$bs]:-}")" \
+            "$(ratio "$(sum "${user_us[$sg]:-}" "${sys_us[$sg]:-}")" "$(sum "${user_us[$bs]:-}" "${sys_us[$bs]:-}")")" | tee -a "$results"
+    done
+fi
 
 # Anything the router complained about during the measured runs is worth a look.
 if wants shardgate; then

@@ -49,6 +49,21 @@ fn shared() -> &'static Shared {
     })
 }
 
+/// Waits until a connection other than ours has run a statement on `kv` in each of `shards`
+/// (`pg_stat_activity` keeps a backend's last statement).
+fn wait_until_queried(env: &Env, shards: &[usize]) {
+    let sql = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+               AND query LIKE '%kv%' AND backend_type = 'client backend' AND pid <> pg_backend_pid()";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !shards.iter().all(|&s| env.on_shard(s, sql) != "0") {
+        assert!(
+            Instant::now() < deadline,
+            "loadgen never ran a statement on the shards"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn idx_scans(env: &Env, shard: usize) -> u64 {
     env.on_shard(
         shard,
@@ -354,8 +369,9 @@ fn stopped_servers_show_up_as_errors_and_timeouts_not_a_hang() {
             "--quiet",
         ])
     });
-    std::thread::sleep(Duration::from_millis(1500));
-    // Server 0 freezes (SIGSTOP: connections hang), server 1 shuts down (connections fail).
+    // Once each server has run loadgen's statements, server 0 freezes (SIGSTOP: connections
+    // hang) and server 1 shuts down (connections fail).
+    wait_until_queried(&env, &[0, 1, 2, 3]);
     let frozen = common::process_tree(env.cluster.servers()[0].pid().expect("server 0 pid"));
     common::signal_all(&frozen, libc::SIGSTOP);
     env.cluster.servers_mut()[1].stop().expect("stop server 1");

@@ -365,20 +365,16 @@ async fn cancel_requests_reach_the_right_backend() {
     let bystander =
         tokio::spawn(async move { other.simple_query("SELECT pg_sleep(1)").await.map(|_| ()) });
     // A cancel that arrives before the statement reaches its backend cancels nothing (as on
-    // Postgres), so on a slow machine it is sent again until the statement ends.
-    let mut sleeper = sleeper;
-    let mut result = None;
-    for _ in 0..40 {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        token
-            .cancel_query(tokio_postgres::NoTls)
-            .await
-            .expect("send cancel");
-        if let Ok(joined) = tokio::time::timeout(Duration::from_millis(500), &mut sleeper).await {
-            result = Some(joined.expect("join"));
-            break;
-        }
-    }
+    // Postgres): send it once the statement runs.
+    wait_until_running(env, "SELECT pg_sleep(30)").await;
+    token
+        .cancel_query(tokio_postgres::NoTls)
+        .await
+        .expect("send cancel");
+    let result = tokio::time::timeout(Duration::from_secs(20), sleeper)
+        .await
+        .ok()
+        .map(|joined| joined.expect("join"));
     let err = result.expect("the statement ended").expect_err("cancelled");
     assert_eq!(sqlstate(&err), "57014");
     bystander
@@ -460,23 +456,19 @@ async fn a_cancel_sent_to_another_router_of_the_fleet_still_cancels() {
     let client = a.connect().await;
     let token = client.cancel_token();
     let sleeper =
-        tokio::spawn(async move { client.simple_query("SELECT pg_sleep(30)").await.map(|_| ()) });
-    let mut sleeper = sleeper;
-    let mut result = None;
-    for _ in 0..40 {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        let to_b = tokio::net::TcpStream::connect(("127.0.0.1", b.port))
-            .await
-            .expect("connect to router b");
-        token
-            .cancel_query_raw(to_b, tokio_postgres::NoTls)
-            .await
-            .expect("send the cancel to router b");
-        if let Ok(joined) = tokio::time::timeout(Duration::from_millis(500), &mut sleeper).await {
-            result = Some(joined.expect("join"));
-            break;
-        }
-    }
+        tokio::spawn(async move { client.simple_query("SELECT pg_sleep(31)").await.map(|_| ()) });
+    wait_until_running(env, "SELECT pg_sleep(31)").await;
+    let to_b = tokio::net::TcpStream::connect(("127.0.0.1", b.port))
+        .await
+        .expect("connect to router b");
+    token
+        .cancel_query_raw(to_b, tokio_postgres::NoTls)
+        .await
+        .expect("send the cancel to router b");
+    let result = tokio::time::timeout(Duration::from_secs(20), sleeper)
+        .await
+        .ok()
+        .map(|joined| joined.expect("join"));
     let err = result
         .expect("the statement ended")
         .expect_err("cancelled through the other router");
@@ -494,4 +486,24 @@ async fn a_cancel_sent_to_another_router_of_the_fleet_still_cancels() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(logged, "{}", b.log_text());
+}
+
+/// Waits until a backend of any shard runs `query` (the shards' `pg_stat_activity`).
+async fn wait_until_running(env: &common::Env, query: &str) {
+    let sql = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query = '{}'",
+        query.replace('\'', "''")
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let running = (0..env.map.shards().len()).any(|s| env.on_shard(s, &sql) != "0");
+        if running {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{query} never started on a shard"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

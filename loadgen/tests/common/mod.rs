@@ -1,14 +1,11 @@
 //! Shared pieces of loadgen's integration tests: real Postgres clusters (pgharness), the
-//! loadgen binary, and a real `shardgate` router process (the minimal bits of
-//! router/tests/common, copied so loadgen's tests do not depend on the router's).
+//! loadgen binary, and a real `shardgate` router process (started by pgharness's launcher, as
+//! the router's own tests and the cluster tool start it).
 
 #![allow(dead_code)]
 
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::process::{Command, Output, Stdio};
 
 use shardmap::{KeyType, ShardMap, Table};
 
@@ -105,98 +102,49 @@ pub fn read_report(path: &Path) -> loadgen::report::Report {
     loadgen::report::Report::read(path).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// The shardgate binary: target/debug/shardgate, built if missing.
+/// The shardgate binary, built fresh (a no-op when it is up to date: never a stale router).
 pub fn shardgate_bin() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf();
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    let bin = target.join("debug").join("shardgate");
-    if !bin.exists() {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "-q", "-p", "shardgate", "--bin", "shardgate"])
-            .current_dir(&root)
-            .status()
-            .expect("run cargo build -p shardgate");
-        assert!(status.success(), "cargo build -p shardgate failed");
-    }
-    bin
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("workspace root");
+        pgharness::router::build(root, false).unwrap_or_else(|e| panic!("{e}"))
+    })
+    .clone()
 }
 
 /// A `shardgate` process in front of a cluster; killed on drop.
 pub struct Router {
     pub port: u16,
     dir: PathBuf,
-    child: Mutex<Option<Child>>,
-    log: PathBuf,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    process: pgharness::router::RouterProcess,
 }
 
 impl Router {
     pub fn start(map: &ShardMap) -> Router {
         let dir = scratch("router");
-        std::fs::write(dir.join("shardmap.toml"), map.to_toml()).expect("write shard map");
-        let port = free_port();
-        let config = format!(
-            "listen = \"127.0.0.1:{port}\"\nshardmap = \"shardmap.toml\"\ndatabase = \"{DATABASE}\"\n\n[[users]]\nname = \"{USER}\"\npassword = \"{PASSWORD}\"\n\n[backend]\nuser = \"{}\"\npassword = \"{}\"\n\n[pool]\nmax_size = 8\nconnect_timeout_ms = 1000\ncheckout_timeout_ms = 3000\n",
-            pgharness::SUPERUSER,
-            pgharness::PASSWORD
-        );
-        std::fs::write(dir.join("router.toml"), config).expect("write router config");
+        let port = pgharness::free_port().expect("a free port");
+        let config = pgharness::router::write_config(
+            &dir,
+            &map.to_toml(),
+            port,
+            DATABASE,
+            (USER, PASSWORD),
+            "",
+            "[pool]\nmax_size = 8\nconnect_timeout_ms = 1000\ncheckout_timeout_ms = 3000\n",
+        )
+        .expect("write the router config");
+        let bin = shardgate_bin();
         let log = dir.join("router.log");
-        let child = Command::new(shardgate_bin())
-            .arg("--config")
-            .arg(dir.join("router.toml"))
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&log).expect("router log"))
-            .stderr(
-                std::fs::File::options()
-                    .append(true)
-                    .open(&log)
-                    .expect("router log"),
-            )
-            .spawn()
-            .expect("start shardgate");
-        let router = Router {
+        let process =
+            pgharness::router::start(&pgharness::router::Launch::new(&bin, &config, &log))
+                .unwrap_or_else(|e| panic!("{e}"));
+        Router {
             port,
             dir,
-            child: Mutex::new(Some(child)),
-            log,
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Some(status) = router
-                .child
-                .lock()
-                .unwrap()
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                panic!("shardgate exited with {status}:\n{}", router.log_text());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "shardgate did not start listening:\n{}",
-                router.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(20));
+            process,
         }
-        router
-    }
-
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     pub fn url(&self) -> String {
@@ -205,38 +153,24 @@ impl Router {
             self.port
         )
     }
+
+    pub fn log_text(&self) -> String {
+        self.process.log_text()
+    }
 }
 
 impl Drop for Router {
     fn drop(&mut self) {
-        if let Some(mut c) = self.child.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
 /// Pids of `pid` and all its children (a postmaster and its backends).
 pub fn process_tree(pid: u32) -> Vec<i32> {
-    let mut out = vec![pid as i32];
-    if let Ok(entries) = std::fs::read_dir("/proc") {
-        for e in entries.flatten() {
-            let Some(child) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-                continue;
-            };
-            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-            // pid (comm) state ppid ...
-            let ppid = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-                .and_then(|p| p.parse::<u32>().ok());
-            if ppid == Some(pid) {
-                out.push(child);
-            }
-        }
-    }
-    out
+    std::iter::once(pid)
+        .chain(pgharness::proc::children(pid))
+        .map(|p| p as i32)
+        .collect()
 }
 
 /// Sends `signal` to every pid.

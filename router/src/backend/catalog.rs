@@ -12,12 +12,13 @@ use crate::protocol::request;
 use crate::server::Shared;
 use crate::session::settings::quote_literal;
 
-/// Reads the column order of every sharded table and hands the key positions to the planner.
-/// A shard that cannot be asked leaves the planner as it was (INSERTs then need a column list).
-pub async fn learn_key_positions(shared: &Shared) {
+/// Reads the column order of every sharded table and hands the key positions to the planner;
+/// `false` when the shard could not be asked, which leaves the planner as it was (INSERTs then
+/// need a column list).
+pub async fn learn_key_positions(shared: &Shared) -> bool {
     let shard = shared.map.default_shard();
     let Ok(mut conn) = shared.checkout(shard).await else {
-        return;
+        return false;
     };
     // Text sorts by bytes only under the C collation; the merge of ORDER BY / min / max of text
     // across shards needs that.
@@ -27,7 +28,7 @@ pub async fn learn_key_positions(shared: &Shared) {
         Err(e) => {
             tracing::warn!("could not read the database collation: {e}");
             conn.broken = true;
-            return;
+            return false;
         }
     }
     let mut positions = HashMap::new();
@@ -49,12 +50,13 @@ pub async fn learn_key_positions(shared: &Shared) {
             Err(e) => {
                 tracing::warn!("could not read the column order of {name}: {e}");
                 conn.broken = true;
-                return;
+                return false;
             }
         }
     }
     tracing::debug!(tables = positions.len(), "learned key positions");
     shared.planner.learn_key_positions(positions);
+    true
 }
 
 /// Whether text compares by its bytes everywhere: the database's collation is C or POSIX from

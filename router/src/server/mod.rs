@@ -51,19 +51,30 @@ pub fn run(shared: Shared) -> Result<(), String> {
         .collect::<std::io::Result<Vec<_>>>()
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     let shared = Arc::new(shared);
+    // Worker 0 says when it has asked a shard for what the router learns at start.
+    let (warmed, warm) = std::sync::mpsc::channel();
     for (worker, std_listener) in listeners.into_iter().enumerate() {
         let shared = shared.clone();
+        let warmed = (worker == 0).then(|| warmed.clone());
         std::thread::Builder::new()
             .name(format!("shardgate-{worker}"))
-            .spawn(move || worker_main(worker, std_listener, shared))
+            .spawn(move || worker_main(worker, std_listener, shared, warmed))
             .map_err(|e| format!("cannot start worker thread {worker}: {e}"))?;
     }
+    drop(warmed);
+    // Clients may connect already; "ready" means a client need not wait for anything more.
+    // With shards down this waits a few connect timeouts at most.
+    let catalog = match warm.recv_timeout(shared.config.pool.connect_timeout * 3) {
+        Ok(true) => "learned",
+        _ => "not reachable yet (INSERTs without a column list wait for the next DDL)",
+    };
     tracing::info!(
         %listen,
         workers,
         shards = shared.map.shards().len(),
         shardmap_version = shared.map.version(),
         database = %shared.config.database,
+        catalog,
         "shardgate is ready"
     );
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -75,7 +86,12 @@ pub fn run(shared: Shared) -> Result<(), String> {
     Ok(())
 }
 
-fn worker_main(worker: usize, std_listener: std::net::TcpListener, shared: Arc<Shared>) {
+fn worker_main(
+    worker: usize,
+    std_listener: std::net::TcpListener,
+    shared: Arc<Shared>,
+    warmed: Option<std::sync::mpsc::Sender<bool>>,
+) {
     set_worker(worker);
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -96,7 +112,7 @@ fn worker_main(worker: usize, std_listener: std::net::TcpListener, shared: Arc<S
             }
         };
         shared.pools().spawn_maintenance();
-        if worker == 0 {
+        if let Some(warmed) = warmed {
             // Learn a real server's ParameterStatus values before the first client asks.
             let warm = shared.clone();
             tokio::spawn(async move {
@@ -106,7 +122,8 @@ fn worker_main(worker: usize, std_listener: std::net::TcpListener, shared: Arc<S
                         break;
                     }
                 }
-                crate::backend::catalog::learn_key_positions(&warm).await;
+                let learned = crate::backend::catalog::learn_key_positions(&warm).await;
+                let _ = warmed.send(learned);
             });
         }
         if let Err(e) = accept::serve(listener, shared).await {

@@ -7,11 +7,9 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
 
 use shardmap::{KeyType, ShardMap, Table};
 use tokio_postgres::{Client, NoTls};
@@ -91,7 +89,7 @@ pub fn shared_env() -> &'static Env {
 pub struct Router {
     pub port: u16,
     pub dir: PathBuf,
-    child: Mutex<Option<Child>>,
+    process: Mutex<Option<pgharness::router::RouterProcess>>,
     log: PathBuf,
 }
 
@@ -111,10 +109,7 @@ extern "C" fn kill_routers() {
 }
 
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    pgharness::free_port().expect("a free port")
 }
 
 pub fn shardgate_bin() -> &'static str {
@@ -162,7 +157,7 @@ impl Router {
             } else {
                 extra.len()
             });
-        let (top, extra) = extra.split_at(split);
+        let (top, sections) = extra.split_at(split);
         static ONCE: std::sync::Once = std::sync::Once::new();
         // SAFETY: registers a plain extern "C" function once.
         ONCE.call_once(|| unsafe {
@@ -175,65 +170,32 @@ impl Router {
             N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&dir).expect("router test dir");
-        std::fs::write(dir.join("shardmap.toml"), map.to_toml()).expect("write shard map");
-        let config = format!(
-            "listen = \"127.0.0.1:{port}\"\nshardmap = \"shardmap.toml\"\ndatabase = \"{DATABASE}\"\n{top}\n[[users]]\nname = \"{USER}\"\npassword = \"{PASSWORD}\"\n\n[backend]\nuser = \"{}\"\npassword = \"{}\"\n\n{extra}",
-            pgharness::SUPERUSER,
-            pgharness::PASSWORD
-        );
-        std::fs::write(dir.join("router.toml"), config).expect("write router config");
+        let config = pgharness::router::write_config(
+            &dir,
+            &map.to_toml(),
+            port,
+            DATABASE,
+            (USER, PASSWORD),
+            top,
+            sections,
+        )
+        .expect("write the router config");
         let log = dir.join("router.log");
-        let child = Command::new(shardgate_bin())
-            .arg("--config")
-            .arg(dir.join("router.toml"))
-            .arg("--threads")
-            .arg(threads.to_string())
-            .env(
-                "RUST_LOG",
-                std::env::var("SHARDGATE_TEST_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&log).expect("router log"))
-            .stderr(
-                std::fs::File::options()
-                    .append(true)
-                    .open(&log)
-                    .expect("router log"),
-            )
-            .spawn()
-            .expect("start shardgate");
+        let filter = std::env::var("SHARDGATE_TEST_LOG").unwrap_or_else(|_| "info".into());
+        let mut launch = pgharness::router::Launch::new(Path::new(shardgate_bin()), &config, &log);
+        launch.threads = Some(threads);
+        launch.log_filter = Some(&filter);
+        let process = pgharness::router::start(&launch).unwrap_or_else(|e| panic!("{e}"));
         ROUTERS
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push((child.id(), dir.clone()));
-        let router = Router {
+            .push((process.pid, dir.clone()));
+        Router {
             port,
             dir,
-            child: Mutex::new(Some(child)),
+            process: Mutex::new(Some(process)),
             log,
-        };
-        router.wait_ready();
-        router
-    }
-
-    fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
-            }
-            if let Some(status) = self
-                .child
-                .lock()
-                .unwrap()
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                panic!("shardgate exited with {status}:\n{}", self.log_text());
-            }
-            std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("shardgate did not start listening:\n{}", self.log_text());
     }
 
     pub fn log_text(&self) -> String {
@@ -256,11 +218,11 @@ impl Router {
 
     /// Whether the router process is still running.
     pub fn is_alive(&self) -> bool {
-        self.child
+        self.process
             .lock()
             .unwrap()
             .as_mut()
-            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+            .is_some_and(|p| p.is_alive())
     }
 
     /// Lines of the router's log that contain `needle`.
@@ -279,10 +241,12 @@ impl Router {
 
 impl Drop for Router {
     fn drop(&mut self) {
-        if let Some(mut c) = self.child.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        drop(
+            self.process
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

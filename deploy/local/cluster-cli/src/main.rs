@@ -41,6 +41,22 @@ enum Command {
     /// (loadgen prepare), drive a short point-select load through the router (loadgen run) and
     /// print the report; the JSON report and an SVG chart are written to the cluster directory.
     Demo(demo::DemoArgs),
+    /// Print the CPU time each process PID has used so far, one line per PID: `PID USER SYS`
+    /// in clock ticks, then `ticks_per_second N` (what benches/compare.sh measures proxies by).
+    Cpu {
+        #[arg(required = true)]
+        pids: Vec<u32>,
+    },
+}
+
+/// `cluster cpu PID...`.
+fn cpu(pids: &[u32]) -> Result<ExitCode> {
+    for &pid in pids {
+        let stat = pgharness::proc::stat(pid).ok_or_else(|| format!("no process {pid}"))?;
+        println!("{pid} {} {}", stat.utime, stat.stime);
+    }
+    println!("ticks_per_second {}", pgharness::proc::ticks_per_second());
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Where the cluster lives.
@@ -100,6 +116,7 @@ fn main() -> ExitCode {
         Command::Down(args) => down::run(&args),
         Command::Status(args) => status::run(&args),
         Command::Demo(args) => demo::run(&args),
+        Command::Cpu { pids } => cpu(&pids),
     };
     match result {
         Ok(code) => code,

@@ -6,9 +6,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::state::{RouterState, ROUTER_CONFIG_FILE, ROUTER_LOG_FILE, SHARDMAP_FILE};
@@ -167,71 +165,17 @@ pub fn write_config(dir: &Path, opts: &RouterOptions) -> Result<PathBuf> {
 
 /// Starts `bin --config CONFIG` detached from this command (own session, so neither Ctrl-C in
 /// this terminal nor closing it reaches the router), output to `DIR/router.log`, and waits
-/// until it answers on its port. If it exits first, or does not answer in time, the error holds
-/// the end of its log (and a router that hangs is killed).
+/// until it is ready (pgharness's launcher). If it exits first, or is not ready in time, the
+/// error holds the end of its log (and a router that hangs is killed).
 pub fn start(bin: &Path, dir: &Path, config: &Path, opts: &RouterOptions) -> Result<RouterState> {
     let log_file = dir.join(ROUTER_LOG_FILE);
-    let log = std::fs::File::create(&log_file)
-        .map_err(|e| format!("creating {}: {e}", log_file.display()))?;
-    let log_err = log
-        .try_clone()
-        .map_err(|e| format!("opening {}: {e}", log_file.display()))?;
-    let mut cmd = Command::new(bin);
-    cmd.arg("--config")
-        .arg(config)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log_err)
-        // Plain text in router.log: no colour escape codes from the log formatter.
-        .env("NO_COLOR", "1");
-    // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() == -1 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("starting {}: {e}", bin.display()))?;
-    let pid = child.id();
-    let deadline = Instant::now() + START_TIMEOUT;
-    loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Err(format!(
-                "the router ({} --config {}) exited with {status} before accepting connections; \
-                 the end of {}:\n{}",
-                bin.display(),
-                config.display(),
-                log_file.display(),
-                pgharness::log_tail(&log_file, 0, 20)
-            )
-            .into());
-        }
-        if probe(opts.port) {
-            break;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(format!(
-                "the router (pid {pid}) did not accept connections on 127.0.0.1:{} within {}s, \
-                 so it was killed; the end of {}:\n{}",
-                opts.port,
-                START_TIMEOUT.as_secs(),
-                log_file.display(),
-                pgharness::log_tail(&log_file, 0, 20)
-            )
-            .into());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    // The child is not waited for: it outlives this command and is reaped by init.
+    let mut launch = pgharness::router::Launch::new(bin, config, &log_file);
+    launch.detached = true;
+    launch.timeout = START_TIMEOUT;
+    let router = pgharness::router::start(&launch)?;
+    // The process is not waited for: it outlives this command and is reaped by init.
     Ok(RouterState {
-        pid,
+        pid: router.pid,
         port: opts.port,
         config: config.to_path_buf(),
         log_file,
@@ -269,15 +213,7 @@ pub fn is_running(r: &RouterState) -> bool {
     if !cmdline.split(|b| *b == 0).any(|arg| arg == config) {
         return false;
     }
-    // Field 3 of /proc/PID/stat, after the parenthesised command name, is the state.
-    match std::fs::read_to_string(format!("/proc/{}/stat", r.pid)) {
-        Ok(stat) => !matches!(
-            stat.rsplit_once(')')
-                .map(|(_, rest)| rest.trim_start().chars().next()),
-            Some(Some('Z' | 'X'))
-        ),
-        Err(_) => false,
-    }
+    pgharness::proc::alive(r.pid)
 }
 
 /// Stops the router of `r`: SIGTERM, then SIGKILL when it is still there after a grace period.

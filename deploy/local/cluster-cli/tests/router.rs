@@ -2,19 +2,13 @@
 //! it, a second `up` leaves it alone, and `down` stops it. Runs the real binaries: the
 //! `shardgate-cluster` of this package and the `shardgate` router (built here if needed).
 
-use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const CLUSTER: &str = env!("CARGO_BIN_EXE_shardgate-cluster");
 
-/// A port nobody listens on right now. The OS may hand it out again before `up` binds it; that
-/// race is unlikely enough for one test.
 fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .expect("binding 127.0.0.1:0")
-        .port()
+    pgharness::free_port().expect("a free port")
 }
 
 /// The router binary, next to `shardgate-cluster` in the same target profile directory. Cargo
@@ -22,18 +16,12 @@ fn free_port() -> u16 {
 /// is fresh. (Cargo releases its build lock before it runs tests, so nesting is safe.)
 fn router_binary() -> PathBuf {
     let cluster = Path::new(CLUSTER);
-    let profile_dir = cluster.parent().expect("binary directory");
-    let mut cmd = Command::new(env!("CARGO"));
-    cmd.args(["build", "-q", "-p", "shardgate", "--bin", "shardgate"])
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.."));
-    if profile_dir.file_name().is_some_and(|n| n == "release") {
-        cmd.arg("--release");
-    }
-    let status = cmd.status().expect("running cargo build -p shardgate");
-    assert!(status.success(), "cargo build -p shardgate failed");
-    let bin = profile_dir.join("shardgate");
-    assert!(bin.is_file(), "{} was not built", bin.display());
-    bin
+    let release = cluster
+        .parent()
+        .and_then(|d| d.file_name())
+        .is_some_and(|n| n == "release");
+    let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.."));
+    pgharness::router::build(root, release).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Runs `shardgate-cluster ARGS` and returns its output; stdout/stderr are echoed for failures.
@@ -57,13 +45,7 @@ fn stdout(out: &Output) -> String {
 }
 
 fn pid_alive(pid: u32) -> bool {
-    // A zombie (exited, not yet reaped by init) does not count as running.
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            !s.rsplit_once(')')
-                .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(false)
+    pgharness::proc::alive(pid)
 }
 
 /// The cluster directory; removed on drop, after a best-effort `down` if the test failed midway.
@@ -205,9 +187,5 @@ async fn up_starts_a_router_that_routes_and_down_stops_it() {
     assert!(!pid_alive(pid), "the router still runs after down");
     assert!(!dir.path.join("cluster.json").exists());
     assert!(!dir.path.join("router.toml").exists());
-    assert!(pgharness_port_free(router_port));
-}
-
-fn pgharness_port_free(port: u16) -> bool {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok()
+    assert!(pgharness::check_port_free(router_port).is_ok());
 }

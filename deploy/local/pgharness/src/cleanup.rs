@@ -133,30 +133,13 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
         return false;
     }
     // A zombie (exited, not yet reaped, e.g. when pid 1 does not reap) counts as dead.
-    match process_stat(pid) {
-        Some((state, _)) => state != 'Z' && state != 'X',
-        None => true,
-    }
-}
-
-/// `(state, starttime)` of a process from `/proc/<pid>/stat`.
-pub(crate) fn process_stat(pid: u32) -> Option<(char, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may contain spaces and parentheses: parse after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let state = fields.first()?.chars().next()?;
-    // Field 22 overall (starttime) is index 19 after the state field (field 3).
-    let start = fields.get(19)?.parse().ok()?;
-    Some((state, start))
+    crate::proc::stat(pid).is_none_or(|s| s.alive())
 }
 
 /// Start time (clock ticks since boot) of this process; with the pid it identifies the process
 /// even after the pid is reused.
 pub(crate) fn own_start_time() -> u64 {
-    process_stat(std::process::id())
-        .map(|(_, t)| t)
-        .unwrap_or(0)
+    crate::proc::stat(std::process::id()).map_or(0, |s| s.start)
 }
 
 /// Whether the process `pid` that started at `start` (0 = unknown) still runs.
@@ -164,9 +147,9 @@ pub(crate) fn owner_alive(pid: u32, start: u64) -> bool {
     if !pid_alive(pid) {
         return false;
     }
-    match (start, process_stat(pid)) {
+    match (start, crate::proc::stat(pid)) {
         (0, _) | (_, None) => true,
-        (start, Some((_, actual))) => actual == start,
+        (start, Some(s)) => s.start == start,
     }
 }
 

@@ -119,6 +119,10 @@ pub enum Error {
     /// A worker thread panicked (a bug in pgharness).
     #[error("a pgharness worker thread panicked while {0}")]
     ThreadPanicked(String),
+
+    /// A shardgate router could not be built or started; the message says why.
+    #[error("{0}")]
+    Router(String),
 }
 
 fn stderr_suffix(stderr: &str) -> String {

@@ -4,6 +4,8 @@
 //! - [`Server`]: one server copied from a template data directory (`initdb` runs once per machine),
 //!   started with `pg_ctl -w` on a free port (tests) or a fixed port and directory (cluster tool).
 //! - [`Cluster`]: K servers holding N shard databases with a schema applied.
+//! - [`router`]: a `shardgate` router process in front of them, for tests, benches and the
+//!   cluster tool; [`proc`]: what `/proc` says about a process; [`free_port`].
 //!
 //! The API is synchronous (std::process) so it works from plain tests and from inside tokio tests.
 //! As root, PostgreSQL runs as the `postgres` user, with its directories under the system temp
@@ -20,6 +22,8 @@ mod cleanup;
 mod cluster;
 mod error;
 mod install;
+pub mod proc;
+pub mod router;
 mod server;
 mod template;
 mod user;
@@ -31,7 +35,8 @@ pub use cluster::{shard_database_names, Cluster, ClusterOptions, Schema, ShardDb
 pub use error::{Error, Result};
 pub use install::PgInstall;
 pub use server::{
-    check_port_free, log_tail, quote_ident, Readiness, Server, ServerOptions, HOST, INFO_FILE,
+    check_port_free, free_port, log_tail, quote_ident, Readiness, Server, ServerOptions, HOST,
+    INFO_FILE,
 };
 pub use template::{PASSWORD, SUPERUSER};
 pub use user::{postgres_can_reach, RunAs, POSTGRES_USER};

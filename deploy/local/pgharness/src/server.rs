@@ -153,7 +153,9 @@ pub struct Server {
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
-fn free_port() -> Result<u16> {
+/// A port on 127.0.0.1 that nothing listens on right now. Another process may take it before
+/// the caller binds it; tests and tools that use it live with that small race.
+pub fn free_port() -> Result<u16> {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .map_err(|e| Error::io("binding 127.0.0.1:0 to find a free port", "127.0.0.1:0", e))?;
     listener
