@@ -140,11 +140,7 @@ impl Router {
         let process =
             pgharness::router::start(&pgharness::router::Launch::new(&bin, &config, &log))
                 .unwrap_or_else(|e| panic!("{e}"));
-        Router {
-            port,
-            dir,
-            process,
-        }
+        Router { port, dir, process }
     }
 
     pub fn url(&self) -> String {

@@ -39,8 +39,8 @@ impl AuthError {
     /// The SQLSTATE of the ErrorResponse to send.
     pub fn sqlstate(&self) -> &'static str {
         match self {
-            AuthError::WrongPassword => "28P01",
-            AuthError::Protocol(_) => "08P01",
+            AuthError::WrongPassword => crate::errors::INVALID_PASSWORD,
+            AuthError::Protocol(_) => crate::errors::PROTOCOL_VIOLATION,
         }
     }
 

@@ -146,7 +146,8 @@ pub struct Limits {
     /// `max_clients`: client connections beyond this are refused with `53300`. Default 10000;
     /// at least 1.
     pub max_clients: usize,
-    /// `statement_timeout_ms`: statements running longer are cancelled with `57014`.
+    /// `statement_timeout_ms`: a statement on one shard running longer is cancelled on its
+    /// shard (`57014`); statements on several shards are not bounded by it yet.
     /// Default 0 = none.
     pub statement_timeout: Option<Duration>,
     /// `plan_cache_size`: routing plans of distinct statement texts kept. Default 10000;

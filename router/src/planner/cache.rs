@@ -55,10 +55,10 @@ pub struct PlanCache {
 }
 
 impl PlanCache {
-    /// A cache of about `capacity` plans (at least one per shard).
+    /// A cache of about `capacity` plans (at least one per shard); 0 keeps none.
     pub fn new(capacity: usize) -> PlanCache {
         let hasher = DefaultHashBuilder::default();
-        let per_shard = capacity.div_ceil(SHARDS).max(1);
+        let per_shard = capacity.div_ceil(SHARDS);
         let shards = (0..SHARDS)
             .map(|_| Shard {
                 // Every shard hashes with the same seed: one hash picks the shard and probes it.
@@ -105,6 +105,9 @@ impl PlanCache {
     /// Caches `plan` for `text` and returns the plan now cached: when another session
     /// inserted one first, that one, so that every session shares a single plan.
     pub fn insert(&self, text: &str, plan: Arc<Plan>) -> Arc<Plan> {
+        if self.per_shard == 0 {
+            return plan;
+        }
         let (hash, shard) = self.locate(text);
         let mut map = shard.map.write().unwrap_or_else(|e| e.into_inner());
         if let Some((_, existing)) = map.raw_entry().from_hash(hash, |k| **k == *text) {
@@ -128,6 +131,11 @@ impl PlanCache {
                 plan
             }
         }
+    }
+
+    /// Whether it keeps plans at all (`plan_cache_size = 0` keeps none).
+    pub fn keeps_plans(&self) -> bool {
+        self.per_shard > 0
     }
 
     /// Forgets every plan.
@@ -173,6 +181,16 @@ mod tests {
         assert!(Arc::ptr_eq(&p, &r));
         let s = cache.stats();
         assert_eq!((s.hits, s.misses, s.len), (1, 1, 1));
+    }
+
+    #[test]
+    fn capacity_zero_keeps_nothing() {
+        let c = PlanCache::new(0);
+        let p = plan();
+        let kept = c.insert("SELECT 1", p.clone());
+        assert!(Arc::ptr_eq(&kept, &p));
+        assert!(c.get("SELECT 1").is_none());
+        assert_eq!(c.stats().len, 0);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The planner: statement text → where each of its statements must run.
 //!
-//! Step 2 of the statement path (see DESIGN.md). The text of a Query or Parse message is
+//! Step 2 of the statement path (docs/architecture.md). The text of a Query or Parse message is
 //! normalized ([`normalize`]: literals become `$N`), and the normalized text is looked up in a
 //! plan cache shared by all sessions ([`cache`]). On a miss it is parsed with `sqlparser`
 //! (Postgres dialect) and each statement gets a [`Route`] ([`route`], from the table references
@@ -18,6 +18,7 @@
 
 pub mod cache;
 pub mod keys;
+mod local;
 pub mod normalize;
 mod scatter;
 
@@ -191,6 +192,11 @@ impl std::ops::Deref for PlanRef<'_> {
 pub struct Planner {
     map: Arc<ShardMap>,
     cache: PlanCache,
+    /// This planner among the process's planners, for the threads' own caches ([`local`]).
+    id: u64,
+    /// Bumped whenever cached plans become stale.
+    generation: std::sync::atomic::AtomicU64,
+    local_hits: local::Hits,
     /// Learned from a shard's catalog; replaced as a whole (and the cache emptied) when it
     /// changes, so plans never mix two versions.
     key_positions: std::sync::RwLock<refs::KeyPositions>,
@@ -199,9 +205,13 @@ pub struct Planner {
 impl Planner {
     /// A planner with room for about `capacity` cached plans.
     pub fn new(map: Arc<ShardMap>, capacity: usize) -> Planner {
+        static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Planner {
             map,
             cache: PlanCache::new(capacity),
+            id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            generation: Default::default(),
+            local_hits: Default::default(),
             key_positions: Default::default(),
         }
     }
@@ -214,6 +224,8 @@ impl Planner {
             .key_positions
             .write()
             .unwrap_or_else(|p| p.into_inner()) = Arc::new(positions);
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
         self.cache.clear();
     }
 
@@ -221,23 +233,37 @@ impl Planner {
         &self.map
     }
 
+    /// Hits count both the shared cache and the threads' own.
     pub fn cache_stats(&self) -> CacheStats {
-        self.cache.stats()
+        let mut stats = self.cache.stats();
+        stats.hits += self.local_hits.total();
+        stats
     }
 
     /// Plans `sql` (the text of a Query or Parse message). `buf` is the caller's reusable
-    /// scratch and holds this statement's literal values until the next call. A cache hit
-    /// allocates nothing once `buf` has grown to fit.
+    /// scratch and holds this statement's literal values until the next call. A hit in the
+    /// thread's own cache takes no lock and allocates nothing once `buf` has grown to fit.
     pub fn plan<'b>(&self, sql: &str, buf: &'b mut NormalizeBuf) -> PlanRef<'b> {
         normalize(sql, buf);
         let buf: &'b NormalizeBuf = buf;
         let text = buf.normalized();
+        let owner = (
+            self.id,
+            self.generation.load(std::sync::atomic::Ordering::Acquire),
+        );
+        if let Some(plan) = local::get(owner, text, &self.local_hits) {
+            return PlanRef { plan, buf };
+        }
         let plan = match self.cache.get(text) {
             Some(plan) => plan,
             None => self
                 .cache
                 .insert(text, Arc::new(self.build(text, buf, true))),
         };
+        if !plan.use_original && self.cache.keeps_plans() {
+            // Plans of original texts (literals kept) are per text: not worth a thread's room.
+            local::put(owner, text, &plan);
+        }
         let plan = if plan.use_original {
             match self.cache.get(sql) {
                 Some(plan) => plan,

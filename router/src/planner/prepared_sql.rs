@@ -40,7 +40,7 @@ pub enum PreparedSql {
 
 /// Reads a text the planner classified as one PREPARE, EXECUTE or DEALLOCATE.
 pub fn read(sql: &str) -> Result<PreparedSql, SqlError> {
-    let syntax = |e: String| SqlError::new("42601", e);
+    let syntax = |e: String| SqlError::new(errors::SYNTAX_ERROR, e);
     let stmts = Parser::parse_sql(&PostgreSqlDialect {}, sql).map_err(|e| syntax(e.to_string()))?;
     let [stmt] = stmts.as_slice() else {
         return Err(unsupported(
@@ -101,7 +101,7 @@ fn unsupported(message: &str) -> SqlError {
 fn body_after_as(sql: &str) -> Result<&str, SqlError> {
     let tokens = Tokenizer::new(&PostgreSqlDialect {}, sql)
         .tokenize_with_location()
-        .map_err(|e| SqlError::new("42601", e.to_string()))?;
+        .map_err(|e| SqlError::new(errors::SYNTAX_ERROR, e.to_string()))?;
     let mut depth = 0i32;
     for t in &tokens {
         match &t.token {
@@ -109,15 +109,20 @@ fn body_after_as(sql: &str) -> Result<&str, SqlError> {
             Token::RParen => depth -= 1,
             Token::Word(w) if depth == 0 && w.keyword == Keyword::AS && w.quote_style.is_none() => {
                 let end = t.span.end;
-                let at = super::values::byte_offset(sql, end.line, end.column)
-                    .ok_or_else(|| SqlError::new("42601", "PREPARE without a statement"))?;
+                let at =
+                    super::values::byte_offset(sql, end.line, end.column).ok_or_else(|| {
+                        SqlError::new(errors::SYNTAX_ERROR, "PREPARE without a statement")
+                    })?;
                 let body = sql[at..].trim();
                 return Ok(body.strip_suffix(';').unwrap_or(body).trim_end());
             }
             _ => {}
         }
     }
-    Err(SqlError::new("42601", "PREPARE needs AS and a statement"))
+    Err(SqlError::new(
+        errors::SYNTAX_ERROR,
+        "PREPARE needs AS and a statement",
+    ))
 }
 
 /// An EXECUTE argument as a text parameter. Only constants: the router passes values, it does

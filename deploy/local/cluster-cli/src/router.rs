@@ -19,8 +19,8 @@ pub const DATABASE: &str = "app";
 /// milliseconds; the margin is for a loaded 2-core machine.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How long `down` waits after SIGTERM before it sends SIGKILL. The router drains and exits at
-/// once on SIGTERM; a router that takes longer is stuck.
+/// How long `down` waits after SIGTERM before it sends SIGKILL. The router exits at once on
+/// SIGTERM (it does not drain yet); a router that takes longer is stuck.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// What the router serves and who may log in.
