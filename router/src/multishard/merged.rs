@@ -134,9 +134,11 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
             done: false,
         })
         .collect();
-    let result = match &m.plan.group {
-        Some(_) => grouped(client, &mut streams, m).await,
-        None => sorted(client, &mut streams, m).await,
+    let extended = !m.asked.is_empty();
+    let result = match start_streams(&mut streams, extended).await {
+        Err(e) => Err(e),
+        Ok(desc) if m.plan.group.is_some() => grouped(client, &mut streams, desc, m).await,
+        Ok(desc) => sorted(client, &mut streams, desc, m).await,
     };
     match result {
         Ok(()) => Ok(false),
@@ -170,11 +172,11 @@ async fn flush_if_full<S: AsyncRead + AsyncWrite + Unpin>(
 async fn sorted<S: AsyncRead + AsyncWrite + Unpin>(
     client: &mut ClientIo<S>,
     streams: &mut [Stream],
+    desc: Descriptions,
     m: &Merging<'_>,
 ) -> Result<(), Failure> {
     let (plan, limit, offset, asked) = (m.plan, m.limit, m.offset, m.asked);
     let extended = !asked.is_empty();
-    let desc = start_streams(streams, extended).await?;
     let row_description = if extended { &desc.portal } else { &desc.simple };
     let columns = match row_description.first() {
         Some(b'T') => merge::columns(&row_description[5..])?,
@@ -241,11 +243,11 @@ async fn sorted<S: AsyncRead + AsyncWrite + Unpin>(
 async fn grouped<S: AsyncRead + AsyncWrite + Unpin>(
     client: &mut ClientIo<S>,
     streams: &mut [Stream],
+    desc: Descriptions,
     m: &Merging<'_>,
 ) -> Result<(), Failure> {
     let (plan, limit, offset, asked) = (m.plan, m.limit, m.offset, m.asked);
     let extended = !asked.is_empty();
-    let desc = start_streams(streams, extended).await?;
     let out = plan.group.clone().unwrap_or_default();
     let bytewise = m.text_bytewise;
     let avg_names: Vec<&[u8]> = plan.avg_names.iter().map(|n| n.as_bytes()).collect();

@@ -161,23 +161,15 @@ impl PlanCache {
 mod tests {
     use super::*;
 
-    fn plan() -> Arc<Plan> {
-        Arc::new(Plan {
-            statements: Vec::new(),
-            normalized: true,
-            use_original: false,
-        })
-    }
-
     #[test]
     fn hit_returns_the_same_plan() {
         let cache = PlanCache::new(100);
         assert!(cache.get("a").is_none());
-        let p = cache.insert("a", plan());
+        let p = cache.insert("a", Plan::empty());
         let q = cache.get("a").unwrap();
         assert!(Arc::ptr_eq(&p, &q));
         // A second insert of the same text keeps the first plan.
-        let r = cache.insert("a", plan());
+        let r = cache.insert("a", Plan::empty());
         assert!(Arc::ptr_eq(&p, &r));
         let s = cache.stats();
         assert_eq!((s.hits, s.misses, s.len), (1, 1, 1));
@@ -186,7 +178,7 @@ mod tests {
     #[test]
     fn capacity_zero_keeps_nothing() {
         let c = PlanCache::new(0);
-        let p = plan();
+        let p = Plan::empty();
         let kept = c.insert("SELECT 1", p.clone());
         assert!(Arc::ptr_eq(&kept, &p));
         assert!(c.get("SELECT 1").is_none());
@@ -197,7 +189,7 @@ mod tests {
     fn stays_bounded() {
         let cache = PlanCache::new(64);
         for i in 0..10_000 {
-            cache.insert(&format!("SELECT {i}"), plan());
+            cache.insert(&format!("SELECT {i}"), Plan::empty());
         }
         let s = cache.stats();
         assert!(s.len <= 64, "{s:?}");
@@ -216,7 +208,7 @@ mod tests {
                     for i in 0..500 {
                         let text = format!("q{}", (i + t) % 50);
                         if cache.get(&text).is_none() {
-                            cache.insert(&text, plan());
+                            cache.insert(&text, Plan::empty());
                         }
                     }
                 })

@@ -92,17 +92,9 @@ pub fn put(owner: (u64, u64), text: &str, plan: &Arc<Plan>) {
 mod tests {
     use super::*;
 
-    fn plan() -> Arc<Plan> {
-        Arc::new(Plan {
-            statements: Vec::new(),
-            normalized: true,
-            use_original: false,
-        })
-    }
-
     #[test]
     fn plans_belong_to_one_planner_generation() {
-        let (p, hits) = (plan(), Hits::default());
+        let (p, hits) = (Plan::empty(), Hits::default());
         put((1, 0), "SELECT $1", &p);
         assert!(Arc::ptr_eq(&get((1, 0), "SELECT $1", &hits).unwrap(), &p));
         assert!(
@@ -120,7 +112,7 @@ mod tests {
 
     #[test]
     fn stays_bounded() {
-        let p = plan();
+        let p = Plan::empty();
         for i in 0..CAPACITY * 3 {
             put((9, 0), &format!("SELECT {i}"), &p);
         }

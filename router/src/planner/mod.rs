@@ -130,6 +130,18 @@ pub struct Plan {
     pub(crate) use_original: bool,
 }
 
+#[cfg(test)]
+impl Plan {
+    /// A plan of no statements, for tests of what holds plans.
+    pub(crate) fn empty() -> Arc<Plan> {
+        Arc::new(Plan {
+            statements: Vec::new(),
+            normalized: true,
+            use_original: false,
+        })
+    }
+}
+
 /// A key value to hash, once resolved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KeyValue<'a> {

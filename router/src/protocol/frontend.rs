@@ -271,33 +271,46 @@ pub fn target<'a>(body: &'a [u8], message: &'static str) -> Result<Target<'a>, M
     Ok(Target { kind, name })
 }
 
+/// A Bind body for tests: portal, statement, parameter format codes, parameter values (`None`
+/// is NULL), no result format codes.
+#[cfg(test)]
+pub(crate) fn bind_body(
+    portal: &str,
+    statement: &str,
+    formats: &[i16],
+    params: &[Option<&[u8]>],
+) -> Vec<u8> {
+    let mut b = format!("{portal}\0{statement}\0").into_bytes();
+    b.extend_from_slice(&(formats.len() as i16).to_be_bytes());
+    for f in formats {
+        b.extend_from_slice(&f.to_be_bytes());
+    }
+    b.extend_from_slice(&(params.len() as i16).to_be_bytes());
+    for p in params {
+        match p {
+            None => b.extend_from_slice(&(-1i32).to_be_bytes()),
+            Some(v) => {
+                b.extend_from_slice(&(v.len() as i32).to_be_bytes());
+                b.extend_from_slice(v);
+            }
+        }
+    }
+    b.extend_from_slice(&0i16.to_be_bytes());
+    b
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn bind_body(formats: &[i16], params: &[Option<&[u8]>]) -> Vec<u8> {
-        let mut b = b"portal\0stmt\0".to_vec();
-        b.extend_from_slice(&(formats.len() as i16).to_be_bytes());
-        for f in formats {
-            b.extend_from_slice(&f.to_be_bytes());
-        }
-        b.extend_from_slice(&(params.len() as i16).to_be_bytes());
-        for p in params {
-            match p {
-                None => b.extend_from_slice(&(-1i32).to_be_bytes()),
-                Some(v) => {
-                    b.extend_from_slice(&(v.len() as i32).to_be_bytes());
-                    b.extend_from_slice(v);
-                }
-            }
-        }
-        b.extend_from_slice(&0i16.to_be_bytes());
-        b
-    }
-
     #[test]
     fn reads_bind_parameters() {
-        let body = bind_body(&[0, 1], &[Some(b"42"), Some(&7i64.to_be_bytes())]);
+        let body = bind_body(
+            "portal",
+            "stmt",
+            &[0, 1],
+            &[Some(b"42"), Some(&7i64.to_be_bytes())],
+        );
         let b = bind(&body).unwrap();
         assert_eq!(
             (b.portal, b.statement, b.param_count),
@@ -309,7 +322,7 @@ mod tests {
             Some((Format::Binary, Some(&7i64.to_be_bytes()[..])))
         );
         assert_eq!(b.param(2), None);
-        let body = bind_body(&[1], &[None, Some(b"x")]);
+        let body = bind_body("portal", "stmt", &[1], &[None, Some(b"x")]);
         let b = bind(&body).unwrap();
         assert_eq!(b.param(0), Some((Format::Binary, None)));
         assert_eq!(b.param(1), Some((Format::Binary, Some(&b"x"[..]))));
@@ -317,10 +330,10 @@ mod tests {
 
     #[test]
     fn rejects_malformed_binds() {
-        let mut body = bind_body(&[], &[Some(b"42")]);
+        let mut body = bind_body("portal", "stmt", &[], &[Some(b"42")]);
         body.truncate(body.len() - 4);
         assert!(bind(&body).is_err());
-        assert!(bind(&bind_body(&[0, 0, 0], &[Some(b"1")])).is_err());
+        assert!(bind(&bind_body("portal", "stmt", &[0, 0, 0], &[Some(b"1")])).is_err());
         assert!(bind(b"no nul").is_err());
     }
 

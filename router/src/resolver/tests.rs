@@ -119,25 +119,7 @@ fn take(t: &Target<'_>, text: String) -> (Dest, String) {
 /// A Bind body for the unnamed statement: parameters in text (`None` is NULL) or, with
 /// `binary`, the given bytes in binary format.
 fn bind_body(params: &[Option<&[u8]>], binary: bool) -> Vec<u8> {
-    let mut b = b"\0\0".to_vec();
-    if binary {
-        b.extend_from_slice(&1i16.to_be_bytes());
-        b.extend_from_slice(&1i16.to_be_bytes());
-    } else {
-        b.extend_from_slice(&0i16.to_be_bytes());
-    }
-    b.extend_from_slice(&(params.len() as i16).to_be_bytes());
-    for p in params {
-        match p {
-            None => b.extend_from_slice(&(-1i32).to_be_bytes()),
-            Some(v) => {
-                b.extend_from_slice(&(v.len() as i32).to_be_bytes());
-                b.extend_from_slice(v);
-            }
-        }
-    }
-    b.extend_from_slice(&0i16.to_be_bytes());
-    b
+    frontend::bind_body("", "", if binary { &[1] } else { &[] }, params)
 }
 
 fn refused(dest: &Dest) -> (&str, &str) {

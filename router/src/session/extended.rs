@@ -110,21 +110,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         };
         self.sql.clear();
         self.sql.push_str(stmt.sql());
-        let dest = {
-            let resolved = resolver::Statement {
-                sql: stmt.sql(),
-                plan: &stmt.plan,
-                params: stmt.params(Some(&b)),
-            };
-            Self::resolve(
-                &self.shared,
-                &self.settings,
-                &self.state,
-                self.pin.as_ref().map(|p| p.shard),
-                &resolved,
-            )
-            .dest
-        };
+        let dest = self.resolve_bound(&stmt, &b);
         let msg = Msg::Bind {
             portal: b.portal.as_bytes(),
             tail: b.tail,

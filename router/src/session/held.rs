@@ -39,6 +39,31 @@ pub enum Msg<B> {
     CloseStatement,
 }
 
+impl<B> Msg<B> {
+    /// The same message with its bytes somewhere else.
+    fn map<C>(self, mut f: impl FnMut(B) -> C) -> Msg<C> {
+        match self {
+            Msg::Parse(s) => Msg::Parse(s),
+            Msg::Bind { portal, tail, stmt } => Msg::Bind {
+                portal: f(portal),
+                tail: f(tail),
+                stmt,
+            },
+            Msg::DescribeStatement(s) => Msg::DescribeStatement(s),
+            Msg::Forward {
+                frame,
+                kind,
+                executes,
+            } => Msg::Forward {
+                frame: f(frame),
+                kind,
+                executes,
+            },
+            Msg::CloseStatement => Msg::CloseStatement,
+        }
+    }
+}
+
 /// Extended messages waiting for their batch's shard.
 #[derive(Debug, Default)]
 pub struct Held {
@@ -48,30 +73,12 @@ pub struct Held {
 
 impl Held {
     pub fn push(&mut self, msg: Msg<&[u8]>) {
-        let mut keep = |b: &[u8]| {
-            let at = self.bytes.len();
-            self.bytes.extend_from_slice(b);
-            at..self.bytes.len()
-        };
-        let held = match msg {
-            Msg::Parse(s) => Msg::Parse(s),
-            Msg::Bind { portal, tail, stmt } => Msg::Bind {
-                portal: keep(portal),
-                tail: keep(tail),
-                stmt,
-            },
-            Msg::DescribeStatement(s) => Msg::DescribeStatement(s),
-            Msg::Forward {
-                frame,
-                kind,
-                executes,
-            } => Msg::Forward {
-                frame: keep(frame),
-                kind,
-                executes,
-            },
-            Msg::CloseStatement => Msg::CloseStatement,
-        };
+        let bytes = &mut self.bytes;
+        let held = msg.map(|b| {
+            let at = bytes.len();
+            bytes.extend_from_slice(b);
+            at..bytes.len()
+        });
         self.msgs.push(held);
     }
 
@@ -99,26 +106,7 @@ impl Held {
     pub fn drain<E>(self, mut each: impl FnMut(Msg<&[u8]>) -> Result<(), E>) -> Result<(), E> {
         let bytes = &self.bytes;
         for m in self.msgs {
-            let msg = match m {
-                Msg::Parse(s) => Msg::Parse(s),
-                Msg::Bind { portal, tail, stmt } => Msg::Bind {
-                    portal: &bytes[portal],
-                    tail: &bytes[tail],
-                    stmt,
-                },
-                Msg::DescribeStatement(s) => Msg::DescribeStatement(s),
-                Msg::Forward {
-                    frame,
-                    kind,
-                    executes,
-                } => Msg::Forward {
-                    frame: &bytes[frame],
-                    kind,
-                    executes,
-                },
-                Msg::CloseStatement => Msg::CloseStatement,
-            };
-            each(msg)?;
+            each(m.map(|range| &bytes[range]))?;
         }
         Ok(())
     }

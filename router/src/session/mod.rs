@@ -54,9 +54,10 @@ pub use settings::Settings;
 
 use crate::errors;
 use crate::planner::NormalizeBuf;
+use crate::protocol::frontend::Bind;
 use crate::protocol::frontend::Malformed;
 use crate::protocol::reply::SqlError;
-use crate::resolver::{self, Context, Target};
+use crate::resolver::{self, Context, Dest, Target};
 use crate::server::clients::ClientSlot;
 use crate::server::Shared;
 use outbox::Outbox;
@@ -198,6 +199,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             },
         };
         resolver::resolve(stmt, &cx)
+    }
+
+    /// Resolves one of the client's statements with a Bind's parameters.
+    fn resolve_bound(&self, stmt: &statements::ClientStatement, bind: &Bind<'_>) -> Dest {
+        let resolved = resolver::Statement {
+            sql: stmt.sql(),
+            plan: &stmt.plan,
+            params: stmt.params(Some(bind)),
+        };
+        Self::resolve(
+            &self.shared,
+            &self.settings,
+            &self.state,
+            self.pinned_shard(),
+            &resolved,
+        )
+        .dest
     }
 
     fn shard_name(&self, shard: usize) -> String {

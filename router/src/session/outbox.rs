@@ -197,18 +197,10 @@ mod tests {
     use crate::planner::Plan;
     use crate::protocol::frame::frames;
 
-    fn plan() -> Arc<Plan> {
-        Arc::new(Plan {
-            statements: Vec::new(),
-            normalized: false,
-            use_original: false,
-        })
-    }
-
     fn named(registry: &Registry, sql: &str) -> Arc<ClientStatement> {
         Arc::new(ClientStatement {
             text: Text::Named(registry.intern(sql, &[0, 0])),
-            plan: plan(),
+            plan: Plan::empty(),
             params_before: 0,
             literals: Vec::new(),
         })
@@ -221,7 +213,7 @@ mod tests {
                 param_types: vec![0, 0],
                 version,
             },
-            plan: plan(),
+            plan: Plan::empty(),
             params_before: 0,
             literals: Vec::new(),
         })

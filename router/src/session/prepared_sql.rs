@@ -20,7 +20,7 @@ use crate::planner::prepared_sql::{self, PreparedSql};
 use crate::protocol::frontend;
 use crate::protocol::reply::{self, SqlError};
 use crate::protocol::request;
-use crate::resolver::{self, Dest};
+use crate::resolver::Dest;
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     pub(super) async fn prepared_sql(&mut self, sql: &str) -> Result<(), SessionError> {
@@ -160,19 +160,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         request::bind_text(&mut bind, backend_name, args)?;
         let dest = {
             let b = frontend::bind(&bind[5..])?;
-            let resolved = resolver::Statement {
-                sql: stmt.sql(),
-                plan: &stmt.plan,
-                params: stmt.params(Some(&b)),
-            };
-            Self::resolve(
-                &self.shared,
-                &self.settings,
-                &self.state,
-                self.pin.as_ref().map(|p| p.shard),
-                &resolved,
-            )
-            .dest
+            self.resolve_bound(&stmt, &b)
         };
         let wanted = match dest {
             Dest::Shard(s) => Some(s),
