@@ -134,9 +134,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     // Preparing is no transaction: finish it there and run on every shard.
                     self.finish_preparation().await?;
                 }
-                let mixed = matches!(&self.state.batch, Batch::Held(held) if held.iter().any(|m| {
-                    matches!(m, Msg::Bind { .. } | Msg::Forward { executes: true, .. })
-                }));
+                let mixed = matches!(self.state.batch, Batch::Held)
+                    && self.state.held().iter().any(|m| {
+                        matches!(m, Msg::Bind { .. } | Msg::Forward { executes: true, .. })
+                    });
                 if mixed {
                     let err = SqlError::new(
                         errors::FEATURE_NOT_SUPPORTED,
@@ -205,20 +206,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// Sends the held messages, in order, now that a connection is pinned (or answers them
     /// when none is needed).
     fn release_held(&mut self) -> Result<(), SessionError> {
-        let held = self.state.take_held();
-        held.drain(|msg| self.send(msg))
+        let mut held = self.state.take_held();
+        let sent = held.drain(|msg| self.send(msg));
+        self.state.keep_held(held);
+        sent
     }
 
     async fn flush(&mut self, frame: &[u8]) -> Result<(), SessionError> {
-        if self.pin.is_none() {
-            if let Batch::Held(held) = &self.state.batch {
-                if held.needs_backend() {
-                    // Answering only Parse/Describe does not start the client's transaction.
-                    let with_begin = !held.only_prepares();
-                    if let Err(err) = self.attach(None, with_begin).await {
-                        return self.batch_error(&err).await;
-                    }
-                }
+        // (Nothing is held unless the batch waits for its shard.)
+        let held = self.state.held();
+        if self.pin.is_none() && held.needs_backend() {
+            // Answering only Parse/Describe does not start the client's transaction.
+            let with_begin = !held.only_prepares();
+            if let Err(err) = self.attach(None, with_begin).await {
+                return self.batch_error(&err).await;
             }
         }
         self.release_held()?;
@@ -247,7 +248,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.out.replies.push_synthetic(answer);
                 return Ok(());
             }
-            if let Batch::Held(held) = &self.state.batch {
+            if matches!(self.state.batch, Batch::Held) {
+                let held = self.state.held();
                 if matches!(self.state.tx, Tx::Pending { .. }) && held.only_prepares() {
                     return self.prepare_outside_transaction().await;
                 }
@@ -285,9 +287,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// A batch of only `BEGIN`, `COMMIT` or `ROLLBACK` with no connection pinned is answered by
     /// the router, as in the simple protocol: the answers, or `None` when it needs a backend.
     fn router_batch(&mut self) -> Option<Vec<u8>> {
-        let Batch::Held(held) = &self.state.batch else {
+        if !matches!(self.state.batch, Batch::Held) {
             return None;
-        };
+        }
+        let held = self.state.held();
         let control = |s: &ClientStatement| resolver::transaction_control(&s.plan);
         let mut out = Vec::new();
         /// What the batch does to the client's transaction.
@@ -354,7 +357,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// it, and the transaction is still free to start on the shard its first statement names.
     async fn prepare_outside_transaction(&mut self) -> Result<(), SessionError> {
         if let Err(err) = self.attach(None, false).await {
-            drop(self.state.take_held());
+            let held = self.state.take_held();
+            self.state.keep_held(held);
             self.state.synced();
             self.refuse_here(&err);
             self.answer_ready();
@@ -385,7 +389,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// the error is raised on it (so the backend skips to Sync like the client); without one
     /// it is answered directly. Either way the client's messages are dropped until `Sync`.
     pub(super) async fn batch_error(&mut self, err: &SqlError) -> Result<(), SessionError> {
-        drop(self.state.take_held());
+        let held = self.state.take_held();
+        self.state.keep_held(held);
         self.state.skip_to_sync();
         match self.pin.as_mut() {
             Some(pin) => {

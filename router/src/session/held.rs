@@ -102,13 +102,27 @@ impl Held {
         self.msgs.iter()
     }
 
-    /// Hands every message, in order, to `each`.
-    pub fn drain<E>(self, mut each: impl FnMut(Msg<&[u8]>) -> Result<(), E>) -> Result<(), E> {
+    /// Hands every message, in order, to `each`, and leaves this empty (with its room).
+    pub fn drain<E>(&mut self, mut each: impl FnMut(Msg<&[u8]>) -> Result<(), E>) -> Result<(), E> {
         let bytes = &self.bytes;
-        for m in self.msgs {
-            each(m.map(|range| &bytes[range]))?;
+        let mut result = Ok(());
+        for m in self.msgs.drain(..) {
+            if result.is_ok() {
+                result = each(m.map(|range| &bytes[range]));
+            }
         }
-        Ok(())
+        self.bytes.clear();
+        result
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.msgs.is_empty()
+    }
+
+    /// Drops every message, keeping the room.
+    pub fn clear(&mut self) {
+        self.msgs.clear();
+        self.bytes.clear();
     }
 
     /// The kinds of the held messages, for a batch the router answers itself: `P` Parse, `S`

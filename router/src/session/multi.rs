@@ -161,6 +161,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     ) -> Result<(), SessionError> {
         let held = self.state.take_held();
         let mut asked: Vec<u8> = held.asked().collect();
+        self.state.keep_held(held);
         asked.push(b'B');
         let run = match dest {
             Dest::Broadcast => {

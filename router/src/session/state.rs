@@ -46,8 +46,8 @@ pub enum Batch {
     /// No batch open.
     #[default]
     Idle,
-    /// Messages waiting for the batch's shard (no Bind has named one yet).
-    Held(Held),
+    /// Messages waiting for the batch's shard (no Bind has named one yet), in [`State::held`].
+    Held,
     /// Messages went to the pinned connection. Once one ran something (a Bind, an Execute, the
     /// Close of a portal), the batch is a transaction on that connection until its Sync and
     /// cannot move; before that it only prepared statements there, and can.
@@ -65,6 +65,9 @@ pub enum Batch {
 pub struct State {
     pub tx: Tx,
     pub batch: Batch,
+    /// The messages of a [`Batch::Held`] (empty otherwise). Kept across batches, so that
+    /// holding messages allocates nothing once it has grown.
+    held: Held,
 }
 
 impl Default for State {
@@ -72,6 +75,7 @@ impl Default for State {
         State {
             tx: Tx::Idle,
             batch: Batch::Idle,
+            held: Held::default(),
         }
     }
 }
@@ -179,25 +183,34 @@ impl State {
         self.batch = Batch::Idle;
     }
 
-    /// The held messages, taken out (the batch is on its way to a connection).
-    pub fn take_held(&mut self) -> Held {
-        match std::mem::take(&mut self.batch) {
-            Batch::Held(h) => h,
-            other => {
-                self.batch = other;
-                Held::default()
-            }
-        }
+    /// The held messages (empty unless the batch is [`Batch::Held`]).
+    pub fn held(&self) -> &Held {
+        &self.held
     }
 
-    /// The held messages, to add one.
+    /// The held messages, to add one: the batch now waits for its shard.
     pub fn held_mut(&mut self) -> &mut Held {
-        if !matches!(self.batch, Batch::Held(_)) {
-            self.batch = Batch::Held(Held::default());
+        if !matches!(self.batch, Batch::Held) {
+            self.held.clear();
+            self.batch = Batch::Held;
         }
-        match &mut self.batch {
-            Batch::Held(h) => h,
-            _ => unreachable!("just set"),
+        &mut self.held
+    }
+
+    /// The held messages, taken out to be sent (or answered): the batch no longer waits. Give
+    /// the emptied storage back with [`State::keep_held`].
+    pub fn take_held(&mut self) -> Held {
+        if matches!(self.batch, Batch::Held) {
+            self.batch = Batch::Idle;
+        }
+        std::mem::take(&mut self.held)
+    }
+
+    /// Gives back the storage [`State::take_held`] took, emptied, for the next batch.
+    pub fn keep_held(&mut self, mut held: Held) {
+        held.clear();
+        if self.held.is_empty() {
+            self.held = held;
         }
     }
 
@@ -252,8 +265,10 @@ mod tests {
     fn a_batch_that_only_prepared_may_move() {
         let mut s = State::default();
         s.held_mut();
-        assert!(matches!(s.batch, Batch::Held(_)));
-        let _ = s.take_held();
+        assert!(matches!(s.batch, Batch::Held));
+        let held = s.take_held();
+        assert!(matches!(s.batch, Batch::Idle));
+        s.keep_held(held);
         s.sent_to_backend(false);
         assert!(s.only_prepared());
         assert_eq!(
