@@ -172,3 +172,66 @@ fn bad_input_gets_a_clear_error() {
     assert!(!ok);
     assert!(err.contains("/nonexistent/router.toml"), "{err}");
 }
+
+/// `shardgate explain` prints where a statement goes, from the config and its shard map alone.
+#[test]
+fn explain_without_a_network() {
+    let (ok, map_text, err) = shardgate(&[
+        "shardmap",
+        "split",
+        "--shards",
+        "4",
+        "--primary",
+        "postgres://10.9.9.9:5432/s{index}",
+    ]);
+    assert!(ok, "{err}");
+    let map = shardmap::parse(&map_text, "split output").expect("a valid map");
+    let map_file = temp_file("explain-map.toml", &map_text);
+    let config = temp_file(
+        "explain-router.toml",
+        &format!(
+            "shardmap = \"{}\"\ndatabase = \"app\"\nauth = \"trust\"\n",
+            map_file.display()
+        ),
+    );
+    let config = config.to_str().expect("utf-8 path");
+    let (ok, out, err) = shardgate(&[
+        "explain",
+        "--config",
+        config,
+        "SELECT * FROM kv WHERE id = 42",
+    ]);
+    assert!(ok, "{err}");
+    let shard = &map.shards()[map.shard_for_key(&Key::Int(42))];
+    let id = Key::Int(42).keyspace_id();
+    assert!(
+        out.contains(&format!(
+            "shard {}: kv.id = 42, keyspace id {id}",
+            shard.range
+        )),
+        "{out}"
+    );
+    assert!(out.contains(&shard.primary.endpoint()), "{out}");
+    let (ok, out, _) = shardgate(&[
+        "explain",
+        "--config",
+        config,
+        "EXPLAIN (ROUTE) SELECT count(*) FROM kv",
+    ]);
+    assert!(ok);
+    assert_eq!(
+        out.lines()
+            .filter(|l| l.contains("10.9.9.9:5432/s"))
+            .count(),
+        4,
+        "{out}"
+    );
+    let (ok, _, err) = shardgate(&[
+        "explain",
+        "--config",
+        "/nonexistent/router.toml",
+        "SELECT 1",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("/nonexistent/router.toml"), "{err}");
+}

@@ -690,3 +690,74 @@ async fn join_tasks(tasks: Vec<tokio::task::JoinHandle<()>>) {
         t.await.expect("task");
     }
 }
+
+/// `EXPLAIN (ROUTE)` is answered by the router: which shard and why, one row per shard, and
+/// nothing runs. A plain `EXPLAIN` of a read on every shard gives each shard's plan under a
+/// line naming the shard; `EXPLAIN ANALYZE` of a write on several shards is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_routes_and_plans_per_shard() {
+    let env = shared_env();
+    let client = env.router.connect().await;
+    let id = env.key_on(2, 19_000_000);
+    let out = client
+        .simple_query(&format!("EXPLAIN (ROUTE) SELECT v FROM kv WHERE id = {id}"))
+        .await
+        .expect("explain route");
+    let rows = common::rows(&out);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let shard = &env.map.shards()[2];
+    assert_eq!(rows[0][0], shard.range.to_string());
+    assert_eq!(rows[0][1], shard.primary.endpoint());
+    assert_eq!(rows[0][2], format!("kv.id = {id}"));
+    assert_eq!(rows[0][3], shardmap::Key::Int(id).keyspace_id().to_string());
+    assert_eq!(rows[0][5], format!("SELECT v FROM kv WHERE id = {id}"));
+    // Explaining runs nothing: a write is only described.
+    let out = client
+        .simple_query(&format!(
+            "EXPLAIN (ROUTE) INSERT INTO kv (id, v) VALUES ({id}, 'never')"
+        ))
+        .await
+        .expect("explain route of an insert");
+    assert_eq!(common::rows(&out).len(), 1);
+    assert_eq!(
+        env.on_shard(2, &format!("SELECT count(*) FROM kv WHERE id = {id}")),
+        "0"
+    );
+    // Every shard, and a refusal, as rows.
+    let out = client
+        .simple_query("EXPLAIN (ROUTE) SELECT count(*) FROM kv")
+        .await
+        .expect("explain route of a merged read");
+    assert_eq!(common::rows(&out).len(), 4);
+    let out = client
+        .simple_query("EXPLAIN (ROUTE) SELECT * FROM kv JOIN settings ON true")
+        .await
+        .expect("explain route of a refused statement");
+    let rows = common::rows(&out);
+    assert!(rows[0][2].starts_with("refused (0A000)"), "{rows:?}");
+
+    // A plain EXPLAIN on every shard: four plans, each under its shard's line.
+    let out = client
+        .simple_query("EXPLAIN SELECT id FROM kv ORDER BY id")
+        .await
+        .expect("explain across shards");
+    let lines: Vec<String> = common::rows(&out)
+        .into_iter()
+        .map(|r| r[0].clone())
+        .collect();
+    let labels: Vec<&String> = lines.iter().filter(|l| l.starts_with("shard ")).collect();
+    assert_eq!(labels.len(), 4, "{lines:?}");
+    for (label, shard) in labels.iter().zip(env.map.shards()) {
+        assert!(
+            label.starts_with(&format!("shard {} (", shard.range)),
+            "{label}"
+        );
+    }
+    assert!(lines.len() > 4, "the plans themselves: {lines:?}");
+    assert!(!lines[0].starts_with("Sort") && lines[0].starts_with("shard "));
+    let err = client
+        .simple_query("EXPLAIN ANALYZE DELETE FROM kv")
+        .await
+        .expect_err("EXPLAIN ANALYZE of a write on every shard");
+    assert_eq!(sqlstate(&err), "0A000");
+}

@@ -62,6 +62,18 @@ pub enum Command {
     /// Generate, split, check and audit shard maps.
     #[command(subcommand)]
     Shardmap(maps::ShardmapCommand),
+    /// Print where a statement would run and why, without a network: one row per shard, as
+    /// `EXPLAIN (ROUTE) statement` answers through a running router.
+    ///
+    /// Key values are read from the statement's literals. The router's knowledge of the shards'
+    /// catalog is not at hand here, so an INSERT without a column list is shown as refused.
+    Explain {
+        /// The router's config (router.toml); its shard map is read too.
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+        /// The statement, e.g. "SELECT * FROM kv WHERE id = 42".
+        sql: String,
+    },
 }
 
 /// Runs a parsed command line; the error is the message to print.
@@ -76,9 +88,86 @@ pub fn run(args: Args) -> Result<(), String> {
             _,
         ) => maps::locate(&shardmap, &table, &keys),
         (Some(Command::Shardmap(cmd)), _) => maps::run(cmd),
+        (Some(Command::Explain { config, sql }), _) => explain(&config, &sql),
         (None, Some(config)) => serve(&config, args.check, args.log.as_deref(), args.threads),
         (None, None) => Err("nothing to do: run a router with --config FILE, or see --help".into()),
     }
+}
+
+/// `shardgate explain`.
+fn explain(config: &std::path::Path, sql: &str) -> Result<(), String> {
+    use crate::resolver::{self, explain, Context, Params, Transaction};
+    let config = crate::config::load(config).map_err(|e| e.to_string())?;
+    let map = std::sync::Arc::new(shardmap::load(&config.shardmap).map_err(|e| e.to_string())?);
+    let planner = crate::planner::Planner::new(map.clone(), 16);
+    let mut buf = crate::planner::NormalizeBuf::new();
+    let (inner, planned) = match crate::planner::explain_route_inner(sql) {
+        Some(inner) => (inner, planner.plan(inner, &mut buf)),
+        None => (sql, planner.plan(sql, &mut buf)),
+    };
+    let stmt = resolver::Statement {
+        sql: inner,
+        plan: &planned,
+        params: Params {
+            bind: None,
+            params_before: planned.params_before(),
+            literals: &planned,
+        },
+    };
+    let cx = Context {
+        map: &map,
+        transaction: Transaction::None,
+        manual: None,
+        allow_scatter_writes: config.limits.allow_scatter_writes,
+    };
+    let target = resolver::resolve(&stmt, &cx);
+    let rows: Vec<Vec<String>> = explain::rows(&target, inner)
+        .iter()
+        .map(|r| {
+            r.values("miss")
+                .iter()
+                .take(explain::COLUMNS.len() - 1)
+                .map(|v| v.unwrap_or("").to_string())
+                .collect()
+        })
+        .collect();
+    println!("{target}");
+    print!(
+        "{}",
+        table(&explain::COLUMNS[..explain::COLUMNS.len() - 1], &rows)
+    );
+    Ok(())
+}
+
+/// Rows as an aligned text table, as psql prints them.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut width: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, v) in width.iter_mut().zip(row) {
+            *w = (*w).max(v.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| -> String {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&width)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        format!(" {}\n", padded.join(" | ").trim_end())
+    };
+    let mut out = line(header.iter().map(|h| h.to_string()).collect());
+    out.push_str(&format!(
+        "{}\n",
+        width
+            .iter()
+            .map(|w| "-".repeat(w + 2))
+            .collect::<Vec<_>>()
+            .join("+")
+    ));
+    for row in rows {
+        out.push_str(&line(row.clone()));
+    }
+    out
 }
 
 fn serve(

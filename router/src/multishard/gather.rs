@@ -40,6 +40,10 @@ pub enum Seen {
 pub struct Concat<'a> {
     /// The extended batch's messages to answer (empty for a simple query).
     asked: &'a [u8],
+    /// A line naming each shard, sent as a row before that shard's rows (`EXPLAIN`).
+    labels: Option<&'a [String]>,
+    /// The shard whose rows come now, and whether its label went out.
+    labelled: Option<usize>,
     limit: Option<u64>,
     statement_desc: Vec<u8>,
     portal_desc: Vec<u8>,
@@ -48,6 +52,8 @@ pub struct Concat<'a> {
     rows: u64,
     /// The shards' command (`SELECT`, `UPDATE`, ...) and the sum of their row counts.
     command: Option<String>,
+    /// The command tag ends in a count.
+    counted: bool,
     tagged: u64,
     copy_out: bool,
 }
@@ -56,6 +62,8 @@ impl<'a> Concat<'a> {
     pub fn new(asked: &'a [u8], limit: Option<u64>) -> Concat<'a> {
         Concat {
             asked,
+            labels: None,
+            labelled: None,
             limit,
             statement_desc: Vec::new(),
             portal_desc: Vec::new(),
@@ -63,9 +71,16 @@ impl<'a> Concat<'a> {
             answered: asked.is_empty(),
             rows: 0,
             command: None,
+            counted: false,
             tagged: 0,
             copy_out: false,
         }
+    }
+
+    /// Each shard's rows come under a one-column row `labels[shard]`.
+    pub fn with_labels(mut self, labels: &'a [String]) -> Concat<'a> {
+        self.labels = Some(labels);
+        self
     }
 
     fn answer(&mut self, out: &mut Vec<u8>) {
@@ -75,9 +90,11 @@ impl<'a> Concat<'a> {
         }
     }
 
-    /// One reply frame of a shard; `first` for the first shard's, which describes the rows.
-    pub fn frame(&mut self, first: bool, frame: &[u8], out: &mut Vec<u8>) -> Seen {
+    /// One reply frame of shard number `shard` (in the order the shards answer; the first
+    /// describes the rows).
+    pub fn frame(&mut self, shard: usize, frame: &[u8], out: &mut Vec<u8>) -> Seen {
         let extended = !self.asked.is_empty();
+        let first = shard == 0;
         match frame[0] {
             b'E' => {
                 out.extend_from_slice(frame);
@@ -95,6 +112,13 @@ impl<'a> Concat<'a> {
             b'T' if !extended && first => out.extend_from_slice(frame),
             b'D' => {
                 self.answer(out);
+                if let Some(label) = self.labels.and_then(|l| l.get(shard)) {
+                    if self.labelled != Some(shard) {
+                        self.labelled = Some(shard);
+                        reply::text_data_row(out, &[Some(label)]);
+                        self.rows += 1;
+                    }
+                }
                 if self.limit.is_none_or(|l| self.rows < l) {
                     out.extend_from_slice(frame);
                     self.rows += 1;
@@ -104,7 +128,15 @@ impl<'a> Concat<'a> {
                 let body = &frame[5..];
                 self.tagged += rows_in_tag(body);
                 if self.command.is_none() {
-                    self.command = Some(command_of_tag(body));
+                    let text = body.strip_suffix(b"\0").unwrap_or(body);
+                    self.counted = text.rsplit(|&b| b == b' ').next().is_some_and(|n| {
+                        !n.is_empty() && n.iter().all(u8::is_ascii_digit) && n.len() < text.len()
+                    });
+                    self.command = Some(if self.counted {
+                        command_of_tag(body)
+                    } else {
+                        String::from_utf8_lossy(text).into_owned()
+                    });
                 }
             }
             // COPY ... TO STDOUT: one CopyOutResponse, every shard's data, one CopyDone.
@@ -135,6 +167,8 @@ impl<'a> Concat<'a> {
         }
         match self.command.as_deref() {
             None | Some("SELECT") => reply::command_complete(out, &format!("SELECT {}", self.rows)),
+            // A tag without a count (EXPLAIN): as the shards sent it.
+            Some(command) if !self.counted => reply::command_complete(out, command),
             Some(command) => reply::command_complete(out, &format!("{command} {}", self.tagged)),
         }
     }
@@ -159,16 +193,16 @@ mod tests {
     fn rows_of_every_shard_one_description_one_tag() {
         let mut c = Concat::new(&[], Some(3));
         let mut out = Vec::new();
-        for first in [true, false] {
+        for shard in [0, 1] {
             for f in [
                 frame(b'T', b"desc"),
                 frame(b'D', b"r"),
                 frame(b'D', b"r"),
                 frame(b'C', b"SELECT 2\0"),
             ] {
-                assert_eq!(c.frame(first, &f, &mut out), Seen::More);
+                assert_eq!(c.frame(shard, &f, &mut out), Seen::More);
             }
-            assert_eq!(c.frame(first, &frame(b'Z', b"I"), &mut out), Seen::Done);
+            assert_eq!(c.frame(shard, &frame(b'Z', b"I"), &mut out), Seen::Done);
         }
         c.finish(&mut out);
         assert_eq!(tags(&out), "TDDDC", "one description, the limit of 3 rows");
@@ -186,20 +220,43 @@ mod tests {
             frame(b'D', b"r"),
             frame(b'C', b"UPDATE 1\0"),
         ] {
-            c.frame(true, &f, &mut out);
+            c.frame(0, &f, &mut out);
         }
-        c.frame(true, &frame(b'Z', b"I"), &mut out);
-        c.frame(false, &frame(b'C', b"UPDATE 4\0"), &mut out);
+        c.frame(0, &frame(b'Z', b"I"), &mut out);
+        c.frame(1, &frame(b'C', b"UPDATE 4\0"), &mut out);
         c.finish(&mut out);
         assert_eq!(tags(&out), "1tT2TDC");
         assert!(out.ends_with(b"UPDATE 5\0"), "write counts are summed");
     }
 
     #[test]
+    fn explained_plans_come_under_a_line_naming_their_shard() {
+        let labels = ["shard -80".to_string(), "shard 80-".to_string()];
+        let mut c = Concat::new(&[], None).with_labels(&labels);
+        let mut out = Vec::new();
+        for shard in [0, 1] {
+            for f in [frame(b'T', b"desc"), frame(b'D', b"\0\x01\0\0\0\x04plan")] {
+                c.frame(shard, &f, &mut out);
+            }
+            c.frame(shard, &frame(b'C', b"EXPLAIN\0"), &mut out);
+            c.frame(shard, &frame(b'Z', b"I"), &mut out);
+        }
+        c.finish(&mut out);
+        assert_eq!(tags(&out), "TDDDDC");
+        assert!(out.ends_with(b"EXPLAIN\0"), "EXPLAIN's tag has no count");
+        let rows: Vec<&[u8]> = frames(&out)
+            .map(|f| f.unwrap())
+            .filter(|f| f[0] == b'D')
+            .collect();
+        assert!(rows[0].ends_with(b"shard -80") && rows[2].ends_with(b"shard 80-"));
+        assert!(rows[1].ends_with(b"plan"));
+    }
+
+    #[test]
     fn an_error_ends_the_answer() {
         let mut c = Concat::new(&[], None);
         let mut out = Vec::new();
-        assert_eq!(c.frame(true, &frame(b'E', b"x"), &mut out), Seen::Failed);
+        assert_eq!(c.frame(0, &frame(b'E', b"x"), &mut out), Seen::Failed);
         assert_eq!(tags(&out), "E");
     }
 }

@@ -15,13 +15,18 @@ use crate::session::ClientIo;
 /// Forwards the shards' answers (in the order of `receivers`) as one, without ReadyForQuery;
 /// `Ok(true)` when it ended with an error. `asked` lists the extended batch's messages to
 /// answer (empty for a simple query).
+/// With `labels`, each shard's rows come under a one-column row `labels[i]` (`EXPLAIN`).
 pub async fn concatenated<S: AsyncRead + AsyncWrite + Unpin>(
     client: &mut ClientIo<S>,
     mut receivers: Vec<mpsc::Receiver<Chunk>>,
     asked: &[u8],
     limit: Option<u64>,
+    labels: Option<&[String]>,
 ) -> std::io::Result<bool> {
     let mut gather = Concat::new(asked, limit);
+    if let Some(labels) = labels {
+        gather = gather.with_labels(labels);
+    }
     for (i, rx) in receivers.iter_mut().enumerate() {
         'shard: loop {
             let chunk = match rx.recv().await {
@@ -40,7 +45,7 @@ pub async fn concatenated<S: AsyncRead + AsyncWrite + Unpin>(
                 }
             };
             for frame in frames(&chunk).map_while(Result::ok) {
-                match gather.frame(i == 0, frame, &mut client.out) {
+                match gather.frame(i, frame, &mut client.out) {
                     Seen::More => {}
                     Seen::Done => break 'shard,
                     // The other shards' connections are dropped when their channels close.

@@ -33,7 +33,7 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
         if let Some(mut part) = parts.replies() {
             ended = loop {
                 match part.next().await {
-                    Ok(Some(frame)) => match gather.frame(i == 0, frame, &mut client.out) {
+                    Ok(Some(frame)) => match gather.frame(i, frame, &mut client.out) {
                         Seen::More => {
                             if let Err(e) = client.flush_if_full().await {
                                 break Err(Ok(e));

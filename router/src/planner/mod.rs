@@ -84,7 +84,7 @@ pub enum Route {
     Scatter { table: String, merge: Merge },
     /// UPDATE or DELETE of a sharded table without a key: refused with `message` unless the
     /// client or the config opted in to writes on every shard.
-    ScatterWrite { message: String },
+    ScatterWrite { table: String, message: String },
     /// COPY FROM STDIN into a sharded table: rows split by key across shards.
     CopyIn {
         key_type: KeyType,
@@ -93,6 +93,9 @@ pub enum Route {
     /// SQL-level `PREPARE`, `EXECUTE` or `DEALLOCATE`: the session runs it as a protocol-level
     /// statement of the client ([`prepared_sql`]).
     PreparedSql,
+    /// `EXPLAIN (ROUTE) statement`: the router answers where the statement (routed as the
+    /// inner route) would run, without running it.
+    ExplainRoute(Box<Route>),
     /// Text that does not parse and names no sharded table: send it to the default shard for
     /// Postgres to judge. (Unparseable text that names a sharded table is `Unroutable`: if
     /// Postgres accepted it, the default shard would answer with only its part of the table.)
@@ -155,6 +158,8 @@ pub enum KeyValue<'a> {
 pub struct PlanRef<'b> {
     plan: Arc<Plan>,
     buf: &'b NormalizeBuf,
+    /// The plan came from a cache (it was not parsed for this statement).
+    pub cached: bool,
 }
 
 impl PlanRef<'_> {
@@ -198,6 +203,24 @@ impl std::ops::Deref for PlanRef<'_> {
     fn deref(&self) -> &Plan {
         &self.plan
     }
+}
+
+/// The statement an `EXPLAIN (ROUTE, ...) statement` text explains: the text after the option
+/// list, when the options name ROUTE.
+pub fn explain_route_inner(sql: &str) -> Option<&str> {
+    let rest = sql.trim_start();
+    let head = rest.get(..7)?;
+    if !head.eq_ignore_ascii_case("explain") {
+        return None;
+    }
+    let rest = rest[7..].trim_start().strip_prefix('(')?;
+    let close = rest.find(')')?;
+    let names_route = rest[..close].split(',').any(|o| {
+        o.split_whitespace()
+            .next()
+            .is_some_and(|w| w.eq_ignore_ascii_case("route"))
+    });
+    names_route.then(|| rest[close + 1..].trim())
 }
 
 /// Plans statements against one shard map; shared by all sessions of a router.
@@ -264,29 +287,40 @@ impl Planner {
             self.generation.load(std::sync::atomic::Ordering::Acquire),
         );
         if let Some(plan) = local::get(owner, text, &self.local_hits) {
-            return PlanRef { plan, buf };
+            return PlanRef {
+                plan,
+                buf,
+                cached: true,
+            };
         }
-        let plan = match self.cache.get(text) {
-            Some(plan) => plan,
-            None => self
-                .cache
-                .insert(text, Arc::new(self.build(text, buf, true))),
-        };
+        let (plan, cached) = self.cached_or_built(text, buf, true);
         if !plan.use_original && self.cache.keeps_plans() {
             // Plans of original texts (literals kept) are per text: not worth a thread's room.
             local::put(owner, text, &plan);
         }
-        let plan = if plan.use_original {
-            match self.cache.get(sql) {
-                Some(plan) => plan,
-                None => self
-                    .cache
-                    .insert(sql, Arc::new(self.build(sql, buf, false))),
-            }
+        let (plan, cached) = if plan.use_original {
+            self.cached_or_built(sql, buf, false)
         } else {
-            plan
+            (plan, cached)
         };
-        PlanRef { plan, buf }
+        PlanRef { plan, buf, cached }
+    }
+
+    /// The shared cache's plan of `text`, or a new one (then cached); `true` when it was cached.
+    fn cached_or_built(
+        &self,
+        text: &str,
+        buf: &NormalizeBuf,
+        normalized: bool,
+    ) -> (Arc<Plan>, bool) {
+        match self.cache.get(text) {
+            Some(plan) => (plan, true),
+            None => (
+                self.cache
+                    .insert(text, Arc::new(self.build(text, buf, normalized))),
+                false,
+            ),
+        }
     }
 
     fn build(&self, text: &str, buf: &NormalizeBuf, normalized: bool) -> Plan {

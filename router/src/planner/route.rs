@@ -40,7 +40,12 @@ pub(crate) fn route(stmt: &Statement, map: &ShardMap, positions: &KeyPositions) 
             },
             CopySource::Query(_) => data(stmt, map, positions),
         },
-        Statement::Explain { statement, .. } => route(statement, map, positions),
+        Statement::Explain {
+            statement,
+            analyze,
+            options,
+            ..
+        } => explain(route(statement, map, positions), *analyze, options.as_deref()),
 
         Statement::StartTransaction { .. } => Route::Begin,
         Statement::Commit { .. } => Route::Commit,
@@ -127,6 +132,66 @@ pub(crate) fn route(stmt: &Statement, map: &ShardMap, positions: &KeyPositions) 
                 first_words(stmt)
             ),
         },
+    }
+}
+
+/// `EXPLAIN` of a statement that routes as `inner`. `EXPLAIN (ROUTE)` is the router's own: it
+/// answers where the statement would go. A plain `EXPLAIN` of a statement on one shard runs
+/// there; of one on several shards, on each of them, every shard's plan under a line naming the
+/// shard (plans are never merged or sorted as if they were rows). `EXPLAIN ANALYZE` runs the
+/// statement, so for a write on several shards it is refused: each shard would apply its part
+/// without the all-or-nothing commit.
+fn explain(
+    inner: Route,
+    analyze: bool,
+    options: Option<&[sqlparser::ast::UtilityOption]>,
+) -> Route {
+    let option = |name: &str| {
+        options
+            .unwrap_or_default()
+            .iter()
+            .any(|o| o.name.value.eq_ignore_ascii_case(name))
+    };
+    if option("route") {
+        return Route::ExplainRoute(Box::new(inner));
+    }
+    let analyze = analyze || option("analyze");
+    let writes = |merge: &Merge| matches!(merge, Merge::Write | Merge::SplitRows);
+    let refuse_write = || {
+        Route::Unroutable {
+        message: "EXPLAIN ANALYZE runs the statement, and a write on several shards would then be applied on each without the all-or-nothing commit: EXPLAIN it without ANALYZE, or on one shard with /* shard: RANGE */".into(),
+    }
+    };
+    match inner {
+        Route::Scatter { table, .. } => Route::Scatter {
+            table,
+            merge: Merge::Explain,
+        },
+        Route::ScatterWrite { .. } if analyze => refuse_write(),
+        Route::ScatterWrite { table, .. } => Route::Scatter {
+            table,
+            merge: Merge::Explain,
+        },
+        Route::Keyed {
+            spread: Some(m), ..
+        } if analyze && writes(&m) => refuse_write(),
+        Route::Keyed {
+            table,
+            key,
+            key_type,
+            keys,
+            spread: Some(_),
+        } => Route::Keyed {
+            table,
+            key,
+            key_type,
+            keys,
+            spread: Some(Merge::Explain),
+        },
+        Route::CopyIn { .. } => Route::Unroutable {
+            message: "EXPLAIN of COPY is not a thing Postgres does".into(),
+        },
+        other => other,
     }
 }
 
@@ -320,8 +385,9 @@ fn data(stmt: &Statement, map: &ShardMap, positions: &KeyPositions) -> Route {
     {
         let key = &first.key;
         return Route::ScatterWrite {
+            table: name.clone(),
             message: format!(
-                "{name} is sharded by {key}, and this write does not fix {key} to one value: add `WHERE {key} = <value>`, or opt in to writes on every shard (one transaction per shard, not atomic) with SET shardgate.allow_scatter_writes = on"
+                "{name} is sharded by {key}, and this write does not fix {key} to one value: add `WHERE {key} = <value>`, or opt in to writes on every shard (one transaction per shard, committed together) with SET shardgate.allow_scatter_writes = on"
             ),
         };
     }

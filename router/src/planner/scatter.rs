@@ -45,6 +45,9 @@ pub enum Merge {
     /// on the shards of its keys, each in a transaction, all committed only if all succeeded;
     /// row counts summed, RETURNING rows concatenated.
     Write,
+    /// `EXPLAIN` of a statement on several shards: each shard's plan, in shard order, under a
+    /// line that names the shard.
+    Explain,
 }
 
 /// A read that the merge engine combines.

@@ -232,7 +232,7 @@ fn keys_that_cannot_be_pinned() {
     unroutable(&p, "UPDATE kv SET id = 7 WHERE id = 5", "delete the row");
     for sql in ["DELETE FROM kv", "UPDATE kv SET v = 'x' WHERE v = 'y'"] {
         assert!(
-            matches!(route(&p, sql), Route::ScatterWrite { ref message } if message.contains("allow_scatter_writes")),
+            matches!(route(&p, sql), Route::ScatterWrite { ref message, .. } if message.contains("allow_scatter_writes")),
             "{sql}"
         );
     }
@@ -646,4 +646,19 @@ fn keys_resolve_to_the_right_shard() {
         let key = key_from_text(*key_type, text).expect("valid key");
         assert_eq!(map.shard_for_key(&key), map.shard_for_key(&Key::Int(id)));
     }
+}
+
+#[test]
+fn explain_route_inner_text() {
+    assert_eq!(
+        explain_route_inner("explain (route) SELECT 1"),
+        Some("SELECT 1")
+    );
+    assert_eq!(
+        explain_route_inner("  EXPLAIN ( verbose, ROUTE )\n SELECT * FROM kv"),
+        Some("SELECT * FROM kv")
+    );
+    assert_eq!(explain_route_inner("EXPLAIN (VERBOSE) SELECT 1"), None);
+    assert_eq!(explain_route_inner("EXPLAIN SELECT 1"), None);
+    assert_eq!(explain_route_inner("SELECT 1"), None);
 }

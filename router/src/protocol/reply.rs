@@ -119,6 +119,40 @@ pub fn command_complete(out: &mut Vec<u8>, tag: &str) {
     end_frame(out, at);
 }
 
+/// A RowDescription of text columns named `names` (for answers the router makes up).
+pub fn text_row_description(out: &mut Vec<u8>, names: &[&str]) {
+    const TEXT: u32 = 25;
+    let at = begin_frame(out, b'T');
+    out.extend_from_slice(&(names.len() as i16).to_be_bytes());
+    for name in names {
+        out.extend_from_slice(name.as_bytes());
+        out.push(0);
+        out.extend_from_slice(&0u32.to_be_bytes()); // no table
+        out.extend_from_slice(&0i16.to_be_bytes()); // no column number
+        out.extend_from_slice(&TEXT.to_be_bytes());
+        out.extend_from_slice(&(-1i16).to_be_bytes()); // variable width
+        out.extend_from_slice(&(-1i32).to_be_bytes()); // no type modifier
+        out.extend_from_slice(&0i16.to_be_bytes()); // text format
+    }
+    end_frame(out, at);
+}
+
+/// A DataRow of text values (`None` is NULL).
+pub fn text_data_row(out: &mut Vec<u8>, values: &[Option<&str>]) {
+    let at = begin_frame(out, b'D');
+    out.extend_from_slice(&(values.len() as i16).to_be_bytes());
+    for v in values {
+        match v {
+            Some(v) => {
+                out.extend_from_slice(&(v.len() as i32).to_be_bytes());
+                out.extend_from_slice(v.as_bytes());
+            }
+            None => out.extend_from_slice(&(-1i32).to_be_bytes()),
+        }
+    }
+    end_frame(out, at);
+}
+
 pub fn parse_complete(out: &mut Vec<u8>) {
     put_frame(out, b'1', &[]);
 }

@@ -12,6 +12,7 @@
 //!
 //! Pure: no I/O, no clock, no locks. A single-shard statement resolves without allocating.
 
+pub mod explain;
 pub mod manual;
 mod target;
 mod values;
@@ -141,7 +142,7 @@ fn by_plan<'a>(stmt: &Statement<'a>, cx: &Context<'a>) -> Result<Resolved<'a>, S
     let (plan, map) = (stmt.plan, cx.map);
     let extended = stmt.params.bind.is_some();
     match plan.statements.as_slice() {
-        [Route::ScatterWrite { message }] => {
+        [Route::ScatterWrite { message, .. }] => {
             return if cx.allow_scatter_writes {
                 Ok((
                     Dest::Write(Write {
@@ -173,6 +174,14 @@ fn by_plan<'a>(stmt: &Statement<'a>, cx: &Context<'a>) -> Result<Resolved<'a>, S
             ))
         }
         [Route::PreparedSql] => return Ok((Dest::PreparedSql, None)),
+        [Route::ExplainRoute(_)] if extended => {
+            return Err(SqlError::new(
+                errors::FEATURE_NOT_SUPPORTED,
+                "EXPLAIN (ROUTE) is answered in the simple query protocol only",
+            )
+            .with_hint("send it as a simple query, as psql does, with the key values written out"))
+        }
+        [Route::ExplainRoute(_)] => return Ok((Dest::ExplainRoute, None)),
         [Route::CopyIn { .. }] if extended => {
             return Err(SqlError::new(
                 errors::FEATURE_NOT_SUPPORTED,
@@ -311,7 +320,7 @@ fn by_plan<'a>(stmt: &Statement<'a>, cx: &Context<'a>) -> Result<Resolved<'a>, S
             | Route::Commit
             | Route::Rollback
             | Route::Broadcast => {}
-            Route::ScatterWrite { message } | Route::Unroutable { message } => {
+            Route::ScatterWrite { message, .. } | Route::Unroutable { message } => {
                 return Err(SqlError::new(
                     errors::FEATURE_NOT_SUPPORTED,
                     message.clone(),
@@ -327,6 +336,12 @@ fn by_plan<'a>(stmt: &Statement<'a>, cx: &Context<'a>) -> Result<Resolved<'a>, S
                 return Err(SqlError::new(
                     errors::FEATURE_NOT_SUPPORTED,
                     "COPY into a sharded table must be the only statement of its query",
+                ));
+            }
+            Route::ExplainRoute(_) => {
+                return Err(SqlError::new(
+                    errors::FEATURE_NOT_SUPPORTED,
+                    "EXPLAIN (ROUTE) must be the only statement of its query",
                 ));
             }
             Route::Scatter { table, .. } => {
@@ -370,6 +385,16 @@ fn spread<'a>(
             limit: count(limit)?,
             offset: 0,
             shard_sql: None,
+            labels: false,
+        })),
+        Merge::Explain => Ok(Dest::Read(Read {
+            shards,
+            keyed,
+            merge: None,
+            limit: None,
+            offset: 0,
+            shard_sql: None,
+            labels: true,
         })),
         Merge::Combine(plan) => {
             let shard_sql = if plan.rewrite {
@@ -384,6 +409,7 @@ fn spread<'a>(
                 limit: count(&plan.limit)?,
                 offset: count(&plan.offset)?.unwrap_or(0),
                 shard_sql,
+                labels: false,
             }))
         }
     }

@@ -24,6 +24,11 @@ impl<'a> Target<'a> {
     pub fn new(dest: Dest, why: Option<Why<'a>>, map: &'a ShardMap) -> Target<'a> {
         Target { dest, why, map }
     }
+
+    /// The shard map the target's shard numbers index.
+    pub fn map(&self) -> &'a ShardMap {
+        self.map
+    }
 }
 
 /// The destinations a statement can have.
@@ -56,6 +61,8 @@ pub enum Dest {
     /// SQL-level PREPARE, EXECUTE or DEALLOCATE, which the session runs on the client's
     /// protocol-level statements.
     PreparedSql,
+    /// `EXPLAIN (ROUTE) statement`: the router answers where the statement would run.
+    ExplainRoute,
     /// Not run: the error the client gets.
     Refused(SqlError),
 }
@@ -100,6 +107,8 @@ pub struct Read {
     pub offset: u64,
     /// The text the shards run instead of the client's, when the merge needs other columns.
     pub shard_sql: Option<String>,
+    /// Each shard's answer comes under a line naming the shard (`EXPLAIN` on several shards).
+    pub labels: bool,
 }
 
 /// An UPDATE or DELETE on several shards.
@@ -171,6 +180,7 @@ impl fmt::Display for Target<'_> {
                     if r.keyed { "those of its keys" } else { "all" }
                 )?;
                 match &r.merge {
+                    _ if r.labels => f.write_str("each shard's answer under a line naming it")?,
                     None => f.write_str("rows concatenated in shard order")?,
                     Some(m) if m.group.is_some() => f.write_str("groups combined")?,
                     Some(m) => write!(f, "sorted streams merged on {} keys", m.order.len())?,
@@ -206,13 +216,14 @@ impl fmt::Display for Target<'_> {
                 "the shards of its rows: COPY split by its {key_type} key"
             ),
             Dest::PreparedSql => f.write_str("router: SQL-level prepared statement"),
+            Dest::ExplainRoute => f.write_str("router: EXPLAIN (ROUTE)"),
             Dest::Refused(e) => write!(f, "refused ({}): {}", e.code, e.message),
         }
     }
 }
 
 /// A key as SQL would write it.
-struct KeyText<'k, 'a>(&'k Key<'a>);
+pub(super) struct KeyText<'k, 'a>(pub(super) &'k Key<'a>);
 
 impl fmt::Display for KeyText<'_, '_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -111,6 +111,7 @@ fn take(t: &Target<'_>, text: String) -> (Dest, String) {
             format: *format,
         },
         Dest::PreparedSql => Dest::PreparedSql,
+        Dest::ExplainRoute => Dest::ExplainRoute,
         Dest::Refused(e) => Dest::Refused(e.clone()),
     };
     (dest, text)
@@ -489,4 +490,88 @@ fn operators_pin_statements_by_hand() {
     assert!(refused(&dest.0)
         .1
         .contains("this transaction started on shard -40"));
+}
+
+#[test]
+fn explained_routes_are_rows_per_shard() {
+    let f = Fixture::new();
+    let rows = |sql: &str| {
+        f.with(sql, None, Transaction::None, None, false, |t, _| {
+            explain::rows(t, sql)
+        })
+    };
+    // One key: its shard, the key and its keyspace ID, the statement as the shard gets it.
+    let r = rows("SELECT v FROM kv WHERE id = 42");
+    assert_eq!(r.len(), 1);
+    let shard = &f.map.shards()[f.shard_of(42)];
+    assert_eq!(
+        r[0].shard.as_deref(),
+        Some(shard.range.to_string().as_str())
+    );
+    assert_eq!(r[0].primary, Some(shard.primary.endpoint()));
+    assert_eq!(r[0].reason, "kv.id = 42");
+    assert_eq!(
+        r[0].keyspace_id,
+        Some(Key::Int(42).keyspace_id().to_string())
+    );
+    assert_eq!(r[0].sql.as_deref(), Some("SELECT v FROM kv WHERE id = 42"));
+    // An IN list on two shards: those two.
+    let (a, b) = f.keys_on_two_shards();
+    let r = rows(&format!("SELECT * FROM kv WHERE id IN ({a}, {b})"));
+    assert_eq!(r.len(), 2);
+    assert!(r.iter().all(|row| row.reason.contains("keys")));
+    // A merged read: every shard, with the text the shards run.
+    let r = rows("SELECT avg(id) FROM kv");
+    assert_eq!(r.len(), 4);
+    assert!(r
+        .iter()
+        .all(|row| row.how == "groups combined by the router"
+            && row.sql.as_deref().is_some_and(|s| s.contains("count"))));
+    // A refusal: no shard, the SQLSTATE and why.
+    let r = rows("SELECT * FROM kv a JOIN names n ON true");
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].shard, None);
+    assert!(
+        r[0].reason.starts_with("refused (0A000)"),
+        "{}",
+        r[0].reason
+    );
+    assert_eq!(r[0].values("hit")[6], Some("hit"));
+}
+
+#[test]
+fn explain_of_work_on_several_shards_labels_each_shard() {
+    let f = Fixture::new();
+    let (dest, text) = f.simple("EXPLAIN SELECT id FROM kv ORDER BY id");
+    assert!(
+        matches!(&dest, Dest::Read(r) if r.labels && r.merge.is_none() && r.shards.len() == 4),
+        "{dest:?}"
+    );
+    assert!(
+        text.contains("each shard's answer under a line naming it"),
+        "{text}"
+    );
+    let (dest, _) = f.simple("EXPLAIN SELECT v FROM kv WHERE id = 3");
+    assert!(matches!(dest, Dest::Shard(s) if s == f.shard_of(3)));
+    let (dest, _) = f.simple("EXPLAIN (ROUTE) SELECT v FROM kv WHERE id = 3");
+    assert!(matches!(dest, Dest::ExplainRoute));
+    let dest = f
+        .with("DELETE FROM kv", None, Transaction::None, None, true, take)
+        .0;
+    assert!(matches!(dest, Dest::Write(_)));
+    let (dest, _) = f.simple("EXPLAIN DELETE FROM kv");
+    assert!(
+        matches!(&dest, Dest::Read(r) if r.labels),
+        "plans only: {dest:?}"
+    );
+    let (dest, _) = f.simple("EXPLAIN ANALYZE DELETE FROM kv");
+    assert!(refused(&dest)
+        .1
+        .contains("EXPLAIN ANALYZE runs the statement"));
+    let (dest, _) =
+        f.simple("EXPLAIN (ANALYZE) DELETE FROM kv WHERE id IN (1, 2, 3, 4, 5, 6, 7, 8)");
+    assert_eq!(refused(&dest).0, "0A000");
+    let bind = bind_body(&[], false);
+    let (dest, _) = f.bound("EXPLAIN (ROUTE) SELECT 1", &bind);
+    assert!(refused(&dest).1.contains("simple query protocol only"));
 }

@@ -152,7 +152,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.route_or_hold(msg).await
             }
             // Refused by the resolver in the extended protocol.
-            Dest::PreparedSql | Dest::SplitInsert(_) | Dest::CopyIn { .. } => {
+            Dest::PreparedSql | Dest::ExplainRoute | Dest::SplitInsert(_) | Dest::CopyIn { .. } => {
                 self.batch_error(&errors::internal("a simple-protocol statement in a Bind"))
                     .await
             }

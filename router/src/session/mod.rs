@@ -23,11 +23,13 @@
 //! | [`settings`] | the client's session settings (sans-IO) |
 //! | [`multi`] | statements that run on several shards |
 //! | [`prepared_sql`] | SQL-level PREPARE / EXECUTE / DEALLOCATE |
+//! | [`explain`] | `EXPLAIN (ROUTE)`, answered by the router |
 //!
 //! The session is generic over its client stream, so its state machine also runs over an
 //! in-memory pipe (`tests`).
 
 mod client;
+mod explain;
 mod extended;
 mod held;
 mod multi;

@@ -94,7 +94,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 multishard::merged::run(&mut self.client, receivers, &m).await
             }
             None => {
-                multishard::read::concatenated(&mut self.client, receivers, asked, read.limit).await
+                let labels: Option<Vec<String>> = read.labels.then(|| {
+                    read.shards
+                        .iter()
+                        .map(|&s| {
+                            let shard = &self.shared.map.shards()[s];
+                            format!("shard {} ({})", shard.range, shard.primary.endpoint())
+                        })
+                        .collect()
+                });
+                multishard::read::concatenated(
+                    &mut self.client,
+                    receivers,
+                    asked,
+                    read.limit,
+                    labels.as_deref(),
+                )
+                .await
             }
         };
         failed.map_err(SessionError::Client)

@@ -33,6 +33,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         match dest {
             Dest::Refused(err) => return self.refuse_query(&err).await,
             Dest::PreparedSql => return self.prepared_sql(sql).await,
+            Dest::ExplainRoute => return self.explain_route(sql).await,
             Dest::Begin if self.pin.is_none() && self.state.tx == Tx::Idle => {
                 // Sent later, in front of the transaction's first statement, on its shard.
                 self.state.begin(sql);
