@@ -24,6 +24,7 @@ pub const NUMERIC_VALUE_OUT_OF_RANGE: &str = "22003";
 pub const INVALID_PARAMETER_VALUE: &str = "22023";
 pub const PROGRAM_LIMIT_EXCEEDED: &str = "54000";
 pub const QUERY_CANCELED: &str = "57014";
+pub const ADMIN_SHUTDOWN: &str = "57P01";
 pub const INTERNAL_ERROR: &str = "XX000";
 
 /// A shard's pool had no free connection for the whole checkout timeout.

@@ -90,6 +90,30 @@ pub struct ShardPool {
     idle_timeout: Option<Duration>,
 }
 
+impl Endpoint {
+    /// Whether connections to `self` can serve `other`: the same server, database and login
+    /// (and the same connect timeout, which the pool's connection factory keeps).
+    fn same_login(&self, other: &Endpoint) -> bool {
+        (
+            &self.host,
+            self.port,
+            &self.database,
+            &self.user,
+            &self.password,
+            &self.application_name,
+            self.connect_timeout,
+        ) == (
+            &other.host,
+            other.port,
+            &other.database,
+            &other.user,
+            &other.password,
+            &other.application_name,
+            other.connect_timeout,
+        )
+    }
+}
+
 /// Why no connection could be had; the session turns these into SQLSTATEs.
 #[derive(Debug)]
 pub enum CheckoutError {
@@ -198,6 +222,19 @@ impl ShardPool {
     pub fn status(&self) -> deadpool::Status {
         self.pool.status()
     }
+
+    /// This pool with new sizes and timeouts, keeping its connections (a reload that changes
+    /// pool settings but not where or how to log in).
+    fn retuned(&self, endpoint: Endpoint, s: &PoolSettings) -> ShardPool {
+        self.pool.resize(s.max_size);
+        ShardPool {
+            endpoint,
+            pool: self.pool.clone(),
+            checkout_timeout: s.checkout_timeout,
+            min_idle: s.min_idle.min(s.max_size),
+            idle_timeout: s.idle_timeout,
+        }
+    }
 }
 
 /// The pools of every shard of a map: `for_shard(i)` is shard i's pool.
@@ -206,8 +243,19 @@ pub struct Pools {
 }
 
 impl Pools {
-    pub fn new(map: &ShardMap, settings: &PoolSettings) -> Pools {
+    /// The pools of `map`'s shards. With `previous` (a reload), the pool of an endpoint that
+    /// did not change how to log in is kept with its connections, only its sizes and timeouts
+    /// changed; the others are new (and the old ones close when nothing uses them any more).
+    pub fn new(map: &ShardMap, settings: &PoolSettings, previous: Option<&Pools>) -> Pools {
         let mut by_endpoint: HashMap<String, Arc<ShardPool>> = HashMap::new();
+        let old: HashMap<String, &Arc<ShardPool>> = previous
+            .map(|p| {
+                p.by_shard
+                    .iter()
+                    .map(|pool| (pool.endpoint.name(), pool))
+                    .collect()
+            })
+            .unwrap_or_default();
         let by_shard = map
             .shards()
             .iter()
@@ -215,32 +263,34 @@ impl Pools {
                 let endpoint = Endpoint::for_primary(&shard.primary, settings);
                 by_endpoint
                     .entry(endpoint.name())
-                    .or_insert_with(|| Arc::new(ShardPool::new(endpoint, settings)))
+                    .or_insert_with(|| {
+                        Arc::new(match old.get(&endpoint.name()) {
+                            Some(kept) if kept.endpoint.same_login(&endpoint) => {
+                                kept.retuned(endpoint, settings)
+                            }
+                            _ => ShardPool::new(endpoint, settings),
+                        })
+                    })
                     .clone()
             })
             .collect();
         Pools { by_shard }
     }
 
-    /// Keeps every pool within its idle limits, every few seconds, until the runtime stops.
-    pub fn spawn_maintenance(&self) {
+    /// Each endpoint's pool once (shards of one database share it).
+    pub fn distinct(&self) -> Vec<&Arc<ShardPool>> {
         let mut seen = std::collections::HashSet::new();
-        let pools: Vec<Arc<ShardPool>> = self
-            .by_shard
+        self.by_shard
             .iter()
             .filter(|p| seen.insert(p.endpoint.name()))
-            .cloned()
-            .collect();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(5));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                for pool in &pools {
-                    pool.maintain().await;
-                }
-            }
-        });
+            .collect()
+    }
+
+    /// Keeps every pool within its idle limits, once (the worker calls it every few seconds).
+    pub async fn maintain(&self) {
+        for pool in self.distinct() {
+            pool.maintain().await;
+        }
     }
 
     pub fn for_shard(&self, shard: usize) -> &Arc<ShardPool> {

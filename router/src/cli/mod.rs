@@ -184,11 +184,11 @@ fn serve(
         println!(
             "{}: ok: listen {}, database {:?}, {} shards (shard map version {}), {} users",
             config.display(),
-            shared.config.listen,
-            shared.config.database,
-            shared.map.shards().len(),
-            shared.map.version(),
-            shared.config.users.len()
+            shared.routing().config.listen,
+            shared.routing().config.database,
+            shared.routing().map.shards().len(),
+            shared.routing().map.version(),
+            shared.routing().config.users.len()
         );
         return Ok(());
     }

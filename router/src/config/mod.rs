@@ -54,6 +54,10 @@ pub struct Config {
     pub pool: Pool,
     /// `[limits]`: limits and thresholds on clients and statements.
     pub limits: Limits,
+    /// `[shutdown]`: how the router drains on SIGTERM.
+    pub shutdown: Shutdown,
+    /// `[reload]`: whether the router watches its files.
+    pub reload: Reload,
     /// `router_id`: this router's number in its fleet, 0 to 127 (default 0). It is part of the
     /// BackendKeyData every client gets, so a cancel request that reaches another router of
     /// the fleet can be forwarded here.
@@ -167,6 +171,28 @@ pub struct Limits {
     pub max_merge_groups: usize,
 }
 
+/// `[shutdown]`: on SIGTERM (or Ctrl-C) the router drains: `/ready` says no at once, clients
+/// keep being served for `drain_grace_ms` (so a load balancer notices and sends no more), then
+/// the listener closes, clients at rest are closed between statements with `57P01`, clients in
+/// a transaction may finish it for up to `drain_timeout_ms`, and the process exits 0.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shutdown {
+    /// `drain_grace_ms`: default 0 (a single router); behind a load balancer, its health
+    /// check interval or more.
+    pub drain_grace: Duration,
+    /// `drain_timeout_ms`: default 30000; more than 0.
+    pub drain_timeout: Duration,
+}
+
+/// `[reload]`: `SIGHUP` and the admin command `RELOAD` always reload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reload {
+    /// `watch`: also reload when `router.toml` or the shard map file changes. Default off.
+    pub watch: bool,
+    /// `watch_interval_ms`: how often the files are looked at. Default 1000; more than 0.
+    pub watch_interval: Duration,
+}
+
 /// Every problem found in one config file; shown as `FILE:LINE: sentence`, one per line
 /// (just `FILE: sentence` when the problem has no line, e.g. a missing setting).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -231,6 +257,8 @@ pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
     let backend = sections::backend(&raw.backend, &mut check);
     let pool = sections::pool(&raw.pool, &mut check);
     let limits = sections::limits(&raw.limits, &mut check);
+    let shutdown = sections::shutdown(&raw.shutdown, &mut check);
+    let reload = sections::reload(&raw.reload, &mut check);
     if !check.problems.is_empty() {
         return check.finish(origin, None);
     }
@@ -253,6 +281,8 @@ pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
         backend,
         pool,
         limits,
+        shutdown,
+        reload,
         router_id,
         peers,
     };

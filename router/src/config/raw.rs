@@ -20,6 +20,10 @@ pub(super) struct RawConfig {
     pub(super) pool: RawPool,
     #[serde(default)]
     pub(super) limits: RawLimits,
+    #[serde(default)]
+    pub(super) shutdown: RawShutdown,
+    #[serde(default)]
+    pub(super) reload: RawReload,
     pub(super) router_id: Option<Spanned<i64>>,
     #[serde(default)]
     pub(super) peers: Vec<Spanned<RawPeer>>,
@@ -66,4 +70,18 @@ pub(super) struct RawLimits {
     pub(super) slow_statement_ms: Option<Spanned<i64>>,
     pub(super) allow_scatter_writes: Option<bool>,
     pub(super) max_merge_groups: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawShutdown {
+    pub(super) drain_grace_ms: Option<Spanned<i64>>,
+    pub(super) drain_timeout_ms: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawReload {
+    pub(super) watch: Option<bool>,
+    pub(super) watch_interval_ms: Option<Spanned<i64>>,
 }

@@ -9,8 +9,10 @@ use std::path::{Path, PathBuf};
 use toml::Spanned;
 
 use super::check::Checker;
-use super::raw::{RawBackend, RawConfig, RawLimits, RawPool};
-use super::{AuthMethod, Backend, Limits, Peer, Pool, User, DEFAULT_LISTEN, MAX_ROUTER_ID};
+use super::raw::{RawBackend, RawConfig, RawLimits, RawPool, RawReload, RawShutdown};
+use super::{
+    AuthMethod, Backend, Limits, Peer, Pool, Reload, Shutdown, User, DEFAULT_LISTEN, MAX_ROUTER_ID,
+};
 use crate::auth::Secret;
 
 /// `listen`.
@@ -277,5 +279,23 @@ pub(super) fn limits(l: &RawLimits, check: &mut Checker<'_>) -> Limits {
         slow_statement: check.optional_ms(&l.slow_statement_ms, "limits.slow_statement_ms", 1000),
         allow_scatter_writes: l.allow_scatter_writes.unwrap_or(false),
         max_merge_groups: check.count(&l.max_merge_groups, "limits.max_merge_groups", 1_000_000, 1),
+    }
+}
+
+/// `[shutdown]`.
+pub(super) fn shutdown(s: &RawShutdown, check: &mut Checker<'_>) -> Shutdown {
+    Shutdown {
+        drain_grace: check
+            .optional_ms(&s.drain_grace_ms, "shutdown.drain_grace_ms", 0)
+            .unwrap_or_default(),
+        drain_timeout: check.timeout(&s.drain_timeout_ms, "shutdown.drain_timeout_ms", 30_000),
+    }
+}
+
+/// `[reload]`.
+pub(super) fn reload(r: &RawReload, check: &mut Checker<'_>) -> Reload {
+    Reload {
+        watch: r.watch.unwrap_or(false),
+        watch_interval: check.timeout(&r.watch_interval_ms, "reload.watch_interval_ms", 1000),
     }
 }

@@ -14,7 +14,7 @@ use crate::errors;
 use crate::protocol::backend::error_fields;
 use crate::protocol::reply::SqlError;
 use crate::protocol::request;
-use crate::server::Shared;
+use crate::server::Routing;
 use crate::session::Settings;
 
 /// How one shard answered.
@@ -33,15 +33,15 @@ pub enum Outcome {
 }
 
 /// Runs `sql` on every shard of the map at once; the outcomes are in shard order.
-pub async fn run(shared: &Arc<Shared>, sql: &str, settings: &Settings) -> Vec<Outcome> {
+pub async fn run(routing: &Arc<Routing>, sql: &str, settings: &Settings) -> Vec<Outcome> {
     let mut tasks = tokio::task::JoinSet::new();
-    for shard in 0..shared.map.shards().len() {
-        let shared = shared.clone();
+    for shard in 0..routing.map.shards().len() {
+        let routing = routing.clone();
         let sql = sql.to_string();
         let settings = settings.clone();
-        tasks.spawn(async move { (shard, on_shard(&shared, shard, &sql, &settings).await) });
+        tasks.spawn(async move { (shard, on_shard(&routing, shard, &sql, &settings).await) });
     }
-    let mut outcomes = vec![None; shared.map.shards().len()];
+    let mut outcomes = vec![None; routing.map.shards().len()];
     while let Some(joined) = tasks.join_next().await {
         match joined {
             Ok((shard, outcome)) => outcomes[shard] = Some(outcome),
@@ -61,8 +61,8 @@ pub async fn run(shared: &Arc<Shared>, sql: &str, settings: &Settings) -> Vec<Ou
         .collect()
 }
 
-async fn on_shard(shared: &Shared, shard: usize, sql: &str, settings: &Settings) -> Outcome {
-    let mut pooled = match shared.checkout(shard).await {
+async fn on_shard(routing: &Routing, shard: usize, sql: &str, settings: &Settings) -> Outcome {
+    let mut pooled = match routing.checkout(shard).await {
         Ok(c) => c,
         Err(e) => return Outcome::Unavailable(e),
     };
@@ -101,9 +101,9 @@ async fn on_shard(shared: &Shared, shard: usize, sql: &str, settings: &Settings)
             }
         }
         Err(e) => {
-            let endpoint = shared.pools().for_shard(shard).endpoint.name();
+            let endpoint = routing.pools().for_shard(shard).endpoint.name();
             crate::backend::pool::discard(pooled);
-            let name = shared.map.shards()[shard].range.to_string();
+            let name = routing.map.shards()[shard].range.to_string();
             Outcome::Unavailable(errors::shard_lost(&name, &endpoint, &e.to_string()))
         }
     }

@@ -18,7 +18,7 @@ use crate::errors;
 use crate::protocol::backend::{error_fields, ready_status};
 use crate::protocol::reply::{SqlError, TxStatus};
 use crate::protocol::request;
-use crate::server::Shared;
+use crate::server::Routing;
 use crate::session::Settings;
 
 /// How each part begins.
@@ -26,7 +26,7 @@ pub const BEGIN_PART: &str = "BEGIN; SET CONSTRAINTS ALL IMMEDIATE";
 
 /// The parts begun so far, each an open transaction on its shard.
 pub struct Parts<'s> {
-    shared: &'s Shared,
+    routing: &'s Routing,
     settings: &'s Settings,
     /// What the write is, for messages ("the write", "the INSERT").
     what: &'static str,
@@ -73,9 +73,9 @@ impl Part<'_> {
 }
 
 impl<'s> Parts<'s> {
-    pub fn new(shared: &'s Shared, settings: &'s Settings, what: &'static str) -> Parts<'s> {
+    pub fn new(routing: &'s Routing, settings: &'s Settings, what: &'static str) -> Parts<'s> {
         Parts {
-            shared,
+            routing,
             settings,
             what,
             open: Vec::new(),
@@ -86,7 +86,7 @@ impl<'s> Parts<'s> {
     /// Begins the next part on `shard` (after every part begun before, whose replies the caller
     /// has read) and sends `request` in its transaction; [`Parts::replies`] then reads them.
     pub async fn begin(&mut self, shard: usize, request: &[u8]) -> Result<(), SqlError> {
-        let mut conn = self.shared.checkout(shard).await?;
+        let mut conn = self.routing.checkout(shard).await?;
         let mut out = BytesMut::with_capacity(request.len() + 64);
         let settings_sent = self
             .settings
@@ -128,8 +128,8 @@ impl<'s> Parts<'s> {
     /// The error for a part whose connection broke.
     pub fn lost(&self, shard: usize, e: &std::io::Error) -> SqlError {
         errors::shard_lost(
-            &self.shared.map.shards()[shard].range.to_string(),
-            &self.shared.pools().for_shard(shard).endpoint.name(),
+            &self.routing.map.shards()[shard].range.to_string(),
+            &self.routing.pools().for_shard(shard).endpoint.name(),
             &e.to_string(),
         )
     }
@@ -159,7 +159,7 @@ impl<'s> Parts<'s> {
         let names = |pick: &dyn Fn(usize) -> bool| -> String {
             (0..shards.len())
                 .filter(|&i| pick(i))
-                .map(|i| self.shared.map.shards()[shards[i]].range.to_string())
+                .map(|i| self.routing.map.shards()[shards[i]].range.to_string())
                 .collect::<Vec<_>>()
                 .join(", ")
         };

@@ -18,7 +18,7 @@ use crate::protocol::copy::{key_of, Format, Rows};
 use crate::protocol::frame::put_frame;
 use crate::protocol::reply::{self, SqlError};
 use crate::protocol::request;
-use crate::server::Shared;
+use crate::server::Routing;
 use crate::session::{ClientIo, Settings};
 
 /// Rows are sent to a shard in CopyData messages of about this size.
@@ -34,7 +34,7 @@ pub enum ClientFailed {
 /// Runs the client's COPY FROM STDIN statement `sql` split by key, and writes the client's
 /// answer without ReadyForQuery.
 pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
-    shared: &Shared,
+    routing: &Routing,
     settings: &Settings,
     client: &mut ClientIo<S>,
     sql: &str,
@@ -51,7 +51,7 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
     put_frame(&mut client.out, b'G', &g);
     client.flush().await.map_err(ClientFailed::Io)?;
 
-    let map = &shared.map;
+    let map = &routing.map;
     let mut targets: Vec<Option<CopyTarget>> = (0..map.shards().len()).map(|_| None).collect();
     let mut rows = Rows::new(format);
     let mut header: Option<Vec<u8>> = None;
@@ -117,7 +117,7 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
                 },
             };
             if targets[shard].is_none() {
-                match CopyTarget::open(shared, shard, sql, settings, header.as_deref()).await {
+                match CopyTarget::open(routing, shard, sql, settings, header.as_deref()).await {
                     Ok(t) => targets[shard] = Some(t),
                     Err(e) => {
                         failure = Some(e);
@@ -199,17 +199,17 @@ fn lost_during_copy(e: impl std::fmt::Display) -> SqlError {
 impl CopyTarget {
     /// Starts the client's COPY statement on `shard` and waits for its CopyInResponse.
     async fn open(
-        shared: &Shared,
+        routing: &Routing,
         shard: usize,
         sql: &str,
         settings: &Settings,
         header: Option<&[u8]>,
     ) -> Result<CopyTarget, SqlError> {
-        let mut conn = shared.checkout(shard).await?;
+        let mut conn = routing.checkout(shard).await?;
         let lost = |e: std::io::Error| {
             errors::shard_lost(
-                &shared.map.shards()[shard].range.to_string(),
-                &shared.pools().for_shard(shard).endpoint.name(),
+                &routing.map.shards()[shard].range.to_string(),
+                &routing.pools().for_shard(shard).endpoint.name(),
                 &e.to_string(),
             )
         };

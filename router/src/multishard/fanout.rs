@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 
 use crate::errors;
 use crate::protocol::reply::SqlError;
-use crate::server::Shared;
+use crate::server::Routing;
 use crate::session::Settings;
 
 /// Whole reply frames from one shard, or why that shard failed.
@@ -24,7 +24,7 @@ const CHUNK: usize = 64 * 1024;
 /// the receivers, in the same order, yield each shard's reply frames up to and including its
 /// ReadyForQuery.
 pub fn start(
-    shared: &Arc<Shared>,
+    routing: &Arc<Routing>,
     shards: &[usize],
     request: Vec<u8>,
     settings: &Settings,
@@ -34,11 +34,11 @@ pub fn start(
         .iter()
         .map(|&shard| {
             let (tx, rx) = mpsc::channel(8);
-            let shared = shared.clone();
+            let routing = routing.clone();
             let request = request.clone();
             let settings = settings.clone();
             tokio::spawn(async move {
-                if let Err(e) = on_shard(&shared, shard, &request, &settings, &tx).await {
+                if let Err(e) = on_shard(&routing, shard, &request, &settings, &tx).await {
                     let _ = tx.send(Err(e)).await;
                 }
             });
@@ -48,13 +48,13 @@ pub fn start(
 }
 
 async fn on_shard(
-    shared: &Shared,
+    routing: &Routing,
     shard: usize,
     request: &[u8],
     settings: &Settings,
     tx: &mpsc::Sender<Chunk>,
 ) -> Result<(), SqlError> {
-    let mut pooled = shared.checkout(shard).await?;
+    let mut pooled = routing.checkout(shard).await?;
     let mut out = BytesMut::with_capacity(request.len() + 64);
     let settings_sent = settings
         .write_apply(pooled.settings_fp, &mut out)
@@ -68,7 +68,7 @@ async fn on_shard(
         }
         Err(e) => {
             crate::backend::pool::discard(pooled);
-            Err(e.into_sql(shared, shard))
+            Err(e.into_sql(routing, shard))
         }
     }
 }
@@ -81,14 +81,14 @@ enum Stopped {
 }
 
 impl Stopped {
-    fn into_sql(self, shared: &Shared, shard: usize) -> SqlError {
+    fn into_sql(self, routing: &Routing, shard: usize) -> SqlError {
         match self {
             Stopped::Abandoned => {
                 SqlError::new(errors::CONNECTION_FAILURE, "the read was abandoned")
             }
             Stopped::Lost(e) => errors::shard_lost(
-                &shared.map.shards()[shard].range.to_string(),
-                &shared.pools().for_shard(shard).endpoint.name(),
+                &routing.map.shards()[shard].range.to_string(),
+                &routing.pools().for_shard(shard).endpoint.name(),
                 &e.to_string(),
             ),
         }

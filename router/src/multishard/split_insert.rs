@@ -13,7 +13,7 @@ use super::commit::Parts;
 use crate::errors;
 use crate::protocol::reply::SqlError;
 use crate::protocol::request;
-use crate::server::Shared;
+use crate::server::Routing;
 use crate::session::Settings;
 
 /// How the whole INSERT ended.
@@ -29,8 +29,8 @@ pub enum Outcome {
 }
 
 /// Runs `parts` (shard, INSERT text), in shard order, as the module doc says.
-pub async fn run(shared: &Shared, parts: &[(usize, String)], settings: &Settings) -> Outcome {
-    let mut open = Parts::new(shared, settings, "the INSERT");
+pub async fn run(routing: &Routing, parts: &[(usize, String)], settings: &Settings) -> Outcome {
+    let mut open = Parts::new(routing, settings, "the INSERT");
     let mut replies = Vec::with_capacity(parts.len());
     for (shard, sql) in parts {
         let mut request = BytesMut::with_capacity(sql.len() + 6);

@@ -7,21 +7,21 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::commit::Parts;
 use super::gather::{Concat, Seen};
-use crate::server::Shared;
+use crate::server::Routing;
 use crate::session::{ClientIo, Settings};
 
 /// Runs `request` (a Query, or an extended batch ending in Sync) on `shards` and writes the
 /// client's answer without ReadyForQuery; `Ok(true)` when it ended with an error. `asked` lists
 /// the extended batch's messages to answer (empty for a simple query).
 pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
-    shared: &Shared,
+    routing: &Routing,
     settings: &Settings,
     client: &mut ClientIo<S>,
     shards: &[usize],
     request: &[u8],
     asked: &[u8],
 ) -> std::io::Result<bool> {
-    let mut parts = Parts::new(shared, settings, "the write");
+    let mut parts = Parts::new(routing, settings, "the write");
     let mut gather = Concat::new(asked, None);
     for (i, &shard) in shards.iter().enumerate() {
         if let Err(err) = parts.begin(shard, request).await {

@@ -11,15 +11,21 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
 use super::handshake;
+use super::lifecycle::Phase;
 use super::Shared;
 use crate::errors;
 use crate::protocol::reply::SqlError;
 use crate::session::{Session, Settings};
 
-/// Accepts clients until the listener fails.
+/// Accepts clients until the router closes for a drain (the listener is dropped then).
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Result<()> {
+    let mut phase = shared.lifecycle.subscribe();
     loop {
-        let (stream, peer) = match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = phase.wait_for(|p| *p == Phase::Closing) => return Ok(()),
+        };
+        let (stream, peer) = match accepted {
             Ok(c) => c,
             Err(e) => {
                 // Out of file descriptors and the like: wait a moment rather than spin.
@@ -37,7 +43,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Resul
 
 async fn client(mut stream: TcpStream, shared: Arc<Shared>, peer: std::net::SocketAddr) {
     let _ = stream.set_nodelay(true);
-    if shared.clients.count() >= shared.config.limits.max_clients {
+    if shared.clients.count() >= shared.routing().config.limits.max_clients {
         let mut out = Vec::new();
         SqlError::fatal(
             errors::TOO_MANY_CONNECTIONS,

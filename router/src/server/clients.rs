@@ -19,9 +19,11 @@ pub fn router_of(pid: i32) -> u8 {
     ((pid >> CLIENT_BITS) & 0x7f) as u8
 }
 
-/// Where a client's current statement runs, for forwarding its cancel request.
+/// Where a client's current statement runs, for forwarding its cancel request: the shard of
+/// the routing (generation) its session uses, and the backend's key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CancelTarget {
+    pub generation: u64,
     pub shard: usize,
     pub pid: i32,
     pub secret: i32,
@@ -34,6 +36,8 @@ pub struct ClientSlot {
     seq: AtomicU32,
     /// Shard index + 1, or 0 when the client runs nothing.
     shard: AtomicU32,
+    /// The routing generation the shard index belongs to.
+    generation: AtomicU64,
     /// The backend's pid (high half) and secret (low half).
     key: AtomicU64,
 }
@@ -44,6 +48,7 @@ impl ClientSlot {
             secret,
             seq: AtomicU32::new(0),
             shard: AtomicU32::new(0),
+            generation: AtomicU64::new(0),
             key: AtomicU64::new(0),
         }
     }
@@ -51,18 +56,20 @@ impl ClientSlot {
     /// Publishes where the client's statements run now (`None`: nowhere). Only the client's
     /// own session calls this.
     pub fn set_running(&self, target: Option<CancelTarget>) {
-        let (shard, key) = match target {
+        let (shard, key, generation) = match target {
             Some(t) => (
                 u32::try_from(t.shard + 1).unwrap_or(0),
                 (u64::from(t.pid as u32) << 32) | u64::from(t.secret as u32),
+                t.generation,
             ),
-            None => (0, 0),
+            None => (0, 0, 0),
         };
         let seq = self.seq.load(Ordering::Relaxed);
         self.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::Release);
         self.shard.store(shard, Ordering::Relaxed);
         self.key.store(key, Ordering::Relaxed);
+        self.generation.store(generation, Ordering::Relaxed);
         self.seq.store(seq.wrapping_add(2), Ordering::Release);
     }
 
@@ -76,11 +83,13 @@ impl ClientSlot {
             }
             let shard = self.shard.load(Ordering::Relaxed);
             let key = self.key.load(Ordering::Relaxed);
+            let generation = self.generation.load(Ordering::Relaxed);
             std::sync::atomic::fence(Ordering::Acquire);
             if self.seq.load(Ordering::Relaxed) != before {
                 continue;
             }
             return (shard > 0).then(|| CancelTarget {
+                generation,
                 shard: shard as usize - 1,
                 pid: (key >> 32) as u32 as i32,
                 secret: key as u32 as i32,
@@ -155,6 +164,7 @@ mod tests {
         let slot = ClientSlot::new(5);
         assert_eq!(slot.running(), None);
         let t = CancelTarget {
+            generation: 9,
             shard: 3,
             pid: -7,
             secret: i32::MIN,
@@ -173,6 +183,7 @@ mod tests {
             std::thread::spawn(move || {
                 for i in 0..200_000i32 {
                     slot.set_running(Some(CancelTarget {
+                        generation: i as u64,
                         shard: i as usize % 7,
                         pid: i,
                         secret: i,
@@ -184,6 +195,7 @@ mod tests {
             if let Some(t) = slot.running() {
                 assert_eq!(t.pid, t.secret, "a torn read: {t:?}");
                 assert_eq!(t.shard, t.pid as usize % 7, "a torn read: {t:?}");
+                assert_eq!(t.generation, t.pid as u64, "a torn read: {t:?}");
             }
         }
         writer.join().unwrap();

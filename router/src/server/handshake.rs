@@ -137,20 +137,22 @@ async fn handshake(
     let database = Startup::param(&params, "database")
         .unwrap_or(&user)
         .to_string();
-    if database != shared.config.database {
+    let routing = shared.routing();
+    let config = &routing.config;
+    if database != config.database {
         let err = SqlError::fatal(
             errors::UNKNOWN_DATABASE,
             format!("database \"{database}\" does not exist"),
         )
         .with_hint(format!(
             "this router serves the database \"{}\"",
-            shared.config.database
+            config.database
         ));
         return Err(refuse(stream, err).await);
     }
 
-    if shared.config.auth == AuthMethod::ScramSha256 {
-        if let Err(e) = authenticate(stream, buf, shared, &user).await? {
+    if config.auth == AuthMethod::ScramSha256 {
+        if let Err(e) = authenticate(stream, buf, shared, config, &user).await? {
             let err = SqlError::fatal(e.sqlstate(), e.client_message(&user));
             return Err(refuse(stream, err).await);
         }
@@ -194,9 +196,10 @@ async fn authenticate(
     stream: &mut TcpStream,
     buf: &mut BytesMut,
     shared: &Shared,
+    config: &crate::config::Config,
     user: &str,
 ) -> Result<Result<(), AuthError>, HandshakeError> {
-    let verifier = match shared.config.user(user) {
+    let verifier = match config.user(user) {
         Some(u) => u.secret.verifier().into_owned(),
         // Unknown users go through the same exchange and fail like a wrong password.
         None => ScramVerifier::mock(user, &shared.mock_key),
@@ -272,9 +275,10 @@ async fn read_password_message(
 /// matches; like Postgres, says nothing back either way.
 async fn forward_cancel(shared: &Shared, pid: i32, secret: i32) {
     let owner = router_of(pid);
-    if owner != shared.config.router_id {
+    let routing = shared.routing();
+    if owner != routing.config.router_id {
         // Another router's client: pass the request on, as it came.
-        let Some(peer) = shared.config.peers.iter().find(|p| p.id == owner) else {
+        let Some(peer) = routing.config.peers.iter().find(|p| p.id == owner) else {
             tracing::debug!(
                 pid,
                 router = owner,
@@ -299,7 +303,11 @@ async fn forward_cancel(shared: &Shared, pid: i32, secret: i32) {
         );
         return;
     };
-    let endpoint = &shared.pools().for_shard(target.shard).endpoint;
+    let Some(routing) = shared.routing_of(target.generation) else {
+        tracing::debug!(pid, "cancel request for a statement whose routing is gone");
+        return;
+    };
+    let endpoint = &routing.pools().for_shard(target.shard).endpoint;
     match crate::backend::cancel::send_cancel(
         (endpoint.host.as_str(), endpoint.port),
         target.pid,

@@ -15,9 +15,12 @@ use std::sync::Arc;
 mod accept;
 pub mod clients;
 pub mod handshake;
+pub mod lifecycle;
+mod routing;
 mod shared;
 
-pub use shared::{set_worker, Shared};
+pub use routing::{pool_settings, Routing};
+pub use shared::{set_worker, worker, Reloaded, Shared};
 
 use crate::config;
 
@@ -41,10 +44,12 @@ fn listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     Ok(socket.into())
 }
 
-/// Runs the router until SIGTERM or Ctrl-C. Binds every worker's socket before it starts, so
-/// an address in use is reported at once.
+/// Runs the router until it has drained (SIGTERM, Ctrl-C or the admin `SHUTDOWN`; see
+/// [`lifecycle`]). Binds every worker's socket before it starts, so an address in use is
+/// reported at once.
 pub fn run(shared: Shared) -> Result<(), String> {
-    let listen = shared.config.listen;
+    let routing = shared.routing();
+    let listen = routing.config.listen;
     let workers = shared.workers();
     let listeners = (0..workers)
         .map(|_| listener(listen))
@@ -64,24 +69,25 @@ pub fn run(shared: Shared) -> Result<(), String> {
     drop(warmed);
     // Clients may connect already; "ready" means a client need not wait for anything more.
     // With shards down this waits a few connect timeouts at most.
-    let catalog = match warm.recv_timeout(shared.config.pool.connect_timeout * 3) {
+    let catalog = match warm.recv_timeout(routing.config.pool.connect_timeout * 3) {
         Ok(true) => "learned",
         _ => "not reachable yet (INSERTs without a column list wait for the next DDL)",
     };
     tracing::info!(
         %listen,
         workers,
-        shards = shared.map.shards().len(),
-        shardmap_version = shared.map.version(),
-        database = %shared.config.database,
+        shards = routing.map.shards().len(),
+        shardmap_version = routing.map.version(),
+        database = %routing.config.database,
         catalog,
         "shardgate is ready"
     );
+    drop(routing);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
-    rt.block_on(shutdown_signal());
+    rt.block_on(lifecycle::control(shared));
     tracing::info!("shutting down");
     Ok(())
 }
@@ -111,18 +117,28 @@ fn worker_main(
                 std::process::exit(1);
             }
         };
-        shared.pools().spawn_maintenance();
+        let maintained = shared.clone();
+        tokio::spawn(async move {
+            // Every pool of this worker within its idle limits, in the current routing.
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                maintained.routing().pools().maintain().await;
+            }
+        });
         if let Some(warmed) = warmed {
             // Learn a real server's ParameterStatus values before the first client asks.
             let warm = shared.clone();
             tokio::spawn(async move {
-                for shard in 0..warm.map.shards().len() {
-                    if let Ok(conn) = warm.pools().for_shard(shard).get().await {
+                let routing = warm.routing();
+                for shard in 0..routing.map.shards().len() {
+                    if let Ok(conn) = routing.pools().for_shard(shard).get().await {
                         warm.learn_server_params(&conn.params);
                         break;
                     }
                 }
-                let learned = crate::backend::catalog::learn_key_positions(&warm).await;
+                let learned = crate::backend::catalog::learn(&routing).await;
                 let _ = warmed.send(learned);
             });
         }
@@ -130,17 +146,7 @@ fn worker_main(
             tracing::error!(worker, "listener failed: {e}");
             std::process::exit(1);
         }
+        // The listener closed for the drain: sessions go on until the process exits.
+        std::future::pending::<()>().await;
     });
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut term) = signal(SignalKind::terminate()) else {
-        let _ = tokio::signal::ctrl_c().await;
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
 }

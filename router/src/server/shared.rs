@@ -1,19 +1,22 @@
-//! What all client sessions of one router share: configuration, shard map, pools, planner,
-//! the prepared-statement registry, and the table of clients for cancel requests.
+//! What all client sessions of one router share for the life of the process: the current
+//! [`Routing`] (config, shard map, planner, pools; swapped whole by a reload), the router-wide
+//! prepared-statement registry, the table of clients for cancel requests, and what was learned
+//! from a real server at login.
 //!
-//! Nothing here is locked per statement: pools lock per host, the planner cache and the
-//! statement registry per part, and the client table only on connect, disconnect and cancel.
+//! Nothing here is locked per statement: the routing is read with an atomic load, pools lock
+//! per host, the planner cache per part (behind a lock-free per-thread cache), the statement
+//! registry per part, and the client table only on connect, disconnect and cancel.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
+use arc_swap::ArcSwap;
 use shardmap::ShardMap;
 
 use super::clients::Clients;
-use crate::backend::pool::{PoolSettings, Pools};
+use super::routing::Routing;
 use crate::backend::registry::Registry;
 use crate::config::Config;
-use crate::planner::Planner;
 
 thread_local! {
     /// Which worker thread this is (0 outside workers).
@@ -25,108 +28,150 @@ pub fn set_worker(index: usize) {
     WORKER.with(|w| w.set(index));
 }
 
+/// The worker thread this is.
+pub fn worker() -> usize {
+    WORKER.with(|w| w.get())
+}
+
 pub struct Shared {
-    pub config: Config,
-    pub map: Arc<ShardMap>,
-    /// One set of pools per worker thread (see `server`): connections never cross threads.
-    pools: Vec<Pools>,
-    pub planner: Planner,
+    routing: ArcSwap<Routing>,
+    /// The current routing's generation, read by sessions on every statement (one atomic load).
+    generation: AtomicU64,
+    /// Routings still in use by some session, by generation (cancel requests look a client's
+    /// backend up in the routing its session used).
+    routings: Mutex<Vec<Weak<Routing>>>,
+    /// One reload at a time.
+    reloading: tokio::sync::Mutex<()>,
     pub statements: Registry,
     /// ParameterStatus values of a real backend, reported to clients at startup.
     pub server_params: RwLock<Vec<(String, String)>>,
     params_learned: AtomicBool,
-    /// The shards' database collation is C (or POSIX): text compares by bytes.
-    text_bytewise: AtomicBool,
     /// Every client, for cancel requests and the client limit.
     pub clients: Clients,
     /// Salts the fake SCRAM verifiers of unknown users, stable for this process.
     pub mock_key: [u8; 32],
     next_any: AtomicUsize,
+    workers: usize,
+    /// Serving, draining, closing.
+    pub lifecycle: super::lifecycle::Lifecycle,
+}
+
+/// What a reload did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reloaded {
+    pub generation: u64,
+    /// One sentence for the operator, with any setting that needs a restart.
+    pub summary: String,
 }
 
 impl Shared {
-    /// Whether text sorts by its bytes on the shards (their collation is C), learned from the
-    /// catalog; until known, no.
-    pub fn text_bytewise(&self) -> bool {
-        self.text_bytewise
-            .load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    pub fn learn_text_bytewise(&self, bytewise: bool) {
-        self.text_bytewise
-            .store(bytewise, std::sync::atomic::Ordering::Relaxed);
-    }
-
     pub fn new(config: Config, map: ShardMap, workers: usize) -> Shared {
-        let settings = PoolSettings {
-            max_size: config.pool.max_size,
-            min_idle: config.pool.min_idle,
-            idle_timeout: config.pool.idle_timeout,
-            checkout_timeout: config.pool.checkout_timeout,
-            connect_timeout: config.pool.connect_timeout,
-            user: config.backend.user.clone(),
-            password: config.backend.password.clone(),
-            application_name: config.backend.application_name.clone(),
-        };
-        let map = Arc::new(map);
+        let router_id = config.router_id;
+        let routing = Arc::new(Routing::new(config, map, workers, 1, None));
         Shared {
-            pools: (0..workers.max(1))
-                .map(|_| Pools::new(&map, &settings))
-                .collect(),
-            planner: Planner::new(map.clone(), config.limits.plan_cache_size),
-            clients: Clients::new(config.router_id),
-            map,
-            config,
+            routings: Mutex::new(vec![Arc::downgrade(&routing)]),
+            routing: ArcSwap::new(routing),
+            generation: AtomicU64::new(1),
+            reloading: tokio::sync::Mutex::new(()),
             statements: Registry::default(),
             server_params: RwLock::new(default_server_params()),
             params_learned: AtomicBool::new(false),
-            text_bytewise: AtomicBool::new(false),
+            clients: Clients::new(router_id),
             mock_key: rand::random(),
             next_any: AtomicUsize::new(0),
+            workers: workers.max(1),
+            lifecycle: Default::default(),
         }
     }
 
-    /// The pools of the calling worker thread.
-    pub fn pools(&self) -> &Pools {
-        &self.pools[WORKER.with(|w| w.get()) % self.pools.len()]
+    /// The current routing.
+    pub fn routing(&self) -> Arc<Routing> {
+        self.routing.load_full()
     }
 
-    /// A connection to `shard` from this worker's pool, or the error a client gets for it
-    /// (53300 when the pool stays busy, 08006/08001 when the shard cannot be reached).
-    pub async fn checkout(
-        &self,
-        shard: usize,
-    ) -> Result<crate::backend::pool::PooledConn, crate::protocol::reply::SqlError> {
-        use crate::backend::pool::CheckoutError;
-        let name = || self.map.shards()[shard].range.to_string();
-        self.pools()
-            .for_shard(shard)
-            .get()
-            .await
-            .map_err(|e| match e {
-                CheckoutError::Exhausted { endpoint, waited } => {
-                    crate::errors::pool_exhausted(&name(), &endpoint, waited)
-                }
-                CheckoutError::Unreachable(e) => crate::errors::shard_unreachable(
-                    &name(),
-                    matches!(
-                        e,
-                        crate::backend::BackendError::Refused { .. }
-                            | crate::backend::BackendError::NoPassword { .. }
-                    ),
-                    &e.to_string(),
-                ),
-            })
+    /// The current routing's generation.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The routing of `generation`, while some session still uses it.
+    pub fn routing_of(&self, generation: u64) -> Option<Arc<Routing>> {
+        let current = self.routing();
+        if current.generation == generation {
+            return Some(current);
+        }
+        let routings = self.routings.lock().unwrap_or_else(|p| p.into_inner());
+        routings
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|r| r.generation == generation)
     }
 
     /// Number of worker threads (and sets of pools).
     pub fn workers(&self) -> usize {
-        self.pools.len()
+        self.workers
+    }
+
+    /// Re-reads the config file and the shard map it names, and makes them current for new
+    /// statements. An invalid file is refused with its problems (`FILE:LINE: reason`) and the
+    /// current ones keep serving. Settings that cannot change while running (the listen address,
+    /// the router id) keep their running values and are named in the summary.
+    pub async fn reload(&self) -> Result<Reloaded, String> {
+        let _one = self.reloading.lock().await;
+        let current = self.routing();
+        let mut config = crate::config::load(&current.config.source).map_err(|e| e.to_string())?;
+        let map = shardmap::load(&config.shardmap).map_err(|e| e.to_string())?;
+        let mut restart = Vec::new();
+        if config.listen != current.config.listen {
+            restart.push(format!(
+                "listen {} (still {} until a restart)",
+                config.listen, current.config.listen
+            ));
+            config.listen = current.config.listen;
+        }
+        if config.router_id != current.config.router_id {
+            restart.push(format!(
+                "router_id {} (still {} until a restart)",
+                config.router_id, current.config.router_id
+            ));
+            config.router_id = current.config.router_id;
+        }
+        let generation = current.generation + 1;
+        let (old_version, shards) = (current.map.version(), map.shards().len());
+        let new_version = map.version();
+        let next = Arc::new(Routing::new(
+            config,
+            map,
+            self.workers,
+            generation,
+            Some(&current),
+        ));
+        drop(current);
+        // What the router knows of the shards' catalog is learned for the new map first.
+        crate::backend::catalog::learn(&next).await;
+        {
+            let mut routings = self.routings.lock().unwrap_or_else(|p| p.into_inner());
+            routings.retain(|w| w.strong_count() > 0);
+            routings.push(Arc::downgrade(&next));
+        }
+        self.routing.store(next);
+        self.generation.store(generation, Ordering::Release);
+        let mut summary =
+            format!("reloaded: shard map version {old_version} -> {new_version}, {shards} shards");
+        if !restart.is_empty() {
+            summary.push_str("; needs a restart to change: ");
+            summary.push_str(&restart.join(", "));
+        }
+        tracing::info!(generation, "{summary}");
+        Ok(Reloaded {
+            generation,
+            summary,
+        })
     }
 
     /// A shard for statements that touch no user table: round robin.
-    pub fn any_shard(&self) -> usize {
-        self.next_any.fetch_add(1, Ordering::Relaxed) % self.map.shards().len()
+    pub fn any_shard(&self, shards: usize) -> usize {
+        self.next_any.fetch_add(1, Ordering::Relaxed) % shards.max(1)
     }
 
     /// Remembers a real backend's ParameterStatus values (the first login wins).

@@ -21,7 +21,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         };
         let pinned = self.pinned_shard();
         let (rows, cache) = {
-            let planned = self.shared.planner.plan(inner, &mut self.nbuf);
+            let planned = self.routing.planner.plan(inner, &mut self.nbuf);
             let stmt = resolver::Statement {
                 sql: inner,
                 plan: &planned,
@@ -31,7 +31,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     literals: &planned,
                 },
             };
-            let target = Self::resolve(&self.shared, &self.settings, &self.state, pinned, &stmt);
+            let target = Self::resolve(&self.routing, &self.settings, &self.state, pinned, &stmt);
             let cache = if planned.cached { "hit" } else { "miss" };
             (explain::rows(&target, inner), cache)
         };

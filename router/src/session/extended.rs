@@ -40,7 +40,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             b'P' => {
                 let p = frontend::parse(body)?;
                 let parsed = {
-                    let planned = self.shared.planner.plan(p.sql, &mut self.nbuf);
+                    let planned = self.routing.planner.plan(p.sql, &mut self.nbuf);
                     self.statements.parse(
                         p.name,
                         p.sql,

@@ -61,7 +61,8 @@ use crate::protocol::frontend::Malformed;
 use crate::protocol::reply::SqlError;
 use crate::resolver::{self, Context, Dest, Target};
 use crate::server::clients::ClientSlot;
-use crate::server::Shared;
+use crate::server::lifecycle::Phase;
+use crate::server::{Routing, Shared};
 use outbox::Outbox;
 use pin::Pinned;
 use state::State;
@@ -95,6 +96,11 @@ impl From<client::ClientError> for SessionError {
 
 pub struct Session<S> {
     shared: Arc<Shared>,
+    /// The config, shard map, planner and pools the session uses: the current ones whenever
+    /// it is at rest, so a transaction finishes on the ones it started with.
+    routing: Arc<Routing>,
+    /// The router's phase: when it closes for a drain, the session ends at rest.
+    phase: tokio::sync::watch::Receiver<Phase>,
     client: ClientIo<S>,
     slot: Arc<ClientSlot>,
     state: State,
@@ -122,6 +128,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         settings: Settings,
     ) -> Session<S> {
         Session {
+            routing: shared.routing(),
+            phase: shared.lifecycle.subscribe(),
             shared,
             client: ClientIo::new(stream, rbuf),
             slot,
@@ -159,6 +167,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 // Replies the router made up for earlier messages go first: nothing is owed
                 // by a backend between messages, so they are next in line.
                 self.out.replies.drain_synthetic(&mut self.client.out);
+                if self.at_rest() {
+                    if *self.phase.borrow() == Phase::Closing {
+                        return self.terminate().await;
+                    }
+                    self.follow_reload();
+                }
                 match frame[0] {
                     b'Q' => self.query(&frame).await?,
                     b'P' | b'B' | b'D' | b'E' | b'C' | b'H' | b'S' => self.extended(&frame).await?,
@@ -174,22 +188,64 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             }
             self.out.replies.drain_synthetic(&mut self.client.out);
             self.client.flush().await.map_err(SessionError::Client)?;
-            if !self.client.fill().await.map_err(SessionError::Client)? {
-                return Ok(());
+            let closing = |p: &Phase| *p == Phase::Closing;
+            if self.at_rest() && closing(&self.phase.borrow()) {
+                return self.terminate().await;
+            }
+            let at_rest = self.at_rest();
+            let (client, phase) = (&mut self.client, &mut self.phase);
+            tokio::select! {
+                more = client.fill() => {
+                    if !more.map_err(SessionError::Client)? {
+                        return Ok(());
+                    }
+                }
+                // A drain closes sessions that wait at rest.
+                _ = phase.wait_for(closing), if at_rest => {}
             }
         }
     }
 
+    /// No transaction, no batch, no connection held, nothing owed: the session may switch to a
+    /// reloaded routing, or end for a drain.
+    fn at_rest(&self) -> bool {
+        self.pin.is_none() && self.state.at_rest() && self.out.replies.is_empty()
+    }
+
+    /// Ends the session for a drain, as Postgres ends sessions at a fast shutdown.
+    async fn terminate(&mut self) -> Result<(), SessionError> {
+        SqlError::fatal(
+            errors::ADMIN_SHUTDOWN,
+            "terminating connection due to administrator command",
+        )
+        .with_hint("the router is shutting down: connect again (to another router)")
+        .write(&mut self.client.out);
+        let _ = self.client.flush().await;
+        Ok(())
+    }
+
+    /// Takes the current routing when a reload replaced the session's (the session is at
+    /// rest). The client's prepared statements are planned again with the new planner, since
+    /// the tables of the shard map may have changed.
+    fn follow_reload(&mut self) {
+        if self.shared.generation() == self.routing.generation {
+            return;
+        }
+        self.routing = self.shared.routing();
+        self.statements
+            .replan(&self.routing.planner, &mut self.nbuf);
+    }
+
     /// Resolves one statement of the client against the current transaction.
     fn resolve<'a>(
-        shared: &'a Shared,
+        routing: &'a Routing,
         settings: &'a Settings,
         state: &State,
         pinned: Option<usize>,
         stmt: &resolver::Statement<'a>,
     ) -> Target<'a> {
         let cx = Context {
-            map: &shared.map,
+            map: &routing.map,
             transaction: state.transaction(pinned),
             manual: settings.get(resolver::manual::SETTING),
             allow_scatter_writes: match settings.get("shardgate.allow_scatter_writes") {
@@ -197,7 +253,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     v.trim().trim_matches('\'').to_ascii_lowercase().as_str(),
                     "on" | "true" | "1" | "yes"
                 ),
-                None => shared.config.limits.allow_scatter_writes,
+                None => routing.config.limits.allow_scatter_writes,
             },
         };
         resolver::resolve(stmt, &cx)
@@ -211,7 +267,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             params: stmt.params(Some(bind)),
         };
         Self::resolve(
-            &self.shared,
+            &self.routing,
             &self.settings,
             &self.state,
             self.pinned_shard(),
@@ -221,7 +277,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     }
 
     fn shard_name(&self, shard: usize) -> String {
-        self.shared.map.shards()[shard].range.to_string()
+        self.routing.map.shards()[shard].range.to_string()
     }
 
     /// Answers with the router's error, without any backend: a transaction fails, as on

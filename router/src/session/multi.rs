@@ -47,9 +47,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// Runs DDL on every shard and returns the client's answer (without ReadyForQuery).
     pub(super) async fn run_broadcast(&mut self, sql: &str) -> Vec<u8> {
         let started = std::time::Instant::now();
-        let outcomes = broadcast::run(&self.shared, sql, &self.settings).await;
+        let outcomes = broadcast::run(&self.routing, sql, &self.settings).await;
         let names: Vec<String> = self
-            .shared
+            .routing
             .map
             .shards()
             .iter()
@@ -59,7 +59,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         match broadcast::combine(&outcomes, &names) {
             broadcast::Combined::Done(tags) => {
                 // The DDL may have changed a sharded table's columns.
-                crate::backend::catalog::learn_key_positions(&self.shared).await;
+                crate::backend::catalog::learn(&self.routing).await;
                 out = tags;
             }
             broadcast::Combined::PostgresError(frame) => out = frame,
@@ -80,7 +80,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         asked: &[u8],
     ) -> Result<bool, SessionError> {
         let receivers =
-            multishard::fanout::start(&self.shared, &read.shards, request, &self.settings);
+            multishard::fanout::start(&self.routing, &read.shards, request, &self.settings);
         let failed = match &read.merge {
             Some(plan) => {
                 let m = multishard::merged::Merging {
@@ -88,8 +88,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     limit: read.limit,
                     offset: read.offset,
                     asked,
-                    text_bytewise: self.shared.text_bytewise(),
-                    max_groups: self.shared.config.limits.max_merge_groups,
+                    text_bytewise: self.routing.text_bytewise(),
+                    max_groups: self.routing.config.limits.max_merge_groups,
                 };
                 multishard::merged::run(&mut self.client, receivers, &m).await
             }
@@ -98,7 +98,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     read.shards
                         .iter()
                         .map(|&s| {
-                            let shard = &self.shared.map.shards()[s];
+                            let shard = &self.routing.map.shards()[s];
                             format!("shard {} ({})", shard.range, shard.primary.endpoint())
                         })
                         .collect()
@@ -124,7 +124,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         asked: &[u8],
     ) -> Result<bool, SessionError> {
         multishard::write::run(
-            &self.shared,
+            &self.routing,
             &self.settings,
             &mut self.client,
             &shards,
@@ -137,7 +137,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
 
     pub(super) async fn run_split_insert(&mut self, split: SplitInsert) {
         let out = &mut self.client.out;
-        match split_insert::run(&self.shared, &split.parts, &self.settings).await {
+        match split_insert::run(&self.routing, &split.parts, &self.settings).await {
             split_insert::Outcome::Committed(replies) => {
                 split_insert::combine(&replies, &split.part_of_row, out)
             }
@@ -153,7 +153,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         format: crate::protocol::copy::Format,
     ) -> Result<(), SessionError> {
         copy_in::run(
-            &self.shared,
+            &self.routing,
             &self.settings,
             &mut self.client,
             sql,

@@ -31,12 +31,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         if self.pin.is_some() {
             return Ok(());
         }
-        let shard = wanted.unwrap_or_else(|| self.shared.any_shard());
-        let mut conn = self.shared.checkout(shard).await?;
+        let shard =
+            wanted.unwrap_or_else(|| self.shared.any_shard(self.routing.map.shards().len()));
+        let mut conn = self.routing.checkout(shard).await?;
         if !self.shared.server_params_learned() {
             self.shared.learn_server_params(&conn.params);
         }
         self.slot.set_running(Some(CancelTarget {
+            generation: self.routing.generation,
             shard,
             pid: conn.pid,
             secret: conn.secret,

@@ -77,7 +77,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         }
         // The name is taken now and given back below if Postgres refuses the statement.
         let parsed = {
-            let planned = self.shared.planner.plan(body, &mut self.nbuf);
+            let planned = self.routing.planner.plan(body, &mut self.nbuf);
             self.statements
                 .parse(name, body, param_types, &planned, &self.shared.statements)
         };

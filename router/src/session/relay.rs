@@ -42,7 +42,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             return Err(SessionError::BackendLost(why));
         };
         let name = self.shard_name(pin.shard);
-        let endpoint = self.shared.pools().for_shard(pin.shard).endpoint.name();
+        let endpoint = self.routing.pools().for_shard(pin.shard).endpoint.name();
         crate::backend::pool::discard(pin.conn);
         self.slot.set_running(None);
         self.out.clear();
@@ -76,7 +76,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let conn = &mut *pin.conn;
         let mut written = 0;
         let started = tokio::time::Instant::now();
-        let limits = &self.shared.config.limits;
+        let limits = &self.routing.config.limits;
         // The router's statement timeout cancels the statement on its backend, once.
         let mut deadline = limits.statement_timeout.map(|t| started + t);
         self.out.replies.drain_synthetic(&mut self.client.out);
@@ -98,9 +98,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             tokio::select! {
                 _ = tokio::time::sleep_until(deadline.unwrap_or(started)), if deadline.is_some() => {
                     deadline = None;
-                    let endpoint = &self.shared.pools().for_shard(shard).endpoint;
+                    let endpoint = &self.routing.pools().for_shard(shard).endpoint;
                     let (host, port, pid, secret) = (endpoint.host.clone(), endpoint.port, conn.pid, conn.secret);
-                    tracing::info!(shard = %self.shared.map.shards()[shard].range, "statement timeout: cancelling");
+                    tracing::info!(shard = %self.routing.map.shards()[shard].range, "statement timeout: cancelling");
                     tokio::spawn(async move {
                         if let Err(e) = crate::backend::cancel::send_cancel((host.as_str(), port), pid, secret).await {
                             tracing::warn!("could not cancel a statement past the statement timeout: {e}");
@@ -187,7 +187,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             let elapsed = started.elapsed();
             if elapsed >= threshold {
                 tracing::warn!(
-                    shard = %self.shared.map.shards()[shard].range,
+                    shard = %self.routing.map.shards()[shard].range,
                     elapsed_ms = elapsed.as_secs_f64() * 1e3,
                     statement = %truncate(&self.sql, 300),
                     "slow statement"

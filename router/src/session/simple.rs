@@ -18,7 +18,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         self.sql.push_str(sql);
         let pinned = self.pinned_shard();
         let dest = {
-            let planned = self.shared.planner.plan(sql, &mut self.nbuf);
+            let planned = self.routing.planner.plan(sql, &mut self.nbuf);
             let stmt = resolver::Statement {
                 sql,
                 plan: &planned,
@@ -28,7 +28,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     literals: &planned,
                 },
             };
-            Self::resolve(&self.shared, &self.settings, &self.state, pinned, &stmt).dest
+            Self::resolve(&self.routing, &self.settings, &self.state, pinned, &stmt).dest
         };
         match dest {
             Dest::Refused(err) => return self.refuse_query(&err).await,

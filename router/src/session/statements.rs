@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::backend::registry::{Registry, Statement};
-use crate::planner::{Plan, PlanRef};
+use crate::planner::{NormalizeBuf, Plan, PlanRef, Planner};
 use crate::protocol::frontend::Bind;
 use crate::resolver::Params;
 
@@ -158,6 +158,40 @@ impl Statements {
     /// Forgets every named statement (`DEALLOCATE ALL`, `DISCARD ALL`).
     pub fn clear(&mut self) {
         self.named.clear();
+    }
+
+    /// Plans every statement again with `planner` (after a reload: the shard map's tables may
+    /// have changed). The texts, and so the router-wide statements, stay the same.
+    pub fn replan(&mut self, planner: &Planner, buf: &mut NormalizeBuf) {
+        let again = |s: &Arc<ClientStatement>, buf: &mut NormalizeBuf| {
+            let planned = planner.plan(s.sql(), buf);
+            Arc::new(ClientStatement {
+                text: match &s.text {
+                    Text::Named(r) => Text::Named(r.clone()),
+                    Text::Unnamed {
+                        sql,
+                        param_types,
+                        version,
+                    } => Text::Unnamed {
+                        sql: sql.clone(),
+                        param_types: param_types.clone(),
+                        version: *version,
+                    },
+                },
+                plan: planned.plan().clone(),
+                params_before: planned.params_before(),
+                literals: (0..)
+                    .map_while(|i| planned.literal(i))
+                    .map(Box::from)
+                    .collect(),
+            })
+        };
+        for s in self.named.values_mut() {
+            *s = again(s, buf);
+        }
+        if let Some(s) = self.unnamed.as_mut() {
+            *s = again(s, buf);
+        }
     }
 
     /// Forgets the names of router statement `id` (its Parse failed on the backend).

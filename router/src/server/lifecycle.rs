@@ -1,0 +1,167 @@
+//! The router's life after it starts, driven from the main thread ([`control`]): it serves;
+//! `SIGHUP`, the admin `RELOAD` or a change of the watched files reload the config and the
+//! shard map; `SIGTERM`, Ctrl-C or the admin `SHUTDOWN` drain it:
+//!
+//! 1. [`Phase::Draining`]: `/ready` says no at once, everything else keeps serving for
+//!    `drain_grace_ms`, so a load balancer notices and sends no new clients;
+//! 2. [`Phase::Closing`]: the listeners close; a session at rest (no transaction, nothing owed)
+//!    ends with `57P01` instead of running its next statement; a session in a transaction may
+//!    finish it, for up to `drain_timeout_ms`;
+//! 3. the process exits 0 (with `1` only when something failed before serving).
+//!
+//! No statement is cut in the middle while the drain timeout lasts; a second signal exits at
+//! once.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::watch;
+
+use super::Shared;
+
+/// Where the router is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    Serving,
+    /// Ready says no; everything else serves.
+    Draining,
+    /// Listeners closed; sessions end when at rest.
+    Closing,
+}
+
+/// The current phase, for every task to watch.
+pub struct Lifecycle {
+    tx: watch::Sender<Phase>,
+}
+
+impl Default for Lifecycle {
+    fn default() -> Self {
+        Lifecycle {
+            tx: watch::Sender::new(Phase::Serving),
+        }
+    }
+}
+
+impl Lifecycle {
+    pub fn phase(&self) -> Phase {
+        *self.tx.borrow()
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Phase> {
+        self.tx.subscribe()
+    }
+
+    /// Moves on to `phase` (never back).
+    pub fn advance(&self, phase: Phase) {
+        self.tx.send_if_modified(|p| {
+            let later = (*p as u8) < (phase as u8);
+            if later {
+                *p = phase;
+            }
+            later
+        });
+    }
+}
+
+/// Runs on the main thread until the router has drained: reloads on `SIGHUP` (and on changed
+/// files, when watched), drains on `SIGTERM`, Ctrl-C or `SHUTDOWN`.
+pub async fn control(shared: Arc<Shared>) {
+    let (Ok(mut hup), Ok(mut term)) = (
+        signal(SignalKind::hangup()),
+        signal(SignalKind::terminate()),
+    ) else {
+        tracing::error!("cannot install the signal handlers; stopping");
+        return;
+    };
+    let mut phase = shared.lifecycle.subscribe();
+    let mut watched = files(&shared);
+    let mut tick = tokio::time::interval(shared.routing().config.reload.watch_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = hup.recv() => {
+                tracing::info!("SIGHUP: reloading");
+                reload(&shared).await;
+                watched = files(&shared);
+            }
+            _ = tick.tick(), if shared.routing().config.reload.watch => {
+                let now = files(&shared);
+                if now != watched {
+                    tracing::info!("the config or the shard map changed: reloading");
+                    reload(&shared).await;
+                    watched = files(&shared);
+                }
+            }
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+            _ = phase.changed() => {
+                if *phase.borrow() != Phase::Serving {
+                    break;
+                }
+            }
+        }
+    }
+    drain(&shared, &mut term).await;
+}
+
+async fn reload(shared: &Shared) {
+    if let Err(e) = shared.reload().await {
+        tracing::error!("reload refused, the running config and shard map stay: {e}");
+    }
+}
+
+/// The modification times of the config file and the shard map file.
+fn files(shared: &Shared) -> Vec<Option<SystemTime>> {
+    let routing = shared.routing();
+    [&routing.config.source, &routing.config.shardmap]
+        .iter()
+        .map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+        .collect()
+}
+
+async fn drain(shared: &Shared, term: &mut tokio::signal::unix::Signal) {
+    let config = shared.routing().config.clone();
+    let (grace, timeout) = (config.shutdown.drain_grace, config.shutdown.drain_timeout);
+    shared.lifecycle.advance(Phase::Draining);
+    tracing::info!(
+        grace_ms = grace.as_millis() as u64,
+        clients = shared.clients.count(),
+        "draining: not ready any more; serving until the grace period ends"
+    );
+    tokio::select! {
+        _ = tokio::time::sleep(grace) => {}
+        _ = term.recv() => {
+            tracing::warn!("a second SIGTERM: exiting now");
+            return;
+        }
+    }
+    shared.lifecycle.advance(Phase::Closing);
+    tracing::info!(
+        timeout_ms = timeout.as_millis() as u64,
+        clients = shared.clients.count(),
+        "closing: no new clients; clients end between transactions"
+    );
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let left = shared.clients.count();
+        if left == 0 {
+            tracing::info!("drained: every client has left");
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(
+                clients = left,
+                "drain timeout: exiting with clients still in a transaction"
+            );
+            return;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+            _ = term.recv() => {
+                tracing::warn!(clients = left, "a second SIGTERM: exiting now");
+                return;
+            }
+        }
+    }
+}

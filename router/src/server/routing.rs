@@ -1,0 +1,128 @@
+//! What a reload replaces as a whole: the config, the shard map, the planner made for that map,
+//! and every worker's pools. One `Routing` is current ([`super::Shared::routing`]); a session
+//! takes the current one whenever it is at rest (no transaction, no batch, no connection), so a
+//! reload takes effect for new statements at once while a transaction in progress finishes on
+//! the routing it started with. An old routing, and with it the pools of shards that are gone,
+//! is dropped when its last session lets go.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use shardmap::ShardMap;
+
+use super::shared::worker;
+use crate::backend::pool::{CheckoutError, PoolSettings, PooledConn, Pools};
+use crate::backend::BackendError;
+use crate::config::Config;
+use crate::errors;
+use crate::planner::Planner;
+use crate::protocol::reply::SqlError;
+
+pub struct Routing {
+    /// Counts reloads from 1; a session compares it to see whether it should switch.
+    pub generation: u64,
+    pub config: Config,
+    pub map: Arc<ShardMap>,
+    pub planner: Planner,
+    /// One set of pools per worker thread: connections never cross threads.
+    pools: Vec<Pools>,
+    /// The shards' database collation is C (or POSIX): text compares by bytes.
+    text_bytewise: AtomicBool,
+}
+
+/// How the config sizes and logs in the pools.
+pub fn pool_settings(config: &Config) -> PoolSettings {
+    PoolSettings {
+        max_size: config.pool.max_size,
+        min_idle: config.pool.min_idle,
+        idle_timeout: config.pool.idle_timeout,
+        checkout_timeout: config.pool.checkout_timeout,
+        connect_timeout: config.pool.connect_timeout,
+        user: config.backend.user.clone(),
+        password: config.backend.password.clone(),
+        application_name: config.backend.application_name.clone(),
+    }
+}
+
+impl Routing {
+    /// A routing for `config` and `map` with `workers` sets of pools; with `previous`, the
+    /// pools whose endpoints did not change keep their connections.
+    pub fn new(
+        config: Config,
+        map: ShardMap,
+        workers: usize,
+        generation: u64,
+        previous: Option<&Routing>,
+    ) -> Routing {
+        let settings = pool_settings(&config);
+        let map = Arc::new(map);
+        let pools = (0..workers.max(1))
+            .map(|w| Pools::new(&map, &settings, previous.map(|p| p.pools_of(w))))
+            .collect();
+        Routing {
+            generation,
+            planner: Planner::new(map.clone(), config.limits.plan_cache_size),
+            map,
+            config,
+            pools,
+            text_bytewise: AtomicBool::new(
+                previous.is_some_and(|p| p.text_bytewise.load(Ordering::Relaxed)),
+            ),
+        }
+    }
+
+    /// The pools of the calling worker thread.
+    pub fn pools(&self) -> &Pools {
+        self.pools_of(worker())
+    }
+
+    /// The pools of worker `w`.
+    pub fn pools_of(&self, w: usize) -> &Pools {
+        &self.pools[w % self.pools.len()]
+    }
+
+    /// Number of worker threads (and sets of pools).
+    pub fn workers(&self) -> usize {
+        self.pools.len()
+    }
+
+    /// A shard's range, as operators and errors name it.
+    pub fn shard_name(&self, shard: usize) -> String {
+        self.map
+            .shards()
+            .get(shard)
+            .map_or_else(|| format!("#{shard}"), |s| s.range.to_string())
+    }
+
+    /// A connection to `shard` from this worker's pool, or the error a client gets for it
+    /// (53300 when the pool stays busy, 08006/08001 when the shard cannot be reached).
+    pub async fn checkout(&self, shard: usize) -> Result<PooledConn, SqlError> {
+        self.pools()
+            .for_shard(shard)
+            .get()
+            .await
+            .map_err(|e| match e {
+                CheckoutError::Exhausted { endpoint, waited } => {
+                    errors::pool_exhausted(&self.shard_name(shard), &endpoint, waited)
+                }
+                CheckoutError::Unreachable(e) => errors::shard_unreachable(
+                    &self.shard_name(shard),
+                    matches!(
+                        e,
+                        BackendError::Refused { .. } | BackendError::NoPassword { .. }
+                    ),
+                    &e.to_string(),
+                ),
+            })
+    }
+
+    /// Whether text sorts by its bytes on the shards (their collation is C), learned from the
+    /// catalog; until known, no.
+    pub fn text_bytewise(&self) -> bool {
+        self.text_bytewise.load(Ordering::Relaxed)
+    }
+
+    pub fn learn_text_bytewise(&self, bytewise: bool) {
+        self.text_bytewise.store(bytewise, Ordering::Relaxed);
+    }
+}
