@@ -15,6 +15,8 @@ use common::{pg_program, run, shared_env, Router};
 struct Raw {
     s: TcpStream,
     buf: Vec<u8>,
+    /// The status of the last ReadyForQuery read.
+    status: u8,
 }
 
 impl Raw {
@@ -27,7 +29,11 @@ impl Raw {
         startup.extend_from_slice(&196_608i32.to_be_bytes());
         startup.extend_from_slice(params);
         s.write_all(&startup).expect("startup");
-        let mut raw = Raw { s, buf: Vec::new() };
+        let mut raw = Raw {
+            s,
+            buf: Vec::new(),
+            status: 0,
+        };
         let tags = raw.read_until(b'Z');
         assert!(tags.starts_with(b"R"), "{tags:?}");
         raw
@@ -45,6 +51,9 @@ impl Raw {
                 }
                 let t = self.buf[0];
                 tags.push(t);
+                if t == b'Z' {
+                    self.status = self.buf[5];
+                }
                 self.buf.drain(..len + 1);
                 if t == tag {
                     return tags;
@@ -320,4 +329,82 @@ fn copy_into_an_unsharded_table_with_psql() {
         ]));
     assert!(!ok, "{err}");
     assert!(err.contains("not a bigint"), "{err}");
+}
+
+/// pgbench -M prepared with BEGIN: BEGIN and the statement are prepared, then each transaction
+/// binds them. The router answers BEGIN itself; nothing of that batch may be sent again later.
+#[test]
+fn a_router_answered_begin_batch_leaves_nothing_behind() {
+    let env = shared_env();
+    let mut c = Raw::connect(trust_router());
+    let id = env.key_on(2, 20_000_000);
+    env.on_shard(2, &format!("INSERT INTO kv VALUES ({id}, 'r1')"));
+    let id = id.to_string();
+    c.send(&[parse("b", "BEGIN"), sync()].concat());
+    assert_eq!(c.read_until(b'Z'), b"1Z");
+    c.send(&[parse("sel", "SELECT v FROM kv WHERE id = $1"), sync()].concat());
+    assert_eq!(c.read_until(b'Z'), b"1Z");
+    for _ in 0..3 {
+        c.send(&[bind("b", &[]), execute(), sync()].concat());
+        assert_eq!((c.read_until(b'Z'), c.status), (b"2CZ".to_vec(), b'T'));
+        c.send(&[bind("sel", &[&id]), execute(), sync()].concat());
+        assert_eq!((c.read_until(b'Z'), c.status), (b"2DCZ".to_vec(), b'T'));
+        c.send(&msg(b'Q', b"COMMIT\0"));
+        assert_eq!((c.read_until(b'Z'), c.status), (b"CZ".to_vec(), b'I'));
+    }
+    c.send(&sync());
+    assert_eq!(c.read_until(b'Z'), b"Z", "a lone Sync after it all");
+}
+
+/// A driver that prepares with Flush inside a BEGIN the router holds, then binds a read across
+/// shards: refused without touching a backend, and the transaction fails as on Postgres.
+#[test]
+fn a_refused_bind_after_a_flush_prepare_keeps_the_transaction() {
+    let mut c = Raw::connect(trust_router());
+    c.send(&msg(b'Q', b"BEGIN\0"));
+    assert_eq!((c.read_until(b'Z'), c.status), (b"CZ".to_vec(), b'T'));
+    c.send(
+        &[
+            parse("", "SELECT * FROM kv"),
+            describe_statement(""),
+            flush(),
+        ]
+        .concat(),
+    );
+    assert_eq!(c.read_n(3), b"1tT");
+    c.send(&[bind("", &[]), execute(), sync()].concat());
+    assert_eq!((c.read_until(b'Z'), c.status), (b"EZ".to_vec(), b'E'));
+    c.send(&msg(b'Q', b"SELECT 1\0"));
+    assert_eq!((c.read_until(b'Z'), c.status), (b"EZ".to_vec(), b'E'));
+    c.send(&msg(b'Q', b"COMMIT\0"));
+    assert_eq!((c.read_until(b'Z'), c.status), (b"CZ".to_vec(), b'I'));
+}
+
+/// Simple Queries in the middle of an extended batch that only prepared: each is routed on
+/// its own, to its key's shard.
+#[test]
+fn a_query_inside_a_prepare_only_batch_goes_to_its_own_shard() {
+    let env = shared_env();
+    let mut c = Raw::connect(trust_router());
+    c.send(&[parse("", "SELECT 1"), flush()].concat());
+    assert_eq!(c.read_n(1), b"1");
+    let ids: Vec<i64> = (0..4)
+        .map(|s| env.key_on(s, 30_000_000 + 1000 * s as i64))
+        .collect();
+    for id in &ids {
+        c.send(&msg(
+            b'Q',
+            format!("INSERT INTO kv (id, v) VALUES ({id}, 'r3')\0").as_bytes(),
+        ));
+        assert_eq!(c.read_until(b'Z'), b"CZ");
+    }
+    c.send(&sync());
+    assert_eq!(c.read_until(b'Z'), b"Z");
+    for (shard, id) in ids.iter().enumerate() {
+        assert_eq!(
+            env.on_shard(shard, &format!("SELECT v FROM kv WHERE id = {id}")),
+            "r3",
+            "key {id} on its shard {shard}"
+        );
+    }
 }

@@ -57,22 +57,29 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
     let mut header: Option<Vec<u8>> = None;
     let mut failure: Option<SqlError> = None;
     let mut batch: Vec<Vec<u8>> = Vec::new();
+    // The client leaving or breaking the protocol mid-COPY commits nothing anywhere: every
+    // shard's COPY is abandoned with its connection (Postgres rolls it back).
+    let abandon = |targets: &mut Vec<Option<CopyTarget>>, why: ClientFailed| {
+        for t in targets.iter_mut().flatten() {
+            t.abandon();
+        }
+        Err(why)
+    };
     let client_failed: Option<String> = loop {
         let frame = match client.read_frame().await {
             Ok(Some(frame)) => frame,
             Ok(None) => {
-                // The client left mid-COPY: nothing is committed anywhere.
-                for t in targets.iter_mut().flatten() {
-                    t.abandon();
-                }
-                return Err(ClientFailed::Io(std::io::Error::new(
+                let left = std::io::Error::new(
                     std::io::ErrorKind::UnexpectedEof,
                     "the client left during COPY",
-                )));
+                );
+                return abandon(&mut targets, ClientFailed::Io(left));
             }
-            Err(crate::session::ClientError::Io(e)) => return Err(ClientFailed::Io(e)),
+            Err(crate::session::ClientError::Io(e)) => {
+                return abandon(&mut targets, ClientFailed::Io(e))
+            }
             Err(crate::session::ClientError::Protocol(e)) => {
-                return Err(ClientFailed::Protocol(e.to_string()))
+                return abandon(&mut targets, ClientFailed::Protocol(e.to_string()))
             }
         };
         let tag = frame[0];
@@ -87,10 +94,11 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
             }
             b'H' | b'S' => {}
             other => {
-                return Err(ClientFailed::Protocol(format!(
+                let why = format!(
                     "unexpected message type {} during COPY from stdin",
                     other as char
-                )))
+                );
+                return abandon(&mut targets, ClientFailed::Protocol(why));
             }
         }
         for row in batch.drain(..) {

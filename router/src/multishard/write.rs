@@ -39,6 +39,21 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
                                 break Err(Ok(e));
                             }
                         }
+                        Seen::Failed => {
+                            // Read the part to its ReadyForQuery, so that its ROLLBACK finds
+                            // the connection in step and it goes back to its pool.
+                            let drained = loop {
+                                match part.next().await {
+                                    Ok(Some(_)) => {}
+                                    Ok(None) => break Ok(()),
+                                    Err(e) => break Err(e),
+                                }
+                            };
+                            break match drained {
+                                Ok(()) => Ok(Seen::Failed),
+                                Err(e) => Err(Err(e)),
+                            };
+                        }
                         seen => break Ok(seen),
                     },
                     Ok(None) => break Ok(Seen::Done),

@@ -116,24 +116,29 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             tail: b.tail,
             stmt: stmt.clone(),
         };
+        if self.pin.is_some() && self.state.only_prepared() {
+            // The connection only prepared statements for this batch (a Flush needed answers
+            // before the key was known), and the resolver saw no transaction there. A statement
+            // that needs no particular shard may run there too, unless a BEGIN is pending (it
+            // must go first, on the transaction's shard); anything else finishes the
+            // preparation there and moves.
+            let stays = matches!(
+                dest,
+                Dest::Any | Dest::Begin | Dest::Commit | Dest::Rollback
+            ) && !matches!(self.state.tx, Tx::Pending { .. });
+            if !stays {
+                self.finish_preparation().await?;
+            }
+        }
         match dest {
             Dest::Refused(err) => self.batch_error(&err).await,
             Dest::Shard(shard) => {
-                if self.pin.is_some() && self.state.only_prepared() {
-                    // The connection only prepared statements for this batch (a Flush needed
-                    // answers before the key was known): finish that there and move.
-                    self.finish_preparation().await?;
-                }
                 if let Err(err) = self.attach(Some(shard), true).await {
                     return self.batch_error(&err).await;
                 }
                 self.route_or_hold(msg).await
             }
             Dest::Broadcast | Dest::Read(_) | Dest::Write(_) => {
-                if self.pin.is_some() && self.state.only_prepared() {
-                    // Preparing is no transaction: finish it there and run on every shard.
-                    self.finish_preparation().await?;
-                }
                 let mixed = matches!(self.state.batch, Batch::Held)
                     && self.state.held().iter().any(|m| {
                         matches!(m, Msg::Bind { .. } | Msg::Forward { executes: true, .. })
@@ -377,7 +382,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
 
     /// Ends the current batch on the pinned connection with a Sync the client does not see
     /// and returns the connection to its pool.
-    async fn finish_preparation(&mut self) -> Result<(), SessionError> {
+    pub(super) async fn finish_preparation(&mut self) -> Result<(), SessionError> {
         self.out.sync(Audience::Silent);
         self.exchange().await?;
         self.state.synced();

@@ -192,9 +192,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     }
                 }
                 self.out.replies.push_synthetic(out);
-                self.state.batch = Batch::Broadcast {
+                self.state.set_batch(Batch::Broadcast {
                     sql: stmt.sql().to_string(),
-                };
+                });
                 return Ok(());
             }
             Dest::Read(read) => Spread::Read(read),
@@ -213,12 +213,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             Spread::Write(_) => (stmt.sql(), None),
         };
         let request = shard_request(sql, stmt.param_types(), bind, group)?;
-        self.state.batch = Batch::Scatter(Box::new(ScatterBatch {
+        self.state.set_batch(Batch::Scatter(Box::new(ScatterBatch {
             request,
             run,
             asked,
             executed: false,
-        }));
+        })));
         Ok(())
     }
 

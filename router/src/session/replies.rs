@@ -161,15 +161,18 @@ impl Replies {
     /// Whether a ReadyForQuery the client waits for is owed by the backend: the client's own
     /// Sync or Query is among the expected replies.
     pub fn owes_client_ready(&self) -> bool {
-        self.queue.iter().any(|e| {
-            matches!(
-                e,
-                Expect::Reply {
-                    kind: Kind::Sync | Kind::Query,
-                    audience: Audience::Client,
-                    ..
-                }
-            )
+        self.queue.iter().any(|e| match e {
+            Expect::Reply {
+                kind: Kind::Sync | Kind::Query,
+                audience: Audience::Client,
+                ..
+            } => true,
+            // The router's own answer to the client's Sync or Query (its status is the
+            // router's to tell).
+            Expect::Synthetic(bytes) => {
+                crate::protocol::frame::frames(bytes).any(|f| f.is_ok_and(|f| f[0] == b'Z'))
+            }
+            _ => false,
         })
     }
 
@@ -442,6 +445,14 @@ mod tests {
         assert!(r.is_empty());
         r.push(Kind::Sync, Audience::Client);
         assert!(r.owes_client_ready());
+        let mut r = Replies::default();
+        r.push(Kind::Sync, Audience::Silent);
+        assert!(!r.owes_client_ready());
+        r.push_synthetic(b"Z\0\0\0\x05I".to_vec());
+        assert!(
+            r.owes_client_ready(),
+            "the router's own ReadyForQuery for the client"
+        );
     }
 
     #[test]

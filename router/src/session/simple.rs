@@ -16,6 +16,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let sql = frontend::query(&frame[5..])?;
         self.sql.clear();
         self.sql.push_str(sql);
+        if self.pin.is_some() && self.state.only_prepared() {
+            // A Query in the middle of an extended batch that only prepared statements: finish
+            // that there, so the Query is routed on its own.
+            self.finish_preparation().await?;
+        }
         let pinned = self.pinned_shard();
         let dest = {
             let planned = self.routing.planner.plan(sql, &mut self.nbuf);

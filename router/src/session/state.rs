@@ -157,12 +157,21 @@ impl State {
     /// The pinned connection was lost: nothing of the client's is open anywhere now.
     pub fn lost(&mut self) {
         self.tx = Tx::Idle;
-        self.batch = Batch::Idle;
+        self.set_batch(Batch::Idle);
     }
 
     /// An error inside an extended batch: drop the client's messages until its Sync.
     pub fn skip_to_sync(&mut self) {
-        self.batch = Batch::Skipping;
+        self.set_batch(Batch::Skipping);
+    }
+
+    /// Every way out of [`Batch::Held`] drops what was held: held messages belong to their
+    /// batch only.
+    pub fn set_batch(&mut self, batch: Batch) {
+        if matches!(self.batch, Batch::Held) {
+            self.held.clear();
+        }
+        self.batch = batch;
     }
 
     pub fn skipping(&self) -> bool {
@@ -174,13 +183,13 @@ impl State {
         match &mut self.batch {
             Batch::OnBackend { executed } => *executed |= executes,
             Batch::Skipping => {}
-            other => *other = Batch::OnBackend { executed: executes },
+            _ => self.set_batch(Batch::OnBackend { executed: executes }),
         }
     }
 
     /// The batch ended (its Sync was answered).
     pub fn synced(&mut self) {
-        self.batch = Batch::Idle;
+        self.set_batch(Batch::Idle);
     }
 
     /// The held messages (empty unless the batch is [`Batch::Held`]).
@@ -200,9 +209,10 @@ impl State {
     /// The held messages, taken out to be sent (or answered): the batch no longer waits. Give
     /// the emptied storage back with [`State::keep_held`].
     pub fn take_held(&mut self) -> Held {
-        if matches!(self.batch, Batch::Held) {
-            self.batch = Batch::Idle;
+        if !matches!(self.batch, Batch::Held) {
+            return Held::default();
         }
+        self.batch = Batch::Idle;
         std::mem::take(&mut self.held)
     }
 

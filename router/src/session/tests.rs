@@ -329,3 +329,25 @@ async fn a_message_split_across_writes_is_read_whole() {
     }
     assert_eq!(c.until_ready().await, ("CZ".into(), 'T'));
 }
+
+#[tokio::test]
+async fn nothing_held_outlives_its_batch() {
+    let mut c = Client::start();
+    // A batch the router answered: a lone Sync and a lone Flush afterwards find nothing left.
+    c.send(&[parse("b", "BEGIN"), bind("b"), execute(), sync()])
+        .await;
+    assert_eq!(c.until_ready().await, ("12CZ".into(), 'T'));
+    c.send(&[sync()]).await;
+    assert_eq!(c.until_ready().await, ("Z".into(), 'T'));
+    c.send(&[flush(), sync()]).await;
+    assert_eq!(c.until_ready().await, ("Z".into(), 'T'));
+    c.send(&[query("ROLLBACK")]).await;
+    assert_eq!(c.until_ready().await, ("CZ".into(), 'I'));
+    // A batch whose shard could not be reached at its Sync: the same.
+    c.send(&[parse("", "SELECT 1"), bind(""), execute(), sync()])
+        .await;
+    let (codes, status) = c.errors_until_ready().await;
+    assert_eq!((codes.len(), status), (1, 'I'), "{codes:?}");
+    c.send(&[sync()]).await;
+    assert_eq!(c.until_ready().await, ("Z".into(), 'I'));
+}

@@ -10,6 +10,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
 
 use shardmap::{KeyType, ShardMap, Table};
 use tokio_postgres::{Client, NoTls};
@@ -223,6 +224,43 @@ impl Router {
             .unwrap()
             .as_mut()
             .is_some_and(|p| p.is_alive())
+    }
+
+    /// Sends `signal` to the router process.
+    pub fn signal(&self, signal: i32) {
+        if let Some(p) = self.process.lock().unwrap().as_ref() {
+            p.signal(signal);
+        }
+    }
+
+    /// Waits up to `timeout` for the router to exit, and returns its status.
+    pub fn wait_exit(&self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        self.process
+            .lock()
+            .unwrap()
+            .as_mut()
+            .and_then(|p| p.wait_exit(timeout))
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.join("router.toml")
+    }
+
+    /// Waits until the router's log has `count` lines with `needle` (at most 30 s).
+    pub fn wait_for_log(&self, needle: &str, count: usize) -> Vec<String> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let lines = self.log_lines(needle);
+            if lines.len() >= count {
+                return lines;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the router never logged {needle:?} {count} times:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Lines of the router's log that contain `needle`.

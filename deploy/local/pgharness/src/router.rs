@@ -158,6 +158,20 @@ impl RouterProcess {
         }
     }
 
+    /// Waits up to `timeout` for the router to exit; its status, or `None` if it still runs.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.exited() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Sends `signal` to the router.
     pub fn signal(&self, signal: i32) {
         // SAFETY: kill(2) on the pid of a process this harness started.
