@@ -403,3 +403,77 @@ fn stopped_servers_show_up_as_errors_and_timeouts_not_a_hang() {
     let codes: Vec<&String> = r.errors_by_sqlstate.keys().collect();
     assert!(codes.iter().all(|c| c.len() == 5), "{codes:?}");
 }
+
+/// Twenty reloads (SIGHUP) under steady load through the router, changing the pool size each
+/// time: not one statement fails or times out.
+#[test]
+fn reloads_under_load_fail_no_statement() {
+    let _g = serial();
+    let s = shared();
+    let env = &s.env;
+    let router = Router::start(&env.map);
+    let url = router.url();
+    let map = env.map_file.to_string_lossy().into_owned();
+    let rows = ROWS.to_string();
+    let json = env.file("reloads.json");
+    let json_arg = json.to_str().expect("path").to_string();
+    let run = std::thread::spawn(move || {
+        loadgen(&[
+            "run",
+            "--target",
+            &url,
+            "--shardmap",
+            &map,
+            "--rows-per-shard",
+            &rows,
+            "--rate-per-shard",
+            "100",
+            "--duration",
+            "6s",
+            "--connections",
+            "4",
+            "--mix",
+            "read=80,update=10,insert=10",
+            "--json",
+            &json_arg,
+            "--quiet",
+        ])
+    });
+    let config = router.config_path();
+    let text = std::fs::read_to_string(&config).expect("router.toml");
+    for i in 0..20 {
+        let size = if i % 2 == 0 { 3 } else { 8 };
+        std::fs::write(
+            &config,
+            text.replace("max_size = 8", &format!("max_size = {size}")),
+        )
+        .expect("write router.toml");
+        router.signal(libc::SIGHUP);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while router.log_text().matches("reloaded: shard map").count() < i + 1 {
+            assert!(
+                Instant::now() < deadline,
+                "reload {i} not logged:\n{}",
+                router.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    let out = run.join().expect("the run thread");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = read_report(Path::new(&json));
+    assert!(r.counts.ok > 1000, "{:?}", r.counts);
+    assert_eq!(
+        (r.counts.errors, r.counts.timeouts),
+        (0, 0),
+        "{:?}\n{}",
+        r.errors_by_sqlstate,
+        router.log_text()
+    );
+    assert!(!router.log_text().contains("reload refused"));
+}

@@ -153,6 +153,15 @@ impl Router {
     pub fn log_text(&self) -> String {
         self.process.log_text()
     }
+
+    /// Sends `signal` to the router.
+    pub fn signal(&self, signal: i32) {
+        self.process.signal(signal);
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.join("router.toml")
+    }
 }
 
 impl Drop for Router {
