@@ -25,6 +25,10 @@ pub const INVALID_PARAMETER_VALUE: &str = "22023";
 pub const PROGRAM_LIMIT_EXCEEDED: &str = "54000";
 pub const QUERY_CANCELED: &str = "57014";
 pub const ADMIN_SHUTDOWN: &str = "57P01";
+pub const CANNOT_CONNECT_NOW: &str = "57P03";
+pub const CONFIG_FILE_ERROR: &str = "F0000";
+pub const INSUFFICIENT_PRIVILEGE: &str = "42501";
+pub const UNDEFINED_OBJECT: &str = "42704";
 pub const INTERNAL_ERROR: &str = "XX000";
 
 /// A shard's pool had no free connection for the whole checkout timeout.
@@ -37,6 +41,18 @@ pub fn pool_exhausted(shard: &str, endpoint: &str, waited: Duration) -> SqlError
         ),
     )
     .with_hint("the shard is overloaded or its pool is too small: raise [pool] max_size, or retry")
+}
+
+/// A shard stayed paused (admin `PAUSE`) for the whole pause timeout.
+pub fn shard_paused(shard: &str, waited: Duration) -> SqlError {
+    SqlError::new(
+        CANNOT_CONNECT_NOW,
+        format!(
+            "shard {shard} is paused and was not resumed within {} ms",
+            waited.as_millis()
+        ),
+    )
+    .with_hint("an operator paused the shard (PAUSE in the admin console); retry after RESUME")
 }
 
 /// A shard's primary could not be reached (`refused`: it refused the router's login).

@@ -22,6 +22,8 @@
 //! | [`merge`] | exact merges of shard answers (sorting, grouping, aggregates), sans-IO |
 //! | [`backend`] | connections to the shards' primaries, pools, prepared statements, catalog |
 //! | [`server`] | listening, login, what all sessions share, the client table |
+//! | [`admin`] | the admin console (`SHOW ...`, `RELOAD`, `PAUSE`, `SHUTDOWN`) |
+//! | [`stats`] | what the router counts, recorded per worker without locks; `/metrics` text |
 //! | [`auth`] | SCRAM-SHA-256 server side, sans-IO |
 //! | [`config`] | `router.toml`: model, file form, checks |
 //! | [`errors`] | every SQLSTATE the router raises, and its own error messages |
@@ -30,6 +32,7 @@
 //! Only `server`, `session` (its `relay`, `pin` and `client` parts), `multishard` and `backend`
 //! do I/O; everything they decide with is pure and unit tested without sockets.
 
+pub mod admin;
 pub mod auth;
 pub mod backend;
 pub mod cli;
@@ -42,3 +45,4 @@ pub mod protocol;
 pub mod resolver;
 pub mod server;
 pub mod session;
+pub mod stats;

@@ -187,9 +187,12 @@ async fn sigterm_under_load_cuts_no_statement() {
     let router = Router::start_with(&env.map, "");
     let url = router.url();
     let mut workers = Vec::new();
+    // Clients that have had an update through: the signal waits for all of them.
+    let running = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     for w in 0..6i64 {
         let url = url.clone();
         let key = env.key_on((w % 4) as usize, 3_000_000 + w * 10_000);
+        let running = running.clone();
         workers.push(tokio::spawn(async move {
             let (client, end) = client_with_end(&url).await;
             client
@@ -200,7 +203,12 @@ async fn sigterm_under_load_cuts_no_statement() {
             loop {
                 let update = format!("UPDATE kv SET v = '{}' WHERE id = {key}", done + 1);
                 match client.simple_query(&update).await {
-                    Ok(_) => done += 1,
+                    Ok(_) => {
+                        done += 1;
+                        if done == 1 {
+                            running.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
                     Err(e) => {
                         let code = e.code().map(|c| c.code().to_string());
                         let end = end.await.ok().flatten();
@@ -218,7 +226,11 @@ async fn sigterm_under_load_cuts_no_statement() {
             }
         }));
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while running.load(std::sync::atomic::Ordering::Relaxed) < 6 {
+        assert!(Instant::now() < deadline, "the clients never got going");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     router.signal(libc::SIGTERM);
     for w in workers {
         let (key, done) = tokio::time::timeout(Duration::from_secs(30), w)
@@ -238,4 +250,26 @@ async fn sigterm_under_load_cuts_no_statement() {
         .expect("the router exits");
     assert!(status.success(), "{status}");
     let _ = (USER, PASSWORD, DATABASE);
+}
+
+/// A second router on the port of a running one refuses to start ("address in use") instead
+/// of silently sharing the port and half of its clients.
+#[test]
+fn a_second_router_on_a_taken_port_refuses_to_start() {
+    let env = common::shared_env();
+    let router = Router::start_with(&env.map, "");
+    let out = std::process::Command::new(common::shardgate_bin())
+        .arg("--config")
+        .arg(router.config_path())
+        .args(["--threads", "2"])
+        .output()
+        .expect("run a second router");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot listen on 127.0.0.1:{}", router.port))
+            && stderr.contains("in use"),
+        "{stderr}"
+    );
+    assert!(router.is_alive());
 }

@@ -7,12 +7,14 @@
 //! | [`pool`] | one independent pool of connections per (host, port, database) |
 //! | [`prepared`] | which router statements one connection has prepared (bounded, LRU) |
 //! | [`registry`] | the router-wide registry of prepared statement texts (`sg_<id>`) |
+//! | [`health`] | whether each primary answers (up, down, last error) |
 //! | [`catalog`] | what the router learns from a shard's catalog (key positions, collation) |
 //! | [`cancel`] | cancel requests to a backend or to another router |
 
 pub mod cancel;
 pub mod catalog;
 pub mod conn;
+pub mod health;
 pub mod pool;
 pub mod prepared;
 pub mod registry;

@@ -223,6 +223,17 @@ impl ShardPool {
         self.pool.status()
     }
 
+    /// The backend pid of each idle connection and how long it has been idle (for the admin
+    /// console; takes the pool's lock once).
+    pub fn idle(&self) -> Vec<(i32, Duration)> {
+        let mut idle = Vec::new();
+        self.pool.retain(|conn, m| {
+            idle.push((conn.pid, m.last_used()));
+            true
+        });
+        idle
+    }
+
     /// This pool with new sizes and timeouts, keeping its connections (a reload that changes
     /// pool settings but not where or how to log in).
     fn retuned(&self, endpoint: Endpoint, s: &PoolSettings) -> ShardPool {

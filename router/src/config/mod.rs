@@ -58,6 +58,9 @@ pub struct Config {
     pub shutdown: Shutdown,
     /// `[reload]`: whether the router watches its files.
     pub reload: Reload,
+    /// `[http] listen`: the address of the HTTP side port (`/metrics`, `/health`, `/ready`).
+    /// Off when absent.
+    pub http: Option<SocketAddr>,
     /// `router_id`: this router's number in its fleet, 0 to 127 (default 0). It is part of the
     /// BackendKeyData every client gets, so a cancel request that reaches another router of
     /// the fleet can be forwarded here.
@@ -101,6 +104,9 @@ pub struct User {
     /// `password`: a plain password or a Postgres `SCRAM-SHA-256$...` verifier (as in
     /// `pg_authid`); after loading always [`Secret::Scram`].
     pub secret: Secret,
+    /// `admin`: may also log in to the admin console (the database `shardgate`). Default
+    /// false.
+    pub admin: bool,
 }
 
 /// `[backend]`: the credentials and session settings of the router's connections to shards.
@@ -142,6 +148,9 @@ pub struct Pool {
     /// `idle_timeout_ms`: idle connections above `min_idle` are closed after this long.
     /// Default 600000 (10 minutes); 0 = never.
     pub idle_timeout: Option<Duration>,
+    /// `pause_timeout_ms`: how long a statement waits for a shard the admin console paused
+    /// (`PAUSE`) before the client gets `57P03`. Default 60000; more than 0.
+    pub pause_timeout: Duration,
 }
 
 /// `[limits]`.
@@ -259,6 +268,7 @@ pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
     let limits = sections::limits(&raw.limits, &mut check);
     let shutdown = sections::shutdown(&raw.shutdown, &mut check);
     let reload = sections::reload(&raw.reload, &mut check);
+    let http = sections::http(&raw.http, &mut check);
     if !check.problems.is_empty() {
         return check.finish(origin, None);
     }
@@ -269,6 +279,7 @@ pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
         .map(|(u, _)| User {
             name: u.name,
             secret: u.secret.into_scram(),
+            admin: u.admin,
         })
         .collect();
     let config = Config {
@@ -283,6 +294,7 @@ pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
         limits,
         shutdown,
         reload,
+        http,
         router_id,
         peers,
     };

@@ -24,6 +24,8 @@ pub(super) struct RawConfig {
     pub(super) shutdown: RawShutdown,
     #[serde(default)]
     pub(super) reload: RawReload,
+    #[serde(default)]
+    pub(super) http: RawHttp,
     pub(super) router_id: Option<Spanned<i64>>,
     #[serde(default)]
     pub(super) peers: Vec<Spanned<RawPeer>>,
@@ -41,6 +43,7 @@ pub(super) struct RawPeer {
 pub(super) struct RawUser {
     pub(super) name: Option<Spanned<String>>,
     pub(super) password: Option<Spanned<String>>,
+    pub(super) admin: Option<bool>,
 }
 
 #[derive(Deserialize, Default)]
@@ -59,6 +62,7 @@ pub(super) struct RawPool {
     pub(super) connect_timeout_ms: Option<Spanned<i64>>,
     pub(super) checkout_timeout_ms: Option<Spanned<i64>>,
     pub(super) idle_timeout_ms: Option<Spanned<i64>>,
+    pub(super) pause_timeout_ms: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -84,4 +88,10 @@ pub(super) struct RawShutdown {
 pub(super) struct RawReload {
     pub(super) watch: Option<bool>,
     pub(super) watch_interval_ms: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHttp {
+    pub(super) listen: Option<Spanned<String>>,
 }

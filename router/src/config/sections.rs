@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use toml::Spanned;
 
 use super::check::Checker;
-use super::raw::{RawBackend, RawConfig, RawLimits, RawPool, RawReload, RawShutdown};
+use super::raw::{RawBackend, RawConfig, RawHttp, RawLimits, RawPool, RawReload, RawShutdown};
 use super::{
     AuthMethod, Backend, Limits, Peer, Pool, Reload, Shutdown, User, DEFAULT_LISTEN, MAX_ROUTER_ID,
 };
@@ -17,22 +17,37 @@ use crate::auth::Secret;
 
 /// `listen`.
 pub(super) fn listen(raw: &RawConfig, check: &mut Checker<'_>) -> SocketAddr {
-    let listen_text = raw
-        .listen
-        .as_ref()
-        .map_or(DEFAULT_LISTEN, |l| l.get_ref().as_str());
-    match listen_text.trim().parse::<SocketAddr>() {
-        Ok(addr) => addr,
+    address(raw.listen.as_ref(), "listen", "6432", check)
+        .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 6432)))
+}
+
+/// `[http] listen`: the HTTP side port, off when absent.
+pub(super) fn http(h: &RawHttp, check: &mut Checker<'_>) -> Option<SocketAddr> {
+    h.listen.as_ref()?;
+    address(h.listen.as_ref(), "http.listen", "9930", check)
+}
+
+/// An IP address and port (`key` names it in the message, `port` is the example's port);
+/// absent means [`DEFAULT_LISTEN`].
+fn address(
+    raw: Option<&Spanned<String>>,
+    key: &str,
+    port: &str,
+    check: &mut Checker<'_>,
+) -> Option<SocketAddr> {
+    let text = raw.map_or(DEFAULT_LISTEN, |l| l.get_ref().as_str());
+    match text.trim().parse::<SocketAddr>() {
+        Ok(addr) => Some(addr),
         Err(_) => {
-            let line = raw.listen.as_ref().map_or(0, |l| check.line(l.span()));
+            let line = raw.map_or(0, |l| check.line(l.span()));
             check.add(
                 line,
                 format!(
-                    "listen {listen_text:?} is not an IP address and port; write it like \
-                     \"127.0.0.1:6432\" or \"[::]:6432\" (host names are not accepted)"
+                    "{key} {text:?} is not an IP address and port; write it like \
+                     \"127.0.0.1:{port}\" or \"[::]:{port}\" (host names are not accepted)"
                 ),
             );
-            SocketAddr::from(([127, 0, 0, 1], 6432))
+            None
         }
     }
 }
@@ -200,7 +215,15 @@ pub(super) fn users(
             );
             continue;
         }
-        users.push((User { name, secret }, entry));
+        let admin = u.admin.unwrap_or(false);
+        users.push((
+            User {
+                name,
+                secret,
+                admin,
+            },
+            entry,
+        ));
     }
     // A user whose entry is broken is not in `users`, but it was meant to be: only complain
     // about "no users" when none were written at all.
@@ -263,6 +286,7 @@ pub(super) fn pool(p: &RawPool, check: &mut Checker<'_>) -> Pool {
         connect_timeout: check.timeout(&p.connect_timeout_ms, "pool.connect_timeout_ms", 2000),
         checkout_timeout: check.timeout(&p.checkout_timeout_ms, "pool.checkout_timeout_ms", 5000),
         idle_timeout: check.optional_ms(&p.idle_timeout_ms, "pool.idle_timeout_ms", 600_000),
+        pause_timeout: check.timeout(&p.pause_timeout_ms, "pool.pause_timeout_ms", 60_000),
     }
 }
 

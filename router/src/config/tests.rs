@@ -50,6 +50,7 @@ password = "app-password"
 [[users]]
 name = "admin"
 password = "{VERIFIER}"
+admin = true
 
 [backend]
 user = "router"
@@ -62,12 +63,16 @@ min_idle = 2
 connect_timeout_ms = 1500
 checkout_timeout_ms = 3000
 idle_timeout_ms = 0
+pause_timeout_ms = 9000
 
 [limits]
 max_clients = 500
 statement_timeout_ms = 30000
 plan_cache_size = 0
 slow_statement_ms = 250
+
+[http]
+listen = "127.0.0.1:9930"
 "#
     );
     let c = parse_str(&text).unwrap();
@@ -90,6 +95,8 @@ slow_statement_ms = 250
         Secret::Scram(ScramVerifier::parse(VERIFIER).unwrap())
     );
     assert!(c.user("nobody").is_none());
+    assert!(c.user("admin").unwrap().admin && !c.user("app").unwrap().admin);
+    assert_eq!(c.http, Some("127.0.0.1:9930".parse().unwrap()));
     assert_eq!(c.backend.user, "router");
     assert_eq!(c.backend.password.as_deref(), Some("backend-secret"));
     assert_eq!(c.backend.application_name, "sg");
@@ -101,6 +108,7 @@ slow_statement_ms = 250
             connect_timeout: Duration::from_millis(1500),
             checkout_timeout: Duration::from_secs(3),
             idle_timeout: None,
+            pause_timeout: Duration::from_secs(9),
         }
     );
     assert_eq!(
@@ -149,6 +157,7 @@ fn documented_examples_parse() {
 fn defaults() {
     let c = parse_str(MINIMAL).unwrap();
     assert_eq!(c.listen, DEFAULT_LISTEN.parse().unwrap());
+    assert_eq!(c.http, None, "the HTTP side port is off unless asked for");
     assert_eq!(c.auth, AuthMethod::ScramSha256);
     assert_eq!(c.backend.user, "postgres");
     assert_eq!(c.backend.password, None);
@@ -161,6 +170,7 @@ fn defaults() {
             connect_timeout: Duration::from_secs(2),
             checkout_timeout: Duration::from_secs(5),
             idle_timeout: Some(Duration::from_secs(600)),
+            pause_timeout: Duration::from_secs(60),
         }
     );
     assert_eq!(
@@ -391,6 +401,16 @@ fn bad_limits() {
         &format!("{MINIMAL}[limits]\nslow_statement_ms = -1\n"),
         7,
         "limits.slow_statement_ms",
+    );
+    one_problem(
+        &format!("{MINIMAL}[http]\nlisten = \"localhost:9930\"\n"),
+        7,
+        "http.listen \"localhost:9930\" is not an IP address",
+    );
+    one_problem(
+        &format!("{MINIMAL}[pool]\npause_timeout_ms = 0\n"),
+        7,
+        "pool.pause_timeout_ms",
     );
 }
 

@@ -18,6 +18,15 @@ pub fn error_fields(frame: &[u8]) -> (String, String) {
     (code, message)
 }
 
+/// The class (first two characters) of the SQLSTATE in an ErrorResponse body, without
+/// allocating: what the router's error counters are kept by.
+pub fn sqlstate_class(body: &[u8]) -> Option<[u8; 2]> {
+    body.split(|&b| b == 0).find_map(|field| match field {
+        [b'C', a, b, ..] => Some([*a, *b]),
+        _ => None,
+    })
+}
+
 /// The number in a CommandComplete body such as `SELECT 42` or `INSERT 0 3` (0 when none).
 pub fn rows_in_tag(body: &[u8]) -> u64 {
     let text = body.strip_suffix(b"\0").unwrap_or(body);
@@ -59,6 +68,8 @@ mod tests {
             error_fields(&frame),
             ("42P07".to_string(), "exists".to_string())
         );
+        assert_eq!(sqlstate_class(&frame[5..]), Some(*b"42"));
+        assert_eq!(sqlstate_class(b"SERROR\0Mno code\0\0"), None);
         assert_eq!(ready_status(b"Z\0\0\0\x05T"), Some(TxStatus::InTransaction));
     }
 }

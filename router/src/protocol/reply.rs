@@ -33,7 +33,7 @@ impl TxStatus {
 /// An error or notice as Postgres would send it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SqlError {
-    /// `ERROR` or `FATAL`.
+    /// `ERROR`, `FATAL` or `NOTICE`.
     pub severity: &'static str,
     /// The SQLSTATE: one of the router's own (static), or one passed on from Postgres.
     pub code: std::borrow::Cow<'static, str>,
@@ -60,6 +60,14 @@ impl SqlError {
         }
     }
 
+    /// A notice (NoticeResponse), for what the client should read but is not an error.
+    pub fn notice(message: impl Into<String>) -> SqlError {
+        SqlError {
+            severity: "NOTICE",
+            ..SqlError::new("00000", message)
+        }
+    }
+
     /// An error with a SQLSTATE that came from Postgres.
     pub fn with_code(code: String, message: impl Into<String>) -> SqlError {
         SqlError {
@@ -78,9 +86,14 @@ impl SqlError {
         self
     }
 
-    /// Appends this error as an ErrorResponse.
+    /// Appends this error as an ErrorResponse (a notice as a NoticeResponse).
     pub fn write(&self, out: &mut Vec<u8>) {
-        let at = begin_frame(out, b'E');
+        let tag = if self.severity == "NOTICE" {
+            b'N'
+        } else {
+            b'E'
+        };
+        let at = begin_frame(out, tag);
         let mut field = |tag: u8, value: &str| {
             out.push(tag);
             // A NUL inside would end the field early; Postgres never sends one either.

@@ -10,12 +10,15 @@ use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
+use super::clients::ClientInfo;
 use super::handshake;
 use super::lifecycle::Phase;
 use super::Shared;
 use crate::errors;
 use crate::protocol::reply::SqlError;
+use crate::protocol::startup::Startup;
 use crate::session::{Session, Settings};
+use crate::stats::Stats;
 
 /// Accepts clients until the router closes for a drain (the listener is dropped then).
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Result<()> {
@@ -52,6 +55,7 @@ async fn client(mut stream: TcpStream, shared: Arc<Shared>, peer: std::net::Sock
         .with_hint("raise [limits] max_clients in the router config, or use fewer connections")
         .write(&mut out);
         let _ = stream.write_all(&out).await;
+        Stats::count(&shared.stats.clients_refused);
         return;
     }
     let mut buf = BytesMut::with_capacity(16 * 1024);
@@ -60,11 +64,34 @@ async fn client(mut stream: TcpStream, shared: Arc<Shared>, peer: std::net::Sock
         Ok(handshake::Outcome::Done) => return,
         Err(e) => {
             tracing::info!(%peer, "login failed: {e}");
+            if !matches!(e, handshake::HandshakeError::Io(_)) {
+                Stats::count(&shared.stats.clients_refused);
+            }
             return;
         }
     };
+    Stats::count(&shared.stats.clients_accepted);
     let id = login.id;
     tracing::debug!(%peer, user = %login.user, client = id, "client logged in");
+    login.slot.describe(ClientInfo {
+        user: login.user.clone(),
+        database: Startup::param(&login.params, "database")
+            .unwrap_or(&login.user)
+            .to_string(),
+        addr: peer,
+        application_name: Startup::param(&login.params, "application_name")
+            .unwrap_or_default()
+            .to_string(),
+        connected: std::time::SystemTime::now(),
+        tls: false,
+    });
+    if login.admin {
+        if let Err(e) = crate::admin::run(shared.clone(), stream, buf).await {
+            tracing::info!(%peer, client = id, "admin session ended: {e}");
+        }
+        shared.clients.remove(id);
+        return;
+    }
     let settings = Settings::from_startup(&login.params);
     let session = Session::new(shared.clone(), stream, buf, login.slot, settings);
     if let Err(e) = session.run().await {

@@ -1,5 +1,5 @@
-//! The router's clients, as cancel requests need them: each client's BackendKeyData, and the
-//! backend its current statement runs on.
+//! The router's clients, as cancel requests and the admin console need them: each client's
+//! BackendKeyData, who it is ([`ClientInfo`]), and the backend its current statement runs on.
 //!
 //! A session publishes where it runs on every checkout of a backend connection, so publishing
 //! must be cheap and must not lock: [`ClientSlot`] is a small sequence lock with one writer
@@ -7,8 +7,10 @@
 //! The table of clients is locked only on connect, disconnect and cancel.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::SystemTime;
 
 /// The low bits of a client's BackendKeyData process id number the client; the bits above
 /// them are the router's id, so any router of a fleet can tell whose client a cancel is for.
@@ -29,9 +31,21 @@ pub struct CancelTarget {
     pub secret: i32,
 }
 
+/// Who a client is, set once at login (`SHOW CLIENTS`).
+#[derive(Clone, Debug)]
+pub struct ClientInfo {
+    pub user: String,
+    pub database: String,
+    pub addr: SocketAddr,
+    pub application_name: String,
+    pub connected: SystemTime,
+    pub tls: bool,
+}
+
 /// The part of a client session that other tasks may read.
 pub struct ClientSlot {
     pub secret: i32,
+    info: OnceLock<ClientInfo>,
     /// Even when stable, odd while the session writes the fields below.
     seq: AtomicU32,
     /// Shard index + 1, or 0 when the client runs nothing.
@@ -46,11 +60,21 @@ impl ClientSlot {
     pub fn new(secret: i32) -> ClientSlot {
         ClientSlot {
             secret,
+            info: OnceLock::new(),
             seq: AtomicU32::new(0),
             shard: AtomicU32::new(0),
             generation: AtomicU64::new(0),
             key: AtomicU64::new(0),
         }
+    }
+
+    /// Says who the client is (once, after its login).
+    pub fn describe(&self, info: ClientInfo) {
+        let _ = self.info.set(info);
+    }
+
+    pub fn info(&self) -> Option<&ClientInfo> {
+        self.info.get()
     }
 
     /// Publishes where the client's statements run now (`None`: nowhere). Only the client's
@@ -134,6 +158,19 @@ impl Clients {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&id);
+    }
+
+    /// Every client, by id.
+    pub fn list(&self) -> Vec<(i32, Arc<ClientSlot>)> {
+        let mut all: Vec<(i32, Arc<ClientSlot>)> = self
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(id, slot)| (*id, slot.clone()))
+            .collect();
+        all.sort_by_key(|(id, _)| *id);
+        all
     }
 
     pub fn count(&self) -> usize {

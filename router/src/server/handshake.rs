@@ -23,9 +23,14 @@ use crate::protocol::startup::{self, Startup};
 
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The database name of the admin console.
+pub const ADMIN_DATABASE: &str = "shardgate";
+
 /// A logged-in client.
 pub struct Login {
     pub user: String,
+    /// Logged in to the admin console ([`ADMIN_DATABASE`]) rather than the application's.
+    pub admin: bool,
     pub params: Vec<(String, String)>,
     pub id: i32,
     pub slot: Arc<ClientSlot>,
@@ -139,7 +144,8 @@ async fn handshake(
         .to_string();
     let routing = shared.routing();
     let config = &routing.config;
-    if database != config.database {
+    let admin = database == ADMIN_DATABASE && database != config.database;
+    if database != config.database && !admin {
         let err = SqlError::fatal(
             errors::UNKNOWN_DATABASE,
             format!("database \"{database}\" does not exist"),
@@ -156,6 +162,14 @@ async fn handshake(
             let err = SqlError::fatal(e.sqlstate(), e.client_message(&user));
             return Err(refuse(stream, err).await);
         }
+    }
+    if admin && !config.user(&user).is_some_and(|u| u.admin) {
+        let err = SqlError::fatal(
+            errors::INSUFFICIENT_PRIVILEGE,
+            format!("user \"{user}\" may not use the admin console"),
+        )
+        .with_hint("mark the user with admin = true in [[users]] of the router config");
+        return Err(refuse(stream, err).await);
     }
 
     let (id, slot) = shared.clients.add();
@@ -185,6 +199,7 @@ async fn handshake(
     }
     Ok(Outcome::LoggedIn(Login {
         user,
+        admin,
         params,
         id,
         slot,

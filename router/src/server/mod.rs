@@ -15,11 +15,14 @@ use std::sync::Arc;
 mod accept;
 pub mod clients;
 pub mod handshake;
+pub mod http;
 pub mod lifecycle;
+pub mod pause;
+mod probe;
 mod routing;
 mod shared;
 
-pub use routing::{pool_settings, Routing};
+pub use routing::{pool_settings, Board, Routing};
 pub use shared::{set_worker, worker, Reloaded, Shared};
 
 use crate::config;
@@ -30,6 +33,16 @@ pub fn load(config_path: &Path, workers: usize) -> Result<Shared, String> {
     let config = config::load(config_path).map_err(|e| e.to_string())?;
     let map = shardmap::load(&config.shardmap).map_err(|e| e.to_string())?;
     Ok(Shared::new(config, map, workers.max(1)))
+}
+
+/// Fails when something else listens on `addr` already. The router's own sockets share the
+/// port (SO_REUSEPORT), and so would another process's of the same user, silently taking
+/// half the clients; a plain bind first makes that an "address in use" at start.
+fn ensure_free(addr: SocketAddr) -> std::io::Result<()> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())
 }
 
 /// One listening socket of the router's address; several may be bound at once.
@@ -51,10 +64,10 @@ pub fn run(shared: Shared) -> Result<(), String> {
     let routing = shared.routing();
     let listen = routing.config.listen;
     let workers = shared.workers();
-    let listeners = (0..workers)
-        .map(|_| listener(listen))
-        .collect::<std::io::Result<Vec<_>>>()
+    let listeners: Vec<std::net::TcpListener> = ensure_free(listen)
+        .and_then(|()| (0..workers).map(|_| listener(listen)).collect())
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    let http = routing.config.http.map(http::bind).transpose()?;
     let shared = Arc::new(shared);
     // Worker 0 says when it has asked a shard for what the router learns at start.
     let (warmed, warm) = std::sync::mpsc::channel();
@@ -79,6 +92,7 @@ pub fn run(shared: Shared) -> Result<(), String> {
         shards = routing.map.shards().len(),
         shardmap_version = routing.map.version(),
         database = %routing.config.database,
+        http = %routing.config.http.map_or("off".to_string(), |a| a.to_string()),
         catalog,
         "shardgate is ready"
     );
@@ -87,7 +101,13 @@ pub fn run(shared: Shared) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
-    rt.block_on(lifecycle::control(shared));
+    rt.block_on(async move {
+        tokio::spawn(probe::run(shared.clone()));
+        if let Some(listener) = http {
+            tokio::spawn(http::serve(listener, shared.clone()));
+        }
+        lifecycle::control(shared).await
+    });
     tracing::info!("shutting down");
     Ok(())
 }
@@ -117,6 +137,8 @@ fn worker_main(
                 std::process::exit(1);
             }
         };
+        let counted = shared.clone();
+        tokio::spawn(async move { counted.stats.worker().await });
         let maintained = shared.clone();
         tokio::spawn(async move {
             // Every pool of this worker within its idle limits, in the current routing.

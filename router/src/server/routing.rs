@@ -10,13 +10,16 @@ use std::sync::Arc;
 
 use shardmap::ShardMap;
 
+use super::pause::Pauses;
 use super::shared::worker;
+use crate::backend::health::{Health, HealthBoard};
 use crate::backend::pool::{CheckoutError, PoolSettings, PooledConn, Pools};
 use crate::backend::BackendError;
 use crate::config::Config;
 use crate::errors;
 use crate::planner::Planner;
 use crate::protocol::reply::SqlError;
+use crate::stats::Stats;
 
 pub struct Routing {
     /// Counts reloads from 1; a session compares it to see whether it should switch.
@@ -28,6 +31,19 @@ pub struct Routing {
     pools: Vec<Pools>,
     /// The shards' database collation is C (or POSIX): text compares by bytes.
     text_bytewise: AtomicBool,
+    /// Each shard's stats id (by shard index).
+    stats_ids: Vec<u32>,
+    /// Each shard's primary's health (by shard index).
+    health: Vec<Arc<Health>>,
+    pauses: Arc<Pauses>,
+}
+
+/// What routings share with the rest of the process: the counters and what is known of each
+/// primary's health, both kept across reloads.
+pub struct Board<'a> {
+    pub stats: &'a Stats,
+    pub health: &'a HealthBoard,
+    pub pauses: &'a Arc<Pauses>,
 }
 
 /// How the config sizes and logs in the pools.
@@ -53,9 +69,20 @@ impl Routing {
         workers: usize,
         generation: u64,
         previous: Option<&Routing>,
+        board: Board<'_>,
     ) -> Routing {
         let settings = pool_settings(&config);
         let map = Arc::new(map);
+        let stats_ids = map
+            .shards()
+            .iter()
+            .map(|s| board.stats.shard_id(&s.range.to_string()))
+            .collect();
+        let health = map
+            .shards()
+            .iter()
+            .map(|s| board.health.of(&s.primary.endpoint()))
+            .collect();
         let pools = (0..workers.max(1))
             .map(|w| Pools::new(&map, &settings, previous.map(|p| p.pools_of(w))))
             .collect();
@@ -68,6 +95,9 @@ impl Routing {
             text_bytewise: AtomicBool::new(
                 previous.is_some_and(|p| p.text_bytewise.load(Ordering::Relaxed)),
             ),
+            stats_ids,
+            health,
+            pauses: board.pauses.clone(),
         }
     }
 
@@ -95,25 +125,49 @@ impl Routing {
     }
 
     /// A connection to `shard` from this worker's pool, or the error a client gets for it
-    /// (53300 when the pool stays busy, 08006/08001 when the shard cannot be reached).
+    /// (53300 when the pool stays busy, 08006/08001 when the shard cannot be reached, 57P03
+    /// when it stays paused).
     pub async fn checkout(&self, shard: usize) -> Result<PooledConn, SqlError> {
-        self.pools()
-            .for_shard(shard)
-            .get()
-            .await
-            .map_err(|e| match e {
-                CheckoutError::Exhausted { endpoint, waited } => {
-                    errors::pool_exhausted(&self.shard_name(shard), &endpoint, waited)
-                }
-                CheckoutError::Unreachable(e) => errors::shard_unreachable(
+        let timeout = self.config.pool.pause_timeout;
+        if !self.pauses.wait(|| self.shard_name(shard), timeout).await {
+            return Err(errors::shard_paused(&self.shard_name(shard), timeout));
+        }
+        let pool = self.pools().for_shard(shard);
+        match pool.get().await {
+            Ok(conn) => {
+                self.health[shard].up(&pool.endpoint.name());
+                Ok(conn)
+            }
+            Err(CheckoutError::Exhausted { endpoint, waited }) => Err(errors::pool_exhausted(
+                &self.shard_name(shard),
+                &endpoint,
+                waited,
+            )),
+            Err(CheckoutError::Unreachable(e)) => {
+                self.health[shard].down(&pool.endpoint.name(), &e.to_string());
+                Err(errors::shard_unreachable(
                     &self.shard_name(shard),
                     matches!(
                         e,
                         BackendError::Refused { .. } | BackendError::NoPassword { .. }
                     ),
                     &e.to_string(),
-                ),
-            })
+                ))
+            }
+        }
+    }
+
+    /// Shard `shard`'s stats id ([`Stats::shard_id`]).
+    pub fn stats_id(&self, shard: usize) -> u32 {
+        self.stats_ids
+            .get(shard)
+            .copied()
+            .unwrap_or(crate::stats::NO_SHARD)
+    }
+
+    /// The health of shard `shard`'s primary.
+    pub fn health(&self, shard: usize) -> &Arc<Health> {
+        &self.health[shard]
     }
 
     /// Whether text sorts by its bytes on the shards (their collation is C), learned from the

@@ -14,9 +14,11 @@ use arc_swap::ArcSwap;
 use shardmap::ShardMap;
 
 use super::clients::Clients;
-use super::routing::Routing;
+use super::routing::{Board, Routing};
+use crate::backend::health::HealthBoard;
 use crate::backend::registry::Registry;
 use crate::config::Config;
+use crate::stats::Stats;
 
 thread_local! {
     /// Which worker thread this is (0 outside workers).
@@ -54,6 +56,14 @@ pub struct Shared {
     workers: usize,
     /// Serving, draining, closing.
     pub lifecycle: super::lifecycle::Lifecycle,
+    /// What the router counts (`/metrics`, `SHOW STATS`).
+    pub stats: Stats,
+    /// Whether each primary answers.
+    pub health: HealthBoard,
+    /// Shards paused by the admin console.
+    pub pauses: Arc<super::pause::Pauses>,
+    /// Every shard of the map has answered once since the start (`/ready`).
+    ready: AtomicBool,
 }
 
 /// What a reload did.
@@ -67,7 +77,14 @@ pub struct Reloaded {
 impl Shared {
     pub fn new(config: Config, map: ShardMap, workers: usize) -> Shared {
         let router_id = config.router_id;
-        let routing = Arc::new(Routing::new(config, map, workers, 1, None));
+        let (stats, health) = (Stats::default(), HealthBoard::default());
+        let pauses = Arc::new(super::pause::Pauses::default());
+        let board = Board {
+            stats: &stats,
+            health: &health,
+            pauses: &pauses,
+        };
+        let routing = Arc::new(Routing::new(config, map, workers, 1, None, board));
         Shared {
             routings: Mutex::new(vec![Arc::downgrade(&routing)]),
             routing: ArcSwap::new(routing),
@@ -81,6 +98,25 @@ impl Shared {
             next_any: AtomicUsize::new(0),
             workers: workers.max(1),
             lifecycle: Default::default(),
+            stats,
+            health,
+            pauses,
+            ready: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether `/ready` says yes: serving (not draining), and every shard's primary has
+    /// answered at least once since the start.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+            && self.lifecycle.phase() == super::lifecycle::Phase::Serving
+    }
+
+    /// Every shard of the current map has answered once: the router is ready (for good; a
+    /// shard that goes down later fails its own statements, not the whole router).
+    pub fn set_ready(&self) {
+        if !self.ready.swap(true, Ordering::Relaxed) {
+            tracing::info!("every shard has answered: ready");
         }
     }
 
@@ -117,6 +153,16 @@ impl Shared {
     /// current ones keep serving. Settings that cannot change while running (the listen address,
     /// the router id) keep their running values and are named in the summary.
     pub async fn reload(&self) -> Result<Reloaded, String> {
+        let reloaded = self.reload_files().await;
+        let counter = match reloaded {
+            Ok(_) => &self.stats.reloads,
+            Err(_) => &self.stats.reloads_refused,
+        };
+        Stats::count(counter);
+        reloaded
+    }
+
+    async fn reload_files(&self) -> Result<Reloaded, String> {
         let _one = self.reloading.lock().await;
         let current = self.routing();
         let mut config = crate::config::load(&current.config.source).map_err(|e| e.to_string())?;
@@ -136,6 +182,16 @@ impl Shared {
             ));
             config.router_id = current.config.router_id;
         }
+        if config.http != current.config.http {
+            let show =
+                |a: Option<std::net::SocketAddr>| a.map_or("off".to_string(), |a| a.to_string());
+            restart.push(format!(
+                "http.listen {} (still {} until a restart)",
+                show(config.http),
+                show(current.config.http)
+            ));
+            config.http = current.config.http;
+        }
         let generation = current.generation + 1;
         let (old_version, shards) = (current.map.version(), map.shards().len());
         let new_version = map.version();
@@ -145,7 +201,13 @@ impl Shared {
             self.workers,
             generation,
             Some(&current),
+            Board {
+                stats: &self.stats,
+                health: &self.health,
+                pauses: &self.pauses,
+            },
         ));
+        self.stats.retire_planner(current.planner.cache_stats());
         drop(current);
         // What the router knows of the shards' catalog is learned for the new map first.
         crate::backend::catalog::learn(&next).await;

@@ -1,12 +1,13 @@
 //! The client's side of a session: its socket (any `AsyncRead + AsyncWrite`, so a session also
-//! runs over an in-memory pipe in tests), the bytes read from it and not yet handled, and the
-//! bytes owed to it.
+//! runs over an in-memory pipe in tests), the bytes read from it and not yet handled, the
+//! bytes owed to it, and the meter that sees every byte go out (`crate::stats::meter`).
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::protocol::frame::{frames, next_frame};
 use crate::protocol::FrameError;
+use crate::stats::{local, meter::Meter};
 
 /// Answers are flushed to the client once this much is buffered (a big read streams).
 pub const FLUSH_AT: usize = 64 * 1024;
@@ -17,6 +18,8 @@ pub struct ClientIo<S> {
     pub rbuf: BytesMut,
     /// Bytes for the client not yet written.
     pub out: Vec<u8>,
+    /// The client's requests: which are open, how each was routed.
+    pub meter: Meter,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> ClientIo<S> {
@@ -26,6 +29,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientIo<S> {
             stream,
             rbuf,
             out: Vec::with_capacity(16 * 1024),
+            meter: Meter::default(),
         }
     }
 
@@ -39,7 +43,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientIo<S> {
         if self.rbuf.capacity() - self.rbuf.len() < 4096 {
             self.rbuf.reserve(16 * 1024);
         }
-        Ok(self.stream.read_buf(&mut self.rbuf).await? > 0)
+        let n = self.stream.read_buf(&mut self.rbuf).await?;
+        local::bytes(n, 0);
+        Ok(n > 0)
     }
 
     /// The next whole message, reading until it has arrived; `None` when the client left.
@@ -66,6 +72,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientIo<S> {
                 .collect();
             tracing::trace!(%tags, "to client");
         }
+        self.meter
+            .sent(&self.out, std::time::Instant::now, local::record);
+        local::bytes(0, self.out.len());
         self.stream.write_all(&self.out).await?;
         self.out.clear();
         Ok(())

@@ -164,6 +164,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 .next_frame()
                 .map_err(|e| SessionError::Protocol(e.to_string()))?
             {
+                self.client
+                    .meter
+                    .received(frame[0], std::time::Instant::now);
                 // Replies the router made up for earlier messages go first: nothing is owed
                 // by a backend between messages, so they are next in line.
                 self.out.replies.drain_synthetic(&mut self.client.out);

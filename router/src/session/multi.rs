@@ -23,6 +23,7 @@ use crate::protocol::frontend::{self, Bind};
 use crate::protocol::reply::{self, SqlError, TxStatus};
 use crate::protocol::request;
 use crate::resolver::{Dest, Read, SplitInsert};
+use crate::stats::{RouteKind, NO_SHARD};
 
 /// A statement on several shards in an extended batch, run at its Execute.
 #[derive(Debug)]
@@ -46,6 +47,7 @@ enum Spread {
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// Runs DDL on every shard and returns the client's answer (without ReadyForQuery).
     pub(super) async fn run_broadcast(&mut self, sql: &str) -> Vec<u8> {
+        self.client.meter.route(RouteKind::Broadcast, NO_SHARD);
         let started = std::time::Instant::now();
         let outcomes = broadcast::run(&self.routing, sql, &self.settings).await;
         let names: Vec<String> = self
@@ -79,6 +81,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         request: Vec<u8>,
         asked: &[u8],
     ) -> Result<bool, SessionError> {
+        self.client.meter.route(RouteKind::Scatter, NO_SHARD);
         let receivers =
             multishard::fanout::start(&self.routing, &read.shards, request, &self.settings);
         let failed = match &read.merge {
@@ -123,6 +126,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         request: Vec<u8>,
         asked: &[u8],
     ) -> Result<bool, SessionError> {
+        self.client
+            .meter
+            .route(RouteKind::MultiShardWrite, NO_SHARD);
         multishard::write::run(
             &self.routing,
             &self.settings,
@@ -136,6 +142,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     }
 
     pub(super) async fn run_split_insert(&mut self, split: SplitInsert) {
+        self.client
+            .meter
+            .route(RouteKind::MultiShardWrite, NO_SHARD);
         let out = &mut self.client.out;
         match split_insert::run(&self.routing, &split.parts, &self.settings).await {
             split_insert::Outcome::Committed(replies) => {
@@ -152,6 +161,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         key_type: shardmap::KeyType,
         format: crate::protocol::copy::Format,
     ) -> Result<(), SessionError> {
+        self.client
+            .meter
+            .route(RouteKind::MultiShardWrite, NO_SHARD);
         copy_in::run(
             &self.routing,
             &self.settings,

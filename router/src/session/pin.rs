@@ -33,7 +33,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         }
         let shard =
             wanted.unwrap_or_else(|| self.shared.any_shard(self.routing.map.shards().len()));
-        let mut conn = self.routing.checkout(shard).await?;
+        let asked = std::time::Instant::now();
+        let checkout = self.routing.checkout(shard).await;
+        self.client.meter.waited(asked.elapsed());
+        let mut conn = checkout?;
         if !self.shared.server_params_learned() {
             self.shared.learn_server_params(&conn.params);
         }

@@ -18,6 +18,7 @@ use crate::errors;
 use crate::protocol::frame::next_frame;
 use crate::protocol::reply::{self, TxStatus};
 use crate::protocol::request;
+use crate::stats::RouteKind;
 
 /// How an exchange failed.
 enum Failed {
@@ -73,6 +74,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             ));
         };
         let shard = pin.shard;
+        self.client
+            .meter
+            .route(RouteKind::SingleShard, self.routing.stats_id(shard));
         let conn = &mut *pin.conn;
         let mut written = 0;
         let started = tokio::time::Instant::now();

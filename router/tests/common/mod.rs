@@ -44,6 +44,15 @@ pub struct Env {
 
 impl Env {
     pub fn start(shards: usize, servers: usize, pool_size: usize) -> Env {
+        Self::start_with(
+            shards,
+            servers,
+            &format!("[pool]\nmax_size = {pool_size}\nconnect_timeout_ms = 1000\ncheckout_timeout_ms = 3000\n"),
+        )
+    }
+
+    /// A cluster and a router with extra config (see [`Router::start_with`]).
+    pub fn start_with(shards: usize, servers: usize, extra: &str) -> Env {
         let cluster = pgharness::Cluster::start(&pgharness::ClusterOptions {
             shards,
             servers,
@@ -52,7 +61,7 @@ impl Env {
         })
         .expect("start the shard cluster");
         let map = ShardMap::even_split(&cluster.shard_urls(), tables()).expect("shard map");
-        let router = Router::start(&map, pool_size);
+        let router = Router::start_with(&map, extra);
         Env {
             cluster,
             map,
@@ -337,4 +346,36 @@ pub fn rows(msgs: &[tokio_postgres::SimpleQueryMessage]) -> Vec<Vec<String>> {
             _ => None,
         })
         .collect()
+}
+
+/// `GET path` on the router's HTTP side port: the status code and the body.
+pub fn http_get(port: u16, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))
+        .unwrap_or_else(|e| panic!("connect to the HTTP port {port}: {e}"));
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: router\r\n\r\n").expect("send the request");
+    let mut answer = String::new();
+    stream
+        .read_to_string(&mut answer)
+        .expect("read the HTTP answer");
+    let status = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"));
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_string());
+    (status, body)
+}
+
+/// The value of the sample `name{labels}` (exactly as written, `name` alone when it has no
+/// labels) in a Prometheus text exposition; 0 when it is not there.
+pub fn metric(text: &str, sample: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
+        .map_or(0.0, |v| v.trim().parse().unwrap_or(f64::NAN))
 }

@@ -1,0 +1,447 @@
+//! The admin console's `SHOW` tables, read from what the router shares ([`Shared`]). Column
+//! names follow PgBouncer's where the concept is the same (`cl_active`, `sv_idle`,
+//! `total_query_count`, ...), so its users feel at home.
+
+use std::time::SystemTime;
+
+use crate::protocol::reply;
+use crate::server::clients::CancelTarget;
+use crate::server::http::pool_gauges;
+use crate::server::{Routing, Shared};
+use crate::stats::Stats;
+
+/// A table of text values, as every admin answer is.
+pub struct Table {
+    pub columns: &'static [&'static str],
+    pub rows: Vec<Vec<Option<String>>>,
+}
+
+impl Table {
+    /// RowDescription, DataRows, CommandComplete.
+    pub fn write(&self, out: &mut Vec<u8>) {
+        reply::text_row_description(out, self.columns);
+        for row in &self.rows {
+            let values: Vec<Option<&str>> = row.iter().map(|v| v.as_deref()).collect();
+            reply::text_data_row(out, &values);
+        }
+        reply::command_complete(out, "SHOW");
+    }
+}
+
+fn time(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// Where each client's connection is now: its target and the endpoint of its shard.
+fn running(shared: &Shared) -> Vec<(i32, CancelTarget, String, String)> {
+    shared
+        .clients
+        .list()
+        .into_iter()
+        .filter_map(|(id, slot)| {
+            let target = slot.running()?;
+            let routing = shared.routing_of(target.generation)?;
+            let endpoint = routing.pools().for_shard(target.shard).endpoint.name();
+            Some((id, target, routing.shard_name(target.shard), endpoint))
+        })
+        .collect()
+}
+
+pub fn shards(shared: &Shared) -> Table {
+    let routing = shared.routing();
+    let pools = pool_gauges(&routing);
+    let rows = routing
+        .map
+        .shards()
+        .iter()
+        .enumerate()
+        .map(|(i, shard)| {
+            let range = shard.range.to_string();
+            let health = routing.health(i);
+            let state = if shared.pauses.is_paused(&range) {
+                "paused"
+            } else if health.is_up() {
+                "up"
+            } else if health.answered() || health.last_error().is_some() {
+                "down"
+            } else {
+                "unknown"
+            };
+            let endpoint = shard.primary.endpoint();
+            let pool = pools.iter().find(|p| p.primary == endpoint);
+            let error = health.last_error();
+            vec![
+                Some(i.to_string()),
+                Some(range.clone()),
+                Some(endpoint),
+                Some(state.to_string()),
+                error.as_ref().map(|(_, why)| why.clone()),
+                error.as_ref().map(|(at, _)| time(*at)),
+                pool.map(|p| p.open.to_string()),
+                pool.map(|p| p.in_use.to_string()),
+                pool.map(|p| p.waiting.to_string()),
+                Some(shared.pauses.waiting(&range).to_string()),
+            ]
+        })
+        .collect();
+    Table {
+        columns: &[
+            "shard",
+            "range",
+            "primary",
+            "state",
+            "last_error",
+            "last_error_time",
+            "sv_open",
+            "sv_active",
+            "cl_waiting",
+            "cl_paused",
+        ],
+        rows,
+    }
+}
+
+pub fn pools(shared: &Shared) -> Table {
+    let routing = shared.routing();
+    let running = running(shared);
+    let rows = pool_gauges(&routing)
+        .into_iter()
+        .map(|p| {
+            let pool = (0..routing.map.shards().len())
+                .map(|s| routing.pools().for_shard(s))
+                .find(|pool| pool.endpoint.name() == p.primary);
+            let shards: Vec<String> = routing
+                .map
+                .shards()
+                .iter()
+                .filter(|s| s.primary.endpoint() == p.primary)
+                .map(|s| s.range.to_string())
+                .collect();
+            let active = running.iter().filter(|r| r.3 == p.primary).count();
+            vec![
+                pool.map(|x| x.endpoint.database.clone()),
+                pool.map(|x| x.endpoint.host.clone()),
+                pool.map(|x| x.endpoint.port.to_string()),
+                pool.map(|x| x.endpoint.user.clone()),
+                Some(shards.join(" ")),
+                Some(active.to_string()),
+                Some(p.waiting.to_string()),
+                Some(p.in_use.to_string()),
+                Some(p.idle.to_string()),
+                Some(p.open.to_string()),
+                Some(p.max.to_string()),
+                Some("transaction".to_string()),
+            ]
+        })
+        .collect();
+    Table {
+        columns: &[
+            "database",
+            "host",
+            "port",
+            "user",
+            "shards",
+            "cl_active",
+            "cl_waiting",
+            "sv_active",
+            "sv_idle",
+            "sv_open",
+            "pool_size",
+            "pool_mode",
+        ],
+        rows,
+    }
+}
+
+pub fn clients(shared: &Shared) -> Table {
+    let running = running(shared);
+    let rows = shared
+        .clients
+        .list()
+        .into_iter()
+        .filter_map(|(id, slot)| {
+            let info = slot.info()?.clone();
+            let on = running.iter().find(|r| r.0 == id);
+            Some(vec![
+                Some("C".to_string()),
+                Some(info.user),
+                Some(info.database),
+                Some(if on.is_some() { "active" } else { "idle" }.to_string()),
+                Some(info.addr.ip().to_string()),
+                Some(info.addr.port().to_string()),
+                Some(time(info.connected)),
+                Some(info.application_name),
+                Some(if info.tls { "yes" } else { "no" }.to_string()),
+                Some(id.to_string()),
+                on.map(|r| r.2.clone()),
+                on.map(|r| r.1.pid.to_string()),
+            ])
+        })
+        .collect();
+    Table {
+        columns: &[
+            "type",
+            "user",
+            "database",
+            "state",
+            "addr",
+            "port",
+            "connect_time",
+            "application_name",
+            "tls",
+            "id",
+            "shard",
+            "remote_pid",
+        ],
+        rows,
+    }
+}
+
+pub fn servers(shared: &Shared) -> Table {
+    let routing = shared.routing();
+    let mut rows: Vec<Vec<Option<String>>> = running(shared)
+        .into_iter()
+        .map(|(client, target, shard, endpoint)| {
+            server_row(
+                &routing,
+                "active",
+                &endpoint,
+                target.pid,
+                Some(shard),
+                Some(client),
+            )
+        })
+        .collect();
+    for w in 0..routing.workers() {
+        for pool in routing.pools_of(w).distinct() {
+            for (pid, _idle_for) in pool.idle() {
+                rows.push(server_row(
+                    &routing,
+                    "idle",
+                    &pool.endpoint.name(),
+                    pid,
+                    None,
+                    None,
+                ));
+            }
+        }
+    }
+    Table {
+        columns: &[
+            "type",
+            "user",
+            "database",
+            "state",
+            "addr",
+            "port",
+            "remote_pid",
+            "shard",
+            "link",
+        ],
+        rows,
+    }
+}
+
+fn server_row(
+    routing: &Routing,
+    state: &str,
+    endpoint: &str,
+    pid: i32,
+    shard: Option<String>,
+    client: Option<i32>,
+) -> Vec<Option<String>> {
+    let pool = (0..routing.map.shards().len())
+        .map(|s| routing.pools().for_shard(s))
+        .find(|p| p.endpoint.name() == endpoint);
+    vec![
+        Some("S".to_string()),
+        pool.map(|p| p.endpoint.user.clone()),
+        pool.map(|p| p.endpoint.database.clone()),
+        Some(state.to_string()),
+        pool.map(|p| p.endpoint.host.clone()),
+        pool.map(|p| p.endpoint.port.to_string()),
+        Some(pid.to_string()),
+        shard,
+        client.map(|c| c.to_string()),
+    ]
+}
+
+pub async fn stats(shared: &Shared) -> Table {
+    let routing = shared.routing();
+    let totals = shared.stats.harvest().await;
+    let now = Stats::now_secs();
+    let micros = |secs: f64| format!("{}", (secs * 1e6).round() as u64);
+    let rows = routing
+        .map
+        .shards()
+        .iter()
+        .enumerate()
+        .map(|(i, shard)| {
+            let s = totals.shard(routing.stats_id(i));
+            let count = s.requests.ok + s.requests.failed;
+            let minute = s.window.last_minute(now);
+            let quantile = |q: f64| minute.as_ref().map(|h| h.value_at_quantile(q).to_string());
+            vec![
+                Some(shard.range.to_string()),
+                Some(shard.primary.endpoint()),
+                Some(count.to_string()),
+                Some(s.requests.failed.to_string()),
+                Some(micros(s.requests.latency.sum)),
+                Some(micros(s.wait.sum)),
+                Some(if count == 0 {
+                    "0".to_string()
+                } else {
+                    micros(s.requests.latency.sum / count as f64)
+                }),
+                Some(minute.as_ref().map_or(0, |h| h.len()).to_string()),
+                quantile(0.5),
+                quantile(0.99),
+            ]
+        })
+        .collect();
+    Table {
+        columns: &[
+            "shard",
+            "primary",
+            "total_query_count",
+            "total_error_count",
+            "total_query_time",
+            "total_wait_time",
+            "avg_query_time",
+            "last_minute_query_count",
+            "last_minute_p50_us",
+            "last_minute_p99_us",
+        ],
+        rows,
+    }
+}
+
+pub fn config(shared: &Shared) -> Table {
+    let routing = shared.routing();
+    let c = &routing.config;
+    let ms = |d: std::time::Duration| d.as_millis().to_string();
+    let opt_ms = |d: Option<std::time::Duration>| d.map_or("0".to_string(), ms);
+    let users: Vec<String> = c
+        .users
+        .iter()
+        .map(|u| {
+            if u.admin {
+                format!("{} (admin)", u.name)
+            } else {
+                u.name.clone()
+            }
+        })
+        .collect();
+    let settings: Vec<(&str, String, bool)> = vec![
+        ("listen", c.listen.to_string(), false),
+        ("router_id", c.router_id.to_string(), false),
+        (
+            "http.listen",
+            c.http.map_or("off".to_string(), |a| a.to_string()),
+            false,
+        ),
+        ("shardmap", c.shardmap.display().to_string(), true),
+        ("shardmap.version", routing.map.version().to_string(), true),
+        ("database", c.database.clone(), true),
+        ("auth", format!("{:?}", c.auth), true),
+        ("users", users.join(", "), true),
+        ("backend.user", c.backend.user.clone(), true),
+        (
+            "backend.password",
+            if c.backend.password.is_some() {
+                "(set)"
+            } else {
+                "(none)"
+            }
+            .to_string(),
+            true,
+        ),
+        (
+            "backend.application_name",
+            c.backend.application_name.clone(),
+            true,
+        ),
+        ("pool.max_size", c.pool.max_size.to_string(), true),
+        ("pool.min_idle", c.pool.min_idle.to_string(), true),
+        ("pool.connect_timeout_ms", ms(c.pool.connect_timeout), true),
+        (
+            "pool.checkout_timeout_ms",
+            ms(c.pool.checkout_timeout),
+            true,
+        ),
+        ("pool.idle_timeout_ms", opt_ms(c.pool.idle_timeout), true),
+        ("pool.pause_timeout_ms", ms(c.pool.pause_timeout), true),
+        ("limits.max_clients", c.limits.max_clients.to_string(), true),
+        (
+            "limits.statement_timeout_ms",
+            opt_ms(c.limits.statement_timeout),
+            true,
+        ),
+        (
+            "limits.plan_cache_size",
+            c.limits.plan_cache_size.to_string(),
+            true,
+        ),
+        (
+            "limits.slow_statement_ms",
+            opt_ms(c.limits.slow_statement),
+            true,
+        ),
+        (
+            "limits.allow_scatter_writes",
+            c.limits.allow_scatter_writes.to_string(),
+            true,
+        ),
+        (
+            "limits.max_merge_groups",
+            c.limits.max_merge_groups.to_string(),
+            true,
+        ),
+        ("shutdown.drain_grace_ms", ms(c.shutdown.drain_grace), true),
+        (
+            "shutdown.drain_timeout_ms",
+            ms(c.shutdown.drain_timeout),
+            true,
+        ),
+        ("reload.watch", c.reload.watch.to_string(), true),
+        (
+            "reload.watch_interval_ms",
+            ms(c.reload.watch_interval),
+            true,
+        ),
+        ("workers", shared.workers().to_string(), false),
+    ];
+    Table {
+        columns: &["key", "value", "changeable"],
+        rows: settings
+            .into_iter()
+            .map(|(k, v, reloadable)| {
+                vec![
+                    Some(k.to_string()),
+                    Some(v),
+                    Some(if reloadable { "yes" } else { "no" }.to_string()),
+                ]
+            })
+            .collect(),
+    }
+}
+
+pub fn version() -> Table {
+    Table {
+        columns: &["version"],
+        rows: vec![vec![Some(format!(
+            "shardgate {}",
+            env!("CARGO_PKG_VERSION")
+        ))]],
+    }
+}
+
+pub fn help() -> Table {
+    Table {
+        columns: &["command", "what"],
+        rows: super::command::HELP
+            .iter()
+            .map(|(c, w)| vec![Some(c.to_string()), Some(w.to_string())])
+            .collect(),
+    }
+}

@@ -1,0 +1,171 @@
+//! The HTTP side port (`[http] listen`): `GET /metrics` (Prometheus text), `GET /health` (200
+//! while the process serves), `GET /ready` (200 once every shard has answered, 503 before and
+//! while draining). It runs on the main thread's runtime, away from the workers, and stays up
+//! through a drain so a load balancer sees `/ready` turn 503.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+use super::Shared;
+use crate::stats::exposition::{self, PoolGauges, ShardState, Snapshot};
+
+/// Binds the side port (so a bad address fails the start at once).
+pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, String> {
+    let listener = std::net::TcpListener::bind(addr)
+        .map_err(|e| format!("cannot listen for HTTP on {addr}: {e}"))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("cannot listen for HTTP on {addr}: {e}"))?;
+    Ok(listener)
+}
+
+/// Serves HTTP requests until the process exits.
+pub async fn serve(listener: std::net::TcpListener, shared: Arc<Shared>) {
+    let listener = match TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!("cannot use the HTTP listener: {e}");
+            return;
+        }
+    };
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::warn!("HTTP accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let shared = shared.clone();
+                async move { Ok::<_, Infallible>(answer(&shared, &req).await) }
+            });
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!("HTTP connection: {e}");
+            }
+        });
+    }
+}
+
+fn text(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    if let Ok(v) = content_type.parse() {
+        response
+            .headers_mut()
+            .insert(hyper::header::CONTENT_TYPE, v);
+    }
+    response
+}
+
+async fn answer(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    const PLAIN: &str = "text/plain; charset=utf-8";
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            PLAIN,
+            "only GET is served\n".into(),
+        );
+    }
+    match req.uri().path() {
+        "/metrics" => text(
+            StatusCode::OK,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            exposition::render(snapshot(shared).await),
+        ),
+        "/health" => text(StatusCode::OK, PLAIN, "ok\n".into()),
+        "/ready" => {
+            if shared.is_ready() {
+                text(StatusCode::OK, PLAIN, "ready\n".into())
+            } else {
+                let why = match shared.lifecycle.phase() {
+                    super::lifecycle::Phase::Serving => "not every shard has answered yet",
+                    _ => "draining",
+                };
+                text(StatusCode::SERVICE_UNAVAILABLE, PLAIN, format!("{why}\n"))
+            }
+        }
+        other => text(
+            StatusCode::NOT_FOUND,
+            PLAIN,
+            format!("no {other} here; try /metrics, /health or /ready\n"),
+        ),
+    }
+}
+
+/// Everything `/metrics` shows, read now (every worker folds its counts first).
+pub async fn snapshot(shared: &Shared) -> Snapshot {
+    let totals = shared.stats.harvest().await.without_windows();
+    let routing = shared.routing();
+    let shards = routing
+        .map
+        .shards()
+        .iter()
+        .enumerate()
+        .map(|(i, s)| ShardState {
+            range: s.range.to_string(),
+            primary: s.primary.endpoint(),
+            up: routing.health(i).is_up(),
+        })
+        .collect();
+    let (plan_cache_hits, plan_cache_misses) =
+        shared.stats.plan_cache(routing.planner.cache_stats());
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    Snapshot {
+        totals,
+        ranges: shared.stats.ranges(),
+        shards,
+        pools: pool_gauges(&routing),
+        clients: shared.clients.count() as u64,
+        clients_accepted: load(&shared.stats.clients_accepted),
+        clients_refused: load(&shared.stats.clients_refused),
+        shardmap_version: routing.map.version(),
+        reloads: load(&shared.stats.reloads),
+        reloads_refused: load(&shared.stats.reloads_refused),
+        plan_cache_hits,
+        plan_cache_misses,
+        ready: shared.is_ready(),
+    }
+}
+
+/// Each pool of the current routing, summed over the workers' own pools of its endpoint.
+pub fn pool_gauges(routing: &super::Routing) -> Vec<PoolGauges> {
+    let mut pools: Vec<PoolGauges> = Vec::new();
+    for w in 0..routing.workers() {
+        for pool in routing.pools_of(w).distinct() {
+            let status = pool.status();
+            let primary = pool.endpoint.name();
+            let i = match pools.iter().position(|p| p.primary == primary) {
+                Some(i) => i,
+                None => {
+                    pools.push(PoolGauges {
+                        primary,
+                        ..Default::default()
+                    });
+                    pools.len() - 1
+                }
+            };
+            let p = &mut pools[i];
+            p.open += status.size as u64;
+            p.idle += status.available as u64;
+            p.in_use += status.size.saturating_sub(status.available) as u64;
+            p.waiting += status.waiting as u64;
+            p.max += status.max_size as u64;
+        }
+    }
+    pools
+}
