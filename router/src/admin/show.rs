@@ -316,6 +316,9 @@ pub async fn stats(shared: &Shared) -> Table {
     }
 }
 
+/// Settings a reload cannot change.
+const NEED_RESTART: [&str; 4] = ["listen", "router_id", "http.listen", "workers"];
+
 pub fn config(shared: &Shared) -> Table {
     let routing = shared.routing();
     let c = &routing.config;
@@ -332,20 +335,26 @@ pub fn config(shared: &Shared) -> Table {
             }
         })
         .collect();
-    let settings: Vec<(&str, String, bool)> = vec![
-        ("listen", c.listen.to_string(), false),
-        ("router_id", c.router_id.to_string(), false),
+    let settings: Vec<(&str, String)> = vec![
+        ("listen", c.listen.to_string()),
+        ("router_id", c.router_id.to_string()),
         (
             "http.listen",
             c.http.map_or("off".to_string(), |a| a.to_string()),
-            false,
         ),
-        ("shardmap", c.shardmap.display().to_string(), true),
-        ("shardmap.version", routing.map.version().to_string(), true),
-        ("database", c.database.clone(), true),
-        ("auth", format!("{:?}", c.auth), true),
-        ("users", users.join(", "), true),
-        ("backend.user", c.backend.user.clone(), true),
+        ("shardmap", c.shardmap.display().to_string()),
+        ("shardmap.version", routing.map.version().to_string()),
+        ("database", c.database.clone()),
+        (
+            "auth",
+            match c.auth {
+                crate::config::AuthMethod::ScramSha256 => "scram-sha-256",
+                crate::config::AuthMethod::Trust => "trust",
+            }
+            .to_string(),
+        ),
+        ("users", users.join(", ")),
+        ("backend.user", c.backend.user.clone()),
         (
             "backend.password",
             if c.backend.password.is_some() {
@@ -354,72 +363,57 @@ pub fn config(shared: &Shared) -> Table {
                 "(none)"
             }
             .to_string(),
-            true,
         ),
         (
             "backend.application_name",
             c.backend.application_name.clone(),
-            true,
         ),
-        ("pool.max_size", c.pool.max_size.to_string(), true),
-        ("pool.min_idle", c.pool.min_idle.to_string(), true),
-        ("pool.connect_timeout_ms", ms(c.pool.connect_timeout), true),
-        (
-            "pool.checkout_timeout_ms",
-            ms(c.pool.checkout_timeout),
-            true,
-        ),
-        ("pool.idle_timeout_ms", opt_ms(c.pool.idle_timeout), true),
-        ("pool.pause_timeout_ms", ms(c.pool.pause_timeout), true),
-        ("limits.max_clients", c.limits.max_clients.to_string(), true),
+        ("pool.max_size", c.pool.max_size.to_string()),
+        ("pool.min_idle", c.pool.min_idle.to_string()),
+        ("pool.connect_timeout_ms", ms(c.pool.connect_timeout)),
+        ("pool.checkout_timeout_ms", ms(c.pool.checkout_timeout)),
+        ("pool.idle_timeout_ms", opt_ms(c.pool.idle_timeout)),
+        ("pool.pause_timeout_ms", ms(c.pool.pause_timeout)),
+        ("limits.max_clients", c.limits.max_clients.to_string()),
         (
             "limits.statement_timeout_ms",
             opt_ms(c.limits.statement_timeout),
-            true,
         ),
         (
             "limits.plan_cache_size",
             c.limits.plan_cache_size.to_string(),
-            true,
         ),
-        (
-            "limits.slow_statement_ms",
-            opt_ms(c.limits.slow_statement),
-            true,
-        ),
+        ("limits.slow_statement_ms", opt_ms(c.limits.slow_statement)),
         (
             "limits.allow_scatter_writes",
             c.limits.allow_scatter_writes.to_string(),
-            true,
         ),
         (
             "limits.max_merge_groups",
             c.limits.max_merge_groups.to_string(),
-            true,
         ),
-        ("shutdown.drain_grace_ms", ms(c.shutdown.drain_grace), true),
-        (
-            "shutdown.drain_timeout_ms",
-            ms(c.shutdown.drain_timeout),
-            true,
-        ),
-        ("reload.watch", c.reload.watch.to_string(), true),
-        (
-            "reload.watch_interval_ms",
-            ms(c.reload.watch_interval),
-            true,
-        ),
-        ("workers", shared.workers().to_string(), false),
+        ("shutdown.drain_grace_ms", ms(c.shutdown.drain_grace)),
+        ("shutdown.drain_timeout_ms", ms(c.shutdown.drain_timeout)),
+        ("reload.watch", c.reload.watch.to_string()),
+        ("reload.watch_interval_ms", ms(c.reload.watch_interval)),
+        ("workers", shared.workers().to_string()),
     ];
     Table {
         columns: &["key", "value", "changeable"],
         rows: settings
             .into_iter()
-            .map(|(k, v, reloadable)| {
+            .map(|(k, v)| {
                 vec![
                     Some(k.to_string()),
                     Some(v),
-                    Some(if reloadable { "yes" } else { "no" }.to_string()),
+                    Some(
+                        if NEED_RESTART.contains(&k) {
+                            "no"
+                        } else {
+                            "yes"
+                        }
+                        .to_string(),
+                    ),
                 ]
             })
             .collect(),
