@@ -13,7 +13,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use common::{loadgen, loadgen_ok, read_report, Env, Router};
-use shardmap::Key;
+use shardmap::{Key, KeyType, ShardMap, Table};
 
 const ROWS: usize = 2000;
 
@@ -405,12 +405,53 @@ fn stopped_servers_show_up_as_errors_and_timeouts_not_a_hang() {
 }
 
 /// Twenty reloads (SIGHUP) under steady load through the router, changing the pool size each
-/// time: not one statement fails or times out.
+/// time, the last one also moving shard 0's range to another server that holds the same rows:
+/// not one statement fails or times out, and after the move the range is served there.
 #[test]
 fn reloads_under_load_fail_no_statement() {
     let _g = serial();
     let s = shared();
     let env = &s.env;
+    // The new home of shard 0: a database on the other server, loaded with the same rows by
+    // loadgen's own (deterministic) prepare against a map that points shard 0 there.
+    let home = env.cluster.server_of(0).expect("server of shard 0").port();
+    let other = env
+        .cluster
+        .servers()
+        .iter()
+        .find(|s| s.port() != home)
+        .expect("a second server");
+    other
+        .create_databases(&["moved_000".to_string()])
+        .expect("create the new home");
+    other.psql("moved_000", common::SCHEMA).expect("schema");
+    let mut urls = env.cluster.shard_urls();
+    urls[0] = other.url("moved_000");
+    let moved_map = ShardMap::even_split(&urls, vec![Table::new("kv", "id", KeyType::BigInt)])
+        .expect("the moved map")
+        .with_version(env.map.version() + 1);
+    let moved_file = env.file("moved-shardmap.toml");
+    std::fs::write(&moved_file, moved_map.to_toml()).expect("write the moved map");
+    let rows = ROWS.to_string();
+    loadgen_ok(&[
+        "prepare",
+        "--shardmap",
+        moved_file.to_str().expect("path"),
+        "--rows-per-shard",
+        &rows,
+        "--quiet",
+    ]);
+    let scans_at_new_home = || {
+        other
+            .psql(
+                "moved_000",
+                "SELECT coalesce(idx_scan, 0) FROM pg_stat_user_tables WHERE relname = 'kv'",
+            )
+            .expect("stats")
+            .trim()
+            .parse::<u64>()
+            .unwrap_or(0)
+    };
     let router = Router::start(&env.map);
     let url = router.url();
     let map = env.map_file.to_string_lossy().into_owned();
@@ -441,6 +482,7 @@ fn reloads_under_load_fail_no_statement() {
     });
     let config = router.config_path();
     let text = std::fs::read_to_string(&config).expect("router.toml");
+    let mut scans_before_move = 0;
     for i in 0..20 {
         let size = if i % 2 == 0 { 3 } else { 8 };
         std::fs::write(
@@ -448,6 +490,10 @@ fn reloads_under_load_fail_no_statement() {
             text.replace("max_size = 8", &format!("max_size = {size}")),
         )
         .expect("write router.toml");
+        if i == 19 {
+            scans_before_move = scans_at_new_home();
+            std::fs::write(router.shardmap_path(), moved_map.to_toml()).expect("move shard 0");
+        }
         router.signal(libc::SIGHUP);
         let deadline = Instant::now() + Duration::from_secs(20);
         while router.log_text().matches("reloaded: shard map").count() < i + 1 {
@@ -476,4 +522,21 @@ fn reloads_under_load_fail_no_statement() {
         router.log_text()
     );
     assert!(!router.log_text().contains("reload refused"));
+    assert!(router.log_text().contains(&format!(
+        "shard map version {} -> {}",
+        env.map.version(),
+        moved_map.version()
+    )));
+    // Postgres publishes table statistics within a second or so of a statement.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while scans_at_new_home() <= scans_before_move {
+        assert!(
+            Instant::now() < deadline,
+            "no statement reached the new home of shard 0"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    other
+        .psql("postgres", "DROP DATABASE moved_000 WITH (FORCE)")
+        .expect("drop the new home");
 }

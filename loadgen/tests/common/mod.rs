@@ -162,6 +162,11 @@ impl Router {
     pub fn config_path(&self) -> PathBuf {
         self.dir.join("router.toml")
     }
+
+    /// The shard map file the router reads (and re-reads on SIGHUP).
+    pub fn shardmap_path(&self) -> PathBuf {
+        self.dir.join("shardmap.toml")
+    }
 }
 
 impl Drop for Router {
