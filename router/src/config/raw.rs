@@ -24,6 +24,7 @@ pub(super) struct RawConfig {
     pub(super) shutdown: RawShutdown,
     #[serde(default)]
     pub(super) reload: RawReload,
+    pub(super) tls: Option<Spanned<RawTls>>,
     pub(super) router_id: Option<Spanned<i64>>,
     #[serde(default)]
     pub(super) peers: Vec<Spanned<RawPeer>>,
@@ -49,6 +50,8 @@ pub(super) struct RawBackend {
     pub(super) user: Option<Spanned<String>>,
     pub(super) password: Option<Spanned<String>>,
     pub(super) application_name: Option<Spanned<String>>,
+    pub(super) sslmode: Option<Spanned<String>>,
+    pub(super) ca: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -84,4 +87,12 @@ pub(super) struct RawShutdown {
 pub(super) struct RawReload {
     pub(super) watch: Option<bool>,
     pub(super) watch_interval_ms: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTls {
+    pub(super) mode: Option<Spanned<String>>,
+    pub(super) cert: Option<Spanned<String>>,
+    pub(super) key: Option<Spanned<String>>,
 }

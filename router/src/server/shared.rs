@@ -17,6 +17,7 @@ use super::clients::Clients;
 use super::routing::Routing;
 use crate::backend::registry::Registry;
 use crate::config::Config;
+use crate::tls::Material;
 
 thread_local! {
     /// Which worker thread this is (0 outside workers).
@@ -65,9 +66,10 @@ pub struct Reloaded {
 }
 
 impl Shared {
-    pub fn new(config: Config, map: ShardMap, workers: usize) -> Shared {
+    /// `tls` is what [`crate::tls::load`] read for `config`.
+    pub fn new(config: Config, map: ShardMap, tls: Material, workers: usize) -> Shared {
         let router_id = config.router_id;
-        let routing = Arc::new(Routing::new(config, map, workers, 1, None));
+        let routing = Arc::new(Routing::new(config, map, tls, workers, 1, None));
         Shared {
             routings: Mutex::new(vec![Arc::downgrade(&routing)]),
             routing: ArcSwap::new(routing),
@@ -112,15 +114,17 @@ impl Shared {
         self.workers
     }
 
-    /// Re-reads the config file and the shard map it names, and makes them current for new
-    /// statements. An invalid file is refused with its problems (`FILE:LINE: reason`) and the
-    /// current ones keep serving. Settings that cannot change while running (the listen address,
+    /// Re-reads the config file, the shard map and the TLS certificates and keys it names, and
+    /// makes them current for new statements (and new clients, for certificates). An invalid
+    /// file is refused with its problems (`FILE:LINE: reason`) and the current ones keep
+    /// serving. Settings that cannot change while running (the listen address,
     /// the router id) keep their running values and are named in the summary.
     pub async fn reload(&self) -> Result<Reloaded, String> {
         let _one = self.reloading.lock().await;
         let current = self.routing();
         let mut config = crate::config::load(&current.config.source).map_err(|e| e.to_string())?;
         let map = shardmap::load(&config.shardmap).map_err(|e| e.to_string())?;
+        let tls = crate::tls::load(&config).map_err(|e| e.to_string())?;
         let mut restart = Vec::new();
         if config.listen != current.config.listen {
             restart.push(format!(
@@ -139,9 +143,11 @@ impl Shared {
         let generation = current.generation + 1;
         let (old_version, shards) = (current.map.version(), map.shards().len());
         let new_version = map.version();
+        let tls_note = tls.summary();
         let next = Arc::new(Routing::new(
             config,
             map,
+            tls,
             self.workers,
             generation,
             Some(&current),
@@ -158,6 +164,10 @@ impl Shared {
         self.generation.store(generation, Ordering::Release);
         let mut summary =
             format!("reloaded: shard map version {old_version} -> {new_version}, {shards} shards");
+        if let Some(note) = tls_note {
+            summary.push_str(", ");
+            summary.push_str(&note);
+        }
         if !restart.is_empty() {
             summary.push_str("; needs a restart to change: ");
             summary.push_str(&restart.join(", "));

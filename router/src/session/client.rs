@@ -67,6 +67,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientIo<S> {
             tracing::trace!(%tags, "to client");
         }
         self.stream.write_all(&self.out).await?;
+        // A TLS stream may hold its last record back until flushed (plain TCP: no-op).
+        self.stream.flush().await?;
         self.out.clear();
         Ok(())
     }
