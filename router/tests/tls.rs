@@ -357,6 +357,24 @@ async fn disable_refuses_ssl_and_allow_serves_both() {
     );
     let (ok, out, err) = psql(plain.port, "host=localhost sslmode=prefer", &["SELECT 1"]);
     assert!(ok && out.trim() == "1", "{err}");
+    // Asking again after an `N` is a protocol violation (as on Postgres), not a loop.
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", plain.port))
+        .await
+        .expect("connect");
+    s.write_all(&SSL_REQUEST).await.expect("write");
+    let mut answer = [0u8; 1];
+    s.read_exact(&mut answer).await.expect("answer");
+    assert_eq!(&answer, b"N");
+    s.write_all(&SSL_REQUEST).await.expect("write");
+    let answer = read_to_close(&mut s).await;
+    let text = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.first() == Some(&b'E')
+            && text.contains("08P01")
+            && text.contains("SSL encryption was requested again"),
+        "{text}"
+    );
+    plain.wait_for_log("SSL encryption was requested again", 1);
 
     let allow = Router::start_with(&env.map, &certs.section("allow"));
     let (ok, out, err) = psql(

@@ -3,9 +3,10 @@
 //! CancelRequest (accepted in plain TCP in every mode, as libpq sends it that way), and the
 //! StartupMessage, which ends the negotiation with the client's stream, plain or TLS.
 //!
-//! Like Postgres, the router refuses bytes that arrive after an SSLRequest and before its
-//! answer (they were not encrypted and may have been injected), a second SSLRequest inside
-//! TLS, and, with `mode = "require"`, a StartupMessage in plain TCP (`28000`).
+//! Like Postgres, the router refuses (`08P01`) bytes that arrive after an SSLRequest and before
+//! its answer (they were not encrypted and may have been injected), a request for an encryption
+//! it refused already or inside TLS, and, with `mode = "require"`, a StartupMessage in plain
+//! TCP (`28000`).
 
 use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
@@ -40,14 +41,25 @@ pub async fn run(
     shared: &Shared,
 ) -> Result<Negotiated, HandshakeError> {
     let tls = shared.routing().tls.clients.clone();
+    // What was refused already: each may be asked once (libpq asks for GSSAPI, then TLS).
+    let (mut ssl_refused, mut gss_refused) = (false, false);
     loop {
         let Some(packet) = read_packet(&mut tcp, buf).await? else {
             return Ok(Negotiated::Done);
         };
+        let again = match packet {
+            Startup::Ssl if ssl_refused => Some("SSL"),
+            Startup::GssEnc if gss_refused => Some("GSSAPI"),
+            _ => None,
+        };
+        if let Some(what) = again {
+            return Err(refuse(&mut tcp, asked_again(what)).await);
+        }
         match packet {
             Startup::Ssl => {
                 let Some(tls) = &tls else {
                     tcp.write_all(b"N").await?;
+                    ssl_refused = true;
                     continue;
                 };
                 if !buf.is_empty() {
@@ -66,7 +78,10 @@ pub async fn run(
                     .map_err(HandshakeError::Tls)?;
                 return encrypted(stream, buf, shared).await;
             }
-            Startup::GssEnc => tcp.write_all(b"N").await?,
+            Startup::GssEnc => {
+                tcp.write_all(b"N").await?;
+                gss_refused = true;
+            }
             Startup::Cancel { pid, secret } => {
                 forward_cancel(shared, pid, secret).await;
                 return Ok(Negotiated::Done);
@@ -106,6 +121,15 @@ async fn encrypted(
             Err(refuse(&mut stream, err).await)
         }
     }
+}
+
+/// What a client hears that asks again for an encryption it was refused (Postgres treats the
+/// second request as an unknown protocol version).
+fn asked_again(what: &str) -> SqlError {
+    SqlError::fatal(
+        errors::PROTOCOL_VIOLATION,
+        format!("{what} encryption was requested again after the server refused it"),
+    )
 }
 
 /// What a client that logs in without TLS hears under `mode = "require"`.
