@@ -3,7 +3,7 @@
 //! The path of one statement, folder by folder:
 //!
 //! ```text
-//!  client ──▶ server      accept, TLS-less login (handshake), one task per client
+//!  client ──▶ server      accept, TLS (negotiate), login (handshake), one task per client
 //!             session     the client's loop: reads a message, keeps its state, executes targets
 //!               │  text ──▶ planner    text → Plan (pure, cached; one parse per statement shape)
 //!               │  plan ──▶ resolver   Plan + values + shard map + transaction → Target (pure)
@@ -21,7 +21,8 @@
 //! | [`multishard`] | statements on several shards: DDL, merged reads, split writes, COPY |
 //! | [`merge`] | exact merges of shard answers (sorting, grouping, aggregates), sans-IO |
 //! | [`backend`] | connections to the shards' primaries, pools, prepared statements, catalog |
-//! | [`server`] | listening, login, what all sessions share, the client table |
+//! | [`server`] | listening, TLS negotiation, login, what all sessions share, the client table |
+//! | [`tls`] | certificates and keys read from the config's PEM files: client acceptor, shard connector |
 //! | [`admin`] | the admin console (`SHOW ...`, `RELOAD`, `PAUSE`, `SHUTDOWN`) |
 //! | [`stats`] | what the router counts, recorded per worker without locks; `/metrics` text |
 //! | [`auth`] | SCRAM-SHA-256 server side, sans-IO |
@@ -46,3 +47,4 @@ pub mod resolver;
 pub mod server;
 pub mod session;
 pub mod stats;
+pub mod tls;

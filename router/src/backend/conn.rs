@@ -9,6 +9,9 @@
 //! once). The one exception is a client's own statement on its pinned connection
 //! (`session::relay`), which must write, read, forward to the client and watch a timer at
 //! the same time.
+//!
+//! With `[backend] sslmode` the connection is TLS from the SSLRequest on (see
+//! [`super::stream`]); everything after that is the same over either stream.
 
 use std::time::{Duration, Instant};
 
@@ -16,8 +19,11 @@ use bytes::{Buf, BytesMut};
 use fallible_iterator::FallibleIterator;
 use postgres_protocol::authentication::sasl::{self, ScramSha256};
 use postgres_protocol::message::{backend, frontend};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
+
+use super::stream::{BackendStream, TlsFailure};
+use crate::tls::BackendTls;
 
 /// Where and as whom to log in; one per pool.
 #[derive(Clone, Debug)]
@@ -29,6 +35,8 @@ pub struct Endpoint {
     pub password: Option<String>,
     pub application_name: String,
     pub connect_timeout: Duration,
+    /// Whether and how the connection is encrypted (`[backend] sslmode`).
+    pub tls: BackendTls,
 }
 
 impl Endpoint {
@@ -55,6 +63,11 @@ pub enum BackendError {
     },
     #[error("{endpoint} asks for a password but none is configured for the router's backend user")]
     NoPassword { endpoint: String },
+    #[error("TLS to {endpoint}: {source}")]
+    Tls {
+        endpoint: String,
+        source: TlsFailure,
+    },
     #[error("login to {endpoint} failed: {why}")]
     Protocol { endpoint: String, why: String },
     #[error("connection to {endpoint} failed: {source}")]
@@ -66,7 +79,7 @@ pub enum BackendError {
 
 /// A logged-in connection.
 pub struct BackendConn {
-    pub stream: TcpStream,
+    pub stream: BackendStream,
     /// Bytes read from Postgres and not yet handled.
     pub rbuf: BytesMut,
     /// The backend's own BackendKeyData, for forwarding cancel requests.
@@ -90,7 +103,7 @@ impl BackendConn {
     /// Writes `out` and returns its replies, frame by frame, up to and including the
     /// `readies`-th ReadyForQuery.
     pub async fn request(&mut self, out: &[u8], readies: usize) -> std::io::Result<Replies<'_>> {
-        self.stream.write_all(out).await?;
+        self.stream.send(out).await?;
         Ok(self.replies(readies))
     }
 
@@ -159,13 +172,19 @@ impl BackendConn {
             endpoint: name.clone(),
             why,
         };
-        let stream = TcpStream::connect((ep.host.as_str(), ep.port))
+        let tcp = TcpStream::connect((ep.host.as_str(), ep.port))
             .await
             .map_err(|source| BackendError::Connect {
                 endpoint: name.clone(),
                 source,
             })?;
-        stream.set_nodelay(true).map_err(io)?;
+        tcp.set_nodelay(true).map_err(io)?;
+        let stream = BackendStream::open(tcp, &ep.tls, &ep.host)
+            .await
+            .map_err(|source| BackendError::Tls {
+                endpoint: name.clone(),
+                source,
+            })?;
         let mut conn = BackendConn {
             stream,
             rbuf: BytesMut::with_capacity(16 * 1024),
@@ -185,7 +204,7 @@ impl BackendConn {
             ("client_encoding", "UTF8"),
         ];
         frontend::startup_message(params.iter().copied(), &mut out).map_err(io)?;
-        conn.stream.write_all(&out).await.map_err(io)?;
+        conn.stream.send(&out).await.map_err(io)?;
 
         let mut scram: Option<ScramSha256> = None;
         loop {
@@ -264,7 +283,7 @@ impl BackendConn {
                 _ => return Err(proto("unexpected message during login".into())),
             }
             if !out.is_empty() {
-                conn.stream.write_all(&out).await.map_err(io)?;
+                conn.stream.send(&out).await.map_err(io)?;
             }
         }
     }
@@ -284,16 +303,10 @@ impl BackendConn {
         }
     }
 
-    /// Whether an idle connection still looks usable: no unread bytes and no EOF. Postgres
-    /// only talks unprompted to say goodbye (admin shutdown, idle timeout), so anything
-    /// readable means the connection is finished. tokio answers from its readiness state
-    /// when nothing happened, so this costs no syscall on a healthy connection.
+    /// Whether an idle connection still looks usable: no unread bytes and no EOF (see
+    /// [`BackendStream::is_idle_quiet`]).
     pub fn is_idle_healthy(&self) -> bool {
-        if self.broken || !self.rbuf.is_empty() {
-            return false;
-        }
-        let mut probe = [0u8; 1];
-        matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        !self.broken && self.rbuf.is_empty() && self.stream.is_idle_quiet()
     }
 }
 

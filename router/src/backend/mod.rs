@@ -4,6 +4,7 @@
 //! | module | what |
 //! |---|---|
 //! | [`conn`] | one connection: login, then raw frames; the request/reply helper |
+//! | [`stream`] | its byte stream, plain TCP or TLS, and the write-while-reading step |
 //! | [`pool`] | one independent pool of connections per (host, port, database) |
 //! | [`prepared`] | which router statements one connection has prepared (bounded, LRU) |
 //! | [`registry`] | the router-wide registry of prepared statement texts (`sg_<id>`) |
@@ -18,6 +19,7 @@ pub mod health;
 pub mod pool;
 pub mod prepared;
 pub mod registry;
+pub mod stream;
 
 pub use conn::{BackendConn, BackendError, Endpoint};
 pub use pool::{Pools, ShardPool};

@@ -26,6 +26,8 @@ pub struct PoolSettings {
     pub user: String,
     pub password: Option<String>,
     pub application_name: String,
+    /// `[backend] sslmode` and its certificate authorities.
+    pub tls: crate::tls::BackendTls,
 }
 
 pub struct Manager {
@@ -71,6 +73,7 @@ impl Endpoint {
                 .or_else(|| settings.password.clone()),
             application_name: settings.application_name.clone(),
             connect_timeout: settings.connect_timeout,
+            tls: settings.tls.clone(),
         }
     }
 }
@@ -92,25 +95,28 @@ pub struct ShardPool {
 
 impl Endpoint {
     /// Whether connections to `self` can serve `other`: the same server, database and login
-    /// (and the same connect timeout, which the pool's connection factory keeps).
+    /// (and the same connect timeout, which the pool's connection factory keeps), encrypted the
+    /// same way (a plain connection must not serve a config that asks for TLS, nor one checked
+    /// against certificate authorities that were since replaced).
     fn same_login(&self, other: &Endpoint) -> bool {
-        (
-            &self.host,
-            self.port,
-            &self.database,
-            &self.user,
-            &self.password,
-            &self.application_name,
-            self.connect_timeout,
-        ) == (
-            &other.host,
-            other.port,
-            &other.database,
-            &other.user,
-            &other.password,
-            &other.application_name,
-            other.connect_timeout,
-        )
+        self.tls == other.tls
+            && (
+                &self.host,
+                self.port,
+                &self.database,
+                &self.user,
+                &self.password,
+                &self.application_name,
+                self.connect_timeout,
+            ) == (
+                &other.host,
+                other.port,
+                &other.database,
+                &other.user,
+                &other.password,
+                &other.application_name,
+                other.connect_timeout,
+            )
     }
 }
 
@@ -332,6 +338,7 @@ mod tests {
             user: "router".into(),
             password: Some("pw".into()),
             application_name: "shardgate".into(),
+            tls: crate::tls::BackendTls::disabled(),
         };
         let with = shardmap::Primary::parse("postgres://owner:secret@db1:5432/app").unwrap();
         let without = shardmap::Primary::parse("postgres://db2:5432/app").unwrap();

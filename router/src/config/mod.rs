@@ -61,6 +61,8 @@ pub struct Config {
     /// `[http] listen`: the address of the HTTP side port (`/metrics`, `/health`, `/ready`).
     /// Off when absent.
     pub http: Option<SocketAddr>,
+    /// `[tls]`: TLS between clients and the router.
+    pub tls: Tls,
     /// `router_id`: this router's number in its fleet, 0 to 127 (default 0). It is part of the
     /// BackendKeyData every client gets, so a cancel request that reaches another router of
     /// the fleet can be forwarded here.
@@ -119,6 +121,61 @@ pub struct Backend {
     pub password: Option<String>,
     /// `application_name`: shown in `pg_stat_activity` on the shards. Default `shardgate`.
     pub application_name: String,
+    /// `sslmode`: TLS toward the shards. Default `disable`.
+    pub sslmode: SslMode,
+    /// `ca`: PEM file of the certificate authorities the shards' certificates must chain to.
+    /// Required with `sslmode = "verify-full"`, and only used there.
+    pub ca: Option<FileSetting>,
+}
+
+/// `[backend] sslmode`: whether and how the router encrypts its connections to the shards, with
+/// the meaning libpq gives these names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SslMode {
+    /// `"disable"`: plain TCP.
+    Disable,
+    /// `"require"`: TLS, without checking the server's certificate (protects against
+    /// eavesdropping, not against an impostor). A server that refuses TLS is not used.
+    Require,
+    /// `"verify-full"`: TLS, the certificate must chain to `ca` and name the shard's host (an IP
+    /// address host must be an IP address in the certificate).
+    VerifyFull,
+}
+
+/// `[tls]`: TLS between clients and the router. The files are read when the router starts and
+/// again at every reload (see `crate::tls`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tls {
+    /// `mode`: default `disable`.
+    pub mode: TlsMode,
+    /// `cert`: PEM file with the router's certificate, then any intermediates. Required unless
+    /// `mode = "disable"`.
+    pub cert: Option<FileSetting>,
+    /// `key`: PEM file with the certificate's private key (PKCS#8, PKCS#1 or SEC1). Required
+    /// unless `mode = "disable"`.
+    pub key: Option<FileSetting>,
+}
+
+/// `[tls] mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsMode {
+    /// `"disable"`: an SSLRequest is answered `N`; clients log in over plain TCP.
+    Disable,
+    /// `"allow"`: TLS for clients that ask for it (libpq's default `sslmode=prefer` does),
+    /// plain TCP for the others.
+    Allow,
+    /// `"require"`: a client that logs in without TLS is refused with `28000`. Cancel requests
+    /// are still accepted in plain TCP (libpq sends them that way).
+    Require,
+}
+
+/// A file named in the config, resolved against the config file's directory, with the line of
+/// its setting: files are read after the config is checked (and again at each reload), and a
+/// problem with one is reported at that line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileSetting {
+    pub path: PathBuf,
+    pub line: usize,
 }
 
 // Config is logged with `{:?}`: never print the backend password.
@@ -128,6 +185,8 @@ impl fmt::Debug for Backend {
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("application_name", &self.application_name)
+            .field("sslmode", &self.sslmode)
+            .field("ca", &self.ca)
             .finish()
     }
 }
@@ -196,7 +255,8 @@ pub struct Shutdown {
 /// `[reload]`: `SIGHUP` and the admin command `RELOAD` always reload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reload {
-    /// `watch`: also reload when `router.toml` or the shard map file changes. Default off.
+    /// `watch`: also reload when `router.toml`, the shard map file or a TLS file it names
+    /// (`[tls] cert`/`key`, `[backend] ca`) changes. Default off.
     pub watch: bool,
     /// `watch_interval_ms`: how often the files are looked at. Default 1000; more than 0.
     pub watch_interval: Duration,
@@ -263,7 +323,8 @@ pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
     let auth = sections::auth(&raw, &mut check);
     let (router_id, peers) = sections::fleet(&raw, &mut check);
     let users = sections::users(&raw, auth, &mut check);
-    let backend = sections::backend(&raw.backend, &mut check);
+    let backend = sections::backend(&raw.backend, origin, &mut check);
+    let tls = sections::tls(raw.tls.as_ref(), origin, &mut check);
     let pool = sections::pool(&raw.pool, &mut check);
     let limits = sections::limits(&raw.limits, &mut check);
     let shutdown = sections::shutdown(&raw.shutdown, &mut check);
@@ -295,6 +356,7 @@ pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
         shutdown,
         reload,
         http,
+        tls,
         router_id,
         peers,
     };

@@ -26,6 +26,7 @@ pub(super) struct RawConfig {
     pub(super) reload: RawReload,
     #[serde(default)]
     pub(super) http: RawHttp,
+    pub(super) tls: Option<Spanned<RawTls>>,
     pub(super) router_id: Option<Spanned<i64>>,
     #[serde(default)]
     pub(super) peers: Vec<Spanned<RawPeer>>,
@@ -52,6 +53,8 @@ pub(super) struct RawBackend {
     pub(super) user: Option<Spanned<String>>,
     pub(super) password: Option<Spanned<String>>,
     pub(super) application_name: Option<Spanned<String>>,
+    pub(super) sslmode: Option<Spanned<String>>,
+    pub(super) ca: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -94,4 +97,12 @@ pub(super) struct RawReload {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawHttp {
     pub(super) listen: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTls {
+    pub(super) mode: Option<Spanned<String>>,
+    pub(super) cert: Option<Spanned<String>>,
+    pub(super) key: Option<Spanned<String>>,
 }

@@ -9,9 +9,12 @@ use std::path::{Path, PathBuf};
 use toml::Spanned;
 
 use super::check::Checker;
-use super::raw::{RawBackend, RawConfig, RawHttp, RawLimits, RawPool, RawReload, RawShutdown};
+use super::raw::{
+    RawBackend, RawConfig, RawHttp, RawLimits, RawPool, RawReload, RawShutdown, RawTls,
+};
 use super::{
-    AuthMethod, Backend, Limits, Peer, Pool, Reload, Shutdown, User, DEFAULT_LISTEN, MAX_ROUTER_ID,
+    AuthMethod, Backend, FileSetting, Limits, Peer, Pool, Reload, Shutdown, SslMode, Tls, TlsMode,
+    User, DEFAULT_LISTEN, MAX_ROUTER_ID,
 };
 use crate::auth::Secret;
 
@@ -238,8 +241,144 @@ pub(super) fn users(
     users
 }
 
+/// A file setting (`name` as operators write it), resolved against the config file's directory.
+fn file(
+    v: &Option<Spanned<String>>,
+    name: &str,
+    origin: &Path,
+    check: &mut Checker<'_>,
+) -> Option<FileSetting> {
+    let v = v.as_ref()?;
+    let line = check.line(v.span());
+    let text = v.get_ref().trim();
+    if text.is_empty() {
+        check.add(
+            line,
+            format!("{name} is empty; give the path of a PEM file"),
+        );
+        return None;
+    }
+    let base = origin.parent().unwrap_or(Path::new(""));
+    Some(FileSetting {
+        path: base.join(text),
+        line,
+    })
+}
+
+/// `[backend] sslmode` and `ca`.
+fn backend_tls(
+    b: &RawBackend,
+    origin: &Path,
+    check: &mut Checker<'_>,
+) -> (SslMode, Option<FileSetting>) {
+    let ca = file(&b.ca, "backend.ca", origin, check);
+    let Some(mode) = &b.sslmode else {
+        if let Some(ca) = &ca {
+            check.add(
+                ca.line,
+                "backend.ca is set but backend.sslmode is not; set sslmode = \"verify-full\" to check the shards' certificates against it",
+            );
+        }
+        return (SslMode::Disable, ca);
+    };
+    let line = check.line(mode.span());
+    let sslmode = match mode.get_ref().trim() {
+        "disable" => SslMode::Disable,
+        "require" => SslMode::Require,
+        "verify-full" => SslMode::VerifyFull,
+        other => {
+            check.add(
+                line,
+                format!(
+                    "backend.sslmode {other:?} is not supported; use \"disable\", \"require\" or \"verify-full\""
+                ),
+            );
+            return (SslMode::Disable, ca);
+        }
+    };
+    match (sslmode, &ca) {
+        (SslMode::VerifyFull, None) if b.ca.is_none() => check.add(
+            line,
+            "backend.sslmode is \"verify-full\" but backend.ca is not set; give the PEM file of the certificate authority that signed the shards' certificates",
+        ),
+        (SslMode::Disable | SslMode::Require, Some(ca)) => check.add(
+            ca.line,
+            format!(
+                "backend.ca is only used with sslmode = \"verify-full\" (sslmode is {:?}, which does not check certificates)",
+                mode.get_ref().trim()
+            ),
+        ),
+        _ => {}
+    }
+    (sslmode, ca)
+}
+
+/// `[tls]`; `mode = "disable"` when the section is absent.
+pub(super) fn tls(raw: Option<&Spanned<RawTls>>, origin: &Path, check: &mut Checker<'_>) -> Tls {
+    let Some(raw) = raw else {
+        return Tls {
+            mode: TlsMode::Disable,
+            cert: None,
+            key: None,
+        };
+    };
+    let section = check.line(raw.span());
+    let raw = raw.get_ref();
+    let cert = file(&raw.cert, "tls.cert", origin, check);
+    let key = file(&raw.key, "tls.key", origin, check);
+    let mode = match &raw.mode {
+        None => {
+            if raw.cert.is_some() || raw.key.is_some() {
+                check.add(
+                    section,
+                    "[tls] names a certificate but no mode; set mode = \"allow\" or \"require\" to turn TLS on (or \"disable\" to keep it off)",
+                );
+            }
+            TlsMode::Disable
+        }
+        Some(m) => {
+            let line = check.line(m.span());
+            match m.get_ref().trim() {
+                "disable" => TlsMode::Disable,
+                "allow" => TlsMode::Allow,
+                "require" => TlsMode::Require,
+                other => {
+                    check.add(
+                        line,
+                        format!(
+                            "tls.mode {other:?} is not a TLS mode; use \"disable\", \"allow\" or \"require\""
+                        ),
+                    );
+                    TlsMode::Disable
+                }
+            }
+        }
+    };
+    if mode != TlsMode::Disable {
+        let line = raw.mode.as_ref().map_or(section, |m| check.line(m.span()));
+        for (value, setting, what) in [
+            (&raw.cert, "cert", "certificate"),
+            (&raw.key, "key", "private key"),
+        ] {
+            if value.is_none() {
+                check.add(
+                    line,
+                    format!(
+                        "tls.mode is {:?} but tls.{setting} is not set; give the PEM file of the router's {what}",
+                        match mode {
+                            TlsMode::Allow => "allow",
+                            _ => "require",
+                        }
+                    ),
+                );
+            }
+        }
+    }
+    Tls { mode, cert, key }
+}
+
 /// `[backend]`.
-pub(super) fn backend(b: &RawBackend, check: &mut Checker<'_>) -> Backend {
+pub(super) fn backend(b: &RawBackend, origin: &Path, check: &mut Checker<'_>) -> Backend {
     let text_or = |v: &Option<Spanned<String>>, default: &str| {
         v.as_ref()
             .map_or(default.to_string(), |s| s.get_ref().clone())
@@ -262,10 +401,13 @@ pub(super) fn backend(b: &RawBackend, check: &mut Checker<'_>) -> Backend {
             );
         }
     }
+    let (sslmode, ca) = backend_tls(b, origin, check);
     Backend {
         user: text_or(&b.user, "postgres").trim().to_string(),
         password: b.password.as_ref().map(|p| p.get_ref().clone()),
         application_name: text_or(&b.application_name, "shardgate"),
+        sslmode,
+        ca,
     }
 }
 

@@ -490,3 +490,123 @@ fn router_id_and_peers() {
     );
     assert!(text.iter().any(|m| m.contains("own router_id")), "{text:?}");
 }
+
+#[test]
+fn tls_is_off_unless_configured() {
+    let c = parse_str(MINIMAL).expect("minimal config");
+    assert_eq!(
+        c.tls,
+        Tls {
+            mode: TlsMode::Disable,
+            cert: None,
+            key: None
+        }
+    );
+    assert_eq!(c.backend.sslmode, SslMode::Disable);
+    assert_eq!(c.backend.ca, None);
+}
+
+#[test]
+fn tls_settings_resolve_their_files_and_keep_their_lines() {
+    let c = parse_str(&format!(
+        "{MINIMAL}[tls]\nmode = \"require\"\ncert = \"tls/router.pem\"\nkey = \"/keys/router.key\"\n\
+         [backend]\nsslmode = \"verify-full\"\nca = \"ca.pem\"\n"
+    ))
+    .expect("a TLS config");
+    assert_eq!(c.tls.mode, TlsMode::Require);
+    assert_eq!(
+        c.tls.cert,
+        Some(FileSetting {
+            path: "/etc/shardgate/tls/router.pem".into(),
+            line: 8
+        })
+    );
+    assert_eq!(
+        c.tls.key,
+        Some(FileSetting {
+            path: "/keys/router.key".into(),
+            line: 9
+        })
+    );
+    assert_eq!(c.backend.sslmode, SslMode::VerifyFull);
+    assert_eq!(
+        c.backend.ca,
+        Some(FileSetting {
+            path: "/etc/shardgate/ca.pem".into(),
+            line: 12
+        })
+    );
+    let allow = parse_str(&format!(
+        "{MINIMAL}[tls]\nmode = \"allow\"\ncert = \"c.pem\"\nkey = \"k.pem\"\n[backend]\nsslmode = \"require\"\n"
+    ))
+    .expect("allow and require");
+    assert_eq!(allow.tls.mode, TlsMode::Allow);
+    assert_eq!(allow.backend.sslmode, SslMode::Require);
+    // Certificates may be prepared before TLS is turned on.
+    let off = parse_str(&format!(
+        "{MINIMAL}[tls]\nmode = \"disable\"\ncert = \"c.pem\"\nkey = \"k.pem\"\n"
+    ))
+    .expect("disabled with files");
+    assert_eq!(off.tls.mode, TlsMode::Disable);
+}
+
+#[test]
+fn bad_tls() {
+    one_problem(
+        &format!("{MINIMAL}[tls]\nmode = \"prefer\"\n"),
+        7,
+        "tls.mode \"prefer\" is not a TLS mode; use \"disable\", \"allow\" or \"require\"",
+    );
+    let found = problems(&format!("{MINIMAL}[tls]\nmode = \"require\"\n"));
+    assert_eq!(
+        found,
+        [
+            (7, "tls.mode is \"require\" but tls.cert is not set; give the PEM file of the router's certificate".to_string()),
+            (7, "tls.mode is \"require\" but tls.key is not set; give the PEM file of the router's private key".to_string()),
+        ]
+    );
+    one_problem(
+        &format!("{MINIMAL}[tls]\nmode = \"allow\"\ncert = \"c.pem\"\n"),
+        7,
+        "tls.key is not set",
+    );
+    one_problem(
+        &format!("{MINIMAL}[tls]\nmode = \"allow\"\ncert = \" \"\nkey = \"k.pem\"\n"),
+        8,
+        "tls.cert is empty",
+    );
+    one_problem(
+        &format!("{MINIMAL}[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\n"),
+        6,
+        "names a certificate but no mode",
+    );
+    one_problem(
+        &format!("{MINIMAL}[tls]\nmode = \"require\"\ncert = \"c.pem\"\nkey = \"k.pem\"\nciphers = \"x\"\n"),
+        10,
+        "unknown field `ciphers`",
+    );
+}
+
+#[test]
+fn bad_backend_tls() {
+    one_problem(
+        &format!("{MINIMAL}[backend]\nsslmode = \"verify-ca\"\n"),
+        7,
+        "backend.sslmode \"verify-ca\" is not supported; use \"disable\", \"require\" or \"verify-full\"",
+    );
+    one_problem(
+        &format!("{MINIMAL}[backend]\nsslmode = \"verify-full\"\n"),
+        7,
+        "backend.ca is not set",
+    );
+    one_problem(
+        &format!("{MINIMAL}[backend]\nsslmode = \"require\"\nca = \"ca.pem\"\n"),
+        8,
+        "backend.ca is only used with sslmode = \"verify-full\"",
+    );
+    one_problem(
+        &format!("{MINIMAL}[backend]\nca = \"ca.pem\"\n"),
+        7,
+        "backend.sslmode is not",
+    );
+}

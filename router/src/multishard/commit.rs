@@ -10,7 +10,6 @@
 //! failure) can leave part of a write applied; the error then names the shards on each side.
 
 use bytes::BytesMut;
-use tokio::io::AsyncWriteExt;
 
 use crate::backend::conn::Replies;
 use crate::backend::pool::{discard, PooledConn};
@@ -97,7 +96,7 @@ impl<'s> Parts<'s> {
         if settings_sent {
             conn.settings_fp = self.settings.fingerprint();
         }
-        if let Err(e) = conn.stream.write_all(&out).await {
+        if let Err(e) = conn.stream.send(&out).await {
             discard(conn);
             return Err(self.lost(shard, &e));
         }

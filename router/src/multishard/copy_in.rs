@@ -284,7 +284,7 @@ impl CopyTarget {
             return;
         }
         self.buf.clear();
-        if let Err(e) = tokio::io::AsyncWriteExt::write_all(&mut self.conn.stream, &frame).await {
+        if let Err(e) = self.conn.stream.send(&frame).await {
             self.lost = Some(lost_during_copy(e));
         }
     }

@@ -1,5 +1,6 @@
-//! Accepting clients: one tokio task per client, which logs in ([`super::handshake`]) and then
-//! runs its [`Session`] until the client leaves.
+//! Accepting clients: one tokio task per client, which negotiates TLS
+//! ([`super::negotiate`]), logs in ([`super::handshake`]) and then runs its [`Session`] until
+//! the client leaves.
 //!
 //! A client's failure (bad protocol, lost connection, bad password) ends that task only; every
 //! other client and the router keep running.
@@ -7,12 +8,13 @@
 use std::sync::Arc;
 
 use bytes::BytesMut;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::clients::ClientInfo;
 use super::handshake;
 use super::lifecycle::Phase;
+use super::negotiate::{self, Negotiated};
 use super::Shared;
 use crate::errors;
 use crate::protocol::reply::SqlError;
@@ -59,16 +61,42 @@ async fn client(mut stream: TcpStream, shared: Arc<Shared>, peer: std::net::Sock
         return;
     }
     let mut buf = BytesMut::with_capacity(16 * 1024);
-    let login = match handshake::run(&mut stream, &mut buf, &shared).await {
-        Ok(handshake::Outcome::LoggedIn(login)) => login,
-        Ok(handshake::Outcome::Done) => return,
-        Err(e) => {
-            tracing::info!(%peer, "login failed: {e}");
-            if !matches!(e, handshake::HandshakeError::Io(_)) {
-                Stats::count(&shared.stats.clients_refused);
-            }
-            return;
+    let deadline = tokio::time::Instant::now() + handshake::HANDSHAKE_TIMEOUT;
+    match handshake::bounded(deadline, negotiate::run(stream, &mut buf, &shared)).await {
+        Ok(Negotiated::Plain(stream, params)) => {
+            login_and_serve(stream, false, buf, params, shared, peer, deadline).await
         }
+        Ok(Negotiated::Tls(stream, params)) => {
+            login_and_serve(stream, true, buf, params, shared, peer, deadline).await
+        }
+        Ok(Negotiated::Done) => {}
+        Err(e) => refused(&shared, peer, &e),
+    }
+}
+
+/// A connection that did not get as far as a session.
+fn refused(shared: &Shared, peer: std::net::SocketAddr, e: &handshake::HandshakeError) {
+    tracing::info!(%peer, "login failed: {e}");
+    if !matches!(e, handshake::HandshakeError::Io(_)) {
+        Stats::count(&shared.stats.clients_refused);
+    }
+}
+
+/// Logs the client in and runs its session; one copy of the session code per kind of stream
+/// (plain TCP pays nothing for TLS).
+async fn login_and_serve<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    tls: bool,
+    mut buf: BytesMut,
+    params: negotiate::Params,
+    shared: Arc<Shared>,
+    peer: std::net::SocketAddr,
+    deadline: tokio::time::Instant,
+) {
+    let login = handshake::login(&mut stream, &mut buf, &shared, params);
+    let login = match handshake::bounded(deadline, login).await {
+        Ok(login) => login,
+        Err(e) => return refused(&shared, peer, &e),
     };
     Stats::count(&shared.stats.clients_accepted);
     let id = login.id;
@@ -83,7 +111,7 @@ async fn client(mut stream: TcpStream, shared: Arc<Shared>, peer: std::net::Sock
             .unwrap_or_default()
             .to_string(),
         connected: std::time::SystemTime::now(),
-        tls: false,
+        tls,
     });
     if login.admin {
         if let Err(e) = crate::admin::run(shared.clone(), stream, buf).await {

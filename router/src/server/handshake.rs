@@ -1,16 +1,16 @@
-//! A client's first steps: SSL/GSS negotiation (refused with `N` for now), cancel requests,
-//! the StartupMessage, the database check, SCRAM-SHA-256 authentication, and the greeting
-//! (ParameterStatus, BackendKeyData, ReadyForQuery).
+//! A client's login, after [`super::negotiate`] has read its StartupMessage (over TLS or not):
+//! the database check, SCRAM-SHA-256 authentication, and the greeting (ParameterStatus,
+//! BackendKeyData, ReadyForQuery); also the packet reading both share, and cancel requests.
 //!
-//! The whole handshake is bounded by a timeout, like Postgres's `authentication_timeout`, so
-//! a client that connects and says nothing cannot hold a slot.
+//! The whole handshake, negotiation and TLS included, is bounded by one deadline
+//! ([`HANDSHAKE_TIMEOUT`]), like Postgres's `authentication_timeout`, so a client that connects
+//! and says nothing cannot hold a slot.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::clients::{router_of, ClientSlot};
 use super::Shared;
@@ -36,13 +36,6 @@ pub struct Login {
     pub slot: Arc<ClientSlot>,
 }
 
-/// How a handshake ended without a session.
-pub enum Outcome {
-    LoggedIn(Login),
-    /// A cancel request was handled, or the client went away: close quietly.
-    Done,
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum HandshakeError {
     #[error("{0}")]
@@ -52,29 +45,38 @@ pub enum HandshakeError {
     Refused(SqlError),
     #[error("the client did not finish logging in within {0:?}")]
     Timeout(Duration),
+    #[error("TLS handshake failed: {0}")]
+    Tls(std::io::Error),
 }
 
-pub async fn run(
-    stream: &mut TcpStream,
-    buf: &mut BytesMut,
-    shared: &Shared,
-) -> Result<Outcome, HandshakeError> {
-    match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(stream, buf, shared)).await {
+/// Runs `step` until `deadline` (the one deadline of a client's whole handshake, TLS
+/// included).
+pub async fn bounded<T>(
+    deadline: tokio::time::Instant,
+    step: impl std::future::Future<Output = Result<T, HandshakeError>>,
+) -> Result<T, HandshakeError> {
+    match tokio::time::timeout_at(deadline, step).await {
         Ok(r) => r,
         Err(_) => Err(HandshakeError::Timeout(HANDSHAKE_TIMEOUT)),
     }
 }
 
-async fn refuse(stream: &mut TcpStream, err: SqlError) -> HandshakeError {
+/// Sends `err` to the client (which then leaves) and returns it, to be logged.
+pub(super) async fn refuse<S: AsyncWrite + Unpin>(stream: &mut S, err: SqlError) -> HandshakeError {
     let mut out = Vec::new();
     err.write(&mut out);
     // The client may already be gone; the refusal is logged either way.
     let _ = stream.write_all(&out).await;
+    let _ = stream.flush().await;
     HandshakeError::Refused(err)
 }
 
 /// Reads until `buf` holds `n` bytes; `false` on a clean EOF before anything arrived.
-async fn fill(stream: &mut TcpStream, buf: &mut BytesMut, n: usize) -> std::io::Result<bool> {
+async fn fill<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    n: usize,
+) -> std::io::Result<bool> {
     while buf.len() < n {
         if stream.read_buf(buf).await? == 0 {
             if buf.is_empty() {
@@ -89,14 +91,16 @@ async fn fill(stream: &mut TcpStream, buf: &mut BytesMut, n: usize) -> std::io::
     Ok(true)
 }
 
-async fn handshake(
-    stream: &mut TcpStream,
+/// The next packet of the startup phase (SSLRequest, GSSENCRequest, CancelRequest or
+/// StartupMessage); `None` when the client left without sending one. A malformed packet is
+/// refused with `08P01`.
+pub(super) async fn read_packet<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
     buf: &mut BytesMut,
-    shared: &Shared,
-) -> Result<Outcome, HandshakeError> {
-    let params = loop {
+) -> Result<Option<Startup>, HandshakeError> {
+    loop {
         if !fill(stream, buf, 4).await? {
-            return Ok(Outcome::Done);
+            return Ok(None);
         }
         let len = match startup::packet_len(buf) {
             Ok(Some(len)) => len,
@@ -112,23 +116,25 @@ async fn handshake(
         fill(stream, buf, len).await?;
         let packet = startup::decode(&buf[..len]);
         buf.advance(len);
-        match packet {
-            Ok(Startup::Ssl) | Ok(Startup::GssEnc) => stream.write_all(b"N").await?,
-            Ok(Startup::Cancel { pid, secret }) => {
-                forward_cancel(shared, pid, secret).await;
-                return Ok(Outcome::Done);
-            }
-            Ok(Startup::Startup { params }) => break params,
-            Err(e) => {
-                return Err(refuse(
-                    stream,
-                    SqlError::fatal(errors::PROTOCOL_VIOLATION, e.to_string()),
-                )
-                .await)
-            }
-        }
-    };
+        return match packet {
+            Ok(packet) => Ok(Some(packet)),
+            Err(e) => Err(refuse(
+                stream,
+                SqlError::fatal(errors::PROTOCOL_VIOLATION, e.to_string()),
+            )
+            .await),
+        };
+    }
+}
 
+/// Logs in a client that sent `params` (its StartupMessage): the database check,
+/// authentication, and the greeting.
+pub async fn login<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    shared: &Shared,
+    params: Vec<(String, String)>,
+) -> Result<Login, HandshakeError> {
     let user = match Startup::param(&params, "user") {
         Some(u) if !u.is_empty() => u.to_string(),
         _ => {
@@ -193,22 +199,28 @@ async fn handshake(
     }
     reply::backend_key_data(&mut out, id, slot.secret);
     reply::ready_for_query(&mut out, TxStatus::Idle);
-    if let Err(e) = stream.write_all(&out).await {
+    if let Err(e) = write_flushed(stream, &out).await {
         shared.clients.remove(id);
         return Err(e.into());
     }
-    Ok(Outcome::LoggedIn(Login {
+    Ok(Login {
         user,
         admin,
         params,
         id,
         slot,
-    }))
+    })
+}
+
+/// Writes `out` and flushes it (TLS holds records back until a flush).
+async fn write_flushed<S: AsyncWrite + Unpin>(stream: &mut S, out: &[u8]) -> std::io::Result<()> {
+    stream.write_all(out).await?;
+    stream.flush().await
 }
 
 /// Runs SCRAM-SHA-256; the outer error is I/O, the inner one a failed login.
-async fn authenticate(
-    stream: &mut TcpStream,
+async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
     buf: &mut BytesMut,
     shared: &Shared,
     config: &crate::config::Config,
@@ -222,7 +234,7 @@ async fn authenticate(
     let mut scram = ScramServer::new(&verifier, ScramServer::random_nonce());
     let mut out = Vec::new();
     reply::auth_sasl(&mut out, 10, ScramServer::mechanisms());
-    stream.write_all(&out).await?;
+    write_flushed(stream, &out).await?;
 
     let body = read_password_message(stream, buf).await?;
     let first = match scram.client_first(&body) {
@@ -231,7 +243,7 @@ async fn authenticate(
     };
     out.clear();
     reply::auth_sasl(&mut out, 11, &first);
-    stream.write_all(&out).await?;
+    write_flushed(stream, &out).await?;
 
     let body = read_password_message(stream, buf).await?;
     let last = match scram.client_final(&body) {
@@ -240,13 +252,13 @@ async fn authenticate(
     };
     out.clear();
     reply::auth_sasl(&mut out, 12, &last);
-    stream.write_all(&out).await?;
+    write_flushed(stream, &out).await?;
     Ok(Ok(()))
 }
 
 /// Reads one `p` message (PasswordMessage / SASLInitialResponse / SASLResponse) body.
-async fn read_password_message(
-    stream: &mut TcpStream,
+async fn read_password_message<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
     buf: &mut BytesMut,
 ) -> Result<Vec<u8>, HandshakeError> {
     loop {
@@ -288,7 +300,7 @@ async fn read_password_message(
 
 /// Sends a CancelRequest to the backend that runs client `pid`'s statement, if the secret
 /// matches; like Postgres, says nothing back either way.
-async fn forward_cancel(shared: &Shared, pid: i32, secret: i32) {
+pub(super) async fn forward_cancel(shared: &Shared, pid: i32, secret: i32) {
     let owner = router_of(pid);
     let routing = shared.routing();
     if owner != routing.config.router_id {

@@ -111,13 +111,17 @@ async fn reload(shared: &Shared) {
     }
 }
 
-/// The modification times of the config file and the shard map file.
+/// The modification times of the config file, the shard map file and the TLS files.
 fn files(shared: &Shared) -> Vec<Option<SystemTime>> {
     let routing = shared.routing();
-    [&routing.config.source, &routing.config.shardmap]
-        .iter()
-        .map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
-        .collect()
+    [
+        routing.config.source.as_path(),
+        routing.config.shardmap.as_path(),
+    ]
+    .into_iter()
+    .chain(crate::tls::files(&routing.config))
+    .map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+    .collect()
 }
 
 async fn drain(shared: &Shared, term: &mut tokio::signal::unix::Signal) {

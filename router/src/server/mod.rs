@@ -1,6 +1,6 @@
-//! Starting and running a router: load the config and shard map, then serve clients on one
-//! event loop per core ([`accept`]), each client logging in ([`handshake`]) and then running
-//! its session. [`Shared`] is what all sessions share; [`clients`] the table cancel requests use.
+//! Starting and running a router: load the config, shard map and TLS material, then serve
+//! clients on one event loop per core ([`accept`]), each client negotiating TLS
+//! ([`negotiate`]), logging in ([`handshake`]) and then running its session. [`Shared`] is what all sessions share; [`clients`] the table cancel requests use.
 //!
 //! Each worker thread runs its own single-threaded tokio runtime with its own listening socket
 //! on the same address (SO_REUSEPORT: the kernel spreads new connections over them) and its own
@@ -17,6 +17,7 @@ pub mod clients;
 pub mod handshake;
 pub mod http;
 pub mod lifecycle;
+mod negotiate;
 pub mod pause;
 mod probe;
 mod routing;
@@ -27,12 +28,14 @@ pub use shared::{set_worker, worker, Reloaded, Shared};
 
 use crate::config;
 
-/// Loads everything, or says precisely what is wrong (file, line, reason). `workers` is the
-/// number of worker threads, each with its own pools.
+/// Loads everything (config, shard map, TLS certificates and keys), or says precisely what is
+/// wrong (file, line, reason). `workers` is the number of worker threads, each with its own
+/// pools.
 pub fn load(config_path: &Path, workers: usize) -> Result<Shared, String> {
     let config = config::load(config_path).map_err(|e| e.to_string())?;
     let map = shardmap::load(&config.shardmap).map_err(|e| e.to_string())?;
-    Ok(Shared::new(config, map, workers.max(1)))
+    let tls = crate::tls::load(&config).map_err(|e| e.to_string())?;
+    Ok(Shared::new(config, map, tls, workers.max(1)))
 }
 
 /// Fails when something else listens on `addr` already. The router's own sockets share the

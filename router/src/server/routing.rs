@@ -20,6 +20,7 @@ use crate::errors;
 use crate::planner::Planner;
 use crate::protocol::reply::SqlError;
 use crate::stats::Stats;
+use crate::tls::Material;
 
 pub struct Routing {
     /// Counts reloads from 1; a session compares it to see whether it should switch.
@@ -27,6 +28,9 @@ pub struct Routing {
     pub config: Config,
     pub map: Arc<ShardMap>,
     pub planner: Planner,
+    /// The certificates read for this config: the acceptor new clients get, the connector of
+    /// the pools.
+    pub tls: Material,
     /// One set of pools per worker thread: connections never cross threads.
     pools: Vec<Pools>,
     /// The shards' database collation is C (or POSIX): text compares by bytes.
@@ -47,7 +51,7 @@ pub struct Board<'a> {
 }
 
 /// How the config sizes and logs in the pools.
-pub fn pool_settings(config: &Config) -> PoolSettings {
+pub fn pool_settings(config: &Config, tls: &Material) -> PoolSettings {
     PoolSettings {
         max_size: config.pool.max_size,
         min_idle: config.pool.min_idle,
@@ -57,21 +61,24 @@ pub fn pool_settings(config: &Config) -> PoolSettings {
         user: config.backend.user.clone(),
         password: config.backend.password.clone(),
         application_name: config.backend.application_name.clone(),
+        tls: tls.backend.clone(),
     }
 }
 
 impl Routing {
-    /// A routing for `config` and `map` with `workers` sets of pools; with `previous`, the
-    /// pools whose endpoints did not change keep their connections.
+    /// A routing for `config` and `map` (and the TLS material read for `config`) with
+    /// `workers` sets of pools; with `previous`, the pools whose endpoints did not change keep
+    /// their connections.
     pub fn new(
         config: Config,
         map: ShardMap,
+        tls: Material,
         workers: usize,
         generation: u64,
         previous: Option<&Routing>,
         board: Board<'_>,
     ) -> Routing {
-        let settings = pool_settings(&config);
+        let settings = pool_settings(&config, &tls);
         let map = Arc::new(map);
         let stats_ids = map
             .shards()
@@ -91,6 +98,7 @@ impl Routing {
             planner: Planner::new(map.clone(), config.limits.plan_cache_size),
             map,
             config,
+            tls,
             pools,
             text_bytewise: AtomicBool::new(
                 previous.is_some_and(|p| p.text_bytewise.load(Ordering::Relaxed)),
@@ -149,7 +157,9 @@ impl Routing {
                     &self.shard_name(shard),
                     matches!(
                         e,
-                        BackendError::Refused { .. } | BackendError::NoPassword { .. }
+                        BackendError::Refused { .. }
+                            | BackendError::NoPassword { .. }
+                            | BackendError::Tls { .. }
                     ),
                     &e.to_string(),
                 ))

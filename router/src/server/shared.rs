@@ -19,6 +19,7 @@ use crate::backend::health::HealthBoard;
 use crate::backend::registry::Registry;
 use crate::config::Config;
 use crate::stats::Stats;
+use crate::tls::Material;
 
 thread_local! {
     /// Which worker thread this is (0 outside workers).
@@ -75,7 +76,8 @@ pub struct Reloaded {
 }
 
 impl Shared {
-    pub fn new(config: Config, map: ShardMap, workers: usize) -> Shared {
+    /// `tls` is what [`crate::tls::load`] read for `config`.
+    pub fn new(config: Config, map: ShardMap, tls: Material, workers: usize) -> Shared {
         let router_id = config.router_id;
         let (stats, health) = (Stats::default(), HealthBoard::default());
         let pauses = Arc::new(super::pause::Pauses::default());
@@ -84,7 +86,7 @@ impl Shared {
             health: &health,
             pauses: &pauses,
         };
-        let routing = Arc::new(Routing::new(config, map, workers, 1, None, board));
+        let routing = Arc::new(Routing::new(config, map, tls, workers, 1, None, board));
         Shared {
             routings: Mutex::new(vec![Arc::downgrade(&routing)]),
             routing: ArcSwap::new(routing),
@@ -148,9 +150,10 @@ impl Shared {
         self.workers
     }
 
-    /// Re-reads the config file and the shard map it names, and makes them current for new
-    /// statements. An invalid file is refused with its problems (`FILE:LINE: reason`) and the
-    /// current ones keep serving. Settings that cannot change while running (the listen address,
+    /// Re-reads the config file, the shard map and the TLS certificates and keys it names, and
+    /// makes them current for new statements (and new clients, for certificates). An invalid
+    /// file is refused with its problems (`FILE:LINE: reason`) and the current ones keep
+    /// serving. Settings that cannot change while running (the listen address,
     /// the router id) keep their running values and are named in the summary.
     pub async fn reload(&self) -> Result<Reloaded, String> {
         let reloaded = self.reload_files().await;
@@ -167,6 +170,7 @@ impl Shared {
         let current = self.routing();
         let mut config = crate::config::load(&current.config.source).map_err(|e| e.to_string())?;
         let map = shardmap::load(&config.shardmap).map_err(|e| e.to_string())?;
+        let tls = crate::tls::load(&config).map_err(|e| e.to_string())?;
         let mut restart = Vec::new();
         if config.listen != current.config.listen {
             restart.push(format!(
@@ -195,9 +199,11 @@ impl Shared {
         let generation = current.generation + 1;
         let (old_version, shards) = (current.map.version(), map.shards().len());
         let new_version = map.version();
+        let tls_note = tls.summary();
         let next = Arc::new(Routing::new(
             config,
             map,
+            tls,
             self.workers,
             generation,
             Some(&current),
@@ -220,6 +226,10 @@ impl Shared {
         self.generation.store(generation, Ordering::Release);
         let mut summary =
             format!("reloaded: shard map version {old_version} -> {new_version}, {shards} shards");
+        if let Some(note) = tls_note {
+            summary.push_str(", ");
+            summary.push_str(&note);
+        }
         if !restart.is_empty() {
             summary.push_str("; needs a restart to change: ");
             summary.push_str(&restart.join(", "));

@@ -76,6 +76,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientIo<S> {
             .sent(&self.out, std::time::Instant::now, local::record);
         local::bytes(0, self.out.len());
         self.stream.write_all(&self.out).await?;
+        // A TLS stream may hold its last record back until flushed (plain TCP: no-op).
+        self.stream.flush().await?;
         self.out.clear();
         Ok(())
     }

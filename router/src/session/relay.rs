@@ -9,11 +9,12 @@
 //! the session, since its transaction state can no longer be what Postgres had.
 
 use bytes::Buf;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::replies::{Action, Completion};
 use super::state::Tx;
 use super::{Session, SessionError};
+use crate::backend::stream::Outgoing;
 use crate::errors;
 use crate::protocol::frame::next_frame;
 use crate::protocol::reply::{self, TxStatus};
@@ -78,14 +79,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             .meter
             .route(RouteKind::SingleShard, self.routing.stats_id(shard));
         let conn = &mut *pin.conn;
-        let mut written = 0;
         let started = tokio::time::Instant::now();
         let limits = &self.routing.config.limits;
         // The router's statement timeout cancels the statement on its backend, once.
         let mut deadline = limits.statement_timeout.map(|t| started + t);
         self.out.replies.drain_synthetic(&mut self.client.out);
         // A request almost always fits the socket buffer: write it straight away, and only
-        // fall back to writing while reading (below) when the kernel would block.
+        // fall back to writing while reading (below) when the kernel would block (or the
+        // connection is TLS, whose records the async path writes and flushes).
+        let mut written = 0;
         if !self.out.bytes.is_empty() {
             match conn.stream.try_write(&self.out.bytes) {
                 Ok(n) => written = n,
@@ -93,12 +95,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 Err(e) => return Err(Failed::Backend(e.to_string())),
             }
         }
+        let mut request = Outgoing::new(&self.out.bytes, written);
         loop {
             let want_read = self.out.replies.awaits_backend();
-            if written == self.out.bytes.len() && !want_read {
+            if request.done() && !want_read {
                 break;
             }
-            let (mut rd, mut wr) = conn.stream.split();
+            let io = std::future::poll_fn(|cx| {
+                conn.stream
+                    .poll_exchange(cx, &mut request, &mut conn.rbuf, want_read)
+            });
             tokio::select! {
                 _ = tokio::time::sleep_until(deadline.unwrap_or(started)), if deadline.is_some() => {
                     deadline = None;
@@ -111,20 +117,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                         }
                     });
                 }
-                r = wr.write(&self.out.bytes[written..]), if written < self.out.bytes.len() => {
-                    match r {
-                        Ok(0) => return Err(Failed::Backend("the server closed the connection".into())),
-                        Ok(n) => written += n,
-                        Err(e) => return Err(Failed::Backend(e.to_string())),
-                    }
-                }
-                r = rd.read_buf(&mut conn.rbuf), if want_read => {
-                    match r {
-                        Ok(0) => return Err(Failed::Backend("the server closed the connection".into())),
-                        Ok(_) => {}
-                        Err(e) => return Err(Failed::Backend(e.to_string())),
-                    }
-                }
+                r = io => r.map_err(|e| Failed::Backend(e.to_string()))?,
             }
             let mut copy_in = false;
             loop {
@@ -221,7 +214,7 @@ async fn relay_copy_in<S: AsyncRead + AsyncWrite + Unpin>(
         match frame[0] {
             b'd' | b'c' | b'f' | b'H' | b'S' => {
                 conn.stream
-                    .write_all(&frame)
+                    .send(&frame)
                     .await
                     .map_err(|e| Failed::Backend(e.to_string()))?;
                 if frame[0] == b'c' || frame[0] == b'f' {
@@ -234,7 +227,7 @@ async fn relay_copy_in<S: AsyncRead + AsyncWrite + Unpin>(
                 let why = format!("unexpected message type {other} during COPY from stdin");
                 request::copy_fail(&mut fail, &why).map_err(|e| Failed::Backend(e.to_string()))?;
                 conn.stream
-                    .write_all(&fail)
+                    .send(&fail)
                     .await
                     .map_err(|e| Failed::Backend(e.to_string()))?;
                 return Ok(());

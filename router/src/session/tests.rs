@@ -29,7 +29,7 @@ fn shared() -> Arc<Shared> {
         .collect();
     let tables = vec![shardmap::Table::new("kv", "id", shardmap::KeyType::BigInt)];
     let map = shardmap::ShardMap::even_split(&urls, tables).expect("a valid map");
-    Arc::new(Shared::new(config, map, 1))
+    Arc::new(Shared::new(config, map, crate::tls::Material::none(), 1))
 }
 
 /// The client's end of a session running on its own task.

@@ -159,14 +159,11 @@ impl Router {
 
     /// A router on a given port (for fleets whose members must know each other's address).
     pub fn start_at(map: &ShardMap, extra: &str, threads: usize, port: u16) -> Router {
-        let split = extra
-            .find("\n[")
-            .map(|i| i + 1)
-            .unwrap_or(if extra.starts_with('[') {
-                0
-            } else {
-                extra.len()
-            });
+        let split = if extra.starts_with('[') {
+            0
+        } else {
+            extra.find("\n[").map_or(extra.len(), |i| i + 1)
+        };
         let (top, sections) = extra.split_at(split);
         static ONCE: std::sync::Once = std::sync::Once::new();
         // SAFETY: registers a plain extern "C" function once.

@@ -65,6 +65,9 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
         user: "app".into(),
         password: "app".into(),
         no_router: false,
+        // loadgen connects without TLS; a cluster made with `up --tls` still serves it
+        // (its router's [tls] mode is "allow").
+        tls: false,
     };
     let code = up::run(&up_args)?;
     if code != ExitCode::SUCCESS {

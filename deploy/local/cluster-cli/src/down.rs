@@ -64,6 +64,7 @@ pub fn teardown(state: &ClusterState) -> Result<()> {
     if state.data_root_external {
         let _ = std::fs::remove_dir(&state.data_root);
     }
+    crate::tls::remove(&state.dir)?;
     let router_config = state.dir.join(crate::state::ROUTER_CONFIG_FILE);
     for path in [
         &state.shardmap,

@@ -8,6 +8,7 @@ mod down;
 mod router;
 mod state;
 mod status;
+mod tls;
 mod up;
 
 use std::path::PathBuf;

@@ -33,6 +33,8 @@ pub struct RouterOptions {
     pub pool_size: usize,
     /// `[pool] connect_timeout_ms`.
     pub connect_timeout_ms: u64,
+    /// TLS toward clients and shards (`up --tls`; see [`crate::tls`]).
+    pub tls: bool,
 }
 
 /// Backend connections per shard database and router worker thread (each worker of the router
@@ -106,7 +108,7 @@ pub fn connection_url(user: &str, password: &str, port: u16) -> String {
     )
 }
 
-fn percent_encode(s: &str) -> String {
+pub fn percent_encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
@@ -138,10 +140,12 @@ pub fn write_config(dir: &Path, opts: &RouterOptions) -> Result<PathBuf> {
          name = {user}\n\
          password = {password}\n\
          \n\
+         {tls}\
          # The superuser every pgharness server accepts over TCP.\n\
          [backend]\n\
          user = {backend_user}\n\
          password = {backend_password}\n\
+         {backend_tls}\
          \n\
          # One pool per shard database and worker thread; sized so the pools of one server fit its\n\
          # max_connections.\n\
@@ -157,6 +161,8 @@ pub fn write_config(dir: &Path, opts: &RouterOptions) -> Result<PathBuf> {
         backend_password = toml_str(pgharness::PASSWORD),
         pool_size = opts.pool_size,
         connect_timeout = opts.connect_timeout_ms,
+        tls = if opts.tls { crate::tls::router_config() } else { String::new() },
+        backend_tls = if opts.tls { crate::tls::backend_config() } else { String::new() },
     );
     let path = dir.join(ROUTER_CONFIG_FILE);
     std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;

@@ -95,6 +95,9 @@ pub struct ClusterState {
     /// A router was asked for (no `--no-router`): with `router` empty, its start failed.
     #[serde(default)]
     pub router_wanted: bool,
+    /// Made with `up --tls`: the servers have ssl = on, the router TLS both ways.
+    #[serde(default)]
+    pub tls: bool,
 }
 
 impl ClusterState {

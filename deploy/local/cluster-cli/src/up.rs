@@ -64,6 +64,11 @@ pub struct UpArgs {
     /// Start only the PostgreSQL servers, no router
     #[arg(long)]
     pub no_router: bool,
+
+    /// Turn TLS on: make a CA and certificates in DIR/tls, start the servers with ssl = on, and
+    /// the router with [tls] mode = "allow" and [backend] sslmode = "verify-full"
+    #[arg(long)]
+    pub tls: bool,
 }
 
 /// Everything `up` decided and started so far.
@@ -80,6 +85,8 @@ struct Up {
     server_options: ServerOptions,
     /// The router to start; `None` with `--no-router`.
     router: Option<RouterOptions>,
+    /// `--tls` (or, for a running cluster, how it was made).
+    tls: bool,
     state: Option<ClusterState>,
     cluster: Option<Cluster>,
     started_at: Instant,
@@ -99,9 +106,10 @@ pub fn run(args: &UpArgs) -> Result<ExitCode> {
         return Err(e);
     }
     write_initial_state(&mut up)?;
-    if let Err(e) = start_postgres(&mut up) {
+    if let Err(e) = make_certificates(&mut up).and_then(|()| start_postgres(&mut up)) {
         // Cluster::start already stopped what it started; forget the half-made cluster.
         let _ = std::fs::remove_file(ClusterState::path(&up.dir));
+        let _ = crate::tls::remove(&up.dir);
         if up.data_root_external {
             let _ = std::fs::remove_dir(&up.data_root);
         }
@@ -119,6 +127,19 @@ pub fn run(args: &UpArgs) -> Result<ExitCode> {
 /// `up` on a cluster whose servers all run: start the router if it is wanted and not running
 /// (it crashed, was killed, or the cluster was made with `--no-router`), change nothing else.
 fn keep_running(up: &mut Up) -> Result<ExitCode> {
+    let state = up.state.as_ref().ok_or("internal error: no state")?;
+    if up.tls != state.tls {
+        println!(
+            "note: the cluster was made {} --tls; that was not changed",
+            if state.tls { "with" } else { "without" }
+        );
+    }
+    // The router keeps the TLS setting the cluster was made with.
+    let tls = state.tls;
+    if let Some(r) = up.router.as_mut() {
+        r.tls = tls;
+    }
+    up.tls = tls;
     let state = up.state.as_ref().ok_or("internal error: no state")?;
     println!(
         "cluster in {} is already up: {} servers, {} shards (`cluster down` first to start a different one)",
@@ -142,6 +163,7 @@ fn keep_running(up: &mut Up) -> Result<ExitCode> {
             }
             println!("  router pid {} on 127.0.0.1:{}", running.pid, running.port);
             println!("connect:  psql {}", running.url);
+            print_tls_url(up, &running.url);
         }
         (_, None) => println!("  no router (--no-router)"),
         (previous, Some(wanted)) => {
@@ -158,6 +180,7 @@ fn keep_running(up: &mut Up) -> Result<ExitCode> {
             if let Some(r) = up.state.as_ref().and_then(|s| s.router.as_ref()) {
                 println!("  router pid {} on 127.0.0.1:{}", r.pid, r.port);
                 println!("connect:  psql {}", r.url);
+                print_tls_url(up, &r.url);
             }
         }
     }
@@ -206,6 +229,7 @@ fn plan(args: &UpArgs) -> Result<Up> {
         password: args.password.clone(),
         pool_size: router::pool_size(max_connections, shards, servers, workers),
         connect_timeout_ms: router::connect_timeout_ms(shards),
+        tls: args.tls,
     });
     let schema = match &args.schema {
         Some(s) => std::path::absolute(s)
@@ -246,6 +270,7 @@ fn plan(args: &UpArgs) -> Result<Up> {
             ..Default::default()
         },
         router,
+        tls: args.tls,
         state: None,
         cluster: None,
         started_at: Instant::now(),
@@ -347,13 +372,27 @@ fn write_initial_state(up: &mut Up) -> Result<()> {
         shards: Vec::new(),
         router: None,
         router_wanted: up.router.is_some(),
+        tls: up.tls,
     };
     state.save()?;
     up.state = Some(state);
     Ok(())
 }
 
-/// Step 5: start the servers, create the shard databases, apply the schema.
+/// Step 5 (`--tls`): the CA and certificates, in `DIR/tls/`; the servers' own go with them.
+fn make_certificates(up: &mut Up) -> Result<()> {
+    if !up.tls {
+        return Ok(());
+    }
+    println!(
+        "making a CA and certificates in {}...",
+        up.dir.join(crate::tls::TLS_DIR).display()
+    );
+    up.server_options.tls = Some(crate::tls::generate(&up.dir)?);
+    Ok(())
+}
+
+/// Step 6: start the servers, create the shard databases, apply the schema.
 fn start_postgres(up: &mut Up) -> Result<()> {
     if up.data_root_external {
         std::fs::create_dir_all(&up.data_root)
@@ -381,7 +420,7 @@ fn start_postgres(up: &mut Up) -> Result<()> {
     Ok(())
 }
 
-/// Step 6: the shard map: an even split of the keyspace over the shard databases, table `kv`.
+/// Step 7: the shard map: an even split of the keyspace over the shard databases, table `kv`.
 fn write_shardmap(up: &Up) -> Result<()> {
     let cluster = up.cluster.as_ref().ok_or("internal error: no cluster")?;
     let tables = vec![shardmap::Table::new("kv", "id", shardmap::KeyType::BigInt)];
@@ -392,7 +431,7 @@ fn write_shardmap(up: &Up) -> Result<()> {
     Ok(())
 }
 
-/// Step 7: the state file with pids and shard databases.
+/// Step 8: the state file with pids and shard databases.
 fn write_final_state(up: &mut Up) -> Result<()> {
     let cluster = up.cluster.as_ref().ok_or("internal error: no cluster")?;
     let state = up.state.as_mut().ok_or("internal error: no state")?;
@@ -425,7 +464,7 @@ fn write_final_state(up: &mut Up) -> Result<()> {
     state.save()
 }
 
-/// Step 8: write `router.toml`, start `shardgate` detached, wait until it accepts
+/// Step 9: write `router.toml`, start `shardgate` detached, wait until it accepts
 /// connections, and record it in the state file. Skipped with `--no-router`.
 fn start_router(up: &mut Up) -> Result<()> {
     let Some(opts) = up.router.clone() else {
@@ -459,7 +498,7 @@ fn start_router(up: &mut Up) -> Result<()> {
     }
 }
 
-/// Step 9: tell the user what runs where.
+/// Step 10: tell the user what runs where.
 fn print_summary(up: &Up) {
     let (Some(cluster), Some(state)) = (up.cluster.as_ref(), up.state.as_ref()) else {
         return;
@@ -503,6 +542,17 @@ fn print_summary(up: &Up) {
         );
         if let Some(r) = &state.router {
             println!("connect:    psql {}", r.url);
+            print_tls_url(up, &r.url);
         }
+    }
+}
+
+/// With TLS, how to connect with the certificate checked (`sslmode=verify-full`).
+fn print_tls_url(up: &Up, url: &str) {
+    if up.tls {
+        println!(
+            "with TLS:   psql '{}'",
+            crate::tls::connection_url(url, &up.dir)
+        );
     }
 }

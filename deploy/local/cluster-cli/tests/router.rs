@@ -68,6 +68,23 @@ impl Drop for Dir {
     }
 }
 
+/// `up` of two shards on one server: fast, and routing still matters.
+fn small_cluster<'a>(dir: &'a str, base_port: &'a str, router_port: &'a str) -> Vec<&'a str> {
+    vec![
+        "up",
+        "--shards",
+        "2",
+        "--servers",
+        "1",
+        "--dir",
+        dir,
+        "--base-port",
+        base_port,
+        "--router-port",
+        router_port,
+    ]
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn up_starts_a_router_that_routes_and_down_stops_it() {
     let router = router_binary();
@@ -83,24 +100,8 @@ async fn up_starts_a_router_that_routes_and_down_stops_it() {
     let router_port = free_port();
     let router_port_arg = router_port.to_string();
 
-    // Two shards on one server keep it fast and still make routing matter.
-    let up_args = [
-        "up",
-        "--shards",
-        "2",
-        "--servers",
-        "1",
-        "--dir",
-        &dir_arg,
-        "--base-port",
-        &base_port,
-        "--router-port",
-        &router_port_arg,
-        "--user",
-        "tester",
-        "--password",
-        "s3cret p@ss",
-    ];
+    let mut up_args = small_cluster(&dir_arg, &base_port, &router_port_arg);
+    up_args.extend(["--user", "tester", "--password", "s3cret p@ss"]);
     let up = cluster(&router, &up_args);
     assert!(up.status.success(), "up failed");
     let expected_url = format!("postgres://tester:s3cret%20p%40ss@127.0.0.1:{router_port}/app");
@@ -188,4 +189,73 @@ async fn up_starts_a_router_that_routes_and_down_stops_it() {
     assert!(!dir.path.join("cluster.json").exists());
     assert!(!dir.path.join("router.toml").exists());
     assert!(pgharness::check_port_free(router_port).is_ok());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn up_tls_encrypts_both_ways_and_plain_clients_still_connect() {
+    let router = router_binary();
+    let dir = Dir {
+        path: std::env::temp_dir().join(format!(
+            "shardgate-cluster-cli-tls-test-{}",
+            std::process::id()
+        )),
+        router: router.clone(),
+    };
+    let _ = std::fs::remove_dir_all(&dir.path);
+    let dir_arg = dir.path.to_str().expect("utf-8 temp dir").to_string();
+    let base_port = free_port().to_string();
+    let router_port = free_port().to_string();
+    let mut up_args = small_cluster(&dir_arg, &base_port, &router_port);
+    up_args.push("--tls");
+    let up = cluster(&router, &up_args);
+    assert!(up.status.success(), "up --tls failed");
+    let printed = stdout(&up);
+    let tls_url = printed
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("with TLS:   psql '"))
+        .and_then(|l| l.strip_suffix('\''))
+        .expect("up --tls prints a verify-full connection string")
+        .to_string();
+    assert!(tls_url.contains("sslmode=verify-full"), "{tls_url}");
+    let config = std::fs::read_to_string(dir.path.join("router.toml")).expect("router.toml");
+    assert!(
+        config.contains("mode = \"allow\"") && config.contains("sslmode = \"verify-full\""),
+        "{config}"
+    );
+
+    // psql with the printed string: TLS to the router (verified), and TLS from the router to
+    // the shard (pg_stat_ssl of the backend that ran the statement).
+    let psql = pgharness::pg_install().expect("postgres").program("psql");
+    let out = Command::new(psql)
+        .arg(&tls_url)
+        .args(["-X", "-At", "-c", "\\conninfo", "-c"])
+        .arg("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+        .output()
+        .expect("run psql");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "psql: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("SSL connection"), "{text}");
+    assert_eq!(text.lines().last(), Some("t"), "{text}");
+
+    // Clients without TLS (loadgen, cluster demo) are still served.
+    let url = format!("postgres://app:app@127.0.0.1:{router_port}/app");
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("a plain client connects");
+    let conn = tokio::spawn(conn);
+    let row = client.query_one("SELECT 1", &[]).await.expect("select");
+    assert_eq!(row.get::<_, i32>(0), 1);
+    drop(client);
+    let _ = conn.await;
+
+    let down = cluster(&router, &["down", "--dir", &dir_arg]);
+    assert!(down.status.success());
+    assert!(
+        !dir.path.join("tls").exists(),
+        "down leaves the certificates"
+    );
 }

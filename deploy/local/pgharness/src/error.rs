@@ -123,6 +123,10 @@ pub enum Error {
     /// A shardgate router could not be built or started; the message says why.
     #[error("{0}")]
     Router(String),
+
+    /// A test certificate could not be made.
+    #[error("making a test certificate: {0}")]
+    Certificate(String),
 }
 
 fn stderr_suffix(stderr: &str) -> String {

@@ -6,6 +6,8 @@
 //! - [`Cluster`]: K servers holding N shard databases with a schema applied.
 //! - [`router`]: a `shardgate` router process in front of them, for tests, benches and the
 //!   cluster tool; [`proc`]: what `/proc` says about a process; [`free_port`].
+//! - [`tls`]: a throw-away certificate authority and server certificates, for servers started
+//!   with `ssl = on` ([`ServerOptions::tls`]) and for the router's own TLS.
 //!
 //! The API is synchronous (std::process) so it works from plain tests and from inside tokio tests.
 //! As root, PostgreSQL runs as the `postgres` user, with its directories under the system temp
@@ -26,6 +28,7 @@ pub mod proc;
 pub mod router;
 mod server;
 mod template;
+pub mod tls;
 mod user;
 
 use std::path::PathBuf;

@@ -223,7 +223,9 @@ pub fn build(workspace: &Path, release: bool) -> Result<PathBuf> {
 /// Writes `dir/shardmap.toml` and `dir/router.toml` for a router on `127.0.0.1:port` that
 /// serves database `database` to `user` (name, password) and logs in to the shards as the
 /// harness superuser. `top` holds top-level settings, `sections` whole `[section]`s; both are
-/// added as they are. Returns the config's path.
+/// added as they are, except that a `[backend]` section of `sections` (e.g. with `sslmode`)
+/// gets the superuser's login added to it (TOML allows a table once). Returns the config's
+/// path.
 pub fn write_config(
     dir: &Path,
     shardmap_toml: &str,
@@ -240,12 +242,18 @@ pub fn write_config(
     };
     write("shardmap.toml", shardmap_toml)?;
     let (name, password) = user;
-    let config = format!(
-        "listen = \"127.0.0.1:{port}\"\nshardmap = \"shardmap.toml\"\ndatabase = \"{database}\"\n{top}\n\
-         [[users]]\nname = \"{name}\"\npassword = \"{password}\"\n\n\
-         [backend]\nuser = \"{}\"\npassword = \"{}\"\n\n{sections}",
+    let login = format!(
+        "[backend]\nuser = \"{}\"\npassword = \"{}\"\n",
         crate::SUPERUSER,
         crate::PASSWORD
+    );
+    let (backend, sections) = match sections.split_once("[backend]\n") {
+        Some((before, after)) => (String::new(), format!("{before}{login}{after}")),
+        None => (format!("{login}\n"), sections.to_string()),
+    };
+    let config = format!(
+        "listen = \"127.0.0.1:{port}\"\nshardmap = \"shardmap.toml\"\ndatabase = \"{database}\"\n{top}\n\
+         [[users]]\nname = \"{name}\"\npassword = \"{password}\"\n\n{backend}{sections}"
     );
     write("router.toml", &config)
 }

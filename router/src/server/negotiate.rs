@@ -1,0 +1,144 @@
+//! A new connection's first packets, before any login: SSLRequest (answered `S` and followed by
+//! the TLS handshake when `[tls]` is on, `N` otherwise), GSSENCRequest (always `N`),
+//! CancelRequest (accepted in plain TCP in every mode, as libpq sends it that way), and the
+//! StartupMessage, which ends the negotiation with the client's stream, plain or TLS.
+//!
+//! Like Postgres, the router refuses (`08P01`) bytes that arrive after an SSLRequest and before
+//! its answer (they were not encrypted and may have been injected), a request for an encryption
+//! it refused already or inside TLS, and, with `mode = "require"`, a StartupMessage in plain
+//! TCP (`28000`).
+
+use bytes::BytesMut;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
+
+use super::handshake::{forward_cancel, read_packet, refuse, HandshakeError};
+use super::Shared;
+use crate::config::TlsMode;
+use crate::errors;
+use crate::protocol::reply::SqlError;
+use crate::protocol::startup::Startup;
+use crate::tls::ClientTls;
+
+/// The client's startup parameters.
+pub type Params = Vec<(String, String)>;
+
+/// How a negotiation ended.
+pub enum Negotiated {
+    Plain(TcpStream, Params),
+    /// Boxed: a TLS session is a few kilobytes, moved once here and never again.
+    Tls(Box<TlsStream<TcpStream>>, Params),
+    /// A cancel request was handled, or the client went away: close quietly.
+    Done,
+}
+
+/// Reads packets until the StartupMessage, with the TLS settings of the current routing
+/// (certificates re-read by a reload apply to clients that connect after it).
+pub async fn run(
+    mut tcp: TcpStream,
+    buf: &mut BytesMut,
+    shared: &Shared,
+) -> Result<Negotiated, HandshakeError> {
+    let tls = shared.routing().tls.clients.clone();
+    // What was refused already: each may be asked once (libpq asks for GSSAPI, then TLS).
+    let (mut ssl_refused, mut gss_refused) = (false, false);
+    loop {
+        let Some(packet) = read_packet(&mut tcp, buf).await? else {
+            return Ok(Negotiated::Done);
+        };
+        let again = match packet {
+            Startup::Ssl if ssl_refused => Some("SSL"),
+            Startup::GssEnc if gss_refused => Some("GSSAPI"),
+            _ => None,
+        };
+        if let Some(what) = again {
+            return Err(refuse(&mut tcp, asked_again(what)).await);
+        }
+        match packet {
+            Startup::Ssl => {
+                let Some(tls) = &tls else {
+                    tcp.write_all(b"N").await?;
+                    ssl_refused = true;
+                    continue;
+                };
+                if !buf.is_empty() {
+                    let err = SqlError::fatal(
+                        errors::PROTOCOL_VIOLATION,
+                        "received unencrypted data after SSL request",
+                    )
+                    .with_hint("this could be either a client-software bug or evidence of an attempted man-in-the-middle attack");
+                    return Err(refuse(&mut tcp, err).await);
+                }
+                tcp.write_all(b"S").await?;
+                let stream = tls
+                    .acceptor
+                    .accept(tcp)
+                    .await
+                    .map_err(HandshakeError::Tls)?;
+                return encrypted(stream, buf, shared).await;
+            }
+            Startup::GssEnc => {
+                tcp.write_all(b"N").await?;
+                gss_refused = true;
+            }
+            Startup::Cancel { pid, secret } => {
+                forward_cancel(shared, pid, secret).await;
+                return Ok(Negotiated::Done);
+            }
+            Startup::Startup { params } => {
+                if let Some(ClientTls {
+                    mode: TlsMode::Require,
+                    ..
+                }) = tls
+                {
+                    return Err(refuse(&mut tcp, tls_required()).await);
+                }
+                return Ok(Negotiated::Plain(tcp, params));
+            }
+        }
+    }
+}
+
+/// After the TLS handshake: the StartupMessage (or a cancel request), now encrypted.
+async fn encrypted(
+    mut stream: TlsStream<TcpStream>,
+    buf: &mut BytesMut,
+    shared: &Shared,
+) -> Result<Negotiated, HandshakeError> {
+    match read_packet(&mut stream, buf).await? {
+        None => Ok(Negotiated::Done),
+        Some(Startup::Startup { params }) => Ok(Negotiated::Tls(Box::new(stream), params)),
+        Some(Startup::Cancel { pid, secret }) => {
+            forward_cancel(shared, pid, secret).await;
+            Ok(Negotiated::Done)
+        }
+        Some(Startup::Ssl | Startup::GssEnc) => {
+            let err = SqlError::fatal(
+                errors::PROTOCOL_VIOLATION,
+                "encryption was requested again on a connection that is already encrypted",
+            );
+            Err(refuse(&mut stream, err).await)
+        }
+    }
+}
+
+/// What a client hears that asks again for an encryption it was refused (Postgres treats the
+/// second request as an unknown protocol version).
+fn asked_again(what: &str) -> SqlError {
+    SqlError::fatal(
+        errors::PROTOCOL_VIOLATION,
+        format!("{what} encryption was requested again after the server refused it"),
+    )
+}
+
+/// What a client that logs in without TLS hears under `mode = "require"`.
+fn tls_required() -> SqlError {
+    SqlError::fatal(
+        errors::INVALID_AUTHORIZATION,
+        "TLS is required: this router does not accept unencrypted logins",
+    )
+    .with_hint(
+        "connect with TLS, e.g. sslmode=require or sslmode=verify-full in the connection string",
+    )
+}
