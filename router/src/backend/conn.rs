@@ -97,6 +97,9 @@ pub struct BackendConn {
     /// router could not follow.
     pub settings_fp: u64,
     pub created: Instant,
+    /// How long connecting and logging in took (a checkout that opened this connection
+    /// waited that long).
+    pub connect_time: Duration,
 }
 
 impl BackendConn {
@@ -153,8 +156,12 @@ impl BackendConn {
 
     /// Connects and logs in; the whole login is bounded by the endpoint's connect timeout.
     pub async fn connect(ep: &Endpoint) -> Result<BackendConn, BackendError> {
+        let asked = Instant::now();
         match tokio::time::timeout(ep.connect_timeout, Self::login(ep)).await {
-            Ok(r) => r,
+            Ok(r) => r.map(|mut conn| {
+                conn.connect_time = asked.elapsed();
+                conn
+            }),
             Err(_) => Err(BackendError::ConnectTimeout {
                 endpoint: ep.name(),
                 timeout: ep.connect_timeout,
@@ -195,6 +202,7 @@ impl BackendConn {
             broken: false,
             settings_fp: 0,
             created: Instant::now(),
+            connect_time: Duration::ZERO,
         };
         let mut out = BytesMut::new();
         let params = [

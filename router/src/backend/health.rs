@@ -23,14 +23,15 @@ pub struct Health {
 }
 
 impl Health {
-    /// A connection to the endpoint was had.
-    pub fn up(&self, endpoint: &str) {
+    /// A connection to the endpoint (named by `endpoint`, called only to log a change) was
+    /// had. One load while it was up already: every checkout calls this.
+    pub fn up(&self, endpoint: impl FnOnce() -> String) {
         if self.up.load(Ordering::Relaxed) {
             return;
         }
         let was_answered = self.answered.swap(true, Ordering::Relaxed);
         if !self.up.swap(true, Ordering::Relaxed) && was_answered {
-            tracing::info!(%endpoint, "primary is reachable again");
+            tracing::info!(endpoint = %endpoint(), "primary is reachable again");
         }
     }
 
@@ -90,7 +91,7 @@ mod tests {
         h.down("db:5432/app", "refused");
         assert!(!h.is_up() && !h.answered());
         assert_eq!(h.last_error().map(|(_, why)| why), Some("refused".into()));
-        h.up("db:5432/app");
+        h.up(|| "db:5432/app".into());
         assert!(h.is_up() && h.answered());
         assert!(Arc::ptr_eq(&h, &board.of("db:5432/app")));
         h.down("db:5432/app", "gone");

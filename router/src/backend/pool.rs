@@ -188,6 +188,12 @@ impl ShardPool {
     /// A connection, waiting at most the checkout timeout for a free one; a new connection
     /// is bounded by the connect timeout instead, so a dead host fails fast.
     pub async fn get(&self) -> Result<PooledConn, CheckoutError> {
+        self.get_timed().await.map(|(conn, _)| conn)
+    }
+
+    /// [`ShardPool::get`], and how long the caller waited for the connection (to open it, or
+    /// for a busy pool). The common case, a free connection at once, reads no clock.
+    pub async fn get_timed(&self) -> Result<(PooledConn, Duration), CheckoutError> {
         // Most checkouts find a free connection: try that without arming a timer (a zero wait
         // makes deadpool try the semaphore once), and only then wait with the timeout.
         let immediate = Timeouts {
@@ -196,7 +202,16 @@ impl ShardPool {
             recycle: None,
         };
         match self.pool.timeout_get(&immediate).await {
-            Ok(conn) => return Ok(conn),
+            Ok(conn) => {
+                // A connection handed out for the first time was opened for this checkout.
+                let fresh = Object::metrics(&conn).recycled.is_none();
+                let waited = if fresh {
+                    conn.connect_time
+                } else {
+                    Duration::ZERO
+                };
+                return Ok((conn, waited));
+            }
             Err(PoolError::Timeout(_)) => {}
             Err(PoolError::Backend(e)) => return Err(CheckoutError::Unreachable(e)),
             Err(other) => {
@@ -211,8 +226,9 @@ impl ShardPool {
             create: None,
             recycle: None,
         };
+        let asked = std::time::Instant::now();
         match self.pool.timeout_get(&timeouts).await {
-            Ok(conn) => Ok(conn),
+            Ok(conn) => Ok((conn, asked.elapsed())),
             Err(PoolError::Backend(e)) => Err(CheckoutError::Unreachable(e)),
             Err(PoolError::Timeout(_)) => Err(CheckoutError::Exhausted {
                 endpoint: self.endpoint.name(),

@@ -12,6 +12,7 @@
 //! No statement is cut in the middle while the drain timeout lasts; a second signal exits at
 //! once.
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -33,12 +34,16 @@ pub enum Phase {
 /// The current phase, for every task to watch.
 pub struct Lifecycle {
     tx: watch::Sender<Phase>,
+    /// The phase as a number too: sessions look at it before every statement, and an atomic
+    /// load shares no lock between the workers (reading the watch channel takes its lock).
+    now: AtomicU8,
 }
 
 impl Default for Lifecycle {
     fn default() -> Self {
         Lifecycle {
             tx: watch::Sender::new(Phase::Serving),
+            now: AtomicU8::new(Phase::Serving as u8),
         }
     }
 }
@@ -46,6 +51,11 @@ impl Default for Lifecycle {
 impl Lifecycle {
     pub fn phase(&self) -> Phase {
         *self.tx.borrow()
+    }
+
+    /// Whether the listeners have closed for a drain (one atomic load).
+    pub fn closing(&self) -> bool {
+        self.now.load(Ordering::Acquire) == Phase::Closing as u8
     }
 
     pub fn subscribe(&self) -> watch::Receiver<Phase> {
@@ -58,6 +68,7 @@ impl Lifecycle {
             let later = (*p as u8) < (phase as u8);
             if later {
                 *p = phase;
+                self.now.store(phase as u8, Ordering::Release);
             }
             later
         });

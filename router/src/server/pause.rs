@@ -63,6 +63,11 @@ impl Pauses {
         });
     }
 
+    /// Whether any shard is paused (one atomic load: what a checkout reads first).
+    pub fn any(&self) -> bool {
+        self.any.load(Ordering::Acquire)
+    }
+
     pub fn is_paused(&self, range: &str) -> bool {
         if !self.any.load(Ordering::Acquire) {
             return false;
@@ -97,28 +102,24 @@ impl Pauses {
 
     /// Waits while the shard owning `range` is paused; `false` when it still is after
     /// `timeout`.
-    pub async fn wait(&self, range: impl Fn() -> String, timeout: Duration) -> bool {
-        if !self.any.load(Ordering::Acquire) {
-            return true;
-        }
-        let range = range();
-        if !self.is_paused(&range) {
+    pub async fn wait(&self, range: &str, timeout: Duration) -> bool {
+        if !self.is_paused(range) {
             return true;
         }
         let mut changed = self.changed.subscribe();
         let deadline = tokio::time::Instant::now() + timeout;
-        self.count_waiting(&range, true);
+        self.count_waiting(range, true);
         let resumed = loop {
-            if !self.is_paused(&range) {
+            if !self.is_paused(range) {
                 break true;
             }
             match tokio::time::timeout_at(deadline, changed.changed()).await {
                 Ok(Ok(())) => {}
                 // Timed out (the sender lives as long as `self`).
-                _ => break !self.is_paused(&range),
+                _ => break !self.is_paused(range),
             }
         };
-        self.count_waiting(&range, false);
+        self.count_waiting(range, false);
         resumed
     }
 }
@@ -130,18 +131,15 @@ mod tests {
     #[tokio::test]
     async fn a_paused_shard_waits_until_resumed() {
         let pauses = std::sync::Arc::new(Pauses::default());
-        assert!(pauses.wait(|| "-80".into(), Duration::ZERO).await);
+        assert!(pauses.wait("-80", Duration::ZERO).await);
         pauses.pause(Some("-80"));
         assert!(pauses.is_paused("-80") && !pauses.is_paused("80-"));
-        assert!(
-            !pauses
-                .wait(|| "-80".into(), Duration::from_millis(20))
-                .await
-        );
-        assert!(pauses.wait(|| "80-".into(), Duration::ZERO).await);
+        assert!(!pauses.wait("-80", Duration::from_millis(20)).await);
+        assert!(pauses.any());
+        assert!(pauses.wait("80-", Duration::ZERO).await);
         let waiting = {
             let pauses = pauses.clone();
-            tokio::spawn(async move { pauses.wait(|| "-80".into(), Duration::from_secs(30)).await })
+            tokio::spawn(async move { pauses.wait("-80", Duration::from_secs(30)).await })
         };
         while pauses.waiting("-80") == 0 {
             tokio::task::yield_now().await;

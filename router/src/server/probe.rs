@@ -28,7 +28,7 @@ pub async fn run(shared: Arc<Shared>) {
             let endpoint = pool.endpoint.clone();
             probes.spawn(async move {
                 match BackendConn::connect(&endpoint).await {
-                    Ok(_) => health.up(&name),
+                    Ok(_) => health.up(|| name),
                     Err(e) => health.down(&name, &e.to_string()),
                 }
             });

@@ -7,6 +7,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use shardmap::ShardMap;
 
@@ -136,15 +137,26 @@ impl Routing {
     /// (53300 when the pool stays busy, 08006/08001 when the shard cannot be reached, 57P03
     /// when it stays paused).
     pub async fn checkout(&self, shard: usize) -> Result<PooledConn, SqlError> {
-        let timeout = self.config.pool.pause_timeout;
-        if !self.pauses.wait(|| self.shard_name(shard), timeout).await {
-            return Err(errors::shard_paused(&self.shard_name(shard), timeout));
+        self.checkout_timed(shard).await.map(|(conn, _)| conn)
+    }
+
+    /// [`Routing::checkout`], and how long the caller waited (paused, opening a connection, or
+    /// for a busy pool; zero, without reading a clock, when a connection was free).
+    pub async fn checkout_timed(&self, shard: usize) -> Result<(PooledConn, Duration), SqlError> {
+        let mut paused = Duration::ZERO;
+        if self.pauses.any() {
+            let asked = std::time::Instant::now();
+            let timeout = self.config.pool.pause_timeout;
+            if !self.pauses.wait(&self.shard_name(shard), timeout).await {
+                return Err(errors::shard_paused(&self.shard_name(shard), timeout));
+            }
+            paused = asked.elapsed();
         }
         let pool = self.pools().for_shard(shard);
-        match pool.get().await {
-            Ok(conn) => {
-                self.health[shard].up(&pool.endpoint.name());
-                Ok(conn)
+        match pool.get_timed().await {
+            Ok((conn, waited)) => {
+                self.health[shard].up(|| pool.endpoint.name());
+                Ok((conn, paused + waited))
             }
             Err(CheckoutError::Exhausted { endpoint, waited }) => Err(errors::pool_exhausted(
                 &self.shard_name(shard),
@@ -157,9 +169,7 @@ impl Routing {
                     &self.shard_name(shard),
                     matches!(
                         e,
-                        BackendError::Refused { .. }
-                            | BackendError::NoPassword { .. }
-                            | BackendError::Tls { .. }
+                        BackendError::Refused { .. } | BackendError::NoPassword { .. }
                     ),
                     &e.to_string(),
                 ))

@@ -44,7 +44,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientIo<S> {
             self.rbuf.reserve(16 * 1024);
         }
         let n = self.stream.read_buf(&mut self.rbuf).await?;
-        local::bytes(n, 0);
+        self.meter.read(n);
         Ok(n > 0)
     }
 
@@ -74,7 +74,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientIo<S> {
         }
         self.meter
             .sent(&self.out, std::time::Instant::now, local::record);
-        local::bytes(0, self.out.len());
         self.stream.write_all(&self.out).await?;
         // A TLS stream may hold its last record back until flushed (plain TCP: no-op).
         self.stream.flush().await?;
@@ -88,6 +87,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientIo<S> {
             self.flush().await?;
         }
         Ok(())
+    }
+}
+
+impl<S> Drop for ClientIo<S> {
+    /// Bytes after the last request (a Terminate, a last error) are counted too.
+    fn drop(&mut self) {
+        local::bytes(self.meter.take_bytes());
     }
 }
 

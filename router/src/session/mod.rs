@@ -171,7 +171,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 // by a backend between messages, so they are next in line.
                 self.out.replies.drain_synthetic(&mut self.client.out);
                 if self.at_rest() {
-                    if *self.phase.borrow() == Phase::Closing {
+                    if self.shared.lifecycle.closing() {
                         return self.terminate().await;
                     }
                     self.follow_reload();
@@ -192,7 +192,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             self.out.replies.drain_synthetic(&mut self.client.out);
             self.client.flush().await.map_err(SessionError::Client)?;
             let closing = |p: &Phase| *p == Phase::Closing;
-            if self.at_rest() && closing(&self.phase.borrow()) {
+            if self.at_rest() && self.shared.lifecycle.closing() {
                 return self.terminate().await;
             }
             let at_rest = self.at_rest();

@@ -33,10 +33,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         }
         let shard =
             wanted.unwrap_or_else(|| self.shared.any_shard(self.routing.map.shards().len()));
-        let asked = std::time::Instant::now();
-        let checkout = self.routing.checkout(shard).await;
-        self.client.meter.waited(asked.elapsed());
-        let mut conn = checkout?;
+        let (mut conn, waited) = self.routing.checkout_timed(shard).await?;
+        self.client.meter.waited(waited);
         if !self.shared.server_params_learned() {
             self.shared.learn_server_params(&conn.params);
         }

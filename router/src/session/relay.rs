@@ -79,7 +79,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             .meter
             .route(RouteKind::SingleShard, self.routing.stats_id(shard));
         let conn = &mut *pin.conn;
-        let started = tokio::time::Instant::now();
+        // Timed from the request's first message (no second clock read per statement).
+        let started = self
+            .client
+            .meter
+            .started()
+            .map_or_else(tokio::time::Instant::now, tokio::time::Instant::from_std);
         let limits = &self.routing.config.limits;
         // The router's statement timeout cancels the statement on its backend, once.
         let mut deadline = limits.statement_timeout.map(|t| started + t);

@@ -334,6 +334,8 @@ mod tests {
                 failed,
                 waited: Some(Duration::from_micros(10)),
                 elapsed: Duration::from_micros(700),
+                bytes_in: 0,
+                bytes_out: 0,
             });
         }
         log.errors.push(*b"42");

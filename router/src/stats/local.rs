@@ -51,12 +51,13 @@ pub fn record(event: Event) {
     LOG.with(|log| log.borrow_mut().record(event));
 }
 
-/// Counts bytes read from and written to clients.
-pub fn bytes(read: usize, written: usize) {
+/// Counts bytes read from and written to a client that no request has counted (the end of
+/// a session).
+pub fn bytes((read, written): (u64, u64)) {
     LOG.with(|log| {
         let mut log = log.borrow_mut();
-        log.bytes_in += read as u64;
-        log.bytes_out += written as u64;
+        log.bytes_in += read;
+        log.bytes_out += written;
     });
 }
 

@@ -37,6 +37,9 @@ pub struct Request {
     pub waited: Option<Duration>,
     /// Time from the first message to ReadyForQuery (set when it ends).
     pub elapsed: Duration,
+    /// Bytes read from and written to the client since the previous request ended.
+    pub bytes_in: u64,
+    pub bytes_out: u64,
 }
 
 /// Requests queued without an answer beyond this are forgotten (a client that pipelines
@@ -53,6 +56,9 @@ pub struct Meter {
     /// A frame header split over two writes.
     head: [u8; 5],
     head_len: usize,
+    /// Bytes read and written since a request last ended.
+    bytes_in: u64,
+    bytes_out: u64,
 }
 
 impl Meter {
@@ -69,6 +75,8 @@ impl Meter {
                 failed: false,
                 waited: None,
                 elapsed: Duration::ZERO,
+                bytes_in: 0,
+                bytes_out: 0,
             });
             self.accepting = true;
         }
@@ -76,6 +84,25 @@ impl Meter {
             // The next message starts another request; this one is still being routed.
             self.accepting = false;
         }
+    }
+
+    /// `n` bytes were read from the client.
+    pub fn read(&mut self, n: usize) {
+        self.bytes_in += n as u64;
+    }
+
+    /// The bytes read and written that no ended request has counted yet (at the session's
+    /// end).
+    pub fn take_bytes(&mut self) -> (u64, u64) {
+        (
+            std::mem::take(&mut self.bytes_in),
+            std::mem::take(&mut self.bytes_out),
+        )
+    }
+
+    /// When the newest open request's first message arrived.
+    pub fn started(&self) -> Option<Instant> {
+        self.open.back().map(|r| r.started)
     }
 
     /// The newest request runs as `kind`, on the shard with stats id `shard` if one.
@@ -101,6 +128,7 @@ impl Meter {
         mut now: impl FnMut() -> Instant,
         mut emit: impl FnMut(Event),
     ) {
+        self.bytes_out += bytes.len() as u64;
         loop {
             if self.skip > 0 {
                 let n = self.skip.min(bytes.len());
@@ -142,6 +170,7 @@ impl Meter {
                 b'Z' => {
                     if let Some(mut r) = self.open.pop_front() {
                         r.elapsed = now().saturating_duration_since(r.started);
+                        (r.bytes_in, r.bytes_out) = self.take_bytes();
                         emit(Event::Done(r));
                     }
                     if self.open.is_empty() {

@@ -147,6 +147,8 @@ impl Totals {
     /// Adds a worker's log at `now_secs` (seconds since the epoch) and empties it.
     pub fn fold(&mut self, log: &mut Log, now_secs: u64) {
         for r in &log.requests {
+            self.bytes_in += r.bytes_in;
+            self.bytes_out += r.bytes_out;
             self.kinds[r.kind as usize].add(r.failed, r.elapsed);
             if r.shard == NO_SHARD {
                 continue;
@@ -212,6 +214,8 @@ mod tests {
             failed,
             waited: (shard != NO_SHARD).then(|| Duration::from_micros(50)),
             elapsed: Duration::from_millis(ms),
+            bytes_in: 1,
+            bytes_out: 2,
         }
     }
 
@@ -237,7 +241,7 @@ mod tests {
         assert_eq!(shard.wait.count, 2);
         assert_eq!(t.shard(0).requests.ok, 0);
         assert_eq!(t.errors.get(b"23"), Some(&1));
-        assert_eq!(t.bytes_in, 10);
+        assert_eq!((t.bytes_in, t.bytes_out), (13, 6));
         // 1 ms falls in the 1 ms bucket, 3 ms in the 5 ms one, none above 10 s.
         let buckets = shard.requests.latency.per_bucket();
         let at = |le: f64| buckets.iter().find(|(b, _)| *b == le).map(|(_, n)| *n);
