@@ -169,7 +169,9 @@ impl Routing {
                     &self.shard_name(shard),
                     matches!(
                         e,
-                        BackendError::Refused { .. } | BackendError::NoPassword { .. }
+                        BackendError::Refused { .. }
+                            | BackendError::NoPassword { .. }
+                            | BackendError::Tls { .. }
                     ),
                     &e.to_string(),
                 ))
