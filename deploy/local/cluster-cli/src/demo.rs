@@ -68,6 +68,7 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
         // loadgen connects without TLS; a cluster made with `up --tls` still serves it
         // (its router's [tls] mode is "allow").
         tls: false,
+        http_port: None,
     };
     let code = up::run(&up_args)?;
     if code != ExitCode::SUCCESS {

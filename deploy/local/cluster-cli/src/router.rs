@@ -35,6 +35,8 @@ pub struct RouterOptions {
     pub connect_timeout_ms: u64,
     /// TLS toward clients and shards (`up --tls`; see [`crate::tls`]).
     pub tls: bool,
+    /// `[http] listen` on 127.0.0.1 (`up --http-port`).
+    pub http_port: Option<u16>,
 }
 
 /// Backend connections per shard database and router worker thread (each worker of the router
@@ -136,10 +138,13 @@ pub fn write_config(dir: &Path, opts: &RouterOptions) -> Result<PathBuf> {
          database = {database}\n\
          auth = \"scram-sha-256\"\n\
          \n\
+         # Also an admin: the console is the database `shardgate` on the same port.\n\
          [[users]]\n\
          name = {user}\n\
          password = {password}\n\
+         admin = true\n\
          \n\
+         {http}\
          {tls}\
          # The superuser every pgharness server accepts over TCP.\n\
          [backend]\n\
@@ -161,6 +166,9 @@ pub fn write_config(dir: &Path, opts: &RouterOptions) -> Result<PathBuf> {
         backend_password = toml_str(pgharness::PASSWORD),
         pool_size = opts.pool_size,
         connect_timeout = opts.connect_timeout_ms,
+        http = opts.http_port.map_or(String::new(), |p| {
+            format!("[http]\nlisten = {}\n\n", toml_str(&format!("127.0.0.1:{p}")))
+        }),
         tls = if opts.tls { crate::tls::router_config() } else { String::new() },
         backend_tls = if opts.tls { crate::tls::backend_config() } else { String::new() },
     );

@@ -69,6 +69,10 @@ pub struct UpArgs {
     /// the router with [tls] mode = "allow" and [backend] sslmode = "verify-full"
     #[arg(long)]
     pub tls: bool,
+
+    /// Also serve the router's HTTP side port on 127.0.0.1:PORT (/metrics, /health, /ready)
+    #[arg(long, value_name = "PORT")]
+    pub http_port: Option<u16>,
 }
 
 /// Everything `up` decided and started so far.
@@ -163,7 +167,7 @@ fn keep_running(up: &mut Up) -> Result<ExitCode> {
             }
             println!("  router pid {} on 127.0.0.1:{}", running.pid, running.port);
             println!("connect:  psql {}", running.url);
-            print_tls_url(up, &running.url);
+            print_urls(up, &running.url);
         }
         (_, None) => println!("  no router (--no-router)"),
         (previous, Some(wanted)) => {
@@ -180,7 +184,7 @@ fn keep_running(up: &mut Up) -> Result<ExitCode> {
             if let Some(r) = up.state.as_ref().and_then(|s| s.router.as_ref()) {
                 println!("  router pid {} on 127.0.0.1:{}", r.pid, r.port);
                 println!("connect:  psql {}", r.url);
-                print_tls_url(up, &r.url);
+                print_urls(up, &r.url);
             }
         }
     }
@@ -230,6 +234,7 @@ fn plan(args: &UpArgs) -> Result<Up> {
         pool_size: router::pool_size(max_connections, shards, servers, workers),
         connect_timeout_ms: router::connect_timeout_ms(shards),
         tls: args.tls,
+        http_port: args.http_port,
     });
     let schema = match &args.schema {
         Some(s) => std::path::absolute(s)
@@ -542,17 +547,24 @@ fn print_summary(up: &Up) {
         );
         if let Some(r) = &state.router {
             println!("connect:    psql {}", r.url);
-            print_tls_url(up, &r.url);
+            print_urls(up, &r.url);
         }
     }
 }
 
-/// With TLS, how to connect with the certificate checked (`sslmode=verify-full`).
-fn print_tls_url(up: &Up, url: &str) {
+/// With TLS, how to connect with the certificate checked (`sslmode=verify-full`); the admin
+/// console (the cluster's user is an admin); the HTTP side port when there is one.
+fn print_urls(up: &Up, url: &str) {
     if up.tls {
         println!(
             "with TLS:   psql '{}'",
             crate::tls::connection_url(url, &up.dir)
         );
+    }
+    if let Some((base, _)) = url.rsplit_once('/') {
+        println!("admin:      psql {base}/shardgate -c 'SHOW SHARDS'");
+    }
+    if let Some(port) = up.router.as_ref().and_then(|r| r.http_port) {
+        println!("metrics:    curl http://127.0.0.1:{port}/metrics");
     }
 }
