@@ -4,6 +4,7 @@
 
 use std::time::SystemTime;
 
+use crate::backend::ShardPool;
 use crate::protocol::reply;
 use crate::server::clients::CancelTarget;
 use crate::server::http::pool_gauges;
@@ -45,6 +46,13 @@ fn running(shared: &Shared) -> Vec<(i32, CancelTarget, String, String)> {
             Some((id, target, routing.shard_name(target.shard), endpoint))
         })
         .collect()
+}
+
+/// The pool (of this worker) of the primary `host:port/database`.
+fn pool_of<'r>(routing: &'r Routing, endpoint: &str) -> Option<&'r ShardPool> {
+    (0..routing.map.shards().len())
+        .map(|s| &**routing.pools().for_shard(s))
+        .find(|p| p.endpoint.name() == endpoint)
 }
 
 pub fn shards(shared: &Shared) -> Table {
@@ -107,9 +115,7 @@ pub fn pools(shared: &Shared) -> Table {
     let rows = pool_gauges(&routing)
         .into_iter()
         .map(|p| {
-            let pool = (0..routing.map.shards().len())
-                .map(|s| routing.pools().for_shard(s))
-                .find(|pool| pool.endpoint.name() == p.primary);
+            let pool = pool_of(&routing, &p.primary);
             let shards: Vec<String> = routing
                 .map
                 .shards()
@@ -250,9 +256,7 @@ fn server_row(
     shard: Option<String>,
     client: Option<i32>,
 ) -> Vec<Option<String>> {
-    let pool = (0..routing.map.shards().len())
-        .map(|s| routing.pools().for_shard(s))
-        .find(|p| p.endpoint.name() == endpoint);
+    let pool = pool_of(routing, endpoint);
     vec![
         Some("S".to_string()),
         pool.map(|p| p.endpoint.user.clone()),
