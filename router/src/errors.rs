@@ -29,6 +29,7 @@ pub const CANNOT_CONNECT_NOW: &str = "57P03";
 pub const CONFIG_FILE_ERROR: &str = "F0000";
 pub const INSUFFICIENT_PRIVILEGE: &str = "42501";
 pub const UNDEFINED_OBJECT: &str = "42704";
+pub const OBJECT_NOT_IN_PREREQUISITE_STATE: &str = "55000";
 pub const INTERNAL_ERROR: &str = "XX000";
 
 /// A shard's pool had no free connection for the whole checkout timeout.
@@ -53,6 +54,27 @@ pub fn shard_paused(shard: &str, waited: Duration) -> SqlError {
         ),
     )
     .with_hint("an operator paused the shard (PAUSE in the admin console); retry after RESUME")
+}
+
+/// A statement waited for a paused shard, and the shard map changed meanwhile in a way that
+/// leaves its shard nowhere (its range was split or removed).
+pub fn map_changed_while_paused(shard: &str) -> SqlError {
+    SqlError::new(
+        CANNOT_CONNECT_NOW,
+        format!("the shard map changed while the statement waited for paused shard {shard}"),
+    )
+    .with_hint("nothing ran; run the statement again to route it with the new shard map")
+}
+
+/// A statement waited for a paused shard when the router began to shut down.
+pub fn shutting_down_while_paused(shard: &str) -> SqlError {
+    SqlError::new(
+        ADMIN_SHUTDOWN,
+        format!(
+            "the router is shutting down; shard {shard} was paused and the statement did not run"
+        ),
+    )
+    .with_hint("connect again (to another router) and run it there")
 }
 
 /// A shard's primary could not be reached (`refused`: it refused the router's login).

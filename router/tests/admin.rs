@@ -223,3 +223,62 @@ async fn admin_console_shows_what_runs_and_controls_the_router() {
     let status = router.wait_exit(Duration::from_secs(30)).expect("exits");
     assert!(status.success(), "{status}");
 }
+
+/// The move a pause is for: a statement that waited for its paused shard while the map moved
+/// the shard's range to another database runs there after RESUME, not on the old primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_held_by_pause_follows_the_map_to_the_new_primary() {
+    let env = Env::start_with(2, 1, &config());
+    let router = &env.router;
+    let k = env.key_on(0, 1);
+    let range0 = env.map.shards()[0].range.to_string();
+    env.on_shard(0, &format!("INSERT INTO kv VALUES ({k}, 'old home')"));
+    let server = &env.cluster.servers()[0];
+    server
+        .create_databases(&["moved_000".to_string()])
+        .expect("the new home");
+    server.psql("moved_000", common::SCHEMA).expect("schema");
+    server
+        .psql(
+            "moved_000",
+            &format!("INSERT INTO kv VALUES ({k}, 'new home')"),
+        )
+        .expect("the row");
+    let admin = common::connect(&router.url_as("ops", "ops-secret", "shardgate"))
+        .await
+        .expect("admin");
+    admin
+        .simple_query(&format!("PAUSE '{range0}'"))
+        .await
+        .expect("pause");
+    let held = {
+        let client = router.connect().await;
+        tokio::spawn(async move {
+            client
+                .simple_query(&format!(
+                    "UPDATE kv SET v = v || ' (updated)' WHERE id = {k} RETURNING v"
+                ))
+                .await
+                .map(|m| common::rows(&m))
+        })
+    };
+    while row(&table(&admin, "SHOW SHARDS").await, "range", &range0)["cl_paused"] != "1" {
+        assert!(!held.is_finished(), "a statement for a paused shard ran");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut urls = env.cluster.shard_urls();
+    urls[0] = server.url("moved_000");
+    let moved = shardmap::ShardMap::even_split(&urls, common::tables())
+        .expect("map")
+        .with_version(env.map.version() + 1);
+    std::fs::write(router.dir.join("shardmap.toml"), moved.to_toml()).expect("write the map");
+    admin.simple_query("RELOAD").await.expect("reload");
+    admin.simple_query("RESUME").await.expect("resume");
+    let rows = held.await.expect("join").expect("the held update ran");
+    assert_eq!(rows, [["new home (updated)"]]);
+    assert_eq!(
+        env.on_shard(0, &format!("SELECT v FROM kv WHERE id = {k}")),
+        "old home",
+        "the old primary was not written"
+    );
+}

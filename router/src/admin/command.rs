@@ -62,8 +62,17 @@ pub fn parse(sql: &str) -> Result<Command, String> {
         .split_once(char::is_whitespace)
         .map_or((text, ""), |(w, r)| (w, r.trim()));
     let argument = || {
+        if rest.is_empty() {
+            return Ok(None);
+        }
         let a = rest.trim_matches(|c| c == '\'' || c == '"').trim();
-        (!a.is_empty()).then(|| a.to_string())
+        if a.is_empty() {
+            return Err(format!(
+                "{} of an empty shard name; leave it out for every shard",
+                word.to_ascii_uppercase()
+            ));
+        }
+        Ok(Some(a.to_string()))
     };
     let no_argument = |command: Command| {
         if rest.is_empty() {
@@ -89,8 +98,8 @@ pub fn parse(sql: &str) -> Result<Command, String> {
         }
         "HELP" => no_argument(Command::Show(Show::Help)),
         "RELOAD" => no_argument(Command::Reload),
-        "PAUSE" => Ok(Command::Pause(argument())),
-        "RESUME" => Ok(Command::Resume(argument())),
+        "PAUSE" => Ok(Command::Pause(argument()?)),
+        "RESUME" => Ok(Command::Resume(argument()?)),
         "SHUTDOWN" => no_argument(Command::Shutdown),
         "SET" => Ok(Command::Set),
         other => Err(format!("unknown command {other:?}")),
@@ -122,5 +131,6 @@ mod tests {
         assert_eq!(parse("SHOW TABLES"), Err("unknown SHOW \"TABLES\"".into()));
         assert_eq!(parse("SELECT 1"), Err("unknown command \"SELECT\"".into()));
         assert_eq!(parse("RELOAD now"), Err("RELOAD takes no argument".into()));
+        assert!(parse("PAUSE ''").is_err_and(|e| e.contains("empty shard name")));
     }
 }

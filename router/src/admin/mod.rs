@@ -133,8 +133,8 @@ async fn answer(shared: &Shared, sql: &str, out: &mut Vec<u8>) {
                 let left = wait_for_transactions(shared, range.as_deref()).await;
                 if left > 0 {
                     SqlError::notice(format!(
-                        "{left} transactions still hold a connection to the paused shards; \
-                         new statements wait"
+                        "{left} connections to the paused shards' primaries are still in use \
+                         (transactions, or other shards of the same database); new statements wait"
                     ))
                     .write(out);
                 }
@@ -142,13 +142,27 @@ async fn answer(shared: &Shared, sql: &str, out: &mut Vec<u8>) {
             }
             Err(err) => err.write(out),
         },
-        Command::Resume(shard) => match shard_range(shared, shard.as_deref()) {
-            Ok(range) => {
-                shared.pauses.resume(range.as_deref());
-                reply::command_complete(out, "RESUME");
+        Command::Resume(shard) => {
+            let (all, ranges) = shared.pauses.paused();
+            // A range paused before a reload removed it can still be resumed by its name.
+            let range = match shard.as_deref() {
+                Some(r) if ranges.iter().any(|p| p == r) => Ok(Some(r.to_string())),
+                named => shard_range(shared, named),
+            };
+            match range {
+                Ok(Some(_)) if all => SqlError::new(
+                    errors::OBJECT_NOT_IN_PREREQUISITE_STATE,
+                    "every shard is paused (PAUSE without a shard); one shard cannot be resumed alone",
+                )
+                .with_hint("RESUME without a shard resumes them all; then PAUSE the ones to keep paused")
+                .write(out),
+                Ok(range) => {
+                    shared.pauses.resume(range.as_deref());
+                    reply::command_complete(out, "RESUME");
+                }
+                Err(err) => err.write(out),
             }
-            Err(err) => err.write(out),
-        },
+        }
         Command::Shutdown => {
             tracing::info!("SHUTDOWN from the admin console: draining");
             shared.lifecycle.advance(Phase::Draining);
@@ -190,25 +204,29 @@ fn shard_range(shared: &Shared, named: Option<&str>) -> Result<Option<String>, S
     }
 }
 
-/// Waits (up to the pause timeout) until no client holds a connection to a paused shard;
-/// returns how many still do.
-async fn wait_for_transactions(shared: &Shared, range: Option<&str>) -> usize {
+/// Waits (up to the pause timeout) until no connection to the primaries of the paused shards
+/// is in use (transactions, statements on several shards, checkouts under way); returns how
+/// many still are. Counted per pool, so other shards in the same database count too.
+async fn wait_for_transactions(shared: &Shared, range: Option<&str>) -> u64 {
     let deadline = tokio::time::Instant::now() + shared.routing().config.pool.pause_timeout;
     loop {
-        let holding = shared
-            .clients
-            .list()
+        let routing = shared.routing();
+        let primaries: Vec<String> = routing
+            .map
+            .shards()
             .iter()
-            .filter_map(|(_, slot)| slot.running())
-            .filter(|t| {
-                shared
-                    .routing_of(t.generation)
-                    .is_some_and(|r| range.is_none_or(|range| r.shard_name(t.shard) == range))
-            })
-            .count();
-        if holding == 0 || tokio::time::Instant::now() >= deadline {
-            return holding;
+            .filter(|s| range.is_none_or(|r| s.range.to_string() == r))
+            .map(|s| s.primary.endpoint())
+            .collect();
+        let in_use: u64 = crate::server::http::pool_gauges(&routing)
+            .iter()
+            .filter(|p| primaries.contains(&p.primary))
+            .map(|p| p.in_use)
+            .sum();
+        if in_use == 0 || tokio::time::Instant::now() >= deadline {
+            return in_use;
         }
+        drop(routing);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -272,16 +272,21 @@ fn server_row(
 
 pub async fn stats(shared: &Shared) -> Table {
     let routing = shared.routing();
-    let totals = shared.stats.harvest().await;
+    // Copied out, so the workers' folds are not held up while the histograms are merged.
+    let shards: Vec<_> = {
+        let totals = shared.stats.harvest().await;
+        (0..routing.map.shards().len())
+            .map(|i| totals.shard(routing.stats_id(i)))
+            .collect()
+    };
     let now = Stats::now_secs();
     let micros = |secs: f64| format!("{}", (secs * 1e6).round() as u64);
     let rows = routing
         .map
         .shards()
         .iter()
-        .enumerate()
-        .map(|(i, shard)| {
-            let s = totals.shard(routing.stats_id(i));
+        .zip(shards)
+        .map(|(shard, s)| {
             let count = s.requests.ok + s.requests.failed;
             let minute = s.window.last_minute(now);
             let quantile = |q: f64| minute.as_ref().map(|h| h.value_at_quantile(q).to_string());
@@ -321,7 +326,18 @@ pub async fn stats(shared: &Shared) -> Table {
 }
 
 /// Settings a reload cannot change.
-const NEED_RESTART: [&str; 4] = ["listen", "router_id", "http.listen", "workers"];
+const NEED_RESTART: [&str; 5] = [
+    "listen",
+    "router_id",
+    "http.listen",
+    "workers",
+    // The file watcher's tick is set when the router starts.
+    "reload.watch_interval_ms",
+];
+
+fn file(f: Option<&crate::config::FileSetting>) -> String {
+    f.map_or(String::new(), |f| f.path.display().to_string())
+}
 
 pub fn config(shared: &Shared) -> Table {
     let routing = shared.routing();
@@ -372,6 +388,11 @@ pub fn config(shared: &Shared) -> Table {
             "backend.application_name",
             c.backend.application_name.clone(),
         ),
+        ("backend.sslmode", c.backend.sslmode.name().to_string()),
+        ("backend.ca", file(c.backend.ca.as_ref())),
+        ("tls.mode", c.tls.mode.name().to_string()),
+        ("tls.cert", file(c.tls.cert.as_ref())),
+        ("tls.key", file(c.tls.key.as_ref())),
         ("pool.max_size", c.pool.max_size.to_string()),
         ("pool.min_idle", c.pool.min_idle.to_string()),
         ("pool.connect_timeout_ms", ms(c.pool.connect_timeout)),
@@ -400,6 +421,14 @@ pub fn config(shared: &Shared) -> Table {
         ("shutdown.drain_timeout_ms", ms(c.shutdown.drain_timeout)),
         ("reload.watch", c.reload.watch.to_string()),
         ("reload.watch_interval_ms", ms(c.reload.watch_interval)),
+        (
+            "peers",
+            c.peers
+                .iter()
+                .map(|p| format!("{}={}", p.id, p.address))
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
         ("workers", shared.workers().to_string()),
     ];
     Table {

@@ -18,7 +18,6 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-use crate::config::SslMode;
 use crate::tls::BackendTls;
 
 pub enum BackendStream {
@@ -62,11 +61,7 @@ impl BackendStream {
         let mut answer = [0u8; 1];
         tcp.read_exact(&mut answer).await.map_err(TlsFailure::Io)?;
         if answer[0] != b'S' {
-            let mode = match tls.mode {
-                SslMode::VerifyFull => "verify-full",
-                _ => "require",
-            };
-            return Err(TlsFailure::Refused(char::from(answer[0]), mode));
+            return Err(TlsFailure::Refused(char::from(answer[0]), tls.mode.name()));
         }
         let stream = TlsConnector::from(config.clone())
             .connect(name, tcp)

@@ -142,6 +142,17 @@ pub enum SslMode {
     VerifyFull,
 }
 
+impl SslMode {
+    /// The name as written in the config (and as libpq spells it).
+    pub fn name(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Require => "require",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
+}
+
 /// `[tls]`: TLS between clients and the router. The files are read when the router starts and
 /// again at every reload (see `crate::tls`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -167,6 +178,17 @@ pub enum TlsMode {
     /// `"require"`: a client that logs in without TLS is refused with `28000`. Cancel requests
     /// are still accepted in plain TCP (libpq sends them that way).
     Require,
+}
+
+impl TlsMode {
+    /// The name as written in the config.
+    pub fn name(self) -> &'static str {
+        match self {
+            TlsMode::Disable => "disable",
+            TlsMode::Allow => "allow",
+            TlsMode::Require => "require",
+        }
+    }
 }
 
 /// A file named in the config, resolved against the config file's directory, with the line of

@@ -365,10 +365,7 @@ pub(super) fn tls(raw: Option<&Spanned<RawTls>>, origin: &Path, check: &mut Chec
                     line,
                     format!(
                         "tls.mode is {:?} but tls.{setting} is not set; give the PEM file of the router's {what}",
-                        match mode {
-                            TlsMode::Allow => "allow",
-                            _ => "require",
-                        }
+                        mode.name()
                     ),
                 );
             }

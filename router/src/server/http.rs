@@ -17,6 +17,11 @@ use tokio::net::TcpListener;
 use super::Shared;
 use crate::stats::exposition::{self, PoolGauges, ShardState, Snapshot};
 
+/// Connections served at once.
+const MAX_CONNECTIONS: usize = 64;
+/// How long a client may take to send its request's head.
+const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Binds the side port (so a bad address fails the start at once).
 pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, String> {
     let listener = std::net::TcpListener::bind(addr)
@@ -36,6 +41,9 @@ pub async fn serve(listener: std::net::TcpListener, shared: Arc<Shared>) {
             return;
         }
     };
+    // Scrapers and load balancers need a handful; more is someone else's problem, and each
+    // one holds a file descriptor the client port needs too.
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -45,13 +53,22 @@ pub async fn serve(listener: std::net::TcpListener, shared: Arc<Shared>) {
                 continue;
             }
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::debug!("HTTP: {MAX_CONNECTIONS} connections open already; closing a new one");
+            continue;
+        };
         let shared = shared.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let service = hyper::service::service_fn(move |req| {
                 let shared = shared.clone();
                 async move { Ok::<_, Infallible>(answer(&shared, &req).await) }
             });
+            // Without a timer hyper applies no header timeout: a client that never finishes
+            // its request would hold the connection for good.
             if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), service)
                 .await
             {

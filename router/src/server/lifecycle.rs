@@ -152,6 +152,8 @@ async fn drain(shared: &Shared, term: &mut tokio::signal::unix::Signal) {
         }
     }
     shared.lifecycle.advance(Phase::Closing);
+    // Statements waiting for a paused shard never started: they give up now (57P01).
+    shared.pauses.close();
     tracing::info!(
         timeout_ms = timeout.as_millis() as u64,
         clients = shared.clients.count(),

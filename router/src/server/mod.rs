@@ -23,7 +23,7 @@ mod probe;
 mod routing;
 mod shared;
 
-pub use routing::{pool_settings, Board, Routing};
+pub use routing::{pool_settings, Board, Checkout, Routing};
 pub use shared::{set_worker, worker, Reloaded, Shared};
 
 use crate::config;

@@ -7,7 +7,7 @@
 //! paused. While nothing is paused a checkout reads one atomic flag.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -17,6 +17,12 @@ use tokio::sync::watch;
 pub struct Pauses {
     /// Something is paused (the only thing a checkout reads otherwise).
     any: AtomicBool,
+    /// The router is closing for a drain: waiting checkouts give up (their statements never
+    /// started, so the client can be told 57P01).
+    closing: AtomicBool,
+    /// The generation of the current routing: a statement that waited through a reload must
+    /// be routed again with the new shard map.
+    generation: AtomicU64,
     state: Mutex<Paused>,
     /// Bumped on every change, for waiting checkouts.
     changed: watch::Sender<u64>,
@@ -100,28 +106,59 @@ impl Pauses {
         }
     }
 
-    /// Waits while the shard owning `range` is paused; `false` when it still is after
-    /// `timeout`.
-    pub async fn wait(&self, range: &str, timeout: Duration) -> bool {
+    /// A reload made routing `generation` current.
+    pub fn set_generation(&self, generation: u64) {
+        self.generation.store(generation, Ordering::Release);
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// The generation of the current routing, as the last reload set it (0 before any).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The router closes for a drain: every waiting checkout gives up.
+    pub fn close(&self) {
+        self.closing.store(true, Ordering::Release);
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// Waits while the shard owning `range` is paused, at most `timeout`.
+    pub async fn wait(&self, range: &str, timeout: Duration) -> Waited {
         if !self.is_paused(range) {
-            return true;
+            return Waited::Free;
         }
         let mut changed = self.changed.subscribe();
         let deadline = tokio::time::Instant::now() + timeout;
         self.count_waiting(range, true);
-        let resumed = loop {
+        let waited = loop {
+            if self.closing.load(Ordering::Acquire) {
+                break Waited::Closing;
+            }
             if !self.is_paused(range) {
-                break true;
+                break Waited::Resumed;
             }
             match tokio::time::timeout_at(deadline, changed.changed()).await {
                 Ok(Ok(())) => {}
                 // Timed out (the sender lives as long as `self`).
-                _ => break !self.is_paused(range),
+                _ if !self.is_paused(range) => break Waited::Resumed,
+                _ => break Waited::TimedOut,
             }
         };
         self.count_waiting(range, false);
-        resumed
+        waited
     }
+}
+
+/// How a wait for a paused shard ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Waited {
+    /// The shard was not paused: nothing waited.
+    Free,
+    Resumed,
+    TimedOut,
+    /// The router closes for a drain.
+    Closing,
 }
 
 #[cfg(test)]
@@ -131,12 +168,15 @@ mod tests {
     #[tokio::test]
     async fn a_paused_shard_waits_until_resumed() {
         let pauses = std::sync::Arc::new(Pauses::default());
-        assert!(pauses.wait("-80", Duration::ZERO).await);
+        assert_eq!(pauses.wait("-80", Duration::ZERO).await, Waited::Free);
         pauses.pause(Some("-80"));
         assert!(pauses.is_paused("-80") && !pauses.is_paused("80-"));
-        assert!(!pauses.wait("-80", Duration::from_millis(20)).await);
+        assert_eq!(
+            pauses.wait("-80", Duration::from_millis(20)).await,
+            Waited::TimedOut
+        );
         assert!(pauses.any());
-        assert!(pauses.wait("80-", Duration::ZERO).await);
+        assert_eq!(pauses.wait("80-", Duration::ZERO).await, Waited::Free);
         let waiting = {
             let pauses = pauses.clone();
             tokio::spawn(async move { pauses.wait("-80", Duration::from_secs(30)).await })
@@ -145,11 +185,22 @@ mod tests {
             tokio::task::yield_now().await;
         }
         pauses.resume(Some("-80"));
-        assert!(waiting.await.unwrap());
+        assert_eq!(waiting.await.unwrap(), Waited::Resumed);
         pauses.pause(None);
         assert!(pauses.is_paused("80-"));
         assert_eq!(pauses.paused(), (true, vec![]));
         pauses.resume(None);
         assert!(!pauses.is_paused("80-"));
+        // A drain ends every wait.
+        pauses.pause(None);
+        let waiting = {
+            let pauses = pauses.clone();
+            tokio::spawn(async move { pauses.wait("-80", Duration::from_secs(30)).await })
+        };
+        while pauses.waiting("-80") == 0 {
+            tokio::task::yield_now().await;
+        }
+        pauses.close();
+        assert_eq!(waiting.await.unwrap(), Waited::Closing);
     }
 }

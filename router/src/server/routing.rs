@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use shardmap::ShardMap;
 
-use super::pause::Pauses;
+use super::pause::{Pauses, Waited};
 use super::shared::worker;
 use crate::backend::health::{Health, HealthBoard};
 use crate::backend::pool::{CheckoutError, PoolSettings, PooledConn, Pools};
@@ -41,6 +41,16 @@ pub struct Routing {
     /// Each shard's primary's health (by shard index).
     health: Vec<Arc<Health>>,
     pauses: Arc<Pauses>,
+}
+
+/// Why a checkout gave no connection.
+#[derive(Debug)]
+pub enum Checkout {
+    /// The shard map changed while the statement waited for its paused shard: it must be
+    /// routed again with the current routing.
+    MapChanged,
+    /// The error the client gets.
+    Refused(SqlError),
 }
 
 /// What routings share with the rest of the process: the counters and what is known of each
@@ -135,47 +145,82 @@ impl Routing {
 
     /// A connection to `shard` from this worker's pool, or the error a client gets for it
     /// (53300 when the pool stays busy, 08006/08001 when the shard cannot be reached, 57P03
-    /// when it stays paused).
+    /// when it stays paused or the shard map changed while it was).
     pub async fn checkout(&self, shard: usize) -> Result<PooledConn, SqlError> {
-        self.checkout_timed(shard).await.map(|(conn, _)| conn)
+        match self.checkout_timed(shard).await {
+            Ok((conn, _)) => Ok(conn),
+            Err(Checkout::MapChanged) => {
+                Err(errors::map_changed_while_paused(&self.shard_name(shard)))
+            }
+            Err(Checkout::Refused(e)) => Err(e),
+        }
     }
 
     /// [`Routing::checkout`], and how long the caller waited (paused, opening a connection, or
     /// for a busy pool; zero, without reading a clock, when a connection was free).
-    pub async fn checkout_timed(&self, shard: usize) -> Result<(PooledConn, Duration), SqlError> {
+    pub async fn checkout_timed(&self, shard: usize) -> Result<(PooledConn, Duration), Checkout> {
         let mut paused = Duration::ZERO;
-        if self.pauses.any() {
-            let asked = std::time::Instant::now();
-            let timeout = self.config.pool.pause_timeout;
-            if !self.pauses.wait(&self.shard_name(shard), timeout).await {
-                return Err(errors::shard_paused(&self.shard_name(shard), timeout));
+        loop {
+            if self.pauses.any() {
+                let asked = std::time::Instant::now();
+                let timeout = self.config.pool.pause_timeout;
+                match self.pauses.wait(&self.shard_name(shard), timeout).await {
+                    Waited::Free => {}
+                    Waited::Resumed if self.pauses.generation() != self.generation => {
+                        // A reload while it waited (the move a pause is for): this routing's
+                        // primary for the shard may be the old one.
+                        return Err(Checkout::MapChanged);
+                    }
+                    Waited::Resumed => paused += asked.elapsed(),
+                    Waited::TimedOut => {
+                        return Err(Checkout::Refused(errors::shard_paused(
+                            &self.shard_name(shard),
+                            timeout,
+                        )))
+                    }
+                    Waited::Closing => {
+                        return Err(Checkout::Refused(errors::shutting_down_while_paused(
+                            &self.shard_name(shard),
+                        )))
+                    }
+                }
             }
-            paused = asked.elapsed();
-        }
-        let pool = self.pools().for_shard(shard);
-        match pool.get_timed().await {
-            Ok((conn, waited)) => {
+            let pool = self.pools().for_shard(shard);
+            let (conn, waited) = match pool.get_timed().await {
+                Ok(got) => got,
+                Err(CheckoutError::Exhausted { endpoint, waited }) => {
+                    return Err(Checkout::Refused(errors::pool_exhausted(
+                        &self.shard_name(shard),
+                        &endpoint,
+                        waited,
+                    )))
+                }
+                Err(CheckoutError::Unreachable(e)) => {
+                    self.health[shard].down(&pool.endpoint.name(), &e.to_string());
+                    return Err(Checkout::Refused(errors::shard_unreachable(
+                        &self.shard_name(shard),
+                        matches!(
+                            e,
+                            BackendError::Refused { .. }
+                                | BackendError::NoPassword { .. }
+                                | BackendError::Tls { .. }
+                        ),
+                        &e.to_string(),
+                    )));
+                }
+            };
+            if deadpool::managed::Object::metrics(&conn).recycled.is_none() {
+                // A connection opened just now: the primary answers (reusing an idle one says
+                // nothing new about it).
                 self.health[shard].up(|| pool.endpoint.name());
-                Ok((conn, paused + waited))
             }
-            Err(CheckoutError::Exhausted { endpoint, waited }) => Err(errors::pool_exhausted(
-                &self.shard_name(shard),
-                &endpoint,
-                waited,
-            )),
-            Err(CheckoutError::Unreachable(e)) => {
-                self.health[shard].down(&pool.endpoint.name(), &e.to_string());
-                Err(errors::shard_unreachable(
-                    &self.shard_name(shard),
-                    matches!(
-                        e,
-                        BackendError::Refused { .. }
-                            | BackendError::NoPassword { .. }
-                            | BackendError::Tls { .. }
-                    ),
-                    &e.to_string(),
-                ))
+            if self.pauses.any() && self.pauses.is_paused(&self.shard_name(shard)) {
+                // Paused while this checkout waited for the pool: give the connection back and
+                // wait like the others, so PAUSE never sees a transaction start after it.
+                drop(conn);
+                continue;
             }
+            return Ok((conn, paused + waited));
         }
     }
 

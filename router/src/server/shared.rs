@@ -81,6 +81,7 @@ impl Shared {
         let router_id = config.router_id;
         let (stats, health) = (Stats::default(), HealthBoard::default());
         let pauses = Arc::new(super::pause::Pauses::default());
+        pauses.set_generation(1);
         let board = Board {
             stats: &stats,
             health: &health,
@@ -224,6 +225,7 @@ impl Shared {
         }
         self.routing.store(next);
         self.generation.store(generation, Ordering::Release);
+        self.pauses.set_generation(generation);
         let mut summary =
             format!("reloaded: shard map version {old_version} -> {new_version}, {shards} shards");
         if let Some(note) = tls_note {

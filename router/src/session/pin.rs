@@ -2,6 +2,8 @@
 //! shard's pool for a statement or a transaction, given the client's settings (and its pending
 //! `BEGIN`) in the same write as the statement, and returned once the client is at rest.
 
+use std::time::Duration;
+
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::replies::Audience;
@@ -10,6 +12,8 @@ use crate::backend::pool::PooledConn;
 use crate::errors;
 use crate::protocol::reply::SqlError;
 use crate::server::clients::CancelTarget;
+use crate::server::Checkout;
+use crate::stats::RouteKind;
 
 /// The backend connection a client holds.
 pub struct Pinned {
@@ -33,7 +37,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         }
         let shard =
             wanted.unwrap_or_else(|| self.shared.any_shard(self.routing.map.shards().len()));
-        let (mut conn, waited) = self.routing.checkout_timed(shard).await?;
+        // Counted for its shard even when no connection can be had.
+        self.client
+            .meter
+            .route(RouteKind::SingleShard, self.routing.stats_id(shard));
+        let (mut conn, waited, shard) = match self.routing.checkout_timed(shard).await {
+            Ok((conn, waited)) => (conn, waited, shard),
+            Err(Checkout::Refused(err)) => return Err(err),
+            Err(Checkout::MapChanged) => self.checkout_after_reload(shard).await?,
+        };
         self.client.meter.waited(waited);
         if !self.shared.server_params_learned() {
             self.shared.learn_server_params(&conn.params);
@@ -66,6 +78,35 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             }
         }
         Ok(())
+    }
+
+    /// The shard map changed while the statement waited for its paused shard (the move a
+    /// pause is for): takes the new routing, and the shard that owns the same keys in it.
+    /// Nothing of the statement has reached a shard yet, and no connection is held.
+    async fn checkout_after_reload(
+        &mut self,
+        old: usize,
+    ) -> Result<(PooledConn, Duration, usize), SqlError> {
+        let range = self.routing.map.shards()[old].range;
+        self.routing = self.shared.routing();
+        self.statements
+            .replan(&self.routing.planner, &mut self.nbuf);
+        let gone = || errors::map_changed_while_paused(&range.to_string());
+        let shard = self
+            .routing
+            .map
+            .shards()
+            .iter()
+            .position(|s| s.range == range)
+            .ok_or_else(gone)?;
+        self.client
+            .meter
+            .route(RouteKind::SingleShard, self.routing.stats_id(shard));
+        match self.routing.checkout_timed(shard).await {
+            Ok((conn, waited)) => Ok((conn, waited, shard)),
+            Err(Checkout::MapChanged) => Err(gone()),
+            Err(Checkout::Refused(err)) => Err(err),
+        }
     }
 
     /// Returns the connection to its pool once the client is at rest between transactions. It

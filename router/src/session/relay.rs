@@ -79,12 +79,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             .meter
             .route(RouteKind::SingleShard, self.routing.stats_id(shard));
         let conn = &mut *pin.conn;
-        // Timed from the request's first message (no second clock read per statement).
-        let started = self
-            .client
-            .meter
-            .started()
-            .map_or_else(tokio::time::Instant::now, tokio::time::Instant::from_std);
+        // Timed per exchange: a request may hold several (Flush), and time spent waiting for a
+        // connection or a paused shard is not the statement's running time.
+        let started = tokio::time::Instant::now();
         let limits = &self.routing.config.limits;
         // The router's statement timeout cancels the statement on its backend, once.
         let mut deadline = limits.statement_timeout.map(|t| started + t);

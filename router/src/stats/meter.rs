@@ -64,6 +64,11 @@ pub struct Meter {
 impl Meter {
     /// A client message with tag `tag` arrived (`now` is read only when it opens a request).
     pub fn received(&mut self, tag: u8, now: impl FnOnce() -> Instant) {
+        if matches!(tag, b'd' | b'c' | b'f' | b'X') {
+            // COPY data outside a COPY (ignored, as Postgres does) and Terminate: no answer
+            // will come, so no request opens.
+            return;
+        }
         if !self.accepting {
             if self.open.len() >= MAX_OPEN {
                 self.open.pop_front();
@@ -98,11 +103,6 @@ impl Meter {
             std::mem::take(&mut self.bytes_in),
             std::mem::take(&mut self.bytes_out),
         )
-    }
-
-    /// When the newest open request's first message arrived.
-    pub fn started(&self) -> Option<Instant> {
-        self.open.back().map(|r| r.started)
     }
 
     /// The newest request runs as `kind`, on the shard with stats id `shard` if one.
