@@ -96,7 +96,7 @@ pub fn run(args: Args) -> Result<(), String> {
 
 /// `shardgate explain`.
 fn explain(config: &std::path::Path, sql: &str) -> Result<(), String> {
-    use crate::resolver::{self, explain, Context, Params, Transaction};
+    use crate::resolver::{self, explain, Context, Transaction};
     let config = crate::config::load(config).map_err(|e| e.to_string())?;
     let map = std::sync::Arc::new(shardmap::load(&config.shardmap).map_err(|e| e.to_string())?);
     let planner = crate::planner::Planner::new(map.clone(), 16);
@@ -105,15 +105,7 @@ fn explain(config: &std::path::Path, sql: &str) -> Result<(), String> {
         Some(inner) => (inner, planner.plan(inner, &mut buf)),
         None => (sql, planner.plan(sql, &mut buf)),
     };
-    let stmt = resolver::Statement {
-        sql: inner,
-        plan: &planned,
-        params: Params {
-            bind: None,
-            params_before: planned.params_before(),
-            literals: &planned,
-        },
-    };
+    let stmt = resolver::Statement::from_text(inner, &planned);
     let cx = Context {
         map: &map,
         transaction: Transaction::None,

@@ -40,6 +40,22 @@ pub struct Statement<'a> {
     pub params: Params<'a>,
 }
 
+impl<'a> Statement<'a> {
+    /// A statement planned from its text alone (a simple Query, `EXPLAIN (ROUTE)`,
+    /// `shardgate explain`): its values are the literals the planner took out of the text.
+    pub fn from_text<'b: 'a>(sql: &'a str, planned: &'a crate::planner::PlanRef<'b>) -> Self {
+        Statement {
+            sql,
+            plan: planned,
+            params: Params {
+                bind: None,
+                params_before: planned.params_before(),
+                literals: planned,
+            },
+        }
+    }
+}
+
 /// The client's transaction, as far as routing cares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Transaction {

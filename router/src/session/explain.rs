@@ -8,7 +8,7 @@ use super::{Session, SessionError};
 use crate::errors;
 use crate::planner;
 use crate::protocol::reply::{self, SqlError};
-use crate::resolver::{self, explain, Params};
+use crate::resolver::{self, explain};
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     pub(super) async fn explain_route(&mut self, sql: &str) -> Result<(), SessionError> {
@@ -22,15 +22,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let pinned = self.pinned_shard();
         let (rows, cache) = {
             let planned = self.routing.planner.plan(inner, &mut self.nbuf);
-            let stmt = resolver::Statement {
-                sql: inner,
-                plan: &planned,
-                params: Params {
-                    bind: None,
-                    params_before: planned.params_before(),
-                    literals: &planned,
-                },
-            };
+            let stmt = resolver::Statement::from_text(inner, &planned);
             let target = Self::resolve(&self.routing, &self.settings, &self.state, pinned, &stmt);
             let cache = if planned.cached { "hit" } else { "miss" };
             (explain::rows(&target, inner), cache)

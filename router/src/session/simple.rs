@@ -9,7 +9,7 @@ use super::state::Tx;
 use super::{Session, SessionError};
 use crate::protocol::frontend;
 use crate::protocol::reply::{self, SqlError, TxStatus};
-use crate::resolver::{self, Dest, Params};
+use crate::resolver::{self, Dest};
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     pub(super) async fn query(&mut self, frame: &[u8]) -> Result<(), SessionError> {
@@ -24,15 +24,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let pinned = self.pinned_shard();
         let dest = {
             let planned = self.routing.planner.plan(sql, &mut self.nbuf);
-            let stmt = resolver::Statement {
-                sql,
-                plan: &planned,
-                params: Params {
-                    bind: None,
-                    params_before: planned.params_before(),
-                    literals: &planned,
-                },
-            };
+            let stmt = resolver::Statement::from_text(sql, &planned);
             Self::resolve(&self.routing, &self.settings, &self.state, pinned, &stmt).dest
         };
         match dest {
