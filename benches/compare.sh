@@ -206,11 +206,14 @@ case "$target_dir" in /*) ;; *) target_dir="$root/$target_dir" ;; esac
 cluster_bin="$target_dir/release/shardgate-cluster"
 clk_tck="$("$cluster_bin" cpu $$ | awk '$1 == "ticks_per_second" { print $2 }')"
 
-# The baseline router: the cluster's router.toml on another port, its shard map by full path.
+# The baseline router: the cluster's router.toml on another port, its shard map by full path,
+# without the settings older builds do not know (they refuse unknown settings) and that do not
+# change what is measured: the admin flag of the cluster's user.
 if wants baseline; then
     mkdir -p "$tmp/baseline"
     sed -e "s|^listen = .*|listen = \"127.0.0.1:$baseline_port\"|" \
         -e "s|^shardmap = .*|shardmap = \"$tmp/cluster/shardmap.toml\"|" \
+        -e "/^admin = /d" \
         "$tmp/cluster/router.toml" >"$tmp/baseline/router.toml"
     baseline_log="$tmp/baseline/router.log"
     NO_COLOR=1 "$baseline_bin" --config "$tmp/baseline/router.toml" ${router_threads:+--threads "$router_threads"} \
