@@ -72,6 +72,10 @@ async fn admin_console_shows_what_runs_and_controls_the_router() {
         .await
         .expect_err("not a command");
     assert_eq!(sqlstate(&err), "42601");
+    let help = table(&admin, "SHOW HELP").await;
+    for command in ["SHOW SHARDS", "RELOAD", "PAUSE [shard]", "SHUTDOWN"] {
+        row(&help, "command", command);
+    }
 
     // A client in a transaction on shard 0: the console sees it, its shard and its backend.
     let app = router.connect().await;
