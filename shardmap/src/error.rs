@@ -33,19 +33,29 @@ impl MapError {
     }
 }
 
+/// Writes `problems` of the file `origin` one per line, as `FILE:LINE: sentence` (just
+/// `FILE: sentence` without a line): the form every file the project reads reports in.
+pub fn write_problems(
+    f: &mut fmt::Formatter<'_>,
+    origin: &str,
+    problems: &[Problem],
+) -> fmt::Result {
+    for (i, p) in problems.iter().enumerate() {
+        if i > 0 {
+            writeln!(f)?;
+        }
+        if p.line > 0 {
+            write!(f, "{origin}:{}: {}", p.line, p.message)?;
+        } else {
+            write!(f, "{origin}: {}", p.message)?;
+        }
+    }
+    Ok(())
+}
+
 impl fmt::Display for MapError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, p) in self.problems.iter().enumerate() {
-            if i > 0 {
-                writeln!(f)?;
-            }
-            if p.line > 0 {
-                write!(f, "{}:{}: {}", self.origin, p.line, p.message)?;
-            } else {
-                write!(f, "{}: {}", self.origin, p.message)?;
-            }
-        }
-        Ok(())
+        write_problems(f, &self.origin, &self.problems)
     }
 }
 

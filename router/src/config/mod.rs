@@ -296,17 +296,7 @@ pub struct ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, p) in self.problems.iter().enumerate() {
-            if i > 0 {
-                writeln!(f)?;
-            }
-            if p.line > 0 {
-                write!(f, "{}:{}: {}", self.origin, p.line, p.message)?;
-            } else {
-                write!(f, "{}: {}", self.origin, p.message)?;
-            }
-        }
-        Ok(())
+        shardmap::error::write_problems(f, &self.origin, &self.problems)
     }
 }
 

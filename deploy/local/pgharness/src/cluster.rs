@@ -255,20 +255,9 @@ fn populate(server: &Server, dbs: &[String], schema: Option<&str>, scratch: &str
         None => server.create_databases(dbs),
         Some(sql) => {
             server.create_databases(&[scratch.to_string()])?;
-            server.psql(scratch, sql).map_err(|e| match e {
-                Error::Psql {
-                    port,
-                    database,
-                    status,
-                    stderr,
-                } => Error::Psql {
-                    port,
-                    database,
-                    status,
-                    stderr: format!("applying the schema: {stderr}"),
-                },
-                e => e,
-            })?;
+            server
+                .psql(scratch, sql)
+                .map_err(|e| e.while_doing("applying the schema"))?;
             server.create_databases_from(dbs, Some(scratch))?;
             server
                 .psql(

@@ -138,6 +138,25 @@ fn stderr_suffix(stderr: &str) -> String {
 }
 
 impl Error {
+    /// A psql failure with what was being done in front of psql's own message; other errors
+    /// as they are.
+    pub(crate) fn while_doing(self, what: &str) -> Self {
+        match self {
+            Error::Psql {
+                port,
+                database,
+                status,
+                stderr,
+            } => Error::Psql {
+                port,
+                database,
+                status,
+                stderr: format!("{what}: {stderr}"),
+            },
+            e => e,
+        }
+    }
+
     pub(crate) fn io(
         what: impl Into<String>,
         path: impl Into<PathBuf>,

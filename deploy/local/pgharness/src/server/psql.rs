@@ -38,20 +38,8 @@ impl Server {
     pub fn apply_sql_file(&self, db: &str, path: &Path) -> Result<String> {
         let mut cmd = self.psql_command(db);
         cmd.arg("-f").arg(path);
-        self.run_psql(cmd, db, None).map_err(|e| match e {
-            Error::Psql {
-                port,
-                database,
-                status,
-                stderr,
-            } => Error::Psql {
-                port,
-                database,
-                status,
-                stderr: format!("applying {}: {stderr}", path.display()),
-            },
-            e => e,
-        })
+        self.run_psql(cmd, db, None)
+            .map_err(|e| e.while_doing(&format!("applying {}", path.display())))
     }
 
     fn run_psql(&self, mut cmd: Command, db: &str, input: Option<&str>) -> Result<String> {
