@@ -88,6 +88,22 @@ pub fn shard_unreachable(shard: &str, refused: bool, why: &str) -> SqlError {
         .with_hint("statements for other shards are not affected; retry when the shard is back")
 }
 
+/// A shard stayed unreachable for the whole hold window (`[failover] hold_ms`), or too many
+/// statements were held for it already.
+pub fn shard_unreachable_held(shard: &str, why: &str, held: Result<Duration, usize>) -> SqlError {
+    let how = match held {
+        Ok(waited) => format!("(waited {} ms for it)", waited.as_millis()),
+        Err(max) => {
+            format!("({max} statements wait for it already: [failover] hold_max_statements)")
+        }
+    };
+    SqlError::new(
+        CONNECTION_FAILURE,
+        format!("shard {shard} is unavailable {how}: {why}"),
+    )
+    .with_hint("statements for other shards are not affected; retry when the shard is back")
+}
+
 /// The connection to a shard broke while a statement was running on it.
 pub fn shard_lost(shard: &str, endpoint: &str, why: &str) -> SqlError {
     SqlError::new(

@@ -421,6 +421,11 @@ pub fn config(shared: &Shared) -> Table {
         ("shutdown.drain_timeout_ms", ms(c.shutdown.drain_timeout)),
         ("reload.watch", c.reload.watch.to_string()),
         ("reload.watch_interval_ms", ms(c.reload.watch_interval)),
+        ("failover.hold_ms", ms(c.failover.hold)),
+        (
+            "failover.hold_max_statements",
+            c.failover.hold_max_statements.to_string(),
+        ),
         (
             "peers",
             c.peers

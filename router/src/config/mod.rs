@@ -58,6 +58,8 @@ pub struct Config {
     pub shutdown: Shutdown,
     /// `[reload]`: whether the router watches its files.
     pub reload: Reload,
+    /// `[failover]`: how statements for a shard that cannot be reached are held.
+    pub failover: Failover,
     /// `[http] listen`: the address of the HTTP side port (`/metrics`, `/health`, `/ready`).
     /// Off when absent.
     pub http: Option<SocketAddr>,
@@ -284,6 +286,21 @@ pub struct Reload {
     pub watch_interval: Duration,
 }
 
+/// `[failover]`: a statement for a shard whose primary cannot be reached (restarting, failing
+/// over, refusing logins for a moment) waits for it instead of failing at once: it runs as soon
+/// as the primary answers again or a reloaded shard map names a new one. A statement that
+/// Postgres aborted at a shutdown (57P01/57P02/57P03 before anything of it reached the client,
+/// outside a transaction) is sent again the same way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failover {
+    /// `hold_ms`: how long a statement may wait for its shard. Default 5000; 0 = fail at once
+    /// (08006/08001), as without holding.
+    pub hold: Duration,
+    /// `hold_max_statements`: statements held per shard (per router) at most; more fail at
+    /// once. Default 1000; at least 1.
+    pub hold_max_statements: usize,
+}
+
 /// Every problem found in one config file; shown as `FILE:LINE: sentence`, one per line
 /// (just `FILE: sentence` when the problem has no line, e.g. a missing setting).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -342,6 +359,7 @@ pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
     let shutdown = sections::shutdown(&raw.shutdown, &mut check);
     let reload = sections::reload(&raw.reload, &mut check);
     let http = sections::http(&raw.http, &mut check);
+    let failover = sections::failover(&raw.failover, &mut check);
     if !check.problems.is_empty() {
         return check.finish(origin, None);
     }
@@ -367,6 +385,7 @@ pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
         limits,
         shutdown,
         reload,
+        failover,
         http,
         tls,
         router_id,

@@ -26,6 +26,8 @@ pub(super) struct RawConfig {
     pub(super) reload: RawReload,
     #[serde(default)]
     pub(super) http: RawHttp,
+    #[serde(default)]
+    pub(super) failover: RawFailover,
     pub(super) tls: Option<Spanned<RawTls>>,
     pub(super) router_id: Option<Spanned<i64>>,
     #[serde(default)]
@@ -91,6 +93,13 @@ pub(super) struct RawShutdown {
 pub(super) struct RawReload {
     pub(super) watch: Option<bool>,
     pub(super) watch_interval_ms: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawFailover {
+    pub(super) hold_ms: Option<Spanned<i64>>,
+    pub(super) hold_max_statements: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize, Default)]

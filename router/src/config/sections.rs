@@ -10,11 +10,11 @@ use toml::Spanned;
 
 use super::check::Checker;
 use super::raw::{
-    RawBackend, RawConfig, RawHttp, RawLimits, RawPool, RawReload, RawShutdown, RawTls,
+    RawBackend, RawConfig, RawFailover, RawHttp, RawLimits, RawPool, RawReload, RawShutdown, RawTls,
 };
 use super::{
-    AuthMethod, Backend, FileSetting, Limits, Peer, Pool, Reload, Shutdown, SslMode, Tls, TlsMode,
-    User, DEFAULT_LISTEN, MAX_ROUTER_ID,
+    AuthMethod, Backend, Failover, FileSetting, Limits, Peer, Pool, Reload, Shutdown, SslMode, Tls,
+    TlsMode, User, DEFAULT_LISTEN, MAX_ROUTER_ID,
 };
 use crate::auth::Secret;
 
@@ -460,5 +460,20 @@ pub(super) fn reload(r: &RawReload, check: &mut Checker<'_>) -> Reload {
     Reload {
         watch: r.watch.unwrap_or(false),
         watch_interval: check.timeout(&r.watch_interval_ms, "reload.watch_interval_ms", 1000),
+    }
+}
+
+/// `[failover]`.
+pub(super) fn failover(f: &RawFailover, check: &mut Checker<'_>) -> Failover {
+    Failover {
+        hold: check
+            .optional_ms(&f.hold_ms, "failover.hold_ms", 5000)
+            .unwrap_or_default(),
+        hold_max_statements: check.count(
+            &f.hold_max_statements,
+            "failover.hold_max_statements",
+            1000,
+            1,
+        ),
     }
 }

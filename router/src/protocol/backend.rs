@@ -18,6 +18,21 @@ pub fn error_fields(frame: &[u8]) -> (String, String) {
     (code, message)
 }
 
+/// Whether an ErrorResponse frame is Postgres ending the session at a shutdown or restart
+/// (FATAL 57P01 admin_shutdown, 57P02 crash_shutdown, 57P03 cannot_connect_now).
+pub fn is_shutdown(frame: &[u8]) -> bool {
+    let mut fatal = false;
+    let mut code = false;
+    for field in frame.get(5..).unwrap_or_default().split(|&b| b == 0) {
+        match field {
+            [b'V', v @ ..] | [b'S', v @ ..] => fatal |= v == b"FATAL" || v == b"PANIC",
+            [b'C', b'5', b'7', b'P', b'0', b'1' | b'2' | b'3'] => code = true,
+            _ => {}
+        }
+    }
+    fatal && code
+}
+
 /// The class (first two characters) of the SQLSTATE in an ErrorResponse body, without
 /// allocating: what the router's error counters are kept by.
 pub fn sqlstate_class(body: &[u8]) -> Option<[u8; 2]> {

@@ -15,6 +15,7 @@ use std::sync::Arc;
 mod accept;
 pub mod clients;
 pub mod handshake;
+mod hold;
 pub mod http;
 pub mod lifecycle;
 mod negotiate;

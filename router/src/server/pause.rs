@@ -123,6 +123,16 @@ impl Pauses {
         self.changed.send_modify(|n| *n += 1);
     }
 
+    /// Changes whenever a pause, a resume, a reload or the drain happens.
+    pub fn watch(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// Whether the router closes for a drain.
+    pub fn closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
     /// Waits while the shard owning `range` is paused, at most `timeout`.
     pub async fn wait(&self, range: &str, timeout: Duration) -> Waited {
         if !self.is_paused(range) {

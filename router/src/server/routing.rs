@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use shardmap::ShardMap;
 
+use super::hold::{self, Hold, HoldEnd};
 use super::pause::{Pauses, Waited};
 use super::shared::worker;
 use crate::backend::health::{Health, HealthBoard};
@@ -20,7 +21,7 @@ use crate::config::Config;
 use crate::errors;
 use crate::planner::Planner;
 use crate::protocol::reply::SqlError;
-use crate::stats::Stats;
+use crate::stats::{FailoverCounters, Stats};
 use crate::tls::Material;
 
 pub struct Routing {
@@ -41,6 +42,7 @@ pub struct Routing {
     /// Each shard's primary's health (by shard index).
     health: Vec<Arc<Health>>,
     pauses: Arc<Pauses>,
+    failover: Arc<FailoverCounters>,
 }
 
 /// Why a checkout gave no connection.
@@ -117,6 +119,7 @@ impl Routing {
             stats_ids,
             health,
             pauses: board.pauses.clone(),
+            failover: board.stats.failover.clone(),
         }
     }
 
@@ -156,9 +159,60 @@ impl Routing {
         }
     }
 
-    /// [`Routing::checkout`], and how long the caller waited (paused, opening a connection, or
-    /// for a busy pool; zero, without reading a clock, when a connection was free).
+    /// [`Routing::checkout`], and how long the caller waited (paused, opening a connection,
+    /// for a busy pool, or held while the shard could not be reached; zero, without reading a
+    /// clock, when a connection was free).
     pub async fn checkout_timed(&self, shard: usize) -> Result<(PooledConn, Duration), Checkout> {
+        self.checkout_from(shard, true).await
+    }
+
+    /// A connection to whichever shard can give one now, for a statement that may run on any
+    /// (it touches no table, or only prepares): the next shard in turn from `start` that is up,
+    /// not paused and has a free connection, else the next that is up; a shard that fails is
+    /// passed over for the next, so one bad shard never fails such a statement. Returns the
+    /// shard it ran on too.
+    pub async fn checkout_any(
+        &self,
+        start: usize,
+    ) -> Result<(PooledConn, Duration, usize), Checkout> {
+        let n = self.map.shards().len();
+        let usable = |s: usize, free: bool| {
+            self.health[s].is_up()
+                && !(self.pauses.any() && self.pauses.is_paused(&self.shard_name(s)))
+                && (!free || {
+                    let status = self.pools().for_shard(s).status();
+                    status.available > 0 || status.size < status.max_size
+                })
+        };
+        let ring = (0..n).map(|i| (start + i) % n);
+        let preferred = ring
+            .clone()
+            .find(|&s| usable(s, true))
+            .or_else(|| ring.clone().find(|&s| usable(s, false)));
+        // Then every shard in turn, in case what is known of their health is stale.
+        let mut last = None;
+        for shard in preferred
+            .into_iter()
+            .chain(ring.filter(|&s| Some(s) != preferred))
+        {
+            match self.checkout_from(shard, false).await {
+                Ok((conn, waited)) => return Ok((conn, waited, shard)),
+                Err(Checkout::MapChanged) => return Err(Checkout::MapChanged),
+                Err(Checkout::Refused(e)) => last = Some(e),
+            }
+        }
+        Err(Checkout::Refused(last.unwrap_or_else(|| {
+            errors::internal("the shard map has no shards")
+        })))
+    }
+
+    /// A connection to `shard`; with `hold`, a shard that cannot be reached is waited for
+    /// (`[failover]`, [`hold`]).
+    async fn checkout_from(
+        &self,
+        shard: usize,
+        hold: bool,
+    ) -> Result<(PooledConn, Duration), Checkout> {
         let mut paused = Duration::ZERO;
         loop {
             if self.pauses.any() {
@@ -197,16 +251,25 @@ impl Routing {
                 }
                 Err(CheckoutError::Unreachable(e)) => {
                     self.health[shard].down(&pool.endpoint.name(), &e.to_string());
-                    return Err(Checkout::Refused(errors::shard_unreachable(
-                        &self.shard_name(shard),
-                        matches!(
-                            e,
-                            BackendError::Refused { .. }
-                                | BackendError::NoPassword { .. }
-                                | BackendError::Tls { .. }
-                        ),
-                        &e.to_string(),
-                    )));
+                    if !(hold && hold::passes(&e) && !self.config.failover.hold.is_zero()) {
+                        return Err(Checkout::Refused(unreachable(&self.shard_name(shard), &e)));
+                    }
+                    let held = Hold {
+                        shard: &self.shard_name(shard),
+                        pool,
+                        health: &self.health[shard],
+                        pauses: &self.pauses,
+                        generation: self.generation,
+                        config: &self.config.failover,
+                        counters: &self.failover,
+                    }
+                    .wait(e)
+                    .await;
+                    match held {
+                        Ok(got) => got,
+                        Err(HoldEnd::MapChanged) => return Err(Checkout::MapChanged),
+                        Err(HoldEnd::Failed(err)) => return Err(Checkout::Refused(err)),
+                    }
                 }
             };
             if deadpool::managed::Object::metrics(&conn).recycled.is_none() {
@@ -246,4 +309,19 @@ impl Routing {
     pub fn learn_text_bytewise(&self, bytewise: bool) {
         self.text_bytewise.store(bytewise, Ordering::Relaxed);
     }
+}
+
+/// The error for a shard that could not be reached (08001 when it refused the login, 08006
+/// otherwise).
+fn unreachable(shard: &str, e: &BackendError) -> SqlError {
+    errors::shard_unreachable(
+        shard,
+        matches!(
+            e,
+            BackendError::Refused { .. }
+                | BackendError::NoPassword { .. }
+                | BackendError::Tls { .. }
+        ),
+        &e.to_string(),
+    )
 }

@@ -19,6 +19,7 @@
 //! | [`outbox`] | client messages rewritten for the pinned connection (sans-IO) |
 //! | [`replies`] | which backend replies the client sees (sans-IO) |
 //! | [`relay`] | the I/O of one exchange with the pinned connection, COPY relay |
+//! | [`replay`] | a request aborted by a server shutdown, made fit for another connection (sans-IO) |
 //! | [`pin`] | checking a connection out for the client and returning it |
 //! | [`settings`] | the client's session settings (sans-IO) |
 //! | [`multi`] | statements that run on several shards |
@@ -37,6 +38,7 @@ mod outbox;
 mod pin;
 mod prepared_sql;
 mod relay;
+mod replay;
 mod replies;
 pub mod settings;
 mod simple;

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use super::replay;
 use super::replies::Audience;
 use super::Session;
 use crate::backend::pool::PooledConn;
@@ -13,7 +14,7 @@ use crate::errors;
 use crate::protocol::reply::SqlError;
 use crate::server::clients::CancelTarget;
 use crate::server::Checkout;
-use crate::stats::RouteKind;
+use crate::stats::{RouteKind, Stats};
 
 /// The backend connection a client holds.
 pub struct Pinned {
@@ -21,6 +22,9 @@ pub struct Pinned {
     pub conn: PooledConn,
     /// Which version of the client's unnamed statement the connection holds (0: none).
     pub unnamed: u64,
+    /// Nothing has been exchanged on it since it was pinned: its first request may be sent
+    /// again elsewhere when the server aborts it at a shutdown ([`super::replay`]).
+    pub fresh: bool,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
@@ -35,16 +39,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         if self.pin.is_some() {
             return Ok(());
         }
-        let shard =
-            wanted.unwrap_or_else(|| self.shared.any_shard(self.routing.map.shards().len()));
-        // Counted for its shard even when no connection can be had.
-        self.client
-            .meter
-            .route(RouteKind::SingleShard, self.routing.stats_id(shard));
-        let (mut conn, waited, shard) = match self.routing.checkout_timed(shard).await {
-            Ok((conn, waited)) => (conn, waited, shard),
-            Err(Checkout::Refused(err)) => return Err(err),
-            Err(Checkout::MapChanged) => self.checkout_after_reload(shard).await?,
+        let (mut conn, waited, shard) = match wanted {
+            Some(shard) => {
+                // Counted for its shard even when no connection can be had.
+                self.client
+                    .meter
+                    .route(RouteKind::SingleShard, self.routing.stats_id(shard));
+                match self.routing.checkout_timed(shard).await {
+                    Ok((conn, waited)) => (conn, waited, shard),
+                    Err(Checkout::Refused(err)) => return Err(err),
+                    Err(Checkout::MapChanged) => self.checkout_after_reload(shard).await?,
+                }
+            }
+            None => self.checkout_any().await?,
         };
         self.client.meter.waited(waited);
         if !self.shared.server_params_learned() {
@@ -68,6 +75,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             shard,
             conn,
             unnamed: 0,
+            fresh: true,
         });
         if with_begin {
             if let Some(begin) = self.state.take_begin() {
@@ -78,6 +86,32 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             }
         }
         Ok(())
+    }
+
+    /// A connection to any shard that can give one (the statement needs no particular shard),
+    /// and the shard.
+    async fn checkout_any(&mut self) -> Result<(PooledConn, Duration, usize), SqlError> {
+        let start = self.shared.any_shard(self.routing.map.shards().len());
+        let got = match self.routing.checkout_any(start).await {
+            Err(Checkout::MapChanged) => {
+                // Waited for paused shards through a reload: any shard of the new map will do.
+                self.routing = self.shared.routing();
+                self.statements
+                    .replan(&self.routing.planner, &mut self.nbuf);
+                self.routing.checkout_any(start).await
+            }
+            got => got,
+        };
+        match got {
+            Ok((conn, waited, shard)) => {
+                self.client
+                    .meter
+                    .route(RouteKind::SingleShard, self.routing.stats_id(shard));
+                Ok((conn, waited, shard))
+            }
+            Err(Checkout::Refused(err)) => Err(err),
+            Err(Checkout::MapChanged) => Err(errors::map_changed_while_paused("any")),
+        }
     }
 
     /// The shard map changed while the statement waited for its paused shard (the move a
@@ -109,6 +143,68 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         }
     }
 
+    /// Sends the request in the outbox again on another connection to the same shard (held
+    /// until the shard answers: `[failover]`), after the server aborted it at a shutdown
+    /// before running any of it (`why`). The new connection first gets what the request
+    /// assumes of the old one: the client's settings and the router statements it uses.
+    pub(super) async fn resend(&mut self, why: &str) -> Result<(), SqlError> {
+        let Some(old) = self.pin.take() else {
+            return Err(errors::internal("a resend without a connection"));
+        };
+        let name = self.shard_name(old.shard);
+        crate::backend::pool::discard(old.conn);
+        self.slot.set_running(None);
+        let endpoint = self.routing.pools().for_shard(old.shard).endpoint.name();
+        let lost = |why: &str| errors::shard_lost(&name, &endpoint, why);
+        let uses = replay::uses(&self.out.bytes).map_err(|e| lost(&format!("{why}; {}", e.0)))?;
+        Stats::count(&self.shared.stats.failover.resent);
+        tracing::info!(shard = %name, "sending a statement again that a shutdown aborted before it ran: {why}");
+        let (mut conn, _, shard) = match self.routing.checkout_timed(old.shard).await {
+            Ok((conn, waited)) => (conn, waited, old.shard),
+            Err(Checkout::Refused(err)) => return Err(err),
+            Err(Checkout::MapChanged) => self.checkout_after_reload(old.shard).await?,
+        };
+        let mut prelude = bytes::BytesMut::new();
+        let mut readies = 0;
+        let fp = self.settings.fingerprint();
+        if conn.settings_fp != fp {
+            crate::protocol::request::query(&mut prelude, &self.settings.apply_sql())
+                .map_err(errors::internal)?;
+            readies += 1;
+        }
+        let statements = &self.statements;
+        let wrote = replay::prelude(&mut prelude, &uses, &mut conn.prepared, |id| {
+            statements
+                .router_statement(id)
+                .map(|s| (&*s.sql, &*s.param_types))
+        })
+        .map_err(|e| lost(&format!("{why}; {}", e.0)))?;
+        readies += usize::from(wrote);
+        if readies > 0 {
+            let failed = run_prelude(&mut conn, &prelude, readies).await;
+            if let Some(problem) = failed {
+                crate::backend::pool::discard(conn);
+                return Err(lost(&format!(
+                    "{why}; preparing another connection: {problem}"
+                )));
+            }
+            conn.settings_fp = fp;
+        }
+        self.slot.set_running(Some(CancelTarget {
+            generation: self.routing.generation,
+            shard,
+            pid: conn.pid,
+            secret: conn.secret,
+        }));
+        self.pin = Some(Pinned {
+            shard,
+            conn,
+            unnamed: old.unnamed,
+            fresh: true,
+        });
+        Ok(())
+    }
+
     /// Returns the connection to its pool once the client is at rest between transactions. It
     /// keeps the client's settings; the next client with other settings resets them.
     pub(super) fn release_if_idle(&mut self) {
@@ -138,5 +234,29 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// The shard of the pinned connection.
     pub(super) fn pinned_shard(&self) -> Option<usize> {
         self.pin.as_ref().map(|p| p.shard)
+    }
+}
+
+/// Runs a prelude up to its `readies`-th ReadyForQuery; what went wrong, if anything.
+async fn run_prelude(
+    conn: &mut crate::backend::BackendConn,
+    prelude: &[u8],
+    readies: usize,
+) -> Option<String> {
+    let mut replies = match conn.request(prelude, readies).await {
+        Ok(r) => r,
+        Err(e) => return Some(e.to_string()),
+    };
+    let mut problem = None;
+    loop {
+        match replies.next().await {
+            Ok(Some(frame)) if frame[0] == b'E' => {
+                let (code, message) = crate::protocol::backend::error_fields(frame);
+                problem.get_or_insert(format!("{message} (SQLSTATE {code})"));
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => return problem,
+            Err(e) => return Some(e.to_string()),
+        }
     }
 }

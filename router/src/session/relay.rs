@@ -17,7 +17,7 @@ use super::{Session, SessionError};
 use crate::backend::stream::Outgoing;
 use crate::errors;
 use crate::protocol::frame::next_frame;
-use crate::protocol::reply::{self, TxStatus};
+use crate::protocol::reply::{self, SqlError, TxStatus};
 use crate::protocol::request;
 use crate::stats::RouteKind;
 
@@ -26,20 +26,35 @@ enum Failed {
     Client(std::io::Error),
     /// The backend broke or sent something unexpected; the connection is unusable.
     Backend(String),
+    /// The server ended the session at a shutdown before it answered anything of the request
+    /// (nothing of it ran): it may be sent again elsewhere ([`super::replay`]).
+    Aborted(String),
 }
+
+/// How many times one request is sent again after shutdowns aborted it.
+const MAX_RESENDS: usize = 3;
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// Writes the outbox to the pinned connection and forwards replies until none are owed.
     pub(super) async fn exchange(&mut self) -> Result<(), SessionError> {
-        match self.pump().await {
-            Ok(()) => Ok(()),
-            Err(Failed::Client(e)) => Err(SessionError::Client(e)),
-            Err(Failed::Backend(why)) => self.backend_lost(why).await,
+        let mut resends = 0;
+        loop {
+            match self.pump().await {
+                Ok(()) => return Ok(()),
+                Err(Failed::Client(e)) => return Err(SessionError::Client(e)),
+                Err(Failed::Backend(why)) => return self.backend_lost(why).await,
+                Err(Failed::Aborted(why)) if resends < MAX_RESENDS => {
+                    resends += 1;
+                    if let Err(err) = self.resend(&why).await {
+                        return self.exchange_failed(err).await;
+                    }
+                }
+                Err(Failed::Aborted(why)) => return self.backend_lost(why).await,
+            }
         }
     }
 
     async fn backend_lost(&mut self, why: String) -> Result<(), SessionError> {
-        let owed_ready = self.out.replies.owes_client_ready();
         let Some(pin) = self.pin.take() else {
             return Err(SessionError::BackendLost(why));
         };
@@ -47,16 +62,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let endpoint = self.routing.pools().for_shard(pin.shard).endpoint.name();
         crate::backend::pool::discard(pin.conn);
         self.slot.set_running(None);
-        self.out.clear();
         tracing::warn!(shard = %name, %endpoint, "backend connection lost: {why}");
+        self.exchange_failed(errors::shard_lost(&name, &endpoint, &why))
+            .await
+    }
+
+    /// The client's answer when its request got no answer from the backend (the connection
+    /// is already gone): `err`, and then what the protocol expects next.
+    pub(super) async fn exchange_failed(&mut self, mut err: SqlError) -> Result<(), SessionError> {
+        let owed_ready = self.out.replies.owes_client_ready();
+        self.out.clear();
         let in_transaction = self.state.tx != Tx::Idle;
         self.state.lost();
-        let mut err = errors::shard_lost(&name, &endpoint, &why);
         if in_transaction {
             err.severity = "FATAL";
             err.write(&mut self.client.out);
             let _ = self.client.flush().await;
-            return Err(SessionError::BackendLost(why));
+            return Err(SessionError::BackendLost(err.message.clone()));
         }
         err.write(&mut self.client.out);
         if owed_ready {
@@ -75,6 +97,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             ));
         };
         let shard = pin.shard;
+        // Only the first request on a newly pinned connection outside a transaction: later
+        // ones may use a portal or transaction of an earlier one, which is gone with it.
+        let mut replayable = pin.fresh && self.state.tx == Tx::Idle;
+        pin.fresh = false;
         self.client
             .meter
             .route(RouteKind::SingleShard, self.routing.stats_id(shard));
@@ -128,6 +154,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     Ok(None) => break,
                     Err(e) => return Err(Failed::Backend(e.to_string())),
                 };
+                if std::mem::take(&mut replayable)
+                    && h.tag == b'E'
+                    && crate::protocol::backend::is_shutdown(&conn.rbuf[..h.total])
+                {
+                    let (code, message) =
+                        crate::protocol::backend::error_fields(&conn.rbuf[..h.total]);
+                    return Err(Failed::Aborted(format!("{message} (SQLSTATE {code})")));
+                }
                 let step = self
                     .out
                     .replies

@@ -194,6 +194,14 @@ impl Statements {
         }
     }
 
+    /// The router statement `id`, when one of the client's names is for it.
+    pub fn router_statement(&self, id: u64) -> Option<&Arc<Statement>> {
+        self.named.values().find_map(|s| match &s.text {
+            Text::Named(r) if r.id == id => Some(r),
+            _ => None,
+        })
+    }
+
     /// Forgets the names of router statement `id` (its Parse failed on the backend).
     pub fn forget(&mut self, id: u64) {
         self.named

@@ -79,6 +79,35 @@ pub struct Stats {
     pub reloads_refused: AtomicU64,
     /// Plan cache counts of the planners that reloads replaced.
     retired_plans: Mutex<CacheStats>,
+    /// Statements held for an unreachable shard, and sent again after a shutdown aborted them.
+    pub failover: std::sync::Arc<FailoverCounters>,
+}
+
+/// What holding statements through a restart or failover did (`crate::server::hold`).
+#[derive(Default, Debug)]
+pub struct FailoverCounters {
+    /// Statements that waited for their shard.
+    pub held: AtomicU64,
+    /// ... of which failed in the end (the window passed, or too many were held).
+    pub held_failed: AtomicU64,
+    /// Time they waited, summed, and the longest wait, in microseconds.
+    pub held_micros: AtomicU64,
+    pub held_max_micros: AtomicU64,
+    /// Statements sent again because Postgres aborted them at a shutdown before they ran.
+    pub resent: AtomicU64,
+}
+
+impl FailoverCounters {
+    /// A hold that ended after `waited`, `ok` or not.
+    pub fn record(&self, waited: Duration, ok: bool) {
+        let micros = waited.as_micros() as u64;
+        self.held.fetch_add(1, Ordering::Relaxed);
+        if !ok {
+            self.held_failed.fetch_add(1, Ordering::Relaxed);
+        }
+        self.held_micros.fetch_add(micros, Ordering::Relaxed);
+        self.held_max_micros.fetch_max(micros, Ordering::Relaxed);
+    }
 }
 
 #[derive(Default)]
