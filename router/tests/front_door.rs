@@ -35,9 +35,10 @@ async fn silent_sockets_are_capped_and_timed_out_and_never_block_a_real_login() 
     const SILENT: usize = 300;
     const MAX_LOGINS: usize = 20;
     let env = common::shared_env();
+    let http = common::free_port();
     let router = Router::start_with(
         &env.map,
-        &format!("[limits]\nmax_logins = {MAX_LOGINS}\nlogin_timeout_ms = 2000\n"),
+        &format!("[limits]\nmax_logins = {MAX_LOGINS}\nlogin_timeout_ms = 2000\n[http]\nlisten = \"127.0.0.1:{http}\"\n"),
     );
     let port = router.port;
     let silent: Vec<TcpStream> = (0..SILENT)
@@ -88,6 +89,13 @@ async fn silent_sockets_are_capped_and_timed_out_and_never_block_a_real_login() 
     let client = router.connect().await;
     let rows = common::rows(&client.simple_query("SELECT 1").await.expect("select"));
     assert_eq!(rows, vec![vec!["1".to_string()]]);
+    // Each refusal at the door is counted.
+    let (_, metrics) = common::http_get(http, "/metrics");
+    let counted = common::metric(&metrics, "shardgate_client_connections_refused_total");
+    assert!(
+        counted >= refused as f64,
+        "{counted} counted, {refused} refused"
+    );
     assert!(router.is_alive());
     assert!(!router.log_text().contains("panicked"));
 }
