@@ -1,6 +1,7 @@
 //! Randomized tests of everything that reads what a client sends: frames and frontend messages
 //! ([`wire`]), startup packets and the SCRAM exchange ([`login`]), and the statement text
-//! readers — the normalizer, the array literal reader and the VALUES cutter ([`text`]).
+//! readers — the normalizer, the array literal reader and the VALUES cutter ([`text`]) — and
+//! the value readers of merges across shards ([`merge`]).
 //!
 //! Stable Rust has no coverage-guided fuzzer (cargo-fuzz needs nightly), so these are seeded
 //! random loops: arbitrary bytes, inputs built from real grammar pieces, and real messages
@@ -13,6 +14,7 @@
 //! (`benches/fuzz.sh` runs the long mode). A failing case prints its target, seed and number.
 
 mod login;
+mod merge;
 mod text;
 mod wire;
 
