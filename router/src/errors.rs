@@ -178,3 +178,15 @@ pub fn duplicate_statement(name: &str) -> SqlError {
 pub fn internal(what: impl std::fmt::Display) -> SqlError {
     SqlError::new(INTERNAL_ERROR, format!("internal: {what}"))
 }
+
+/// `[limits] max_logins` connections were logging in when this one arrived: refused at the
+/// door, at once, so a flood of silent sockets cannot make real clients wait for a slot.
+pub fn too_many_logins(max: usize) -> SqlError {
+    SqlError::fatal(
+        TOO_MANY_CONNECTIONS,
+        format!("sorry, too many connections are logging in already ({max})"),
+    )
+    .with_hint(
+        "retry in a moment; if this persists, raise [limits] max_logins or lower [limits] login_timeout_ms in the router config",
+    )
+}

@@ -48,3 +48,8 @@ pub mod server;
 pub mod session;
 pub mod stats;
 pub mod tls;
+
+/// Randomized tests of every parser of client input (short mode in `cargo test`, long mode
+/// with `SHARDGATE_FUZZ_CASES`; see `benches/fuzz.sh`).
+#[cfg(test)]
+mod fuzz;

@@ -273,3 +273,85 @@ fn a_second_router_on_a_taken_port_refuses_to_start() {
     );
     assert!(router.is_alive());
 }
+
+/// SIGHUP never kills the router: not while it starts (before it is ready), not in a burst,
+/// not after; each one is a reload, and the router serves throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_never_kills_the_router() {
+    let env = common::shared_env();
+    let dir = std::env::temp_dir().join(format!("shardgate-sighup-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("test dir");
+    let port = common::free_port();
+    let config = pgharness::router::write_config(
+        &dir,
+        &env.map.to_toml(),
+        port,
+        DATABASE,
+        (USER, PASSWORD),
+        "",
+        "",
+    )
+    .expect("config");
+    let log = dir.join("router.log");
+    let out = std::fs::File::create(&log).expect("log");
+    let mut child = std::process::Command::new(common::shardgate_bin())
+        .arg("--config")
+        .arg(&config)
+        .args(["--threads", "2"])
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(out.try_clone().expect("log"))
+        .stderr(out)
+        .spawn()
+        .expect("start a router");
+    let pid = child.id() as i32;
+    let hup = || {
+        // SAFETY: kill(2) on the pid of the child this test started.
+        unsafe { libc::kill(pid, libc::SIGHUP) };
+    };
+    // As soon as it listens (its handlers are installed before it binds), and on until it
+    // is ready: the window where a default SIGHUP would have terminated it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            child.try_wait().expect("wait").is_none(),
+            "the router exited"
+        );
+        assert!(Instant::now() < deadline, "the router never listened");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let text = || std::fs::read_to_string(&log).unwrap_or_default();
+    let mut sent = 0;
+    while !text().contains(pgharness::router::READY) {
+        hup();
+        sent += 1;
+        assert!(Instant::now() < deadline, "never ready:\n{}", text());
+        assert!(
+            child.try_wait().expect("wait").is_none(),
+            "a SIGHUP killed the router while it started:\n{}",
+            text()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for _ in 0..20 {
+        hup();
+        sent += 1;
+    }
+    let url = format!("postgres://{USER}:{PASSWORD}@127.0.0.1:{port}/{DATABASE}");
+    // Reloads are serialized; wait for at least one after ready, then check it serves.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !text().contains("SIGHUP: reloading") {
+        assert!(Instant::now() < deadline, "no reload logged:\n{}", text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let client = common::connect(&url).await.expect("connect after SIGHUPs");
+    client.simple_query("SELECT 1").await.expect("serves");
+    assert!(
+        child.try_wait().expect("wait").is_none(),
+        "the router exited after {sent} SIGHUPs:\n{}",
+        text()
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -326,13 +326,15 @@ pub async fn stats(shared: &Shared) -> Table {
 }
 
 /// Settings a reload cannot change.
-const NEED_RESTART: [&str; 5] = [
+const NEED_RESTART: [&str; 6] = [
     "listen",
     "router_id",
     "http.listen",
     "workers",
     // The file watcher's tick is set when the router starts.
     "reload.watch_interval_ms",
+    // The listening sockets are bound once, at start.
+    "reuse_port",
 ];
 
 fn file(f: Option<&crate::config::FileSetting>) -> String {
@@ -417,6 +419,8 @@ pub fn config(shared: &Shared) -> Table {
             "limits.max_merge_groups",
             c.limits.max_merge_groups.to_string(),
         ),
+        ("limits.max_logins", c.limits.max_logins.to_string()),
+        ("limits.login_timeout_ms", ms(c.limits.login_timeout)),
         ("shutdown.drain_grace_ms", ms(c.shutdown.drain_grace)),
         ("shutdown.drain_timeout_ms", ms(c.shutdown.drain_timeout)),
         ("reload.watch", c.reload.watch.to_string()),
@@ -435,6 +439,7 @@ pub fn config(shared: &Shared) -> Table {
                 .join(", "),
         ),
         ("workers", shared.workers().to_string()),
+        ("reuse_port", c.reuse_port.to_string()),
     ];
     Table {
         columns: &["key", "value", "changeable"],

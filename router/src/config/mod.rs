@@ -71,6 +71,11 @@ pub struct Config {
     pub router_id: u8,
     /// `[[peers]]`: the other routers of the fleet, by id, with the address they listen on.
     pub peers: Vec<Peer>,
+    /// `reuse_port`: let another process listen on `listen` too (SO_REUSEPORT; the kernel then
+    /// spreads new clients over both). Default false: the router refuses to start when the
+    /// address is taken, because a forgotten second router would silently get half the logins.
+    /// Only read at start.
+    pub reuse_port: bool,
 }
 
 /// One `[[peers]]` entry.
@@ -261,6 +266,14 @@ pub struct Limits {
     /// shards) the router may hold while it combines them; more is refused with `54000`, so
     /// one read cannot take the router's memory. Default 1000000.
     pub max_merge_groups: usize,
+    /// `max_logins`: connections still logging in (TLS, startup, password) at once; more are
+    /// refused at once with `53300`, so silent or slow sockets cannot hold file descriptors and
+    /// memory without bound. Default 1000; at least 1.
+    pub max_logins: usize,
+    /// `login_timeout_ms`: how long a connection may take to log in (TLS and authentication
+    /// included, like Postgres's `authentication_timeout`) before it is closed. Default 10000;
+    /// more than 0.
+    pub login_timeout: Duration,
 }
 
 /// `[shutdown]`: on SIGTERM (or Ctrl-C) the router drains: `/ready` says no at once, clients
@@ -390,6 +403,7 @@ pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
         tls,
         router_id,
         peers,
+        reuse_port: raw.reuse_port.unwrap_or(false),
     };
     check.finish(origin, Some(config))
 }

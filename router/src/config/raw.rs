@@ -32,6 +32,7 @@ pub(super) struct RawConfig {
     pub(super) router_id: Option<Spanned<i64>>,
     #[serde(default)]
     pub(super) peers: Vec<Spanned<RawPeer>>,
+    pub(super) reuse_port: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -79,6 +80,8 @@ pub(super) struct RawLimits {
     pub(super) slow_statement_ms: Option<Spanned<i64>>,
     pub(super) allow_scatter_writes: Option<bool>,
     pub(super) max_merge_groups: Option<Spanned<i64>>,
+    pub(super) max_logins: Option<Spanned<i64>>,
+    pub(super) login_timeout_ms: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize, Default)]

@@ -442,6 +442,8 @@ pub(super) fn limits(l: &RawLimits, check: &mut Checker<'_>) -> Limits {
         slow_statement: check.optional_ms(&l.slow_statement_ms, "limits.slow_statement_ms", 1000),
         allow_scatter_writes: l.allow_scatter_writes.unwrap_or(false),
         max_merge_groups: check.count(&l.max_merge_groups, "limits.max_merge_groups", 1_000_000, 1),
+        max_logins: check.count(&l.max_logins, "limits.max_logins", 1000, 1),
+        login_timeout: check.timeout(&l.login_timeout_ms, "limits.login_timeout_ms", 10_000),
     }
 }
 

@@ -120,6 +120,8 @@ listen = "127.0.0.1:9930"
             slow_statement: Some(Duration::from_millis(250)),
             allow_scatter_writes: false,
             max_merge_groups: 1_000_000,
+            max_logins: 1000,
+            login_timeout: Duration::from_secs(10),
         }
     );
     // No password, plain or backend, is printed by Debug.
@@ -162,6 +164,7 @@ fn defaults() {
     assert_eq!(c.backend.user, "postgres");
     assert_eq!(c.backend.password, None);
     assert_eq!(c.backend.application_name, "shardgate");
+    assert!(!c.reuse_port, "a taken address is refused unless asked for");
     assert_eq!(
         c.pool,
         Pool {
@@ -182,6 +185,8 @@ fn defaults() {
             slow_statement: Some(Duration::from_secs(1)),
             allow_scatter_writes: false,
             max_merge_groups: 1_000_000,
+            max_logins: 1000,
+            login_timeout: Duration::from_secs(10),
         }
     );
 }
@@ -608,5 +613,29 @@ fn bad_backend_tls() {
         &format!("{MINIMAL}[backend]\nca = \"ca.pem\"\n"),
         7,
         "backend.sslmode is not",
+    );
+}
+
+#[test]
+fn front_door_settings() {
+    let c = parse_str(&format!(
+        "reuse_port = true\n{MINIMAL}\n[limits]\nmax_logins = 5\nlogin_timeout_ms = 250\n"
+    ))
+    .unwrap();
+    assert!(c.reuse_port);
+    assert_eq!(c.limits.max_logins, 5);
+    assert_eq!(c.limits.login_timeout, Duration::from_millis(250));
+    let err = parse_str(&format!(
+        "{MINIMAL}\n[limits]\nmax_logins = 0\nlogin_timeout_ms = 0\n"
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("limits.max_logins is 0; it must be 1 or more"),
+        "{err}"
+    );
+    assert!(
+        err.contains("limits.login_timeout_ms is 0; it must be more than 0"),
+        "{err}"
     );
 }

@@ -104,11 +104,20 @@ pub fn normalize(sql: &str, buf: &mut NormalizeBuf) -> usize {
     .run();
     // Numbering depends on the highest `$n`, which may come after the first literal, so the
     // text is assembled after the scan from the recorded spans (a copy, not a second scan).
+    // A literal glued to a word (`int8'5'`, `'a'b`) gets a space on that side: `int8$1` or
+    // `$1b` would read as one identifier or as junk after the parameter, not as two tokens.
+    let glued = |at: Option<&u8>| at.is_some_and(|&c| is_ident_cont(c));
     let mut copied = 0;
     for (n, lit) in buf.literals.iter().enumerate() {
         buf.text.push_str(&sql[copied..lit.src.0]);
+        if glued(buf.text.as_bytes().last()) {
+            buf.text.push(' ');
+        }
         // Writing into a String cannot fail.
         let _ = write!(buf.text, "${}", buf.params_before + n + 1);
+        if glued(sql.as_bytes().get(lit.src.1)) {
+            buf.text.push(' ');
+        }
         copied = lit.src.1;
     }
     buf.text.push_str(&sql[copied..]);
@@ -732,7 +741,7 @@ mod tests {
         // Invalid UTF-8 from a byte escape: left in the text for Postgres to judge.
         check(r"SELECT E'\xff'", r"SELECT E'\xff'", &[]);
         // An identifier ending in e is not an E-string prefix.
-        check("SELECT some'x'", "SELECT some$1", &["x"]);
+        check("SELECT some'x'", "SELECT some $1", &["x"]);
     }
 
     #[test]
@@ -743,7 +752,7 @@ mod tests {
             "SELECT $1, $2",
             &[" $$ inner $$ ", "2"],
         );
-        check("SELECT $a$x$a$$b$y$b$", "SELECT $1$2", &["x", "y"]);
+        check("SELECT $a$x$a$$b$y$b$", "SELECT $1 $2", &["x", "y"]);
         // Unterminated: left alone.
         check("SELECT $q$ oops", "SELECT $q$ oops", &[]);
     }
@@ -770,6 +779,23 @@ mod tests {
             &["1"],
         );
         check("SELECT 1--2", "SELECT $1--2", &["1"]);
+    }
+
+    /// Found by fuzzing: a literal glued to a word became part of it (`int8'5'` normalized to
+    /// the identifier `int8$1`, so the key was lost and a keyed UPDATE was planned for every
+    /// shard).
+    #[test]
+    fn literals_glued_to_words_stay_tokens_of_their_own() {
+        check("SELECT int8'5'", "SELECT int8 $1", &["5"]);
+        check("WHERE id = int8'5'", "WHERE id = int8 $1", &["5"]);
+        check("SELECT 'a'b", "SELECT $1 b", &["a"]);
+        check("SELECT 'a'5", "SELECT $1 $2", &["a", "5"]);
+        check("SELECT $1'a'", "SELECT $1 $2", &["a"]);
+        let mut buf = NormalizeBuf::new();
+        normalize("SELECT date'2020-01-01', x FROM t WHERE a=1", &mut buf);
+        let text = buf.normalized().to_string();
+        let mut again = NormalizeBuf::new();
+        assert_eq!(normalize(&text, &mut again), 2, "{text}");
     }
 
     #[test]

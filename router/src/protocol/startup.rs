@@ -59,7 +59,8 @@ pub fn packet_len(buf: &[u8]) -> Result<Option<usize>, StartupError> {
 
 /// Decodes a whole startup packet (length included).
 pub fn decode(packet: &[u8]) -> Result<Startup, StartupError> {
-    let mut r = Reader::new(&packet[4..], "startup");
+    // The caller passes what `packet_len` measured, but a short slice is an error, not a panic.
+    let mut r = Reader::new(packet.get(4..).unwrap_or_default(), "startup");
     let code = r.i32()?;
     match code {
         SSL_REQUEST => Ok(Startup::Ssl),
@@ -123,6 +124,8 @@ mod tests {
         ));
         assert!(decode(&packet(PROTOCOL_3_0, b"user\0app")).is_err());
         assert!(packet_len(&[0, 0, 0, 4]).is_err());
+        // Found by fuzzing: fewer than 4 bytes panicked on the slice.
+        assert!(decode(&[0, 0]).is_err());
         assert!(packet_len(&[0, 1, 0, 0]).is_err());
     }
 }

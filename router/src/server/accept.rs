@@ -4,7 +4,14 @@
 //!
 //! A client's failure (bad protocol, lost connection, bad password) ends that task only; every
 //! other client and the router keep running.
+//!
+//! Two caps guard the door: `[limits] max_clients` counts clients that have logged in, and
+//! `max_logins` counts connections still logging in, each of which must finish within
+//! `login_timeout_ms`. A flood of sockets that connect and say nothing thus holds at most
+//! `max_logins` file descriptors for at most the login timeout, and a client beyond the cap
+//! is told `53300` at once rather than waiting behind them.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::BytesMut;
@@ -46,32 +53,83 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Resul
     }
 }
 
-async fn client(mut stream: TcpStream, shared: Arc<Shared>, peer: std::net::SocketAddr) {
+/// One connection counted in [`Shared::logins`] until it has logged in or left.
+struct LoggingIn<'a>(Option<&'a Shared>);
+
+impl<'a> LoggingIn<'a> {
+    /// A place among the connections logging in, or `None` when `max` are already.
+    fn enter(shared: &'a Shared, max: usize) -> Option<LoggingIn<'a>> {
+        let taken = shared.logins.fetch_add(1, Ordering::AcqRel);
+        let guard = LoggingIn(Some(shared));
+        (taken < max).then_some(guard)
+    }
+
+    /// The connection has logged in (or is done with the door): it no longer counts.
+    fn leave(&mut self) {
+        if let Some(shared) = self.0.take() {
+            shared.logins.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for LoggingIn<'_> {
+    fn drop(&mut self) {
+        self.leave();
+    }
+}
+
+/// Tells a client it is refused at the door and closes; a short write that never waits long
+/// (the client may be one of those that never read).
+async fn refuse_at_door(mut stream: TcpStream, shared: &Shared, err: SqlError) {
+    let mut out = Vec::new();
+    err.write(&mut out);
+    let send = stream.write_all(&out);
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), send).await;
+    Stats::count(&shared.stats.clients_refused);
+}
+
+async fn client(stream: TcpStream, shared: Arc<Shared>, peer: std::net::SocketAddr) {
     let _ = stream.set_nodelay(true);
-    if shared.clients.count() >= shared.routing().config.limits.max_clients {
-        let mut out = Vec::new();
-        SqlError::fatal(
+    let limits = shared.routing().config.limits.clone();
+    if shared.clients.count() >= limits.max_clients {
+        let err = SqlError::fatal(
             errors::TOO_MANY_CONNECTIONS,
             "sorry, too many clients already",
         )
-        .with_hint("raise [limits] max_clients in the router config, or use fewer connections")
-        .write(&mut out);
-        let _ = stream.write_all(&out).await;
-        Stats::count(&shared.stats.clients_refused);
-        return;
+        .with_hint("raise [limits] max_clients in the router config, or use fewer connections");
+        return refuse_at_door(stream, &shared, err).await;
     }
+    let Some(mut logging_in) = LoggingIn::enter(&shared, limits.max_logins) else {
+        tracing::debug!(%peer, "refused: [limits] max_logins connections are logging in");
+        return refuse_at_door(stream, &shared, errors::too_many_logins(limits.max_logins)).await;
+    };
     let mut buf = BytesMut::with_capacity(16 * 1024);
-    let deadline = tokio::time::Instant::now() + handshake::HANDSHAKE_TIMEOUT;
-    match handshake::bounded(deadline, negotiate::run(stream, &mut buf, &shared)).await {
+    let timeout = limits.login_timeout;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let negotiated =
+        handshake::bounded(deadline, timeout, negotiate::run(stream, &mut buf, &shared)).await;
+    let door = Door {
+        peer,
+        deadline,
+        timeout,
+    };
+    match negotiated {
         Ok(Negotiated::Plain(stream, params)) => {
-            login_and_serve(stream, false, buf, params, shared, peer, deadline).await
+            login_and_serve(stream, false, buf, params, &shared, door, &mut logging_in).await
         }
         Ok(Negotiated::Tls(stream, params)) => {
-            login_and_serve(stream, true, buf, params, shared, peer, deadline).await
+            login_and_serve(stream, true, buf, params, &shared, door, &mut logging_in).await
         }
         Ok(Negotiated::Done) => {}
         Err(e) => refused(&shared, peer, &e),
     }
+}
+
+/// Where a connection came from and until when it may log in.
+struct Door {
+    peer: std::net::SocketAddr,
+    deadline: tokio::time::Instant,
+    timeout: std::time::Duration,
 }
 
 /// A connection that did not get as far as a session.
@@ -89,15 +147,18 @@ async fn login_and_serve<S: AsyncRead + AsyncWrite + Unpin>(
     tls: bool,
     mut buf: BytesMut,
     params: negotiate::Params,
-    shared: Arc<Shared>,
-    peer: std::net::SocketAddr,
-    deadline: tokio::time::Instant,
+    shared: &Arc<Shared>,
+    door: Door,
+    logging_in: &mut LoggingIn<'_>,
 ) {
-    let login = handshake::login(&mut stream, &mut buf, &shared, params);
-    let login = match handshake::bounded(deadline, login).await {
+    let peer = door.peer;
+    let login = handshake::login(&mut stream, &mut buf, shared, params);
+    let login = match handshake::bounded(door.deadline, door.timeout, login).await {
         Ok(login) => login,
-        Err(e) => return refused(&shared, peer, &e),
+        Err(e) => return refused(shared, peer, &e),
     };
+    logging_in.leave();
+    let shared = shared.clone();
     Stats::count(&shared.stats.clients_accepted);
     let id = login.id;
     tracing::debug!(%peer, user = %login.user, client = id, "client logged in");

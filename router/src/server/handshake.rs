@@ -3,8 +3,8 @@
 //! BackendKeyData, ReadyForQuery); also the packet reading both share, and cancel requests.
 //!
 //! The whole handshake, negotiation and TLS included, is bounded by one deadline
-//! ([`HANDSHAKE_TIMEOUT`]), like Postgres's `authentication_timeout`, so a client that connects
-//! and says nothing cannot hold a slot.
+//! (`[limits] login_timeout_ms`, see [`bounded`]), like Postgres's `authentication_timeout`, so
+//! a client that connects and says nothing cannot hold a slot.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,8 +20,6 @@ use crate::errors;
 use crate::protocol::frame::next_frame;
 use crate::protocol::reply::{self, SqlError, TxStatus};
 use crate::protocol::startup::{self, Startup};
-
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The database name of the admin console.
 pub const ADMIN_DATABASE: &str = "shardgate";
@@ -50,14 +48,15 @@ pub enum HandshakeError {
 }
 
 /// Runs `step` until `deadline` (the one deadline of a client's whole handshake, TLS
-/// included).
+/// included; `timeout` is how long it was, for the message).
 pub async fn bounded<T>(
     deadline: tokio::time::Instant,
+    timeout: Duration,
     step: impl std::future::Future<Output = Result<T, HandshakeError>>,
 ) -> Result<T, HandshakeError> {
     match tokio::time::timeout_at(deadline, step).await {
         Ok(r) => r,
-        Err(_) => Err(HandshakeError::Timeout(HANDSHAKE_TIMEOUT)),
+        Err(_) => Err(HandshakeError::Timeout(timeout)),
     }
 }
 

@@ -75,16 +75,29 @@ impl Lifecycle {
     }
 }
 
+/// The signals the router handles, installed before it binds its address: without a handler
+/// `SIGHUP` terminates a process, so one sent while the router starts (say, by a deploy tool
+/// reloading a fleet) would kill it. A signal that arrives before [`control`] runs waits for
+/// it.
+pub struct Signals {
+    hup: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Installs the handlers; must run inside a tokio runtime (the main thread's).
+    pub fn install() -> std::io::Result<Signals> {
+        Ok(Signals {
+            hup: signal(SignalKind::hangup())?,
+            term: signal(SignalKind::terminate())?,
+        })
+    }
+}
+
 /// Runs on the main thread until the router has drained: reloads on `SIGHUP` (and on changed
 /// files, when watched), drains on `SIGTERM`, Ctrl-C or `SHUTDOWN`.
-pub async fn control(shared: Arc<Shared>) {
-    let (Ok(mut hup), Ok(mut term)) = (
-        signal(SignalKind::hangup()),
-        signal(SignalKind::terminate()),
-    ) else {
-        tracing::error!("cannot install the signal handlers; stopping");
-        return;
-    };
+pub async fn control(shared: Arc<Shared>, signals: Signals) {
+    let Signals { mut hup, mut term } = signals;
     let mut phase = shared.lifecycle.subscribe();
     let mut watched = files(&shared);
     let mut tick = tokio::time::interval(shared.routing().config.reload.watch_interval);

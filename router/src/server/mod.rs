@@ -19,6 +19,7 @@ mod hold;
 pub mod http;
 pub mod lifecycle;
 mod negotiate;
+mod nofile;
 pub mod pause;
 mod probe;
 mod routing;
@@ -41,7 +42,8 @@ pub fn load(config_path: &Path, workers: usize) -> Result<Shared, String> {
 
 /// Fails when something else listens on `addr` already. The router's own sockets share the
 /// port (SO_REUSEPORT), and so would another process's of the same user, silently taking
-/// half the clients; a plain bind first makes that an "address in use" at start.
+/// half the clients; a plain bind first makes that an "address in use" at start. Skipped only
+/// with `reuse_port = true` in the config.
 fn ensure_free(addr: SocketAddr) -> std::io::Result<()> {
     use socket2::{Domain, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
@@ -65,10 +67,31 @@ fn listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
 /// [`lifecycle`]). Binds every worker's socket before it starts, so an address in use is
 /// reported at once.
 pub fn run(shared: Shared) -> Result<(), String> {
+    // The main thread's runtime, and the signal handlers, before anything else: from here on
+    // a SIGHUP is a reload (queued until the router is ready), never the default "terminate".
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let signals = {
+        let _in_runtime = rt.enter();
+        lifecycle::Signals::install()
+            .map_err(|e| format!("cannot install the signal handlers: {e}"))?
+    };
+    nofile::raise();
     let routing = shared.routing();
     let listen = routing.config.listen;
     let workers = shared.workers();
-    let listeners: Vec<std::net::TcpListener> = ensure_free(listen)
+    let free = if routing.config.reuse_port {
+        tracing::warn!(
+            %listen,
+            "reuse_port = true: another process may listen on this address too, and the kernel then spreads new clients over both"
+        );
+        Ok(())
+    } else {
+        ensure_free(listen)
+    };
+    let listeners: Vec<std::net::TcpListener> = free
         .and_then(|()| (0..workers).map(|_| listener(listen)).collect())
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     let http = routing.config.http.map(http::bind).transpose()?;
@@ -101,16 +124,12 @@ pub fn run(shared: Shared) -> Result<(), String> {
         "shardgate is ready"
     );
     drop(routing);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the runtime: {e}"))?;
     rt.block_on(async move {
         tokio::spawn(probe::run(shared.clone()));
         if let Some(listener) = http {
             tokio::spawn(http::serve(listener, shared.clone()));
         }
-        lifecycle::control(shared).await
+        lifecycle::control(shared, signals).await
     });
     tracing::info!("shutting down");
     Ok(())

@@ -65,6 +65,8 @@ pub struct Shared {
     pub pauses: Arc<super::pause::Pauses>,
     /// Every shard of the map has answered once since the start (`/ready`).
     ready: AtomicBool,
+    /// Connections accepted that have not finished logging in (`[limits] max_logins`).
+    pub logins: AtomicUsize,
 }
 
 /// What a reload did.
@@ -105,6 +107,7 @@ impl Shared {
             health,
             pauses,
             ready: AtomicBool::new(false),
+            logins: AtomicUsize::new(0),
         }
     }
 
@@ -196,6 +199,13 @@ impl Shared {
                 show(current.config.http)
             ));
             config.http = current.config.http;
+        }
+        if config.reuse_port != current.config.reuse_port {
+            restart.push(format!(
+                "reuse_port {} (still {} until a restart)",
+                config.reuse_port, current.config.reuse_port
+            ));
+            config.reuse_port = current.config.reuse_port;
         }
         let generation = current.generation + 1;
         let (old_version, shards) = (current.map.version(), map.shards().len());

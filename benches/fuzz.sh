@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Long mode of the router's randomized parser tests (router/src/fuzz): N cases per target
+# (default 1,120,000 for each of the 9 targets = 10.08M inputs), with an optional seed.
+#   benches/fuzz.sh [CASES_PER_TARGET] [SEED]
+# Prints each target's count and time; a failure prints the seed and case to replay with
+# SHARDGATE_FUZZ_SEED=S SHARDGATE_FUZZ_CASE=N cargo test -p shardgate --lib fuzz::  (SHARDGATE_FUZZ_PROFILE=release for an optimized build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export SHARDGATE_FUZZ_CASES="${1:-1120000}"
+[ -n "${2:-}" ] && export SHARDGATE_FUZZ_SEED="$2"
+exec cargo test -p shardgate ${SHARDGATE_FUZZ_PROFILE:+--profile "$SHARDGATE_FUZZ_PROFILE"} --lib fuzz:: -- --nocapture --test-threads 2
