@@ -77,6 +77,10 @@ pub(super) struct RawLimits {
     pub(super) slow_statement_ms: Option<Spanned<i64>>,
     pub(super) allow_scatter_writes: Option<bool>,
     pub(super) max_merge_groups: Option<Spanned<i64>>,
+    pub(super) max_merge_bytes: Option<Spanned<i64>>,
+    pub(super) merge_memory_bytes: Option<Spanned<i64>>,
+    pub(super) plan_cache_bytes: Option<Spanned<i64>>,
+    pub(super) max_message_bytes: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize, Default)]

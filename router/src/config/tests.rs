@@ -120,6 +120,10 @@ listen = "127.0.0.1:9930"
             slow_statement: Some(Duration::from_millis(250)),
             allow_scatter_writes: false,
             max_merge_groups: 1_000_000,
+            max_merge_bytes: 64 << 20,
+            merge_memory_bytes: 256 << 20,
+            plan_cache_bytes: 64 << 20,
+            max_message_bytes: 64 << 20,
         }
     );
     // No password, plain or backend, is printed by Debug.
@@ -182,6 +186,10 @@ fn defaults() {
             slow_statement: Some(Duration::from_secs(1)),
             allow_scatter_writes: false,
             max_merge_groups: 1_000_000,
+            max_merge_bytes: 64 << 20,
+            merge_memory_bytes: 256 << 20,
+            plan_cache_bytes: 64 << 20,
+            max_message_bytes: 64 << 20,
         }
     );
 }

@@ -93,6 +93,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     asked,
                     text_bytewise: self.routing.text_bytewise(),
                     max_groups: self.routing.config.limits.max_merge_groups,
+                    max_bytes: self.routing.config.limits.max_merge_bytes,
+                    router_bytes: self.routing.config.limits.merge_memory_bytes,
                 };
                 multishard::merged::run(&mut self.client, receivers, &m).await
             }
