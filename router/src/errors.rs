@@ -192,3 +192,12 @@ pub fn held_too_long(limit: usize) -> SqlError {
     )
     .with_hint("send a Sync more often")
 }
+
+/// `54000`: a COPY row (split by key across shards) longer than `limits.max_message_bytes`;
+/// the COPY fails on every shard and the session goes on.
+pub fn copy_row_too_long(limit: usize) -> SqlError {
+    SqlError::new(
+        PROGRAM_LIMIT_EXCEEDED,
+        format!("a COPY row is longer than the router holds ({limit} bytes, limits.max_message_bytes); nothing was copied"),
+    )
+}

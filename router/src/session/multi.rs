@@ -178,6 +178,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         .map_err(|e| match e {
             copy_in::ClientFailed::Io(e) => SessionError::Client(e),
             copy_in::ClientFailed::Protocol(why) => SessionError::Protocol(why),
+            copy_in::ClientFailed::TooLong { len, limit } => SessionError::TooLong { len, limit },
         })
     }
 
