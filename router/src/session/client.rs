@@ -112,6 +112,27 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientIo<S> {
         Ok(())
     }
 
+    /// Reads and drops the rest of a message refused as too long, at most `within`, so that
+    /// the client, still writing it, gets to read the error instead of a reset connection.
+    /// Nothing of it is held: it goes through a small buffer.
+    pub async fn discard_refused(&mut self, within: std::time::Duration) {
+        let Some(total) = self.announced() else {
+            return;
+        };
+        let mut left = total.saturating_sub(self.rbuf.len());
+        self.rbuf = BytesMut::new();
+        let mut scratch = [0u8; 16 * 1024];
+        let drain = async {
+            while left > 0 {
+                match self.stream.read(&mut scratch).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => left = left.saturating_sub(n),
+                }
+            }
+        };
+        let _ = tokio::time::timeout(within, drain).await;
+    }
+
     /// Gives back what the buffers grew to for a long message, once it is handled (a few
     /// comparisons when nothing grew).
     pub fn trim(&mut self) {

@@ -167,6 +167,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             err.severity = "FATAL";
             err.write(&mut self.client.out);
             let _ = self.client.flush().await;
+            self.client
+                .discard_refused(std::time::Duration::from_secs(2))
+                .await;
         }
         self.release_at_exit();
         result
