@@ -102,6 +102,46 @@ async fn a_grouped_merge_over_max_merge_bytes_is_refused_and_all_goes_on() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sorted_merge_over_max_merge_bytes_is_refused() {
+    let env = env();
+    let client = env.router.connect().await;
+    // Two 600 KB rows on two shards: the sorted merge buffers both (1.2 MB, over 1 MB).
+    let (a, b) = (env.key_on(0, 23_000_000), env.key_on(1, 23_000_000));
+    let wide = "w".repeat(600 * 1024);
+    for id in [a, b] {
+        client
+            .execute("INSERT INTO kv (id, v) VALUES ($1, $2)", &[&id, &wide])
+            .await
+            .expect("insert");
+    }
+    let sorted = "SELECT id, v FROM kv WHERE id >= 23000000 AND id < 23100000 ORDER BY id";
+    let err = client
+        .simple_query(sorted)
+        .await
+        .expect_err("over max_merge_bytes");
+    assert_eq!(sqlstate(&err), "54000", "{err:?}");
+    let message = err
+        .as_db_error()
+        .expect("a database error")
+        .message()
+        .to_string();
+    assert!(message.contains("limits.max_merge_bytes"), "{message}");
+    // The same rows without the wide column are within it.
+    let narrow = "SELECT id FROM kv WHERE id >= 23000000 AND id < 23100000 ORDER BY id";
+    let got = rows(
+        &client
+            .simple_query(narrow)
+            .await
+            .expect("a narrow sorted read"),
+    );
+    let want: Vec<Vec<String>> = [a.min(b), a.max(b)]
+        .iter()
+        .map(|id| vec![id.to_string()])
+        .collect();
+    assert_eq!(got, want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_router_wide_merge_budget_is_named_and_given_back() {
     let env = env();
     // A router whose reads together may hold 4 KiB, while one read alone may hold 64 MiB.

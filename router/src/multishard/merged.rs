@@ -79,12 +79,14 @@ fn held(streams: &[Stream]) -> usize {
 
 impl Stream {
     /// Receives until a row is buffered or the shard is done; shard 0 also fills `desc`.
+    /// `true` when something was received (the bytes held may have grown).
     async fn fill(
         &mut self,
         desc: Option<&mut Descriptions>,
         extended: bool,
-    ) -> Result<(), Failure> {
+    ) -> Result<bool, Failure> {
         let mut desc = desc;
+        let mut received = false;
         while self.rows.is_empty() && !self.done {
             let chunk = match self.rx.recv().await {
                 Some(Ok(chunk)) => chunk,
@@ -96,6 +98,7 @@ impl Stream {
                     )))
                 }
             };
+            received = true;
             for frame in frames(&chunk).map_while(Result::ok) {
                 match frame[0] {
                     b'D' => {
@@ -121,7 +124,7 @@ impl Stream {
                 }
             }
         }
-        Ok(())
+        Ok(received)
     }
 }
 
@@ -233,6 +236,8 @@ async fn sorted<S: AsyncRead + AsyncWrite + Unpin>(
     }
     let order = order;
     merge::check_sortable(&order, &columns, m.text_bytewise)?;
+    // Every shard's first rows are buffered now.
+    budget.hold(held(streams)).map_err(Failure::Router)?;
     if extended {
         answer_asked(&mut client.out, asked, &desc.statement, &desc.portal);
     } else {
@@ -264,8 +269,10 @@ async fn sorted<S: AsyncRead + AsyncWrite + Unpin>(
                 sent += 1;
             }
         }
-        streams[i].fill(None, extended).await?;
-        budget.hold(held(streams)).map_err(Failure::Router)?;
+        if streams[i].fill(None, extended).await? {
+            // Once per chunk a shard sent, not per row.
+            budget.hold(held(streams)).map_err(Failure::Router)?;
+        }
         flush_if_full(client).await?;
     }
     reply::command_complete(&mut client.out, &format!("SELECT {sent}"));
