@@ -44,10 +44,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientIo<S> {
         }
     }
 
-    /// The length (tag included) of the message at the front of `rbuf`, once its header is in.
+    /// The length (tag included) of the message at the front of `rbuf`, once its header is in
+    /// (a negative length is left to [`next_frame`] to refuse as a protocol violation).
     fn announced(&self) -> Option<usize> {
         let b = self.rbuf.get(..5)?;
-        Some(u32::from_be_bytes([b[1], b[2], b[3], b[4]]) as usize + 1)
+        let len = i32::from_be_bytes([b[1], b[2], b[3], b[4]]);
+        usize::try_from(len).ok().map(|len| len + 1)
     }
 
     /// The next whole message the client sent, if it has arrived.
