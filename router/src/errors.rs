@@ -190,3 +190,42 @@ pub fn too_many_logins(max: usize) -> SqlError {
         "retry in a moment; if this persists, raise [limits] max_logins or lower [limits] login_timeout_ms in the router config",
     )
 }
+
+/// `54000`: a merged read across shards would hold more than `limit` bytes in the router;
+/// `setting` names the limit (`limits.max_merge_bytes` for one read,
+/// `limits.merge_memory_bytes` for all reads together).
+pub fn merge_memory(setting: &str, limit: usize) -> SqlError {
+    SqlError::new(
+        PROGRAM_LIMIT_EXCEEDED,
+        format!("this read across shards needs more than {limit} bytes of router memory to combine ({setting})"),
+    )
+    .with_hint("narrow the read (fewer or shorter groups, a LIMIT the shards can apply), or group by the shard key so that each group lives on one shard")
+}
+
+/// `54000`: a client message longer than `limits.max_message_bytes`.
+pub fn message_too_long(len: usize, limit: usize) -> SqlError {
+    SqlError::new(
+        PROGRAM_LIMIT_EXCEEDED,
+        format!("a message of {len} bytes is longer than the router allows ({limit} bytes, limits.max_message_bytes); the connection is closed"),
+    )
+    .with_hint("send less in one message, e.g. split a long statement or use COPY for bulk data")
+}
+
+/// `54000`: the extended-protocol messages held for one batch (until a Bind names a shard)
+/// passed `limits.max_message_bytes`.
+pub fn held_too_long(limit: usize) -> SqlError {
+    SqlError::new(
+        PROGRAM_LIMIT_EXCEEDED,
+        format!("the messages of this batch held before its Sync are more than {limit} bytes (limits.max_message_bytes)"),
+    )
+    .with_hint("send a Sync more often")
+}
+
+/// `54000`: a COPY row (split by key across shards) longer than `limits.max_message_bytes`;
+/// the COPY fails on every shard and the session goes on.
+pub fn copy_row_too_long(limit: usize) -> SqlError {
+    SqlError::new(
+        PROGRAM_LIMIT_EXCEEDED,
+        format!("a COPY row is longer than the router holds ({limit} bytes, limits.max_message_bytes); nothing was copied"),
+    )
+}

@@ -124,6 +124,18 @@ async fn admin_console_shows_what_runs_and_controls_the_router() {
         "5000"
     );
     assert_eq!(row(&config, "key", "listen")["changeable"], "no");
+    // The byte limits, at their defaults.
+    for key in [
+        "limits.max_merge_bytes",
+        "limits.plan_cache_bytes",
+        "limits.max_message_bytes",
+    ] {
+        assert_eq!(row(&config, "key", key)["value"], "67108864", "{key}");
+    }
+    assert_eq!(
+        row(&config, "key", "limits.merge_memory_bytes")["value"],
+        "268435456"
+    );
 
     // PAUSE waits for the transaction on the shard to finish.
     let pausing = {

@@ -421,6 +421,22 @@ pub fn config(shared: &Shared) -> Table {
         ),
         ("limits.max_logins", c.limits.max_logins.to_string()),
         ("limits.login_timeout_ms", ms(c.limits.login_timeout)),
+        (
+            "limits.max_merge_bytes",
+            c.limits.max_merge_bytes.to_string(),
+        ),
+        (
+            "limits.merge_memory_bytes",
+            c.limits.merge_memory_bytes.to_string(),
+        ),
+        (
+            "limits.plan_cache_bytes",
+            c.limits.plan_cache_bytes.to_string(),
+        ),
+        (
+            "limits.max_message_bytes",
+            c.limits.max_message_bytes.to_string(),
+        ),
         ("shutdown.drain_grace_ms", ms(c.shutdown.drain_grace)),
         ("shutdown.drain_timeout_ms", ms(c.shutdown.drain_timeout)),
         ("reload.watch", c.reload.watch.to_string()),

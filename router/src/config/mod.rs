@@ -274,6 +274,21 @@ pub struct Limits {
     /// included, like Postgres's `authentication_timeout`) before it is closed. Default 10000;
     /// more than 0.
     pub login_timeout: Duration,
+    /// `max_merge_bytes`: the bytes one merged read across shards (grouped or sorted) may hold
+    /// in the router; more is refused with `54000`. Default 64 MiB; at least 1024.
+    pub max_merge_bytes: usize,
+    /// `merge_memory_bytes`: the bytes all merged reads in progress together may hold; the read
+    /// that would pass it is refused with `54000`. Default 256 MiB; at least 1024.
+    pub merge_memory_bytes: usize,
+    /// `plan_cache_bytes`: the bytes of statement text (plus a fixed cost per entry) the
+    /// shared plan cache may keep, besides `plan_cache_size` entries. Default 64 MiB; 0 = no
+    /// cache. Texts longer than [`crate::planner::MAX_CACHED_TEXT`] are never cached.
+    pub plan_cache_bytes: usize,
+    /// `max_message_bytes`: the longest message a client may send (a Query, a Parse, a Bind,
+    /// a CopyData); a longer one is refused with `54000` and the connection is closed without
+    /// reading it. It also bounds the extended-protocol messages held for one batch. Default
+    /// 64 MiB (Postgres allows 1 GiB); at least 1024.
+    pub max_message_bytes: usize,
 }
 
 /// `[shutdown]`: on SIGTERM (or Ctrl-C) the router drains: `/ready` says no at once, clients

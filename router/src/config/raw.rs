@@ -82,6 +82,10 @@ pub(super) struct RawLimits {
     pub(super) max_merge_groups: Option<Spanned<i64>>,
     pub(super) max_logins: Option<Spanned<i64>>,
     pub(super) login_timeout_ms: Option<Spanned<i64>>,
+    pub(super) max_merge_bytes: Option<Spanned<i64>>,
+    pub(super) merge_memory_bytes: Option<Spanned<i64>>,
+    pub(super) plan_cache_bytes: Option<Spanned<i64>>,
+    pub(super) max_message_bytes: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize, Default)]

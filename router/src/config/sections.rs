@@ -444,6 +444,20 @@ pub(super) fn limits(l: &RawLimits, check: &mut Checker<'_>) -> Limits {
         max_merge_groups: check.count(&l.max_merge_groups, "limits.max_merge_groups", 1_000_000, 1),
         max_logins: check.count(&l.max_logins, "limits.max_logins", 1000, 1),
         login_timeout: check.timeout(&l.login_timeout_ms, "limits.login_timeout_ms", 10_000),
+        max_merge_bytes: check.count(&l.max_merge_bytes, "limits.max_merge_bytes", 64 << 20, 1024),
+        merge_memory_bytes: check.count(
+            &l.merge_memory_bytes,
+            "limits.merge_memory_bytes",
+            256 << 20,
+            1024,
+        ),
+        plan_cache_bytes: check.count(&l.plan_cache_bytes, "limits.plan_cache_bytes", 64 << 20, 0),
+        max_message_bytes: check.count(
+            &l.max_message_bytes,
+            "limits.max_message_bytes",
+            64 << 20,
+            1024,
+        ),
     }
 }
 

@@ -122,6 +122,10 @@ listen = "127.0.0.1:9930"
             max_merge_groups: 1_000_000,
             max_logins: 1000,
             login_timeout: Duration::from_secs(10),
+            max_merge_bytes: 64 << 20,
+            merge_memory_bytes: 256 << 20,
+            plan_cache_bytes: 64 << 20,
+            max_message_bytes: 64 << 20,
         }
     );
     // No password, plain or backend, is printed by Debug.
@@ -187,6 +191,10 @@ fn defaults() {
             max_merge_groups: 1_000_000,
             max_logins: 1000,
             login_timeout: Duration::from_secs(10),
+            max_merge_bytes: 64 << 20,
+            merge_memory_bytes: 256 << 20,
+            plan_cache_bytes: 64 << 20,
+            max_message_bytes: 64 << 20,
         }
     );
 }

@@ -83,9 +83,15 @@ enum Acc {
 /// A group: its key values as first seen, and one accumulator per output column.
 #[derive(Debug, Clone)]
 struct Group {
-    keys: Vec<Option<Vec<u8>>>,
+    /// `None` when they equal the group's index key (all but trimmed `bpchar` keys): a key is
+    /// then kept once, not twice, which halves the memory of wide keys.
+    keys: Option<Vec<Option<Vec<u8>>>>,
     accs: Vec<Acc>,
 }
+
+/// What one group costs besides its key and value bytes: the group, its accumulators, the
+/// index entry and the vectors' headers, rounded up (an estimate for the memory limits).
+const GROUP_OVERHEAD: usize = 160;
 
 /// Merges the shards' grouped rows; see the module documentation.
 #[derive(Debug)]
@@ -96,6 +102,8 @@ pub struct GroupMerge {
     /// Group index by normalized key (bpchar without trailing spaces).
     index: HashMap<Vec<Option<Vec<u8>>>, usize>,
     groups: Vec<Group>,
+    /// The bytes held so far (an estimate: keys, kept values and a cost per group).
+    held: usize,
 }
 
 const OVERFLOW_BIGINT: &str = "bigint out of range";
@@ -133,12 +141,18 @@ impl GroupMerge {
             text_bytewise,
             index: HashMap::new(),
             groups: Vec::new(),
+            held: 0,
         })
     }
 
     /// How many groups are held so far.
     pub fn groups(&self) -> usize {
         self.groups.len()
+    }
+
+    /// The bytes held so far (an estimate, for `limits.max_merge_bytes`).
+    pub fn held_bytes(&self) -> usize {
+        self.held
     }
 
     /// Folds one shard DataRow body into its group.
@@ -156,14 +170,19 @@ impl GroupMerge {
         let g = match self.index.get(&norm) {
             Some(&g) => g,
             None => {
-                let keys = self
-                    .plans
+                let originals = self.plans.iter().filter_map(|p| match *p {
+                    Plan::Key(i) => Some(fields[i]),
+                    _ => None,
+                });
+                let same = originals.clone().zip(&norm).all(|(o, n)| o == n.as_deref());
+                let keys = (!same).then(|| originals.map(|v| v.map(<[u8]>::to_vec)).collect());
+                let key_bytes: usize = norm
                     .iter()
-                    .filter_map(|p| match *p {
-                        Plan::Key(i) => Some(fields[i].map(<[u8]>::to_vec)),
-                        _ => None,
-                    })
-                    .collect();
+                    .map(|k| k.as_ref().map_or(8, |k| k.len() + 24))
+                    .sum();
+                self.held += GROUP_OVERHEAD
+                    + self.plans.len() * std::mem::size_of::<Acc>()
+                    + if same { key_bytes } else { 2 * key_bytes };
                 self.new_group(keys);
                 self.index.insert(norm, self.groups.len() - 1);
                 self.groups.len() - 1
@@ -172,7 +191,7 @@ impl GroupMerge {
         let cols = &self.shard_columns;
         let group = &mut self.groups[g];
         for (plan, acc) in self.plans.iter().zip(group.accs.iter_mut()) {
-            accumulate(*plan, acc, &fields, cols)?;
+            self.held += accumulate(*plan, acc, &fields, cols)?;
         }
         Ok(())
     }
@@ -203,17 +222,36 @@ impl GroupMerge {
     /// Appends the merged rows to `out` as whole DataRow frames (tag, length, body), sorted by
     /// `keys` (in terms of output columns) when given, else in first-seen order. Returns the
     /// number of rows.
-    pub fn finish(mut self, keys: &[SortKey], out: &mut Vec<u8>) -> Result<u64, MergeError> {
+    pub fn finish(self, keys: &[SortKey], out: &mut Vec<u8>) -> Result<u64, MergeError> {
+        let rows = self.finish_rows(keys)?;
+        for r in &rows {
+            row::write_data_row_frame(r, out);
+        }
+        Ok(rows.len() as u64)
+    }
+
+    /// The merged DataRow bodies, sorted as [`GroupMerge::finish`] sorts them. Each group is
+    /// freed as its row is made, so the groups and their rows are not held twice.
+    pub fn finish_rows(mut self, keys: &[SortKey]) -> Result<Vec<Vec<u8>>, MergeError> {
         let out_cols = self.output_columns();
         check_sortable(keys, &out_cols, self.text_bytewise)?;
         let plain_aggregate = !self.plans.iter().any(|p| matches!(p, Plan::Key(_)));
         if plain_aggregate && self.groups.is_empty() {
             // No shard row at all: still one row, of zero counts and NULLs.
-            self.new_group(Vec::new());
+            self.new_group(Some(Vec::new()));
         }
-        let mut rows = Vec::with_capacity(self.groups.len());
-        for g in &self.groups {
-            rows.push(self.output_row(g)?);
+        // The keys kept only in the index go back to their groups.
+        let mut index_keys: Vec<Option<Vec<Option<Vec<u8>>>>> = vec![None; self.groups.len()];
+        for (k, g) in std::mem::take(&mut self.index) {
+            if let Some(slot) = index_keys.get_mut(g) {
+                *slot = Some(k);
+            }
+        }
+        let groups = std::mem::take(&mut self.groups);
+        let mut rows = Vec::with_capacity(groups.len());
+        for (g, index_key) in groups.into_iter().zip(index_keys) {
+            let keys = g.keys.as_deref().or(index_key.as_deref()).unwrap_or(&[]);
+            rows.push(self.output_row(keys, &g.accs)?);
         }
         if !keys.is_empty() {
             let mut failure = None;
@@ -227,10 +265,7 @@ impl GroupMerge {
                 return Err(e);
             }
         }
-        for r in &rows {
-            row::write_data_row_frame(r, out);
-        }
-        Ok(rows.len() as u64)
+        Ok(rows)
     }
 
     fn normalize_key<'a>(&self, column: usize, v: &'a [u8]) -> &'a [u8] {
@@ -240,7 +275,7 @@ impl GroupMerge {
         }
     }
 
-    fn new_group(&mut self, keys: Vec<Option<Vec<u8>>>) {
+    fn new_group(&mut self, keys: Option<Vec<Option<Vec<u8>>>>) {
         let accs = self
             .plans
             .iter()
@@ -286,10 +321,10 @@ impl GroupMerge {
             .collect()
     }
 
-    fn output_row(&self, g: &Group) -> Result<Vec<u8>, MergeError> {
-        let mut keys = g.keys.iter();
+    fn output_row(&self, keys: &[Option<Vec<u8>>], accs: &[Acc]) -> Result<Vec<u8>, MergeError> {
+        let mut keys = keys.iter();
         let mut values: Vec<Option<Vec<u8>>> = Vec::with_capacity(self.plans.len());
-        for (plan, acc) in self.plans.iter().zip(&g.accs) {
+        for (plan, acc) in self.plans.iter().zip(accs) {
             let binary = |i: usize| self.shard_columns[i].binary;
             let v = match (*plan, acc) {
                 (Plan::Key(_), _) => keys.next().cloned().flatten(),
@@ -457,7 +492,9 @@ fn accumulate(
     acc: &mut Acc,
     fields: &[Option<&[u8]>],
     cols: &[Column],
-) -> Result<(), MergeError> {
+) -> Result<usize, MergeError> {
+    // The bytes a kept value grew by (only min/max keep bytes of their own).
+    let mut grew = 0;
     let kind_of = |i: usize| Kind::of(cols[i].type_oid).unwrap_or(Kind::Int8);
     match (plan, acc) {
         (Plan::Key(_), _) => {}
@@ -521,6 +558,7 @@ fn accumulate(
                     }
                 };
                 if better {
+                    grew = v.len().saturating_sub(best.as_ref().map_or(0, Vec::len));
                     *best = Some(v.to_vec());
                 }
             }
@@ -564,7 +602,7 @@ fn accumulate(
         }
         _ => return Err("internal error: aggregate state mismatch".into()),
     }
-    Ok(())
+    Ok(grew)
 }
 
 fn count_value(v: Option<&[u8]>, col: &Column) -> Result<i128, MergeError> {

@@ -29,6 +29,11 @@ const BATCH: usize = 64 * 1024;
 pub enum ClientFailed {
     Io(std::io::Error),
     Protocol(String),
+    /// A message longer than `limits.max_message_bytes`.
+    TooLong {
+        len: usize,
+        limit: usize,
+    },
 }
 
 /// Runs the client's COPY FROM STDIN statement `sql` split by key, and writes the client's
@@ -81,10 +86,20 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
             Err(crate::session::ClientError::Protocol(e)) => {
                 return abandon(&mut targets, ClientFailed::Protocol(e.to_string()))
             }
+            Err(crate::session::ClientError::TooLong { len, limit }) => {
+                return abandon(&mut targets, ClientFailed::TooLong { len, limit })
+            }
         };
         let tag = frame[0];
         match tag {
-            b'd' => rows.feed(&frame[5..], |row| batch.push(row.to_vec())),
+            b'd' => {
+                rows.feed(&frame[5..], |row| batch.push(row.to_vec()));
+                // A row that never ends would grow without bound: it is bounded like a message.
+                if rows.pending_len() > client.max_message {
+                    rows.abandon();
+                    failure.get_or_insert_with(|| errors::copy_row_too_long(client.max_message));
+                }
+            }
             b'c' => rows.finish(|row| batch.push(row.to_vec())),
             b'f' => {
                 let body = &frame[5..];

@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 
+use super::budget::Budget;
 use super::fanout::Chunk;
 use super::gather::answer_asked;
 use crate::errors;
@@ -58,17 +59,34 @@ struct Descriptions {
 struct Stream {
     rx: mpsc::Receiver<Chunk>,
     rows: VecDeque<Vec<u8>>,
+    /// The bytes of `rows`.
+    held: usize,
     done: bool,
 }
 
 impl Stream {
+    fn pop(&mut self) -> Option<Vec<u8>> {
+        let row = self.rows.pop_front()?;
+        self.held -= row.len();
+        Some(row)
+    }
+}
+
+/// The bytes every stream holds, as the budget sees them.
+fn held(streams: &[Stream]) -> usize {
+    streams.iter().map(|s| s.held).sum()
+}
+
+impl Stream {
     /// Receives until a row is buffered or the shard is done; shard 0 also fills `desc`.
+    /// `true` when something was received (the bytes held may have grown).
     async fn fill(
         &mut self,
         desc: Option<&mut Descriptions>,
         extended: bool,
-    ) -> Result<(), Failure> {
+    ) -> Result<bool, Failure> {
         let mut desc = desc;
+        let mut received = false;
         while self.rows.is_empty() && !self.done {
             let chunk = match self.rx.recv().await {
                 Some(Ok(chunk)) => chunk,
@@ -80,9 +98,13 @@ impl Stream {
                     )))
                 }
             };
+            received = true;
             for frame in frames(&chunk).map_while(Result::ok) {
                 match frame[0] {
-                    b'D' => self.rows.push_back(frame.to_vec()),
+                    b'D' => {
+                        self.held += frame.len();
+                        self.rows.push_back(frame.to_vec());
+                    }
                     b'E' => return Err(Failure::Frame(frame.to_vec())),
                     b'Z' => self.done = true,
                     b't' | b'T' | b'n' => {
@@ -102,7 +124,7 @@ impl Stream {
                 }
             }
         }
-        Ok(())
+        Ok(received)
     }
 }
 
@@ -117,6 +139,10 @@ pub struct Merging<'a> {
     pub text_bytewise: bool,
     /// The most groups the router may hold while it combines them.
     pub max_groups: usize,
+    /// The most bytes this read may hold (`limits.max_merge_bytes`).
+    pub max_bytes: usize,
+    /// The most bytes all merged reads may hold (`limits.merge_memory_bytes`).
+    pub router_bytes: usize,
 }
 
 /// Runs a merged read (see the module doc) over the shards' answers and writes the client's
@@ -131,15 +157,22 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
         .map(|rx| Stream {
             rx,
             rows: VecDeque::new(),
+            held: 0,
             done: false,
         })
         .collect();
     let extended = !m.asked.is_empty();
+    let mut budget = Budget::new(m.max_bytes, m.router_bytes);
     let result = match start_streams(&mut streams, extended).await {
         Err(e) => Err(e),
-        Ok(desc) if m.plan.group.is_some() => grouped(client, &mut streams, desc, m).await,
-        Ok(desc) => sorted(client, &mut streams, desc, m).await,
+        Ok(desc) if m.plan.group.is_some() => {
+            grouped(client, &mut streams, desc, m, &mut budget).await
+        }
+        Ok(desc) => sorted(client, &mut streams, desc, m, &mut budget).await,
     };
+    // The read's bytes go back to the router-wide budget before the client is answered.
+    drop(budget);
+    drop(streams);
     match result {
         Ok(()) => Ok(false),
         Err(Failure::Frame(frame)) => {
@@ -174,6 +207,7 @@ async fn sorted<S: AsyncRead + AsyncWrite + Unpin>(
     streams: &mut [Stream],
     desc: Descriptions,
     m: &Merging<'_>,
+    budget: &mut Budget,
 ) -> Result<(), Failure> {
     let (plan, limit, offset, asked) = (m.plan, m.limit, m.offset, m.asked);
     let extended = !asked.is_empty();
@@ -202,6 +236,8 @@ async fn sorted<S: AsyncRead + AsyncWrite + Unpin>(
     }
     let order = order;
     merge::check_sortable(&order, &columns, m.text_bytewise)?;
+    // Every shard's first rows are buffered now.
+    budget.hold(held(streams)).map_err(Failure::Router)?;
     if extended {
         answer_asked(&mut client.out, asked, &desc.statement, &desc.portal);
     } else {
@@ -225,7 +261,7 @@ async fn sorted<S: AsyncRead + AsyncWrite + Unpin>(
             }
         }
         let Some(i) = best else { break };
-        if let Some(row) = streams[i].rows.pop_front() {
+        if let Some(row) = streams[i].pop() {
             if skipped < offset {
                 skipped += 1;
             } else {
@@ -233,7 +269,10 @@ async fn sorted<S: AsyncRead + AsyncWrite + Unpin>(
                 sent += 1;
             }
         }
-        streams[i].fill(None, extended).await?;
+        if streams[i].fill(None, extended).await? {
+            // Once per chunk a shard sent, not per row.
+            budget.hold(held(streams)).map_err(Failure::Router)?;
+        }
         flush_if_full(client).await?;
     }
     reply::command_complete(&mut client.out, &format!("SELECT {sent}"));
@@ -245,6 +284,7 @@ async fn grouped<S: AsyncRead + AsyncWrite + Unpin>(
     streams: &mut [Stream],
     desc: Descriptions,
     m: &Merging<'_>,
+    budget: &mut Budget,
 ) -> Result<(), Failure> {
     let (plan, limit, offset, asked) = (m.plan, m.limit, m.offset, m.asked);
     let extended = !asked.is_empty();
@@ -289,9 +329,11 @@ async fn grouped<S: AsyncRead + AsyncWrite + Unpin>(
     );
     for s in streams.iter_mut() {
         loop {
-            while let Some(row) = s.rows.pop_front() {
+            while let Some(row) = s.pop() {
                 groups.fold(&row[5..])?;
             }
+            // Checked once per chunk of a shard's answer, not per row.
+            budget.hold(groups.held_bytes()).map_err(Failure::Router)?;
             let max = m.max_groups;
             if groups.groups() > max {
                 return Err(Failure::Router(
@@ -308,20 +350,20 @@ async fn grouped<S: AsyncRead + AsyncWrite + Unpin>(
             s.fill(None, extended).await?;
         }
     }
-    let mut rows = Vec::new();
-    groups.finish(&plan.order, &mut rows)?;
+    let rows = groups.finish_rows(&plan.order)?;
     if extended {
         answer_asked(&mut client.out, asked, &statement, &portal);
     } else {
         client.out.extend_from_slice(&simple);
     }
     let mut sent = 0u64;
-    for row in frames(&rows)
-        .map_while(Result::ok)
+    // Each row is freed once it is written, so the answer is not held twice.
+    for row in rows
+        .into_iter()
         .skip(usize::try_from(offset).unwrap_or(usize::MAX))
         .take(limit.map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX)))
     {
-        client.out.extend_from_slice(row);
+        crate::merge::write_data_row_frame(&row, &mut client.out);
         sent += 1;
         flush_if_full(client).await?;
     }

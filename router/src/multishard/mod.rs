@@ -14,6 +14,7 @@
 //! | [`copy_in`] | COPY FROM STDIN split by key |
 
 pub mod broadcast;
+pub mod budget;
 pub mod commit;
 pub mod copy_in;
 pub mod fanout;

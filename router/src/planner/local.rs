@@ -19,6 +19,10 @@ use super::Plan;
 /// Plans kept per thread.
 const CAPACITY: usize = 256;
 
+/// The longest text a thread keeps: with [`CAPACITY`], at most 2 MiB of texts per thread.
+/// Longer statements are still found in the shared cache.
+const MAX_TEXT: usize = 8 << 10;
+
 #[derive(Default)]
 struct Local {
     /// The planner and its generation these plans came from.
@@ -78,6 +82,9 @@ pub fn get(owner: (u64, u64), text: &str, hits: &Hits) -> Option<Arc<Plan>> {
 
 /// Remembers `plan` for `text` on this thread.
 pub fn put(owner: (u64, u64), text: &str, plan: &Arc<Plan>) {
+    if text.len() > MAX_TEXT {
+        return;
+    }
     LOCAL.with(|l| {
         let mut l = l.borrow_mut();
         if l.owner != owner || l.plans.len() >= CAPACITY {

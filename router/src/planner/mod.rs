@@ -38,7 +38,7 @@ use shardmap::{KeyType, ShardMap};
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 
-pub use cache::{CacheStats, PlanCache};
+pub use cache::{CacheStats, PlanCache, MAX_CACHED_TEXT};
 pub use keys::{key_from_binary, key_from_text, KeyValueError};
 pub use normalize::{normalize, LiteralKind, NormalizeBuf};
 
@@ -238,12 +238,18 @@ pub struct Planner {
 }
 
 impl Planner {
-    /// A planner with room for about `capacity` cached plans.
+    /// A planner with room for about `capacity` cached plans (and 64 MiB of them).
     pub fn new(map: Arc<ShardMap>, capacity: usize) -> Planner {
+        Self::with_limits(map, capacity, 64 << 20)
+    }
+
+    /// A planner with room for about `capacity` cached plans and `bytes` bytes of them
+    /// (`limits.plan_cache_size`, `limits.plan_cache_bytes`).
+    pub fn with_limits(map: Arc<ShardMap>, capacity: usize, bytes: usize) -> Planner {
         static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Planner {
             map,
-            cache: PlanCache::new(capacity),
+            cache: PlanCache::new(capacity, bytes),
             id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             generation: Default::default(),
             local_hits: Default::default(),

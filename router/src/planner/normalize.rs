@@ -81,6 +81,19 @@ impl NormalizeBuf {
         self.literals.get(i).map(|s| s.src.0..s.src.1)
     }
 
+    /// Frees what grew beyond `keep` bytes for one long statement.
+    pub fn trim(&mut self, keep: usize) {
+        if self.text.capacity() > keep {
+            self.text = String::new();
+        }
+        if self.values.capacity() > keep {
+            self.values = Vec::new();
+        }
+        if self.literals.capacity() * std::mem::size_of::<Span>() > keep {
+            self.literals = Vec::new();
+        }
+    }
+
     fn clear(&mut self) {
         self.text.clear();
         self.values.clear();

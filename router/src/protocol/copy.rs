@@ -57,6 +57,18 @@ impl Rows {
         }
     }
 
+    /// The bytes of the row not yet complete (what a client can make the router hold).
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Ignores the rest of the data and frees what is held (the COPY is failing).
+    pub fn abandon(&mut self) {
+        self.ended = true;
+        self.pending = Vec::new();
+        self.scanned = 0;
+    }
+
     /// Adds CopyData bytes; calls `row` for every complete row (with its line ending).
     pub fn feed(&mut self, data: &[u8], mut row: impl FnMut(&[u8])) {
         if self.ended {

@@ -108,7 +108,11 @@ impl Routing {
             .collect();
         Routing {
             generation,
-            planner: Planner::new(map.clone(), config.limits.plan_cache_size),
+            planner: Planner::with_limits(
+                map.clone(),
+                config.limits.plan_cache_size,
+                config.limits.plan_cache_bytes,
+            ),
             map,
             config,
             tls,

@@ -1,6 +1,11 @@
 //! The client's side of a session: its socket (any `AsyncRead + AsyncWrite`, so a session also
 //! runs over an in-memory pipe in tests), the bytes read from it and not yet handled, the
 //! bytes owed to it, and the meter that sees every byte go out (`crate::stats::meter`).
+//!
+//! A message longer than the session's `limits.max_message_bytes` is refused from its header,
+//! before its body is read. A long message that is allowed is read into one buffer of exactly
+//! its size (not grown by doubling), and buffers that grew for it are given back after it
+//! ([`ClientIo::trim`]), so one big statement does not stay resident for the session's life.
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -12,6 +17,9 @@ use crate::stats::{local, meter::Meter};
 /// Answers are flushed to the client once this much is buffered (a big read streams).
 pub const FLUSH_AT: usize = 64 * 1024;
 
+/// Buffers that grew beyond this for one long message are shrunk back once it is handled.
+pub const KEEP_AT_REST: usize = 256 * 1024;
+
 pub struct ClientIo<S> {
     stream: S,
     /// Bytes from the client not yet handled.
@@ -20,6 +28,8 @@ pub struct ClientIo<S> {
     pub out: Vec<u8>,
     /// The client's requests: which are open, how each was routed.
     pub meter: Meter,
+    /// The longest message accepted (`limits.max_message_bytes`).
+    pub max_message: usize,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> ClientIo<S> {
@@ -30,18 +40,41 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientIo<S> {
             rbuf,
             out: Vec::with_capacity(16 * 1024),
             meter: Meter::default(),
+            max_message: crate::protocol::MAX_MESSAGE_LEN,
         }
     }
 
+    /// The length (tag included) of the message at the front of `rbuf`, once its header is in
+    /// (a negative length is left to [`next_frame`] to refuse as a protocol violation).
+    fn announced(&self) -> Option<usize> {
+        let b = self.rbuf.get(..5)?;
+        let len = i32::from_be_bytes([b[1], b[2], b[3], b[4]]);
+        usize::try_from(len).ok().map(|len| len + 1)
+    }
+
     /// The next whole message the client sent, if it has arrived.
-    pub fn next_frame(&mut self) -> Result<Option<BytesMut>, FrameError> {
-        Ok(next_frame(&self.rbuf)?.map(|h| self.rbuf.split_to(h.total)))
+    pub fn next_frame(&mut self) -> Result<Option<BytesMut>, ClientError> {
+        if let Some(total) = self.announced() {
+            if total > self.max_message {
+                return Err(ClientError::TooLong {
+                    len: total,
+                    limit: self.max_message,
+                });
+            }
+        }
+        let h = next_frame(&self.rbuf).map_err(ClientError::Protocol)?;
+        Ok(h.map(|h| self.rbuf.split_to(h.total)))
     }
 
     /// Reads what the client sent next; `false` when it closed the connection.
     pub async fn fill(&mut self) -> std::io::Result<bool> {
-        if self.rbuf.capacity() - self.rbuf.len() < 4096 {
-            self.rbuf.reserve(16 * 1024);
+        match self.announced() {
+            // A long message: room for exactly the rest of it, in one allocation.
+            Some(total) if total > self.rbuf.capacity() && total <= self.max_message => {
+                self.rbuf.reserve(total - self.rbuf.len());
+            }
+            _ if self.rbuf.capacity() - self.rbuf.len() < 4096 => self.rbuf.reserve(16 * 1024),
+            _ => {}
         }
         let n = self.stream.read_buf(&mut self.rbuf).await?;
         self.meter.read(n);
@@ -51,7 +84,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientIo<S> {
     /// The next whole message, reading until it has arrived; `None` when the client left.
     pub async fn read_frame(&mut self) -> Result<Option<BytesMut>, ClientError> {
         loop {
-            if let Some(frame) = self.next_frame().map_err(ClientError::Protocol)? {
+            if let Some(frame) = self.next_frame()? {
                 return Ok(Some(frame));
             }
             if !self.fill().await.map_err(ClientError::Io)? {
@@ -81,6 +114,40 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientIo<S> {
         Ok(())
     }
 
+    /// Reads and drops the rest of a message refused as too long, at most `within`, so that
+    /// the client, still writing it, gets to read the error instead of a reset connection.
+    /// Nothing of it is held: it goes through a small buffer.
+    pub async fn discard_refused(&mut self, within: std::time::Duration) {
+        let Some(total) = self.announced() else {
+            return;
+        };
+        let mut left = total.saturating_sub(self.rbuf.len());
+        self.rbuf = BytesMut::new();
+        let mut scratch = [0u8; 16 * 1024];
+        let drain = async {
+            while left > 0 {
+                match self.stream.read(&mut scratch).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => left = left.saturating_sub(n),
+                }
+            }
+        };
+        let _ = tokio::time::timeout(within, drain).await;
+    }
+
+    /// Gives back what the buffers grew to for a long message, once it is handled (a few
+    /// comparisons when nothing grew).
+    pub fn trim(&mut self) {
+        if self.rbuf.capacity() > KEEP_AT_REST && self.rbuf.len() < KEEP_AT_REST / 4 {
+            let mut fresh = BytesMut::with_capacity(16 * 1024);
+            fresh.extend_from_slice(&self.rbuf);
+            self.rbuf = fresh;
+        }
+        if self.out.capacity() > KEEP_AT_REST && self.out.is_empty() {
+            self.out = Vec::with_capacity(16 * 1024);
+        }
+    }
+
     /// Flushes once enough is buffered, so that a long answer streams to the client.
     pub async fn flush_if_full(&mut self) -> std::io::Result<()> {
         if self.out.len() >= FLUSH_AT {
@@ -104,4 +171,7 @@ pub enum ClientError {
     Io(std::io::Error),
     #[error("{0}")]
     Protocol(FrameError),
+    /// A message longer than `limits.max_message_bytes` (refused before its body is read).
+    #[error("a message of {len} bytes is longer than limits.max_message_bytes ({limit})")]
+    TooLong { len: usize, limit: usize },
 }

@@ -172,6 +172,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             self.send(msg)
         } else {
             self.state.held_mut().push(msg);
+            let limit = self.client.max_message;
+            if self.state.held().bytes() > limit {
+                // Dropped with the batch, which skips to its Sync like any batch error.
+                return self.batch_error(&errors::held_too_long(limit)).await;
+            }
             Ok(())
         }
     }

@@ -111,7 +111,7 @@ impl Held {
                 result = each(m.map(|range| &bytes[range]));
             }
         }
-        self.bytes.clear();
+        self.clear();
         result
     }
 
@@ -119,10 +119,18 @@ impl Held {
         self.msgs.is_empty()
     }
 
-    /// Drops every message, keeping the room.
+    /// The bytes held (bounded by `limits.max_message_bytes` for one batch).
+    pub fn bytes(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Drops every message, keeping the room unless a long batch made it grow.
     pub fn clear(&mut self) {
         self.msgs.clear();
         self.bytes.clear();
+        if self.bytes.capacity() > super::client::KEEP_AT_REST {
+            self.bytes = Vec::new();
+        }
     }
 
     /// The kinds of the held messages, for a batch the router answers itself: `P` Parse, `S`

@@ -79,6 +79,10 @@ pub enum SessionError {
     Protocol(String),
     #[error("backend connection lost inside a transaction: {0}")]
     BackendLost(String),
+    /// A message longer than `limits.max_message_bytes`: the client gets `54000` and the
+    /// connection closes (the rest of the message is never read).
+    #[error("message too long: {len} bytes, limit {limit}")]
+    TooLong { len: usize, limit: usize },
 }
 
 impl From<Malformed> for SessionError {
@@ -92,6 +96,7 @@ impl From<client::ClientError> for SessionError {
         match e {
             client::ClientError::Io(e) => SessionError::Client(e),
             client::ClientError::Protocol(e) => SessionError::Protocol(e.to_string()),
+            client::ClientError::TooLong { len, limit } => SessionError::TooLong { len, limit },
         }
     }
 }
@@ -129,11 +134,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         slot: Arc<ClientSlot>,
         settings: Settings,
     ) -> Session<S> {
+        let routing = shared.routing();
+        let mut client = ClientIo::new(stream, rbuf);
+        client.max_message = routing.config.limits.max_message_bytes;
         Session {
-            routing: shared.routing(),
+            routing,
             phase: shared.lifecycle.subscribe(),
             shared,
-            client: ClientIo::new(stream, rbuf),
+            client,
             slot,
             state: State::default(),
             pin: None,
@@ -155,17 +163,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             SqlError::fatal(errors::PROTOCOL_VIOLATION, why.clone()).write(&mut self.client.out);
             let _ = self.client.flush().await;
         }
+        if let Err(SessionError::TooLong { len, limit }) = &result {
+            self.client.out.clear();
+            let mut err = errors::message_too_long(*len, *limit);
+            err.severity = "FATAL";
+            err.write(&mut self.client.out);
+            let _ = self.client.flush().await;
+            self.client
+                .discard_refused(std::time::Duration::from_secs(2))
+                .await;
+        }
         self.release_at_exit();
         result
     }
 
     async fn serve(&mut self) -> Result<(), SessionError> {
         loop {
-            while let Some(frame) = self
-                .client
-                .next_frame()
-                .map_err(|e| SessionError::Protocol(e.to_string()))?
-            {
+            while let Some(frame) = self.client.next_frame()? {
                 self.client
                     .meter
                     .received(frame[0], std::time::Instant::now);
@@ -193,6 +207,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             }
             self.out.replies.drain_synthetic(&mut self.client.out);
             self.client.flush().await.map_err(SessionError::Client)?;
+            self.trim();
             let closing = |p: &Phase| *p == Phase::Closing;
             if self.at_rest() && self.shared.lifecycle.closing() {
                 return self.terminate().await;
@@ -217,6 +232,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         self.pin.is_none() && self.state.at_rest() && self.out.replies.is_empty()
     }
 
+    /// Gives back the memory a long message made the session's buffers grow to (see
+    /// [`client::ClientIo::trim`]); a few comparisons when nothing grew.
+    fn trim(&mut self) {
+        self.client.trim();
+        if self.sql.capacity() > client::KEEP_AT_REST {
+            self.sql = String::new();
+        }
+        self.nbuf.trim(client::KEEP_AT_REST);
+        if self.out.bytes.is_empty() && self.out.bytes.capacity() > client::KEEP_AT_REST {
+            self.out.bytes = Default::default();
+        }
+    }
+
     /// Ends the session for a drain, as Postgres ends sessions at a fast shutdown.
     async fn terminate(&mut self) -> Result<(), SessionError> {
         SqlError::fatal(
@@ -237,6 +265,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             return;
         }
         self.routing = self.shared.routing();
+        self.client.max_message = self.routing.config.limits.max_message_bytes;
         self.statements
             .replan(&self.routing.planner, &mut self.nbuf);
     }

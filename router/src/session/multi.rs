@@ -93,6 +93,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     asked,
                     text_bytewise: self.routing.text_bytewise(),
                     max_groups: self.routing.config.limits.max_merge_groups,
+                    max_bytes: self.routing.config.limits.max_merge_bytes,
+                    router_bytes: self.routing.config.limits.merge_memory_bytes,
                 };
                 multishard::merged::run(&mut self.client, receivers, &m).await
             }
@@ -176,6 +178,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         .map_err(|e| match e {
             copy_in::ClientFailed::Io(e) => SessionError::Client(e),
             copy_in::ClientFailed::Protocol(why) => SessionError::Protocol(why),
+            copy_in::ClientFailed::TooLong { len, limit } => SessionError::TooLong { len, limit },
         })
     }
 

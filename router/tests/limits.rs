@@ -1,0 +1,328 @@
+//! Memory bounded in bytes: a merged read across shards past `limits.max_merge_bytes` or the
+//! router-wide `limits.merge_memory_bytes`, a message past `limits.max_message_bytes`, held
+//! extended messages and a COPY row past it. Each gets `54000` naming its setting; the session
+//! (where Postgres's would) and every other client keep working.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use common::{rows, sqlstate, Env, Router};
+
+/// `max_message_bytes` in these tests: 1 MiB.
+const MAX_MESSAGE: usize = 1 << 20;
+
+/// A cluster whose router has small limits (and trust authentication, for the raw client).
+fn env() -> &'static Env {
+    static ENV: OnceLock<Env> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let env = Env::start_with(
+            4,
+            2,
+            &format!(
+                "auth = \"trust\"\n[limits]\nmax_merge_bytes = 1000000\nmax_message_bytes = {MAX_MESSAGE}\n"
+            ),
+        );
+        env
+    })
+}
+
+/// 1000-character values, distinct per id.
+fn value(id: i64) -> String {
+    format!("{id:0>1000}")
+}
+
+/// Inserts ids `from..from + n` with 1000-character values, 200 rows a statement.
+async fn insert_wide(client: &tokio_postgres::Client, from: i64, n: i64) {
+    for start in (from..from + n).step_by(200) {
+        let values: Vec<String> = (start..(start + 200).min(from + n))
+            .map(|id| format!("({id}, '{}')", value(id)))
+            .collect();
+        client
+            .batch_execute(&format!(
+                "INSERT INTO kv (id, v) VALUES {}",
+                values.join(", ")
+            ))
+            .await
+            .expect("insert wide rows");
+    }
+}
+
+fn grouped(from: i64, to: i64) -> String {
+    format!("SELECT v, count(*) FROM kv WHERE id >= {from} AND id < {to} GROUP BY v ORDER BY v")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grouped_merge_over_max_merge_bytes_is_refused_and_all_goes_on() {
+    let env = env();
+    let client = env.router.connect().await;
+    let bystander = env.router.connect().await;
+    // 2,000 groups of 1,000-byte keys: about 2.5 MB to combine, over the 1 MB limit.
+    insert_wide(&client, 20_000_000, 2000).await;
+    let err = client
+        .simple_query(&grouped(20_000_000, 20_002_000))
+        .await
+        .expect_err("over max_merge_bytes");
+    assert_eq!(sqlstate(&err), "54000", "{err:?}");
+    let db = err.as_db_error().expect("a database error");
+    assert!(
+        db.message().contains("limits.max_merge_bytes"),
+        "{}",
+        db.message()
+    );
+    // The extended protocol too.
+    let err = client
+        .query(
+            "SELECT v, count(*) FROM kv WHERE id >= $1 AND id < $2 GROUP BY v",
+            &[&20_000_000i64, &20_002_000i64],
+        )
+        .await
+        .expect_err("over max_merge_bytes");
+    assert_eq!(sqlstate(&err), "54000", "{err:?}");
+    // The same session: a smaller grouped read is answered exactly.
+    let got = rows(
+        &client
+            .simple_query(&grouped(20_000_000, 20_000_010))
+            .await
+            .expect("a small grouped read"),
+    );
+    let want: Vec<Vec<String>> = (20_000_000..20_000_010)
+        .map(|id| vec![value(id), "1".to_string()])
+        .collect();
+    assert_eq!(got, want);
+    let one: i32 = bystander
+        .query_one("SELECT 1", &[])
+        .await
+        .expect("the bystander")
+        .get(0);
+    assert_eq!(one, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sorted_merge_over_max_merge_bytes_is_refused() {
+    let env = env();
+    let client = env.router.connect().await;
+    // Two 600 KB rows on two shards: the sorted merge buffers both (1.2 MB, over 1 MB).
+    let (a, b) = (env.key_on(0, 23_000_000), env.key_on(1, 23_000_000));
+    let wide = "w".repeat(600 * 1024);
+    for id in [a, b] {
+        client
+            .execute("INSERT INTO kv (id, v) VALUES ($1, $2)", &[&id, &wide])
+            .await
+            .expect("insert");
+    }
+    let sorted = "SELECT id, v FROM kv WHERE id >= 23000000 AND id < 23100000 ORDER BY id";
+    let err = client
+        .simple_query(sorted)
+        .await
+        .expect_err("over max_merge_bytes");
+    assert_eq!(sqlstate(&err), "54000", "{err:?}");
+    let message = err
+        .as_db_error()
+        .expect("a database error")
+        .message()
+        .to_string();
+    assert!(message.contains("limits.max_merge_bytes"), "{message}");
+    // The same rows without the wide column are within it.
+    let narrow = "SELECT id FROM kv WHERE id >= 23000000 AND id < 23100000 ORDER BY id";
+    let got = rows(
+        &client
+            .simple_query(narrow)
+            .await
+            .expect("a narrow sorted read"),
+    );
+    let want: Vec<Vec<String>> = [a.min(b), a.max(b)]
+        .iter()
+        .map(|id| vec![id.to_string()])
+        .collect();
+    assert_eq!(got, want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_router_wide_merge_budget_is_named_and_given_back() {
+    let env = env();
+    // A router whose reads together may hold 4 KiB, while one read alone may hold 64 MiB.
+    let router = Router::start_with(&env.map, "[limits]\nmerge_memory_bytes = 4096\n");
+    let client = router.connect().await;
+    insert_wide(&client, 21_000_000, 20).await;
+    let err = client
+        .simple_query(&grouped(21_000_000, 21_000_020))
+        .await
+        .expect_err("over merge_memory_bytes");
+    assert_eq!(sqlstate(&err), "54000", "{err:?}");
+    let message = err
+        .as_db_error()
+        .expect("a database error")
+        .message()
+        .to_string();
+    assert!(message.contains("limits.merge_memory_bytes"), "{message}");
+    // Two groups fit; run many times, the budget would run out if a read kept its bytes.
+    for _ in 0..20 {
+        let got = rows(
+            &client
+                .simple_query(&grouped(21_000_000, 21_000_002))
+                .await
+                .expect("a read within the budget"),
+        );
+        assert_eq!(got.len(), 2);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_over_max_message_bytes_ends_only_its_connection() {
+    let env = env();
+    let bystander = env.router.connect().await;
+    // Just under the limit is served (a long comment makes the text long).
+    let client = env.router.connect().await;
+    let under = format!("SELECT 1 /* {} */", "x".repeat(MAX_MESSAGE - 100));
+    let got = rows(&client.simple_query(&under).await.expect("under the limit"));
+    assert_eq!(got, [["1".to_string()]]);
+    // Over it: 54000 naming the setting, then the connection is closed.
+    let over = format!("SELECT 1 /* {} */", "x".repeat(2 * MAX_MESSAGE));
+    let err = client
+        .simple_query(&over)
+        .await
+        .expect_err("over the limit");
+    assert_eq!(sqlstate(&err), "54000", "{err:?}");
+    let message = err
+        .as_db_error()
+        .expect("a database error")
+        .message()
+        .to_string();
+    assert!(message.contains("limits.max_message_bytes"), "{message}");
+    assert!(client.simple_query("SELECT 1").await.is_err(), "closed");
+    let one: i32 = bystander
+        .query_one("SELECT 1", &[])
+        .await
+        .expect("the bystander")
+        .get(0);
+    assert_eq!(one, 1);
+    // New connections are served too.
+    let again = env.router.connect().await;
+    again.simple_query("SELECT 1").await.expect("a new client");
+}
+
+/// A raw protocol client logged in with trust authentication.
+struct Raw {
+    s: TcpStream,
+    buf: Vec<u8>,
+}
+
+fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
+    let mut m = vec![tag];
+    m.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
+    m.extend_from_slice(body);
+    m
+}
+
+impl Raw {
+    fn connect(router: &Router) -> Raw {
+        let mut s = TcpStream::connect(("127.0.0.1", router.port)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(30)))
+            .expect("timeout");
+        let params = b"user\0app\0database\0app\0\0";
+        let mut startup = ((8 + params.len()) as i32).to_be_bytes().to_vec();
+        startup.extend_from_slice(&196_608i32.to_be_bytes());
+        startup.extend_from_slice(params);
+        s.write_all(&startup).expect("startup");
+        let mut raw = Raw { s, buf: Vec::new() };
+        raw.until_ready();
+        raw
+    }
+
+    /// Reads until ReadyForQuery: the tags, and the text of every ErrorResponse.
+    fn until_ready(&mut self) -> (Vec<u8>, String) {
+        let (mut tags, mut errors) = (Vec::new(), String::new());
+        loop {
+            while self.buf.len() >= 5 {
+                let len = i32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]])
+                    as usize;
+                if self.buf.len() < len + 1 {
+                    break;
+                }
+                let t = self.buf[0];
+                tags.push(t);
+                if t == b'E' {
+                    errors.push_str(&String::from_utf8_lossy(&self.buf[5..len + 1]));
+                }
+                self.buf.drain(..len + 1);
+                if t == b'Z' {
+                    return (tags, errors);
+                }
+            }
+            let mut chunk = [0u8; 8192];
+            let n = self.s.read(&mut chunk).expect("read");
+            assert!(n > 0, "the router closed the connection; got {tags:?}");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+#[test]
+fn held_messages_over_max_message_bytes_fail_their_batch_only() {
+    let env = env();
+    let mut c = Raw::connect(&env.router);
+    // Binds of a statement with no table wait for the batch's Sync before a shard is picked;
+    // three of 400 KB each are more than the 1 MiB the batch may hold.
+    let big = "z".repeat(400 * 1024);
+    let mut bind = b"\0\0".to_vec();
+    bind.extend_from_slice(&0i16.to_be_bytes());
+    bind.extend_from_slice(&1i16.to_be_bytes());
+    bind.extend_from_slice(&(big.len() as i32).to_be_bytes());
+    bind.extend_from_slice(big.as_bytes());
+    bind.extend_from_slice(&0i16.to_be_bytes());
+    let mut batch = msg(b'P', b"\0SELECT length($1::text)\0\0\0");
+    for _ in 0..3 {
+        batch.extend(msg(b'B', &bind));
+        batch.extend(msg(b'E', b"\0\0\0\0\0"));
+    }
+    batch.extend(msg(b'S', b""));
+    c.s.write_all(&batch).expect("send");
+    let (tags, errors) = c.until_ready();
+    assert!(tags.contains(&b'E'), "{tags:?}");
+    assert!(errors.contains("54000"), "{errors}");
+    assert!(errors.contains("limits.max_message_bytes"), "{errors}");
+    // The next batch of the same session is answered.
+    let mut batch = msg(b'P', b"\0SELECT length($1::text)\0\0\0");
+    batch.extend(msg(b'B', &bind));
+    batch.extend(msg(b'E', b"\0\0\0\0\0"));
+    batch.extend(msg(b'S', b""));
+    c.s.write_all(&batch).expect("send");
+    let (tags, errors) = c.until_ready();
+    assert_eq!(tags, b"12DCZ", "{errors}");
+}
+
+#[test]
+fn a_copy_row_over_max_message_bytes_fails_the_copy_only() {
+    let env = env();
+    let mut c = Raw::connect(&env.router);
+    // COPY split by key, with one row that never ends, in CopyData messages each well under
+    // the limit.
+    let id = 22_000_000;
+    let mut copy = msg(b'Q', b"COPY kv (id, v) FROM STDIN\0");
+    copy.extend(msg(b'd', format!("{id}\t").as_bytes()));
+    for _ in 0..3 {
+        copy.extend(msg(b'd', "y".repeat(MAX_MESSAGE / 2).as_bytes()));
+    }
+    copy.extend(msg(b'd', b"\n"));
+    copy.extend(msg(b'c', b""));
+    c.s.write_all(&copy).expect("send");
+    let (tags, errors) = c.until_ready();
+    assert_eq!(tags.first(), Some(&b'G'), "{tags:?}");
+    assert!(tags.contains(&b'E'), "{tags:?}");
+    assert!(errors.contains("54000"), "{errors}");
+    assert!(errors.contains("limits.max_message_bytes"), "{errors}");
+    // Nothing was copied, and the session goes on.
+    let count = format!("SELECT count(*) FROM kv WHERE id = {id}\0");
+    c.s.write_all(&msg(b'Q', count.as_bytes())).expect("send");
+    let (tags, errors) = c.until_ready();
+    assert_eq!(tags, b"TDCZ", "{errors}");
+    let shard = env.shard_of(id);
+    assert_eq!(
+        env.on_shard(shard, &format!("SELECT count(*) FROM kv WHERE id = {id}")),
+        "0"
+    );
+}
