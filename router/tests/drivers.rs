@@ -91,19 +91,31 @@ fn run_driver(name: &str, k: i64, cmd: Command) {
 }
 
 /// [`run_driver`], and indexes the program created beyond `kv_drv_<name>` (on every shard).
-fn run_driver_with(name: &str, k: i64, mut cmd: Command, more_indexes: &[&str]) {
+fn run_driver_with(name: &str, k: i64, cmd: Command, more_indexes: &[&str]) {
     let env = shared_env();
     let base = key_base(k);
+    run_program(env, name, cmd, &[("SHARDGATE_KEY_BASE", base.to_string())]);
+    check_shards(env, name, base);
+    for index in more_indexes {
+        check_index(env, name, index);
+    }
+}
+
+/// Runs one driver program against `env`'s router with `vars` in its environment (besides
+/// `SHARDGATE_URL` and `SHARDGATE_DRIVER`), and fails unless it ends printing PASS in time.
+fn run_program(env: &Env, name: &str, mut cmd: Command, vars: &[(&str, String)]) {
     let out_path = env.router.dir.join(format!("driver-{name}.out"));
     let out = std::fs::File::create(&out_path).expect("driver output file");
     let started = Instant::now();
-    let mut child = cmd
-        .env("SHARDGATE_URL", env.router.url())
-        .env("SHARDGATE_KEY_BASE", base.to_string())
+    cmd.env("SHARDGATE_URL", env.router.url())
         .env("SHARDGATE_DRIVER", name)
         .stdin(Stdio::null())
         .stdout(out.try_clone().expect("dup"))
-        .stderr(out)
+        .stderr(out);
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    let mut child = cmd
         .spawn()
         .unwrap_or_else(|e| panic!("start the {name} driver ({cmd:?}): {e}\n{INSTALL}"));
     let status = loop {
@@ -136,10 +148,6 @@ fn run_driver_with(name: &str, k: i64, mut cmd: Command, more_indexes: &[&str]) 
         Some(_) => {}
     }
     println!("{name} driver passed in {took:.1?}:\n{output}");
-    check_shards(env, name, base);
-    for index in more_indexes {
-        check_index(env, name, index);
-    }
 }
 
 /// What every script leaves behind, read from the shards directly: the broadcast index on every
@@ -574,8 +582,8 @@ fn tokio_postgres() {
 // ---------------------------------------------------------------------------------------------
 // The other drivers, as subprocesses.
 
-#[test]
-fn sqlx() {
+/// The sqlx driver program, rebuilt if its source changed since install.sh built it.
+fn sqlx_command() -> Command {
     let manifest = drivers_dir().join("sqlx/Cargo.toml");
     let target = workspace_root().join("target/drivers-sqlx");
     let bin = target.join("debug/shardgate-driver-sqlx");
@@ -583,8 +591,8 @@ fn sqlx() {
         bin.exists(),
         &format!("the sqlx driver program ({})", bin.display()),
     );
-    // Rebuild if its source changed since install.sh built it (a no-op otherwise); offline, so
-    // that a test never downloads anything.
+    // A no-op when nothing changed; offline, so that a test never downloads anything. Tests
+    // that run it at once wait for each other on cargo's lock.
     let cargo = option_env!("CARGO").unwrap_or("cargo");
     let out = Command::new(cargo)
         .args(["build", "-q", "--locked", "--offline", "--manifest-path"])
@@ -599,7 +607,12 @@ fn sqlx() {
         "building the sqlx driver failed:\n{}\n{INSTALL}",
         String::from_utf8_lossy(&out.stderr)
     );
-    run_driver("sqlx", 1, Command::new(bin));
+    Command::new(bin)
+}
+
+#[test]
+fn sqlx() {
+    run_driver("sqlx", 1, sqlx_command());
 }
 
 fn python(script: &str) -> Command {
@@ -634,8 +647,7 @@ fn asyncpg() {
     );
 }
 
-#[test]
-fn node_postgres() {
+fn node_command() -> Command {
     let dir = drivers_dir().join("node");
     require(on_path("node"), "node (Node.js 20)");
     require(
@@ -644,28 +656,38 @@ fn node_postgres() {
     );
     let mut cmd = Command::new("node");
     cmd.arg(dir.join("driver.js"));
-    run_driver("node_postgres", 4, cmd);
+    cmd
 }
 
 #[test]
-fn pgjdbc() {
+fn node_postgres() {
+    run_driver("node_postgres", 4, node_command());
+}
+
+/// Compiled classes, removed however the test ends.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The pgjdbc program, compiled into a directory of its own (`tag` names it) that lives as
+/// long as the guard.
+fn jdbc_command(tag: &str) -> (Command, RemoveOnDrop) {
     let jar = Path::new("/usr/share/java/postgresql.jar");
     require(
         jar.exists(),
         "/usr/share/java/postgresql.jar (libpostgresql-jdbc-java)",
     );
     require(on_path("javac") && on_path("java"), "a JDK (javac, java)");
-    let classes =
-        std::env::temp_dir().join(format!("shardgate-drivers-jdbc-{}", std::process::id()));
+    let classes = std::env::temp_dir().join(format!(
+        "shardgate-drivers-jdbc-{tag}-{}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&classes).expect("class dir");
-    /// Removes the compiled classes however the test ends.
-    struct RemoveOnDrop(PathBuf);
-    impl Drop for RemoveOnDrop {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-    let _cleanup = RemoveOnDrop(classes.clone());
+    let cleanup = RemoveOnDrop(classes.clone());
     let out = Command::new("javac")
         .arg("-cp")
         .arg(jar)
@@ -684,7 +706,125 @@ fn pgjdbc() {
     cmd.arg("-cp")
         .arg(format!("{}:{}", classes.display(), jar.display()))
         .arg("DriverMatrix");
+    (cmd, cleanup)
+}
+
+#[test]
+fn pgjdbc() {
+    let (cmd, _cleanup) = jdbc_command("matrix");
     run_driver("pgjdbc", 5, cmd);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Isolation: one bad shard never reaches the clients of the others.
+
+/// With one server stopped (shards 1 and 3 down) and shard 0's only connection held by a
+/// transaction, every driver of the matrix connects (with its own catalog and setup queries),
+/// runs `SELECT 1` and prepares and runs point selects keyed to the healthy shard 2, unnamed
+/// and named: not one error. Preparation and statements that need no particular shard go to a
+/// shard that can serve them. `hold_ms = 0`, so a statement sent to a bad shard would fail at
+/// once rather than wait.
+#[test]
+fn a_bad_shard_never_reaches_the_clients_of_the_others() {
+    let mut env = Env::start_threads(
+        4,
+        2,
+        "[pool]\nmax_size = 1\nconnect_timeout_ms = 1000\ncheckout_timeout_ms = 2000\n\
+         [failover]\nhold_ms = 0\n",
+        1,
+    );
+    let down: Vec<usize> = (0..4)
+        .filter(|&s| env.cluster.shards()[s].server == 1)
+        .collect();
+    assert_eq!(down, [1, 3], "the layout this test assumes");
+    let keys: Vec<i64> = {
+        let mut keys = Vec::new();
+        let mut from = 90_000_000;
+        while keys.len() < 3 {
+            let k = env.key_on(2, from);
+            keys.push(k);
+            from = k + 1;
+        }
+        keys
+    };
+    let busy_key = env.key_on(0, 90_000_000);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let holder = rt.block_on(async {
+        let c = env.router.connect().await;
+        for &k in &keys {
+            c.execute(
+                "INSERT INTO kv (id, v) VALUES ($1, $2)",
+                &[&k, &format!("v{k}")],
+            )
+            .await
+            .expect("seed");
+        }
+        c.batch_execute(&format!("BEGIN; SELECT * FROM kv WHERE id = {busy_key}"))
+            .await
+            .expect("hold shard 0's only connection");
+        c
+    });
+    env.cluster.servers_mut()[1].stop().expect("stop server 1");
+
+    // tokio-postgres, in this process.
+    rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(&env.router.url(), NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(conn);
+        let select = client
+            .prepare("SELECT v FROM kv WHERE id = $1")
+            .await
+            .expect("prepare");
+        for round in 0..REPEAT {
+            client
+                .simple_query("SELECT 1")
+                .await
+                .unwrap_or_else(|e| panic!("round {round}: SELECT 1: {e:?}"));
+            for &k in &keys {
+                let unnamed = client
+                    .query_one("SELECT v FROM kv WHERE id = $1", &[&k])
+                    .await
+                    .unwrap_or_else(|e| panic!("round {round}: unnamed {k}: {e:?}"));
+                let named = client
+                    .query_one(&select, &[&k])
+                    .await
+                    .unwrap_or_else(|e| panic!("round {round}: named {k}: {e:?}"));
+                for row in [unnamed, named] {
+                    assert_eq!(row.get::<_, String>(0), format!("v{k}"));
+                }
+            }
+        }
+    });
+
+    let list = keys
+        .iter()
+        .map(|k| k.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let vars = [
+        ("SHARDGATE_MODE", "isolation".to_string()),
+        ("SHARDGATE_KEYS", list),
+        ("SHARDGATE_KEY_BASE", "0".to_string()),
+    ];
+    let (jdbc, _cleanup) = jdbc_command("isolation");
+    for (name, cmd) in [
+        ("sqlx", sqlx_command()),
+        ("psycopg", python("psycopg_driver.py")),
+        ("asyncpg", python("asyncpg_driver.py")),
+        ("node_postgres", node_command()),
+        ("pgjdbc", jdbc),
+    ] {
+        run_program(&env, name, cmd, &vars);
+    }
+    assert!(env.router.log_lines("panicked").is_empty());
+    rt.block_on(async { holder.batch_execute("ROLLBACK").await.expect("rollback") });
+    env.cluster.servers_mut()[1]
+        .restart()
+        .expect("start server 1");
 }
 
 /// Not part of the matrix: keeps a cluster and router up for running a driver program by hand

@@ -11,7 +11,13 @@ use common::{sqlstate, Env};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_shard_fails_alone_and_comes_back() {
     // 4 shards on 2 servers: stopping server 1 takes shards 1 and 3 down.
-    let mut env = Env::start(4, 2, 4);
+    // Without holding: this test is about failing fast (tests/failover.rs holds).
+    let mut env = Env::start_with(
+        4,
+        2,
+        "[pool]\nmax_size = 4\nconnect_timeout_ms = 1000\ncheckout_timeout_ms = 3000\n\
+         [failover]\nhold_ms = 0\n",
+    );
     let client = env.router.connect().await;
     let keys: Vec<i64> = (0..4).map(|s| env.key_on(s, 7_000_000)).collect();
     for &k in &keys {

@@ -286,7 +286,23 @@ impl BackendConn {
                     conn.pid = body.process_id();
                     conn.secret = body.secret_key();
                 }
-                backend::Message::ReadyForQuery(_) => return Ok(conn),
+                backend::Message::ReadyForQuery(_) => {
+                    // A server that ends the session right after the login (a shutdown that
+                    // began meanwhile) has already said so: such a connection is no use.
+                    return match crate::protocol::frame::next_frame(&conn.rbuf) {
+                        Ok(None) => Ok(conn),
+                        Ok(Some(h)) if h.tag == b'E' => {
+                            let (code, message) =
+                                crate::protocol::backend::error_fields(&conn.rbuf[..h.total]);
+                            Err(BackendError::Refused {
+                                endpoint: name.clone(),
+                                code,
+                                message,
+                            })
+                        }
+                        _ => Err(proto("unexpected message after the login".into())),
+                    };
+                }
                 backend::Message::NoticeResponse(_) => {}
                 _ => return Err(proto("unexpected message during login".into())),
             }

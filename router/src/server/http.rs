@@ -156,6 +156,16 @@ pub async fn snapshot(shared: &Shared) -> Snapshot {
         plan_cache_hits,
         plan_cache_misses,
         ready: shared.is_ready(),
+        failover: {
+            let f = &shared.stats.failover;
+            crate::stats::exposition::FailoverSnapshot {
+                held: load(&f.held),
+                held_failed: load(&f.held_failed),
+                held_micros: load(&f.held_micros),
+                held_max_micros: load(&f.held_max_micros),
+                resent: load(&f.resent),
+            }
+        },
     }
 }
 

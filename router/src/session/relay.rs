@@ -101,6 +101,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         // ones may use a portal or transaction of an earlier one, which is gone with it.
         let mut replayable = pin.fresh && self.state.tx == Tx::Idle;
         pin.fresh = false;
+        if replayable {
+            self.out.replies.record();
+        }
         self.client
             .meter
             .route(RouteKind::SingleShard, self.routing.stats_id(shard));
@@ -112,6 +115,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         // The router's statement timeout cancels the statement on its backend, once.
         let mut deadline = limits.statement_timeout.map(|t| started + t);
         self.out.replies.drain_synthetic(&mut self.client.out);
+        // While the request may be sent again, what it has answered so far stays in the
+        // client's buffer from here on, to be taken back if the server aborts it.
+        let mark = self.client.out.len();
         // A request almost always fits the socket buffer: write it straight away, and only
         // fall back to writing while reading (below) when the kernel would block (or the
         // connection is TLS, whose records the async path writes and flushes).
@@ -129,39 +135,56 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             if request.done() && !want_read {
                 break;
             }
-            let io = std::future::poll_fn(|cx| {
-                conn.stream
-                    .poll_exchange(cx, &mut request, &mut conn.rbuf, want_read)
-            });
-            tokio::select! {
-                _ = tokio::time::sleep_until(deadline.unwrap_or(started)), if deadline.is_some() => {
-                    deadline = None;
-                    let endpoint = &self.routing.pools().for_shard(shard).endpoint;
-                    let (host, port, pid, secret) = (endpoint.host.clone(), endpoint.port, conn.pid, conn.secret);
-                    tracing::info!(shard = %self.routing.map.shards()[shard].range, "statement timeout: cancelling");
-                    tokio::spawn(async move {
-                        if let Err(e) = crate::backend::cancel::send_cancel((host.as_str(), port), pid, secret).await {
-                            tracing::warn!("could not cancel a statement past the statement timeout: {e}");
-                        }
-                    });
+            // Replies already read (with an earlier request's, or as a connection ended) are
+            // handled before the socket is asked for more: it may have closed after them.
+            let buffered = want_read && matches!(next_frame(&conn.rbuf), Ok(Some(_)));
+            if !buffered {
+                let io = std::future::poll_fn(|cx| {
+                    conn.stream
+                        .poll_exchange(cx, &mut request, &mut conn.rbuf, want_read)
+                });
+                tokio::select! {
+                    _ = tokio::time::sleep_until(deadline.unwrap_or(started)), if deadline.is_some() => {
+                        deadline = None;
+                        let endpoint = &self.routing.pools().for_shard(shard).endpoint;
+                        let (host, port, pid, secret) = (endpoint.host.clone(), endpoint.port, conn.pid, conn.secret);
+                        tracing::info!(shard = %self.routing.map.shards()[shard].range, "statement timeout: cancelling");
+                        tokio::spawn(async move {
+                            if let Err(e) = crate::backend::cancel::send_cancel((host.as_str(), port), pid, secret).await {
+                                tracing::warn!("could not cancel a statement past the statement timeout: {e}");
+                            }
+                        });
+                    }
+                    r = io => r.map_err(|e| Failed::Backend(e.to_string()))?,
                 }
-                r = io => r.map_err(|e| Failed::Backend(e.to_string()))?,
             }
             let mut copy_in = false;
             loop {
+                if !self.out.replies.awaits_backend() {
+                    // Whatever follows the last reply owed (a server ending the session at a
+                    // shutdown sends its FATAL right after a ReadyForQuery) is no answer to
+                    // this request: it stays unread, so the pool will not reuse the
+                    // connection, and a transaction's next request reads it.
+                    break;
+                }
                 let h = match next_frame(&conn.rbuf) {
                     Ok(Some(h)) => h,
                     Ok(None) => break,
                     Err(e) => return Err(Failed::Backend(e.to_string())),
                 };
-                if std::mem::take(&mut replayable)
+                if replayable
                     && h.tag == b'E'
                     && crate::protocol::backend::is_shutdown(&conn.rbuf[..h.total])
                 {
+                    // Nothing of the request reached the client: take back what it answered
+                    // so far and expect its replies again.
+                    self.client.out.truncate(mark);
+                    self.out.replies.rewind();
                     let (code, message) =
                         crate::protocol::backend::error_fields(&conn.rbuf[..h.total]);
                     return Err(Failed::Aborted(format!("{message} (SQLSTATE {code})")));
                 }
+                let seen = self.client.out.len();
                 let step = self
                     .out
                     .replies
@@ -203,6 +226,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 copy_in |= step.copy_in;
                 conn.rbuf.advance(h.total);
                 self.out.replies.drain_synthetic(&mut self.client.out);
+                if replayable && !only_descriptions(&self.client.out[seen..]) {
+                    // Rows, a command's completion, a notice: the client must not see them
+                    // twice (and what completed may have run).
+                    replayable = false;
+                    self.out.replies.stop_recording();
+                }
                 for (id, clients_own) in self.out.replies.take_failed() {
                     conn.prepared.remove(&id);
                     if clients_own {
@@ -210,12 +239,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     }
                 }
             }
+            if replayable && self.client.out.len() > mark {
+                // Sent, it cannot be taken back.
+                replayable = false;
+                self.out.replies.stop_recording();
+            }
             self.client.flush().await.map_err(Failed::Client)?;
             if copy_in {
                 relay_copy_in(&mut self.client, conn).await?;
             }
         }
         self.out.bytes.clear();
+        if replayable {
+            self.out.replies.stop_recording();
+        }
         if let Some(threshold) = limits.slow_statement {
             let elapsed = started.elapsed();
             if elapsed >= threshold {
@@ -229,6 +266,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         }
         Ok(())
     }
+}
+
+/// Whether `frames` (replies on their way to the client) only acknowledge and describe:
+/// ParseComplete, BindComplete, ParameterDescription, RowDescription, NoData, which the same
+/// request sent again on another connection answers alike.
+fn only_descriptions(mut frames: &[u8]) -> bool {
+    while let Ok(Some(h)) = next_frame(frames) {
+        if !matches!(h.tag, b'1' | b'2' | b't' | b'T' | b'n') {
+            return false;
+        }
+        frames = &frames[h.total..];
+    }
+    frames.is_empty()
 }
 
 /// Forwards the client's COPY data to the backend until CopyDone or CopyFail.

@@ -126,9 +126,37 @@ pub struct Replies {
     /// Statements whose Parse failed or was skipped: not prepared after all. The flag says
     /// whether it was the client's own Parse (so the client's name is gone too).
     failed: Vec<(u64, bool)>,
+    /// While recording: the expectations answered so far (by replies the client has not been
+    /// sent yet), so that a request the server aborted can be expected again
+    /// ([`Replies::rewind`]).
+    journal: Vec<Expect>,
+    recording: bool,
 }
 
 impl Replies {
+    /// Starts keeping the expectations that replies answer, for a [`Replies::rewind`].
+    pub fn record(&mut self) {
+        self.journal.clear();
+        self.recording = true;
+    }
+
+    /// Stops keeping them (a reply the client must not see twice was sent: the request can
+    /// no longer be sent again).
+    pub fn stop_recording(&mut self) {
+        self.journal.clear();
+        self.recording = false;
+    }
+
+    /// Expects again what the replies since [`Replies::record`] answered: the request is sent
+    /// again from its start.
+    pub fn rewind(&mut self) {
+        while let Some(e) = self.journal.pop() {
+            self.queue.push_front(e);
+        }
+        self.mid = false;
+        self.recording = false;
+    }
+
     pub fn push(&mut self, kind: Kind, audience: Audience) {
         self.queue.push_back(Expect::Reply {
             kind,
@@ -198,8 +226,13 @@ impl Replies {
     /// Moves the synthetic replies at the head of the queue to `out`.
     pub fn drain_synthetic(&mut self, out: &mut Vec<u8>) {
         while let Some(Expect::Synthetic(_)) = self.queue.front() {
-            if let Some(Expect::Synthetic(bytes)) = self.queue.pop_front() {
-                out.extend_from_slice(&bytes);
+            if let Some(e @ Expect::Synthetic(_)) = self.queue.pop_front() {
+                if let Expect::Synthetic(bytes) = &e {
+                    out.extend_from_slice(bytes);
+                }
+                if self.recording {
+                    self.journal.push(e);
+                }
             }
         }
     }
@@ -323,7 +356,11 @@ impl Replies {
         };
         if done {
             self.mid = false;
-            self.queue.pop_front();
+            if let Some(e) = self.queue.pop_front() {
+                if self.recording {
+                    self.journal.push(e);
+                }
+            }
         }
         Ok(step)
     }

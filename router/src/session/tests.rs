@@ -19,7 +19,8 @@ use crate::protocol::frame::{next_frame, put_frame};
 fn shared() -> Arc<Shared> {
     let config = crate::config::parse(
         "shardmap = \"shardmap.toml\"\ndatabase = \"app\"\nauth = \"trust\"\n\
-         [pool]\nconnect_timeout_ms = 2000\ncheckout_timeout_ms = 2000\n",
+         [pool]\nconnect_timeout_ms = 2000\ncheckout_timeout_ms = 2000\n\
+         [failover]\nhold_ms = 200\n",
         std::path::Path::new("/nonexistent/router.toml"),
     )
     .expect("a valid config");

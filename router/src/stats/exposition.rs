@@ -53,6 +53,18 @@ pub struct Snapshot {
     pub plan_cache_hits: u64,
     pub plan_cache_misses: u64,
     pub ready: bool,
+    /// What holding statements for unreachable shards did.
+    pub failover: FailoverSnapshot,
+}
+
+/// [`crate::stats::FailoverCounters`], read at one moment.
+#[derive(Clone, Debug, Default)]
+pub struct FailoverSnapshot {
+    pub held: u64,
+    pub held_failed: u64,
+    pub held_micros: u64,
+    pub held_max_micros: u64,
+    pub resent: u64,
 }
 
 type Labels = Vec<(&'static str, String)>;
@@ -311,6 +323,37 @@ impl Collector for Exposition {
             "ready",
             "1 when /ready answers 200.",
             one(u64::from(s.ready)),
+        )?;
+        let f = &s.failover;
+        counter(
+            &mut e,
+            "failover_held_statements",
+            "Statements that waited for an unreachable shard ([failover] hold_ms).",
+            one(f.held),
+        )?;
+        counter(
+            &mut e,
+            "failover_held_failed_statements",
+            "Held statements that failed in the end (the window passed, or too many were held).",
+            one(f.held_failed),
+        )?;
+        counter(
+            &mut e,
+            "failover_held_milliseconds",
+            "Time statements waited for unreachable shards, summed.",
+            one(f.held_micros / 1000),
+        )?;
+        gauge(
+            &mut e,
+            "failover_held_max_milliseconds",
+            "The longest any statement waited for an unreachable shard since the start.",
+            one(f.held_max_micros / 1000),
+        )?;
+        counter(
+            &mut e,
+            "failover_resent_statements",
+            "Statements sent again because a shard's shutdown aborted them before they ran.",
+            one(f.resent),
         )?;
         Ok(())
     }

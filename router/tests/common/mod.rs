@@ -53,6 +53,11 @@ impl Env {
 
     /// A cluster and a router with extra config (see [`Router::start_with`]).
     pub fn start_with(shards: usize, servers: usize, extra: &str) -> Env {
+        Self::start_threads(shards, servers, extra, 2)
+    }
+
+    /// [`Env::start_with`] with `threads` router workers (each has its own pools).
+    pub fn start_threads(shards: usize, servers: usize, extra: &str, threads: usize) -> Env {
         let cluster = pgharness::Cluster::start(&pgharness::ClusterOptions {
             shards,
             servers,
@@ -61,7 +66,7 @@ impl Env {
         })
         .expect("start the shard cluster");
         let map = ShardMap::even_split(&cluster.shard_urls(), tables()).expect("shard map");
-        let router = Router::start_with(&map, extra);
+        let router = Router::start_threads_pub(&map, extra, threads);
         Env {
             cluster,
             map,

@@ -2,7 +2,8 @@
 // router.
 //
 // Environment: SHARDGATE_URL (postgres://user:pass@host:port/db), SHARDGATE_KEY_BASE,
-// SHARDGATE_DRIVER (see ../python/psycopg_driver.py).
+// SHARDGATE_DRIVER (see ../python/psycopg_driver.py); SHARDGATE_MODE=isolation runs
+// isolation() instead, with SHARDGATE_KEYS.
 // Prints one line per step; exits 1 with "FAIL <step>: ..." on the first deviation.
 
 import java.math.BigDecimal;
@@ -71,10 +72,9 @@ public class DriverMatrix {
         if (!want.equals(got)) fail(what + ": key " + k + ": expected " + want + ", got " + got);
     }
 
-    static void run() throws Exception {
+    /** A connection to SHARDGATE_URL. */
+    static Connection connect() throws Exception {
         URI url = new URI(System.getenv("SHARDGATE_URL"));
-        long base = Long.parseLong(System.getenv("SHARDGATE_KEY_BASE"));
-        String name = System.getenv().getOrDefault("SHARDGATE_DRIVER", "jdbc");
         String[] userInfo = url.getUserInfo().split(":", 2);
         Properties props = new Properties();
         props.setProperty("user", userInfo[0]);
@@ -84,9 +84,14 @@ public class DriverMatrix {
         // named server-side statement (S_n).
         props.setProperty("prepareThreshold", "5");
         String jdbcUrl = "jdbc:postgresql://" + url.getHost() + ":" + url.getPort() + url.getPath();
+        return DriverManager.getConnection(jdbcUrl, props);
+    }
 
+    static void run() throws Exception {
+        long base = Long.parseLong(System.getenv("SHARDGATE_KEY_BASE"));
+        String name = System.getenv().getOrDefault("SHARDGATE_DRIVER", "jdbc");
         step = "connect";
-        Connection conn = DriverManager.getConnection(jdbcUrl, props);
+        Connection conn = connect();
         ok("pgjdbc " + conn.getMetaData().getDriverVersion());
 
         step = "ddl_broadcast";
@@ -282,9 +287,38 @@ public class DriverMatrix {
         System.out.println("PASS");
     }
 
+    /**
+     * SHARDGATE_MODE=isolation: while other shards are down or busy, statements keyed to the
+     * healthy shard(s) of SHARDGATE_KEYS (rows with v = 'v<key>') and statements that need no
+     * shard never fail.
+     */
+    static void isolation() throws Exception {
+        List<Long> keys = new ArrayList<>();
+        for (String k : System.getenv("SHARDGATE_KEYS").split(",")) keys.add(Long.parseLong(k));
+        step = "connect";
+        Connection conn = connect();
+        ok("");
+        step = "isolated";
+        try (Statement st = conn.createStatement();
+             PreparedStatement select = conn.prepareStatement("SELECT v FROM kv WHERE id = ?")) {
+            for (int round = 0; round < REPEAT; round++) {
+                try (ResultSet rs = st.executeQuery("SELECT 1")) {
+                    if (!rs.next() || rs.getInt(1) != 1) fail("SELECT 1");
+                }
+                for (long k : keys) expectValue(select, k, "v" + k, "isolated");
+            }
+            if (!select.unwrap(PGStatement.class).isUseServerPrepare()) {
+                fail("pgjdbc did not switch the point select to a named server-side statement");
+            }
+        }
+        ok(REPEAT + " rounds of SELECT 1 and " + keys.size() + " keys, named after 5");
+        conn.close();
+        System.out.println("PASS");
+    }
+
     public static void main(String[] args) {
         try {
-            run();
+            if ("isolation".equals(System.getenv("SHARDGATE_MODE"))) isolation(); else run();
         } catch (Deviation e) {
             System.out.println("FAIL " + step + ": " + e.getMessage());
             System.exit(1);

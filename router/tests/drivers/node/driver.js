@@ -1,6 +1,7 @@
 // The driver-matrix script for node-postgres (pg, pure JavaScript) through a shardgate router.
 //
-// Environment: SHARDGATE_URL, SHARDGATE_KEY_BASE, SHARDGATE_DRIVER (see ../python/psycopg_driver.py).
+// Environment: SHARDGATE_URL, SHARDGATE_KEY_BASE, SHARDGATE_DRIVER (see ../python/psycopg_driver.py);
+// SHARDGATE_MODE=isolation runs the isolation script instead (see isolation() below).
 // Prints one line per step; exits 1 with "FAIL <step>: ..." on the first deviation.
 'use strict'
 
@@ -185,7 +186,35 @@ async function main() {
   console.log('PASS')
 }
 
-main().catch((e) => {
+// The isolation script (SHARDGATE_MODE=isolation): while other shards are down or busy, this
+// client's statements, all keyed to the healthy shard(s) of SHARDGATE_KEYS (rows with v = 'v<key>'),
+// and the statements that need no shard at all, must never fail.
+async function isolation() {
+  const keys = process.env.SHARDGATE_KEYS.split(',').map(Number)
+  step = 'connect'
+  const client = new pg.Client({ connectionString: URL, ssl: false })
+  await client.connect()
+  ok()
+  step = 'isolated'
+  for (let round = 0; round < REPEAT; round++) {
+    const one = await client.query('SELECT 1 AS one')
+    if (one.rows[0].one !== 1) fail(`SELECT 1: ${JSON.stringify(one.rows)}`)
+    for (const k of keys) {
+      for (const q of [
+        { text: 'SELECT v FROM kv WHERE id = $1', values: [k] },
+        { name: 'iso_select', text: 'SELECT v FROM kv WHERE id = $1', values: [k] },
+      ]) {
+        const res = await client.query(q)
+        if (res.rows.length !== 1 || res.rows[0].v !== `v${k}`) fail(`key ${k}: ${JSON.stringify(res.rows)}`)
+      }
+    }
+  }
+  ok(`${REPEAT} rounds of SELECT 1 and ${keys.length} keys, unnamed and named`)
+  await client.end()
+  console.log('PASS')
+}
+
+(process.env.SHARDGATE_MODE === 'isolation' ? isolation() : main()).catch((e) => {
   console.log(`FAIL ${step}: ${e instanceof Deviation ? '' : (e.code ? `SQLSTATE ${e.code}: ` : '') + e.constructor.name + ': '}${e.message}`)
   process.exit(1)
 })

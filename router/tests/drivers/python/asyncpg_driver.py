@@ -2,7 +2,8 @@
 arguments runs as a named server-side prepared statement from its statement cache) through a
 shardgate router.
 
-Environment: SHARDGATE_URL, SHARDGATE_KEY_BASE, SHARDGATE_DRIVER (see psycopg_driver.py).
+Environment: SHARDGATE_URL, SHARDGATE_KEY_BASE, SHARDGATE_DRIVER (see psycopg_driver.py);
+SHARDGATE_MODE=isolation runs isolation() instead, with SHARDGATE_KEYS.
 Prints one line per step; exits 1 with "FAIL <step>: ..." on the first deviation.
 """
 
@@ -211,9 +212,37 @@ async def main():
     print("PASS", flush=True)
 
 
+async def isolation():
+    """While other shards are down or busy, statements keyed to the healthy shard(s) of
+    SHARDGATE_KEYS (rows with v = 'v<key>') and statements that need no shard never fail."""
+    global step
+    keys = [int(k) for k in os.environ["SHARDGATE_KEYS"].split(",")]
+    step = "connect"
+    conn = await asyncpg.connect(URL, ssl=False)
+    ok()
+    step = "isolated"
+    for _ in range(REPEAT):
+        if await conn.fetchval("SELECT 1") != 1:
+            fail("SELECT 1")
+        for k in keys:
+            # A named statement from asyncpg's cache: Parse + Describe before the first Bind.
+            v = await conn.fetchval("SELECT v FROM kv WHERE id = $1", k)
+            if v != f"v{k}":
+                fail(f"key {k}: got {v!r}")
+        # A statement asyncpg prepares anew each round (not cached): Parse + Describe again.
+        stmt = await conn.prepare("SELECT v FROM kv WHERE id = $1 AND $2::int >= 0")
+        v = await stmt.fetchval(keys[0], 1)
+        if v != f"v{keys[0]}":
+            fail(f"prepared: got {v!r}")
+    ok(f"{REPEAT} rounds of SELECT 1, {len(keys)} keys and a fresh prepare")
+    await conn.close()
+    print("PASS", flush=True)
+
+
 if __name__ == "__main__":
     try:
-        asyncio.run(main())
+        is_isolation = os.environ.get("SHARDGATE_MODE") == "isolation"
+        asyncio.run(isolation() if is_isolation else main())
     except Deviation as e:
         print(f"FAIL {step}: {e}", flush=True)
         sys.exit(1)

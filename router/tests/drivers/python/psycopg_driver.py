@@ -1,7 +1,8 @@
 """The driver-matrix script for psycopg 3 (libpq underneath) through a shardgate router.
 
 Environment: SHARDGATE_URL (postgres://user:pass@host:port/db), SHARDGATE_KEY_BASE (first key of
-this driver's range of kv), SHARDGATE_DRIVER (name used for the broadcast index).
+this driver's range of kv), SHARDGATE_DRIVER (name used for the broadcast index);
+SHARDGATE_MODE=isolation runs isolation() instead, with SHARDGATE_KEYS.
 Prints one line per step; exits 1 with "FAIL <step>: ..." on the first deviation.
 """
 
@@ -185,9 +186,32 @@ def main():
     print("PASS", flush=True)
 
 
+def isolation():
+    """While other shards are down or busy, statements keyed to the healthy shard(s) of
+    SHARDGATE_KEYS (rows with v = 'v<key>') and statements that need no shard never fail."""
+    global step
+    keys = [int(k) for k in os.environ["SHARDGATE_KEYS"].split(",")]
+    step = "connect"
+    conn = psycopg.connect(URL, sslmode="disable", autocommit=True, prepare_threshold=2)
+    ok()
+    step = "isolated"
+    for _ in range(REPEAT):
+        if conn.execute("SELECT 1").fetchone() != (1,):
+            fail("SELECT 1")
+        for k in keys:
+            row = conn.execute("SELECT v FROM kv WHERE id = %s", (k,)).fetchone()
+            if row != (f"v{k}",):
+                fail(f"key {k}: got {row!r}")
+    if len(conn._prepared._names) < 1:
+        fail("psycopg never switched to a server-side prepared statement")
+    ok(f"{REPEAT} rounds of SELECT 1 and {len(keys)} keys, named prepared statements")
+    conn.close()
+    print("PASS", flush=True)
+
+
 if __name__ == "__main__":
     try:
-        main()
+        isolation() if os.environ.get("SHARDGATE_MODE") == "isolation" else main()
     except SystemExit:
         raise
     except BaseException as e:  # any unexpected exception is a deviation too

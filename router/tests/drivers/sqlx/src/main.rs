@@ -3,8 +3,9 @@
 //! statement cache), so the point selects exercise named statements from the first use.
 //!
 //! Environment: SHARDGATE_URL, SHARDGATE_KEY_BASE, SHARDGATE_DRIVER (see
-//! ../python/psycopg_driver.py). Prints one line per step; exits 1 with "FAIL <step>: ..." on
-//! the first deviation.
+//! ../python/psycopg_driver.py); `SHARDGATE_MODE=isolation` runs [`isolation`] instead, with
+//! SHARDGATE_KEYS. Prints one line per step; exits 1 with "FAIL <step>: ..." on the first
+//! deviation.
 
 use std::time::{Duration, Instant};
 
@@ -323,10 +324,46 @@ async fn run(step: &mut &'static str) -> Result<()> {
     Ok(())
 }
 
+/// `SHARDGATE_MODE=isolation`: while other shards are down or busy, statements keyed to the
+/// healthy shard(s) of `SHARDGATE_KEYS` (rows with v = 'v<key>') and statements that need no
+/// shard never fail.
+async fn isolation(step: &mut &'static str) -> Result<()> {
+    let url = std::env::var("SHARDGATE_URL").map_err(|_| "SHARDGATE_URL is not set")?;
+    let keys = std::env::var("SHARDGATE_KEYS")
+        .map_err(|_| "SHARDGATE_KEYS is not set")?
+        .split(',')
+        .map(|k| k.parse::<i64>().map_err(|e| format!("SHARDGATE_KEYS: {e}")))
+        .collect::<Result<Vec<i64>>>()?;
+    *step = "connect";
+    let mut conn = PgConnection::connect(&url)
+        .await
+        .map_err(|e| e.to_string())?;
+    println!("ok connect");
+    *step = "isolated";
+    for _ in 0..REPEAT {
+        select_one(&mut conn, "SELECT 1").await?;
+        for &k in &keys {
+            expect_value(&mut conn, k, &format!("v{k}"), "isolated").await?;
+        }
+    }
+    println!(
+        "ok isolated: {REPEAT} rounds of SELECT 1 and {} keys, named statements",
+        keys.len()
+    );
+    conn.close().await.map_err(|e| e.to_string())?;
+    println!("PASS");
+    Ok(())
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let mut step = "start";
-    if let Err(e) = run(&mut step).await {
+    let result = if std::env::var("SHARDGATE_MODE").as_deref() == Ok("isolation") {
+        isolation(&mut step).await
+    } else {
+        run(&mut step).await
+    };
+    if let Err(e) = result {
         println!("FAIL {step}: {e}");
         std::process::exit(1);
     }

@@ -1,0 +1,250 @@
+//! Holding statements through a restart (`[failover]`): a shard's primary restarted under load
+//! costs its clients latency, not errors (statements wait for it, and statements the shutdown
+//! aborted before they ran are sent again); past the hold window, or past the bound on held
+//! statements, they fail with 08006 naming why; and statements that need no particular shard
+//! never depend on one bad shard.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{http_get, metric, sqlstate, Env};
+
+const POOL: &str = "[pool]\nmax_size = 4\nconnect_timeout_ms = 1000\ncheckout_timeout_ms = 3000\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_primary_costs_latency_not_errors() {
+    let http = common::free_port();
+    let mut env = Env::start_with(
+        2,
+        2,
+        &format!("{POOL}[failover]\nhold_ms = 30000\n[http]\nlisten = \"127.0.0.1:{http}\"\n"),
+    );
+    let key = env.key_on(0, 50_000_000);
+    let other = env.key_on(1, 50_000_000);
+    let seed = env.router.connect().await;
+    for k in [key, other] {
+        seed.execute("INSERT INTO kv (id, v) VALUES ($1, 'kept')", &[&k])
+            .await
+            .expect("seed");
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut workers = Vec::new();
+    // Prepared point selects, simple-protocol ones, and slow ones (in flight when the shutdown
+    // comes, so that Postgres aborts them with 57P01), all on the restarted shard.
+    for kind in 0..6 {
+        let client = env.router.connect().await;
+        let (stop, done) = (stop.clone(), done.clone());
+        workers.push(tokio::spawn(async move {
+            let mut errors = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let result = match kind % 3 {
+                    0 => client
+                        .query_one("SELECT v FROM kv WHERE id = $1", &[&key])
+                        .await
+                        .map(|r| r.get::<_, String>(0)),
+                    1 => client
+                        .simple_query(&format!("SELECT v FROM kv WHERE id = {key}"))
+                        .await
+                        .map(|m| common::rows(&m)[0][0].clone()),
+                    _ => client
+                        .query_one("SELECT v FROM kv, pg_sleep(0.02) WHERE id = $1", &[&key])
+                        .await
+                        .map(|r| r.get::<_, String>(0)),
+                };
+                match result {
+                    Ok(v) => {
+                        assert_eq!(v, "kept");
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        errors.push(format!("{} {e:?}", sqlstate(&e)));
+                        if e.is_closed() {
+                            break;
+                        }
+                    }
+                }
+            }
+            errors
+        }));
+    }
+    let wait_for = |n: u64| {
+        let done = done.clone();
+        async move {
+            while done.load(Ordering::Relaxed) < n {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    wait_for(200).await;
+    let server = env.cluster.shards()[0].server;
+    for _ in 0..2 {
+        let before = done.load(Ordering::Relaxed);
+        let restarted = tokio::task::block_in_place(|| env.cluster.servers_mut()[server].restart());
+        restarted.expect("restart the shard's server");
+        // Statements flow again after each restart.
+        wait_for(before + 100).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut errors = Vec::new();
+    for w in workers {
+        errors.extend(w.await.expect("worker"));
+    }
+    assert!(
+        errors.is_empty(),
+        "clients saw errors: {errors:?}\n{}",
+        env.router.log_text()
+    );
+    // The other shard was never touched, and the router counted what it held.
+    let row = seed
+        .query_one("SELECT v FROM kv WHERE id = $1", &[&other])
+        .await
+        .expect("the other shard");
+    assert_eq!(row.get::<_, String>(0), "kept");
+    let (_, text) = http_get(http, "/metrics");
+    assert!(
+        metric(&text, "shardgate_failover_held_statements_total") > 0.0,
+        "statements were held: {text}"
+    );
+    assert!(env.router.log_lines("panicked").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_window_or_the_bound_a_held_statement_fails_with_08006() {
+    let mut env = Env::start_with(
+        2,
+        2,
+        &format!("{POOL}[failover]\nhold_ms = 400\nhold_max_statements = 1\n"),
+    );
+    let key = env.key_on(0, 60_000_000);
+    let client = env.router.connect().await;
+    client
+        .execute("INSERT INTO kv (id, v) VALUES ($1, 'x')", &[&key])
+        .await
+        .expect("seed");
+    let server = env.cluster.shards()[0].server;
+    env.cluster.servers_mut()[server].stop().expect("stop");
+
+    let err = client
+        .query_one("SELECT v FROM kv WHERE id = $1", &[&key])
+        .await
+        .expect_err("the shard stays down past the window");
+    assert_eq!(sqlstate(&err), "08006");
+    let message = err
+        .as_db_error()
+        .map(|e| e.message().to_string())
+        .unwrap_or_default();
+    assert!(message.contains("waited"), "{message}");
+
+    // Two at once with room for one held statement: one of them is refused at once, naming
+    // the bound.
+    let second = env.router.connect().await;
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&key];
+    let (a, b) = tokio::join!(
+        client.query_one("SELECT v FROM kv WHERE id = $1", &params),
+        second.query_one("SELECT v FROM kv WHERE id = $1", &params),
+    );
+    let messages: Vec<String> = [a, b]
+        .into_iter()
+        .map(|r| {
+            let e = r.expect_err("still down");
+            assert_eq!(sqlstate(&e), "08006");
+            e.as_db_error()
+                .map(|e| e.message().to_string())
+                .unwrap_or_default()
+        })
+        .collect();
+    assert!(
+        messages.iter().any(|m| m.contains("hold_max_statements")),
+        "{messages:?}"
+    );
+    // Back up: the same clients go on.
+    env.cluster.servers_mut()[server].restart().expect("start");
+    let row = client
+        .query_one("SELECT v FROM kv WHERE id = $1", &[&key])
+        .await
+        .expect("back");
+    assert_eq!(row.get::<_, String>(0), "x");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_waits_for_its_shard_to_come_back() {
+    let mut env = Env::start_with(2, 2, &format!("{POOL}[failover]\nhold_ms = 60000\n"));
+    let key = env.key_on(1, 70_000_000);
+    let client = env.router.connect().await;
+    client
+        .execute("INSERT INTO kv (id, v) VALUES ($1, 'waited')", &[&key])
+        .await
+        .expect("seed");
+    let server = env.cluster.shards()[1].server;
+    env.cluster.servers_mut()[server].stop().expect("stop");
+    let held = tokio::spawn(async move {
+        client
+            .query_one("SELECT v FROM kv WHERE id = $1", &[&key])
+            .await
+            .map(|r| r.get::<_, String>(0))
+    });
+    // The statement is held, not failed, while the server is down...
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!held.is_finished(), "held while the shard is down");
+    // ...and answered once it is back.
+    tokio::task::block_in_place(|| env.cluster.servers_mut()[server].restart()).expect("start");
+    let v = held
+        .await
+        .expect("task")
+        .expect("answered after the restart");
+    assert_eq!(v, "waited");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_for_no_particular_shard_avoid_a_bad_one() {
+    // 4 shards on 2 servers: stopping server 1 takes shards 1 and 3 down; shard 0's pool of
+    // one connection (one router worker) is held busy by a transaction.
+    let mut env = Env::start_threads(
+        4,
+        2,
+        "[pool]\nmax_size = 1\nconnect_timeout_ms = 1000\ncheckout_timeout_ms = 3000\n\
+         [failover]\nhold_ms = 0\n",
+        1,
+    );
+    let down: Vec<usize> = (0..4)
+        .filter(|&s| env.cluster.shards()[s].server == 1)
+        .collect();
+    assert_eq!(down, [1, 3]);
+    let healthy = env.key_on(2, 80_000_000);
+    let busy_key = env.key_on(0, 80_000_000);
+    // The one connection to shard 0 held in a transaction.
+    let holder = env.router.connect().await;
+    holder
+        .batch_execute(&format!("BEGIN; SELECT * FROM kv WHERE id = {busy_key}"))
+        .await
+        .expect("hold shard 0");
+    env.cluster.servers_mut()[1].stop().expect("stop server 1");
+
+    let client = env.router.connect().await;
+    for round in 0..24 {
+        // Table-less statements, preparing a statement keyed by a parameter, and a healthy
+        // shard's key: none of them may fail for the bad shards.
+        client
+            .simple_query("SELECT 1")
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: SELECT 1: {e:?}"));
+        let stmt = client
+            .prepare(&format!(
+                "SELECT v FROM kv WHERE id = $1 AND {round} = {round}"
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: prepare: {e:?}"));
+        client
+            .query_opt(&stmt, &[&healthy])
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: healthy shard: {e:?}"));
+    }
+    holder.batch_execute("ROLLBACK").await.expect("rollback");
+    env.cluster.servers_mut()[1]
+        .restart()
+        .expect("start server 1");
+}
