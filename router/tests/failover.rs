@@ -248,3 +248,116 @@ async fn statements_for_no_particular_shard_avoid_a_bad_one() {
         .restart()
         .expect("start server 1");
 }
+
+/// A failover: the shard's primary stops, its streaming standby (pg_basebackup) is promoted,
+/// and a reloaded shard map names it. Statements for the shard are held while it has no
+/// primary and then run on the new one: no client sees an error, and every update the clients
+/// were told about is on the new primary exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_standby_takes_over_with_no_error() {
+    let mut env = Env::start_with(2, 2, &format!("{POOL}[failover]\nhold_ms = 60000\n"));
+    let key = env.key_on(0, 40_000_000);
+    let counter = env.key_on(0, key + 1);
+    let seed = env.router.connect().await;
+    seed.execute(
+        "INSERT INTO kv (id, v) VALUES ($1, 'kept'), ($2, '0')",
+        &[&key, &counter],
+    )
+    .await
+    .expect("seed");
+    let server = env.cluster.shards()[0].server;
+    let database = env.cluster.shards()[0].database.clone();
+    let standby = tokio::task::block_in_place(|| {
+        env.cluster.servers()[server].start_standby(&pgharness::ServerOptions::default())
+    })
+    .expect("a streaming standby of shard 0's server");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let updates = Arc::new(AtomicU64::new(0));
+    let mut workers = Vec::new();
+    for kind in 0..4 {
+        let client = env.router.connect().await;
+        let (stop, done, updates) = (stop.clone(), done.clone(), updates.clone());
+        workers.push(tokio::spawn(async move {
+            let mut errors = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let result = match kind {
+                    0 => client
+                        .query_one("SELECT v FROM kv WHERE id = $1", &[&key])
+                        .await
+                        .map(|r| assert_eq!(r.get::<_, String>(0), "kept")),
+                    1 => client
+                        .simple_query(&format!("SELECT v FROM kv WHERE id = {key}"))
+                        .await
+                        .map(|m| assert_eq!(common::rows(&m)[0][0], "kept")),
+                    _ => client
+                        .execute(
+                            "UPDATE kv SET v = (v::int + 1)::text WHERE id = $1",
+                            &[&counter],
+                        )
+                        .await
+                        .map(|n| {
+                            assert_eq!(n, 1);
+                            updates.fetch_add(1, Ordering::Relaxed);
+                        }),
+                };
+                match result {
+                    Ok(()) => {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        errors.push(format!("{} {e:?}", sqlstate(&e)));
+                        if e.is_closed() {
+                            break;
+                        }
+                    }
+                }
+            }
+            errors
+        }));
+    }
+    let wait_for = |n: u64| {
+        let done = done.clone();
+        async move {
+            while done.load(Ordering::Relaxed) < n {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    wait_for(200).await;
+    // The old primary goes away (a fast shutdown streams its last WAL to the standby first);
+    // statements for shard 0 are held from here on.
+    tokio::task::block_in_place(|| env.cluster.servers_mut()[server].stop()).expect("stop");
+    tokio::task::block_in_place(|| standby.promote()).expect("promote the standby");
+    let mut urls = env.cluster.shard_urls();
+    urls[0] = standby.url(&database);
+    let moved = shardmap::ShardMap::even_split(&urls, common::tables())
+        .expect("the map after the failover")
+        .with_version(env.map.version() + 1);
+    std::fs::write(env.router.dir.join("shardmap.toml"), moved.to_toml()).expect("write the map");
+    let before = done.load(Ordering::Relaxed);
+    env.router.signal(libc::SIGHUP);
+    tokio::task::block_in_place(|| env.router.wait_for_log("reloaded: shard map", 1));
+    wait_for(before + 200).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut errors = Vec::new();
+    for w in workers {
+        errors.extend(w.await.expect("worker"));
+    }
+    assert!(
+        errors.is_empty(),
+        "clients saw errors: {errors:?}\n{}",
+        env.router.log_text()
+    );
+    // Every acknowledged update, once, on the new primary (read there directly).
+    let on_new_primary = standby
+        .psql(&database, &format!("SELECT v FROM kv WHERE id = {counter}"))
+        .expect("read the new primary");
+    assert_eq!(
+        on_new_primary.trim(),
+        updates.load(Ordering::Relaxed).to_string(),
+        "acknowledged updates"
+    );
+    assert!(env.router.log_lines("panicked").is_empty());
+}

@@ -220,9 +220,55 @@ fn status_text(status: std::process::ExitStatus) -> String {
     }
 }
 
+/// Where a new server's data directory comes from.
+enum Source<'a> {
+    /// A copy of the template (a new, empty cluster).
+    Template,
+    /// A base backup of a running server, started as its streaming standby.
+    StandbyOf(&'a Server),
+}
+
 impl Server {
     /// Creates a server directory from the template and starts PostgreSQL in it.
     pub fn start(opts: &ServerOptions) -> Result<Server> {
+        Self::start_from(opts, Source::Template)
+    }
+
+    /// A streaming standby of this server (`pg_basebackup` over its Unix socket, then
+    /// `standby.signal` and `primary_conninfo`), started with `opts` (its own port and
+    /// directory; the primary's `pg_hba.conf`, certificate and databases come with the backup).
+    /// [`Server::promote`] makes it a primary.
+    pub fn start_standby(&self, opts: &ServerOptions) -> Result<Server> {
+        Self::start_from(opts, Source::StandbyOf(self))
+    }
+
+    /// Promotes a standby to a primary and waits until it accepts writes.
+    pub fn promote(&self) -> Result<()> {
+        let pg_ctl = self.h.install.program("pg_ctl");
+        let out = server_command(&pg_ctl, self.h.run_as.as_ref())
+            .arg("-D")
+            .arg(&self.info.data_dir)
+            .args(["-w", "-t", "60", "promote"])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| Error::Command {
+                what: "promoting the standby".into(),
+                program: pg_ctl.display().to_string(),
+                status: format!("could not be run: {e}"),
+                stderr: String::new(),
+            })?;
+        if out.status.success() {
+            return Ok(());
+        }
+        Err(Error::Command {
+            what: format!("promoting the standby in {}", self.info.data_dir.display()),
+            program: pg_ctl.display().to_string(),
+            status: status_text(out.status),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().into(),
+        })
+    }
+
+    fn start_from(opts: &ServerOptions, source: Source<'_>) -> Result<Server> {
         let h = harness()?;
         if let Some(port) = opts.port {
             check_port_free(port)?;
@@ -301,7 +347,7 @@ impl Server {
             registry_id,
             removed: false,
         };
-        match server.init_and_start(opts) {
+        match server.init_and_start(opts, source) {
             Ok(()) => Ok(server),
             Err(e) => {
                 let _ = server.destroy();
@@ -310,7 +356,7 @@ impl Server {
         }
     }
 
-    fn init_and_start(&mut self, opts: &ServerOptions) -> Result<()> {
+    fn init_and_start(&mut self, opts: &ServerOptions, source: Source<'_>) -> Result<()> {
         let run_as = self.h.run_as.clone();
         let run_as = run_as.as_ref();
         std::fs::create_dir_all(&self.info.socket_dir)
@@ -328,6 +374,39 @@ impl Server {
         })?;
         chown(&self.info.socket_dir, run_as)?;
 
+        let mut settings = Vec::new();
+        match source {
+            Source::Template => self.copy_template()?,
+            Source::StandbyOf(primary) => settings.push(self.base_backup_of(primary)?),
+        }
+        self.write_tls_and_hba(opts)?;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            self.info.port = match opts.port {
+                Some(port) => port,
+                None => free_port()?,
+            };
+            self.write_config(opts, &settings)?;
+            self.info.write(&self.dir)?;
+            match self.pg_ctl_start(opts.start_timeout) {
+                Ok(()) => return Ok(()),
+                Err(Error::StartFailed { ref log_tail, .. })
+                    if opts.port.is_none()
+                        && attempt < PORT_ATTEMPTS
+                        && (log_tail.contains("could not bind")
+                            || log_tail.contains("Address already in use")) =>
+                {
+                    cleanup::kill_postmaster(&self.info.data_dir, Duration::from_secs(5));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The data directory as a copy of the template.
+    fn copy_template(&self) -> Result<()> {
         // `cp -a` keeps the template's owner and modes (PostgreSQL insists on 0700/0750).
         let out = Command::new("cp")
             .arg("-a")
@@ -352,31 +431,45 @@ impl Server {
                 stderr: String::from_utf8_lossy(&out.stderr).trim().into(),
             });
         }
+        Ok(())
+    }
 
-        self.write_tls_and_hba(opts)?;
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            self.info.port = match opts.port {
-                Some(port) => port,
-                None => free_port()?,
-            };
-            self.write_config(opts)?;
-            self.info.write(&self.dir)?;
-            match self.pg_ctl_start(opts.start_timeout) {
-                Ok(()) => return Ok(()),
-                Err(Error::StartFailed { ref log_tail, .. })
-                    if opts.port.is_none()
-                        && attempt < PORT_ATTEMPTS
-                        && (log_tail.contains("could not bind")
-                            || log_tail.contains("Address already in use")) =>
-                {
-                    cleanup::kill_postmaster(&self.info.data_dir, Duration::from_secs(5));
-                    continue;
-                }
-                Err(e) => return Err(e),
-            }
+    /// The data directory as a base backup of `primary` (WAL streamed along, so it is
+    /// consistent), marked as a standby; returns the `primary_conninfo` setting that follows it.
+    fn base_backup_of(&self, primary: &Server) -> Result<(String, String)> {
+        let run_as = self.h.run_as.as_ref();
+        let program = self.h.install.program("pg_basebackup");
+        // Over the primary's Unix socket, where the template's pg_hba.conf trusts replication.
+        let socket = primary.info.socket_dir.display().to_string();
+        let port = primary.info.port.to_string();
+        let out = server_command(&program, run_as)
+            .args([
+                "-h", &socket, "-p", &port, "-U", SUPERUSER, "-X", "stream", "-D",
+            ])
+            .arg(&self.info.data_dir)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| Error::Command {
+                what: "taking a base backup".into(),
+                program: program.display().to_string(),
+                status: format!("could not be run: {e}"),
+                stderr: String::new(),
+            })?;
+        if !out.status.success() {
+            return Err(Error::Command {
+                what: format!("taking a base backup of the server on port {port}"),
+                program: program.display().to_string(),
+                status: status_text(out.status),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().into(),
+            });
         }
+        let signal = self.info.data_dir.join("standby.signal");
+        std::fs::write(&signal, "").map_err(|e| Error::io("writing standby.signal", &signal, e))?;
+        chown(&signal, run_as)?;
+        Ok((
+            "primary_conninfo".into(),
+            format!("host={socket} port={port} user={SUPERUSER}"),
+        ))
     }
 
     /// The certificate, key and `pg_hba.conf` lines of `opts`, written once into the fresh
@@ -407,7 +500,7 @@ impl Server {
         Ok(())
     }
 
-    fn write_config(&self, opts: &ServerOptions) -> Result<()> {
+    fn write_config(&self, opts: &ServerOptions, extra: &[(String, String)]) -> Result<()> {
         let mut settings: Vec<(String, String)> = vec![
             ("listen_addresses".into(), HOST.into()),
             ("port".into(), self.info.port.to_string()),
@@ -432,6 +525,7 @@ impl Server {
             ]);
         }
         settings.extend(opts.settings.iter().cloned());
+        settings.extend(extra.iter().cloned());
         let mut text = String::from(
             "# Do not edit this file manually!\n# It will be overwritten by the ALTER SYSTEM command.\n# Written by pgharness.\n",
         );
