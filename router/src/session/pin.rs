@@ -159,37 +159,47 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let uses = replay::uses(&self.out.bytes).map_err(|e| lost(&format!("{why}; {}", e.0)))?;
         Stats::count(&self.shared.stats.failover.resent);
         tracing::info!(shard = %name, "sending a statement again that a shutdown aborted before it ran: {why}");
-        let (mut conn, _, shard) = match self.routing.checkout_timed(old.shard).await {
-            Ok((conn, waited)) => (conn, waited, old.shard),
-            Err(Checkout::Refused(err)) => return Err(err),
-            Err(Checkout::MapChanged) => self.checkout_after_reload(old.shard).await?,
-        };
-        let mut prelude = bytes::BytesMut::new();
-        let mut readies = 0;
-        let fp = self.settings.fingerprint();
-        if conn.settings_fp != fp {
-            crate::protocol::request::query(&mut prelude, &self.settings.apply_sql())
-                .map_err(errors::internal)?;
-            readies += 1;
-        }
-        let statements = &self.statements;
-        let wrote = replay::prelude(&mut prelude, &uses, &mut conn.prepared, |id| {
-            statements
-                .router_statement(id)
-                .map(|s| (&*s.sql, &*s.param_types))
-        })
-        .map_err(|e| lost(&format!("{why}; {}", e.0)))?;
-        readies += usize::from(wrote);
-        if readies > 0 {
-            let failed = run_prelude(&mut conn, &prelude, readies).await;
-            if let Some(problem) = failed {
-                crate::backend::pool::discard(conn);
-                return Err(lost(&format!(
-                    "{why}; preparing another connection: {problem}"
-                )));
+        // The connection that gets it may itself be ended by the same shutdown before the
+        // request is written to it (while it is being prepared): then another is taken.
+        let mut attempt = 0;
+        let (conn, shard) = loop {
+            attempt += 1;
+            let (mut conn, _, shard) = match self.routing.checkout_timed(old.shard).await {
+                Ok((conn, waited)) => (conn, waited, old.shard),
+                Err(Checkout::Refused(err)) => return Err(err),
+                Err(Checkout::MapChanged) => self.checkout_after_reload(old.shard).await?,
+            };
+            let mut prelude = bytes::BytesMut::new();
+            let mut readies = 0;
+            let fp = self.settings.fingerprint();
+            if conn.settings_fp != fp {
+                crate::protocol::request::query(&mut prelude, &self.settings.apply_sql())
+                    .map_err(errors::internal)?;
+                readies += 1;
             }
-            conn.settings_fp = fp;
-        }
+            let statements = &self.statements;
+            let wrote = replay::prelude(&mut prelude, &uses, &mut conn.prepared, |id| {
+                statements
+                    .router_statement(id)
+                    .map(|s| (&*s.sql, &*s.param_types))
+            })
+            .map_err(|e| lost(&format!("{why}; {}", e.0)))?;
+            readies += usize::from(wrote);
+            if readies > 0 {
+                if let Some(problem) = run_prelude(&mut conn, &prelude, readies).await {
+                    crate::backend::pool::discard(conn);
+                    if problem.connection_ended && attempt < PRELUDE_ATTEMPTS {
+                        continue;
+                    }
+                    return Err(lost(&format!(
+                        "{why}; preparing another connection: {}",
+                        problem.what
+                    )));
+                }
+                conn.settings_fp = fp;
+            }
+            break (conn, shard);
+        };
         self.slot.set_running(Some(CancelTarget {
             generation: self.routing.generation,
             shard,
@@ -237,26 +247,44 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     }
 }
 
+/// How many connections a resent request's prelude is tried on.
+const PRELUDE_ATTEMPTS: usize = 3;
+
+/// What went wrong with a prelude.
+struct PreludeProblem {
+    what: String,
+    /// The connection broke or the server ended it at a shutdown: nothing of the request was
+    /// sent on it, so another connection may be tried.
+    connection_ended: bool,
+}
+
 /// Runs a prelude up to its `readies`-th ReadyForQuery; what went wrong, if anything.
 async fn run_prelude(
     conn: &mut crate::backend::BackendConn,
     prelude: &[u8],
     readies: usize,
-) -> Option<String> {
+) -> Option<PreludeProblem> {
+    let ended = |e: std::io::Error| PreludeProblem {
+        what: e.to_string(),
+        connection_ended: true,
+    };
     let mut replies = match conn.request(prelude, readies).await {
         Ok(r) => r,
-        Err(e) => return Some(e.to_string()),
+        Err(e) => return Some(ended(e)),
     };
     let mut problem = None;
     loop {
         match replies.next().await {
             Ok(Some(frame)) if frame[0] == b'E' => {
                 let (code, message) = crate::protocol::backend::error_fields(frame);
-                problem.get_or_insert(format!("{message} (SQLSTATE {code})"));
+                problem.get_or_insert(PreludeProblem {
+                    what: format!("{message} (SQLSTATE {code})"),
+                    connection_ended: crate::protocol::backend::is_shutdown(frame),
+                });
             }
             Ok(Some(_)) => {}
             Ok(None) => return problem,
-            Err(e) => return Some(e.to_string()),
+            Err(e) => return Some(problem.unwrap_or(ended(e))),
         }
     }
 }

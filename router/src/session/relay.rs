@@ -101,9 +101,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         // ones may use a portal or transaction of an earlier one, which is gone with it.
         let mut replayable = pin.fresh && self.state.tx == Tx::Idle;
         pin.fresh = false;
-        if replayable {
-            self.out.replies.record();
-        }
         self.client
             .meter
             .route(RouteKind::SingleShard, self.routing.stats_id(shard));
@@ -118,6 +115,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         // While the request may be sent again, what it has answered so far stays in the
         // client's buffer from here on, to be taken back if the server aborts it.
         let mark = self.client.out.len();
+        if replayable {
+            self.out.replies.record();
+        }
         // A request almost always fits the socket buffer: write it straight away, and only
         // fall back to writing while reading (below) when the kernel would block (or the
         // connection is TLS, whose records the async path writes and flushes).

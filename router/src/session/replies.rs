@@ -378,6 +378,41 @@ mod tests {
     }
 
     #[test]
+    fn a_rewind_expects_again_what_was_answered_since_recording_began() {
+        let mut r = Replies::default();
+        r.push(Kind::Parse, Audience::Router);
+        r.push(Kind::Bind, Audience::Client);
+        r.push_synthetic(b"n".to_vec());
+        r.push(Kind::Execute, Audience::Client);
+        r.push(Kind::Sync, Audience::Client);
+        r.record();
+        let mut out = Vec::new();
+        assert_eq!(
+            feed(&mut r, &[(b'1', b""), (b'2', b"")]),
+            [Action::Drop, Action::Forward]
+        );
+        r.drain_synthetic(&mut out);
+        assert_eq!(out, b"n");
+        // The server aborted the request: all of it is expected again, in order, synthetic
+        // reply included, and answered the same way.
+        r.rewind();
+        let mut again = Vec::new();
+        assert_eq!(
+            feed(&mut r, &[(b'1', b""), (b'2', b"")]),
+            [Action::Drop, Action::Forward]
+        );
+        r.drain_synthetic(&mut again);
+        assert_eq!(again, b"n");
+        feed(&mut r, &[(b'C', b"SELECT 1\0"), (b'Z', b"I")]);
+        assert!(r.is_empty());
+        // Not recording: nothing is kept, and a rewind restores nothing.
+        r.push(Kind::Sync, Audience::Client);
+        feed(&mut r, &[(b'Z', b"I")]);
+        r.rewind();
+        assert!(r.is_empty());
+    }
+
+    #[test]
     fn injected_parse_is_hidden_and_synthetic_replies_keep_their_place() {
         let mut r = Replies::default();
         r.push_synthetic(b"1".to_vec());
