@@ -14,6 +14,107 @@ use common::{http_get, metric, sqlstate, Env};
 
 const POOL: &str = "[pool]\nmax_size = 4\nconnect_timeout_ms = 1000\ncheckout_timeout_ms = 3000\n";
 
+/// What one client of a [`Load`] runs, over and over, on one key.
+#[derive(Clone)]
+enum Statement {
+    /// A prepared-protocol select of `v`, which must read `want`.
+    Select {
+        sql: &'static str,
+        key: i64,
+        want: &'static str,
+    },
+    /// A simple-protocol `SELECT v FROM kv WHERE id = key`, which must read `want`.
+    SimpleSelect { key: i64, want: &'static str },
+    /// `v = v + 1` on `key`, counted in `acknowledged` when the client is told it happened.
+    Increment {
+        key: i64,
+        acknowledged: Arc<AtomicU64>,
+    },
+}
+
+impl Statement {
+    async fn run(&self, client: &tokio_postgres::Client) -> Result<(), tokio_postgres::Error> {
+        match self {
+            Statement::Select { sql, key, want } => {
+                let row = client.query_one(*sql, &[key]).await?;
+                assert_eq!(row.get::<_, String>(0), *want);
+            }
+            Statement::SimpleSelect { key, want } => {
+                let m = client
+                    .simple_query(&format!("SELECT v FROM kv WHERE id = {key}"))
+                    .await?;
+                assert_eq!(common::rows(&m)[0][0], *want);
+            }
+            Statement::Increment { key, acknowledged } => {
+                let sql = "UPDATE kv SET v = (v::int + 1)::text WHERE id = $1";
+                assert_eq!(client.execute(sql, &[key]).await?, 1);
+                acknowledged.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Clients of the router, one per statement, each running its statement until stopped and
+/// keeping the errors it saw.
+struct Load {
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
+    workers: Vec<tokio::task::JoinHandle<Vec<String>>>,
+}
+
+impl Load {
+    async fn start(env: &Env, statements: Vec<Statement>) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicU64::new(0));
+        let mut workers = Vec::new();
+        for statement in statements {
+            let client = env.router.connect().await;
+            let (stop, done) = (stop.clone(), done.clone());
+            workers.push(tokio::spawn(async move {
+                let mut errors = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    match statement.run(&client).await {
+                        Ok(()) => {
+                            done.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            errors.push(format!("{} {e:?}", sqlstate(&e)));
+                            if e.is_closed() {
+                                break;
+                            }
+                        }
+                    }
+                }
+                errors
+            }));
+        }
+        Load {
+            stop,
+            done,
+            workers,
+        }
+    }
+
+    /// Waits until `more` statements beyond those done so far have been answered.
+    async fn wait_for(&self, more: u64) {
+        let target = self.done.load(Ordering::Relaxed) + more;
+        while self.done.load(Ordering::Relaxed) < target {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Stops the clients; the errors they saw.
+    async fn finish(self) -> Vec<String> {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut errors = Vec::new();
+        for w in self.workers {
+            errors.extend(w.await.expect("worker"));
+        }
+        errors
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_primary_costs_latency_not_errors() {
     let http = common::free_port();
@@ -30,69 +131,28 @@ async fn a_restarted_primary_costs_latency_not_errors() {
             .await
             .expect("seed");
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
-    let mut workers = Vec::new();
     // Prepared point selects, simple-protocol ones, and slow ones (in flight when the shutdown
     // comes, so that Postgres aborts them with 57P01), all on the restarted shard.
-    for kind in 0..6 {
-        let client = env.router.connect().await;
-        let (stop, done) = (stop.clone(), done.clone());
-        workers.push(tokio::spawn(async move {
-            let mut errors = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                let result = match kind % 3 {
-                    0 => client
-                        .query_one("SELECT v FROM kv WHERE id = $1", &[&key])
-                        .await
-                        .map(|r| r.get::<_, String>(0)),
-                    1 => client
-                        .simple_query(&format!("SELECT v FROM kv WHERE id = {key}"))
-                        .await
-                        .map(|m| common::rows(&m)[0][0].clone()),
-                    _ => client
-                        .query_one("SELECT v FROM kv, pg_sleep(0.02) WHERE id = $1", &[&key])
-                        .await
-                        .map(|r| r.get::<_, String>(0)),
-                };
-                match result {
-                    Ok(v) => {
-                        assert_eq!(v, "kept");
-                        done.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(e) => {
-                        errors.push(format!("{} {e:?}", sqlstate(&e)));
-                        if e.is_closed() {
-                            break;
-                        }
-                    }
-                }
-            }
-            errors
-        }));
-    }
-    let wait_for = |n: u64| {
-        let done = done.clone();
-        async move {
-            while done.load(Ordering::Relaxed) < n {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
+    let select = |sql| Statement::Select {
+        sql,
+        key,
+        want: "kept",
     };
-    wait_for(200).await;
+    let statements = [
+        select("SELECT v FROM kv WHERE id = $1"),
+        Statement::SimpleSelect { key, want: "kept" },
+        select("SELECT v FROM kv, pg_sleep(0.02) WHERE id = $1"),
+    ];
+    let load = Load::start(&env, [&statements[..], &statements[..]].concat()).await;
+    load.wait_for(200).await;
     let server = env.cluster.shards()[0].server;
     for _ in 0..2 {
-        let before = done.load(Ordering::Relaxed);
         let restarted = tokio::task::block_in_place(|| env.cluster.servers_mut()[server].restart());
         restarted.expect("restart the shard's server");
         // Statements flow again after each restart.
-        wait_for(before + 100).await;
+        load.wait_for(100).await;
     }
-    stop.store(true, Ordering::Relaxed);
-    let mut errors = Vec::new();
-    for w in workers {
-        errors.extend(w.await.expect("worker"));
-    }
+    let errors = load.finish().await;
     assert!(
         errors.is_empty(),
         "clients saw errors: {errors:?}\n{}",
@@ -272,60 +332,28 @@ async fn a_promoted_standby_takes_over_with_no_error() {
     })
     .expect("a streaming standby of shard 0's server");
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
     let updates = Arc::new(AtomicU64::new(0));
-    let mut workers = Vec::new();
-    for kind in 0..4 {
-        let client = env.router.connect().await;
-        let (stop, done, updates) = (stop.clone(), done.clone(), updates.clone());
-        workers.push(tokio::spawn(async move {
-            let mut errors = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                let result = match kind {
-                    0 => client
-                        .query_one("SELECT v FROM kv WHERE id = $1", &[&key])
-                        .await
-                        .map(|r| assert_eq!(r.get::<_, String>(0), "kept")),
-                    1 => client
-                        .simple_query(&format!("SELECT v FROM kv WHERE id = {key}"))
-                        .await
-                        .map(|m| assert_eq!(common::rows(&m)[0][0], "kept")),
-                    _ => client
-                        .execute(
-                            "UPDATE kv SET v = (v::int + 1)::text WHERE id = $1",
-                            &[&counter],
-                        )
-                        .await
-                        .map(|n| {
-                            assert_eq!(n, 1);
-                            updates.fetch_add(1, Ordering::Relaxed);
-                        }),
-                };
-                match result {
-                    Ok(()) => {
-                        done.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(e) => {
-                        errors.push(format!("{} {e:?}", sqlstate(&e)));
-                        if e.is_closed() {
-                            break;
-                        }
-                    }
-                }
-            }
-            errors
-        }));
-    }
-    let wait_for = |n: u64| {
-        let done = done.clone();
-        async move {
-            while done.load(Ordering::Relaxed) < n {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
-    wait_for(200).await;
+    let load = Load::start(
+        &env,
+        vec![
+            Statement::Select {
+                sql: "SELECT v FROM kv WHERE id = $1",
+                key,
+                want: "kept",
+            },
+            Statement::SimpleSelect { key, want: "kept" },
+            Statement::Increment {
+                key: counter,
+                acknowledged: updates.clone(),
+            },
+            Statement::Increment {
+                key: counter,
+                acknowledged: updates.clone(),
+            },
+        ],
+    )
+    .await;
+    load.wait_for(200).await;
     // The old primary goes away (a fast shutdown streams its last WAL to the standby first);
     // statements for shard 0 are held from here on.
     tokio::task::block_in_place(|| env.cluster.servers_mut()[server].stop()).expect("stop");
@@ -336,15 +364,10 @@ async fn a_promoted_standby_takes_over_with_no_error() {
         .expect("the map after the failover")
         .with_version(env.map.version() + 1);
     std::fs::write(env.router.dir.join("shardmap.toml"), moved.to_toml()).expect("write the map");
-    let before = done.load(Ordering::Relaxed);
     env.router.signal(libc::SIGHUP);
     tokio::task::block_in_place(|| env.router.wait_for_log("reloaded: shard map", 1));
-    wait_for(before + 200).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut errors = Vec::new();
-    for w in workers {
-        errors.extend(w.await.expect("worker"));
-    }
+    load.wait_for(200).await;
+    let errors = load.finish().await;
     assert!(
         errors.is_empty(),
         "clients saw errors: {errors:?}\n{}",

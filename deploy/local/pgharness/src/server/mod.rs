@@ -242,19 +242,27 @@ impl Server {
         Self::start_from(opts, Source::StandbyOf(self))
     }
 
+    /// `pg_ctl -D DATA ARGS`, run as the server's user: its output, or why it could not run.
+    fn pg_ctl(&self, args: &[&str]) -> std::result::Result<std::process::Output, String> {
+        let pg_ctl = self.h.install.program("pg_ctl");
+        server_command(&pg_ctl, self.h.run_as.as_ref())
+            .arg("-D")
+            .arg(&self.info.data_dir)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("{} could not be run: {e}", pg_ctl.display()))
+    }
+
     /// Promotes a standby to a primary and waits until it accepts writes.
     pub fn promote(&self) -> Result<()> {
         let pg_ctl = self.h.install.program("pg_ctl");
-        let out = server_command(&pg_ctl, self.h.run_as.as_ref())
-            .arg("-D")
-            .arg(&self.info.data_dir)
-            .args(["-w", "-t", "60", "promote"])
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| Error::Command {
+        let out = self
+            .pg_ctl(&["-w", "-t", "60", "promote"])
+            .map_err(|status| Error::Command {
                 what: "promoting the standby".into(),
                 program: pg_ctl.display().to_string(),
-                status: format!("could not be run: {e}"),
+                status,
                 stderr: String::new(),
             })?;
         if out.status.success() {
@@ -685,16 +693,11 @@ impl Server {
         if !self.is_running() {
             return Ok(());
         }
-        let pg_ctl = self.h.install.program("pg_ctl");
-        let out = server_command(&pg_ctl, self.h.run_as.as_ref())
-            .arg("-D")
-            .arg(&self.info.data_dir)
-            .args(["-m", "fast", "-w", "-t", "60", "stop"])
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| Error::StopFailed {
+        let out = self
+            .pg_ctl(&["-m", "fast", "-w", "-t", "60", "stop"])
+            .map_err(|reason| Error::StopFailed {
                 data_dir: self.info.data_dir.clone(),
-                reason: format!("{} could not be run: {e}", pg_ctl.display()),
+                reason,
             })?;
         if out.status.success() || !self.is_running() {
             return Ok(());
