@@ -51,7 +51,7 @@ for _ in $(seq 50); do psql "$URL" -Atc "SELECT 1" > /dev/null 2>&1 && break; sl
 psql "$URL" -Atc "SELECT count(*) FROM kv WHERE id = 1" > /dev/null
 rss() { awk '/^'"$1"':/{print int($2/1024)}' /proc/$PID/status; }
 BASE=$(rss VmRSS)
-three() { local pids=""; for j in 1 2 3; do (psql "$URL" -At "$@" 2>&1 >/dev/null | head -c 200 > out$j.txt) & pids="$pids $!"; done; wait $pids; cp out1.txt out.txt; }
+three() { local pids=""; for j in 1 2 3; do (psql "$URL" -At "$@" 2>&1 >/dev/null | head -c 200 > out$j.txt) & pids="$pids $!"; done; wait $pids || true; cp out1.txt out.txt; }
 case $CASE in
   group1) psql "$URL" -Atc "SELECT v, count(*) FROM kv GROUP BY v" 2>&1 >/dev/null | head -c 200 > out.txt || true ;;
   group3) three -c "SELECT v, count(*) FROM kv GROUP BY v" ;;
