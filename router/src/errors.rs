@@ -211,6 +211,16 @@ pub fn message_too_long(len: usize, limit: usize) -> SqlError {
     .with_hint("send less in one message, e.g. split a long statement or use COPY for bulk data")
 }
 
+/// `54000`: a statement text (literals taken out) longer than `limits.max_plan_bytes`, which
+/// the router does not parse.
+pub fn too_long_to_plan(bytes: usize, limit: usize) -> SqlError {
+    SqlError::new(
+        PROGRAM_LIMIT_EXCEEDED,
+        format!("this statement is {bytes} bytes long without its literals, longer than the router parses to route it ({limit} bytes, limits.max_plan_bytes)"),
+    )
+    .with_hint("pass long lists as one array parameter (WHERE id = ANY($1)), load bulk data with COPY, or split the statement")
+}
+
 /// `54000`: the extended-protocol messages held for one batch (until a Bind names a shard)
 /// passed `limits.max_message_bytes`.
 pub fn held_too_long(limit: usize) -> SqlError {

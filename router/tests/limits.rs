@@ -1,7 +1,8 @@
 //! Memory bounded in bytes: a merged read across shards past `limits.max_merge_bytes` or the
 //! router-wide `limits.merge_memory_bytes`, a message past `limits.max_message_bytes`, held
-//! extended messages and a COPY row past it. Each gets `54000` naming its setting; the session
-//! (where Postgres's would) and every other client keep working.
+//! extended messages and a COPY row past it, a statement too long to parse past
+//! `limits.max_plan_bytes`. Each gets `54000` naming its setting; the session (where Postgres's
+//! would) and every other client keep working.
 
 mod common;
 
@@ -14,6 +15,8 @@ use common::{rows, sqlstate, Env, Router};
 
 /// `max_message_bytes` in these tests: 1 MiB.
 const MAX_MESSAGE: usize = 1 << 20;
+/// `max_plan_bytes` in these tests.
+const MAX_PLAN: usize = 64 << 10;
 
 /// A cluster whose router has small limits (and trust authentication, for the raw client).
 fn env() -> &'static Env {
@@ -23,7 +26,8 @@ fn env() -> &'static Env {
             4,
             2,
             &format!(
-                "auth = \"trust\"\n[limits]\nmax_merge_bytes = 1000000\nmax_message_bytes = {MAX_MESSAGE}\n"
+                "auth = \"trust\"\n[limits]\nmax_merge_bytes = 1000000\nmax_message_bytes = {MAX_MESSAGE}\n\
+                 max_plan_bytes = {MAX_PLAN}\n"
             ),
         );
         env
@@ -325,4 +329,70 @@ fn a_copy_row_over_max_message_bytes_fails_the_copy_only() {
         env.on_shard(shard, &format!("SELECT count(*) FROM kv WHERE id = {id}")),
         "0"
     );
+}
+
+/// A statement whose text without its literals is longer than `max_plan_bytes` (a long `IN`
+/// list of placeholders, through both protocols) is refused before it is parsed, and the
+/// session goes on; a statement as long whose length is in a literal is planned (literals are
+/// taken out first) and runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_too_long_to_parse_is_refused_and_the_session_goes_on() {
+    let env = env();
+    let client = env.router.connect().await;
+    // 20,000 literals: about 140 KB as sent, 120 KB once each is `$n`.
+    let list: Vec<String> = (0..20_000).map(|i| i.to_string()).collect();
+    let sql = format!("SELECT count(*) FROM kv WHERE id IN ({})", list.join(","));
+    assert!(sql.len() > MAX_PLAN && sql.len() < MAX_MESSAGE);
+    let err = client
+        .simple_query(&sql)
+        .await
+        .expect_err("too long to parse");
+    assert_eq!(sqlstate(&err), "54000");
+    let message = err
+        .as_db_error()
+        .map(|e| e.message().to_string())
+        .unwrap_or_default();
+    assert!(message.contains("limits.max_plan_bytes"), "{message}");
+    // Extended protocol: prepared (Postgres describes it), refused when it is to run, and the
+    // connection goes on.
+    let placeholders: Vec<String> = (1..=20_000).map(|i| format!("${i}")).collect();
+    let long = format!(
+        "SELECT count(*) FROM kv WHERE id IN ({})",
+        placeholders.join(",")
+    );
+    let stmt = client
+        .prepare(&long)
+        .await
+        .map_err(|e| sqlstate(&e))
+        .expect("prepared");
+    let keys: Vec<i64> = (0..20_000).collect();
+    let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+        keys.iter().map(|k| k as _).collect();
+    let err = match client.query(&stmt, &params).await {
+        Ok(_) => panic!("a statement too long to parse ran"),
+        Err(e) => e,
+    };
+    let message = err
+        .as_db_error()
+        .map(|e| e.message().to_string())
+        .unwrap_or_default();
+    assert_eq!(sqlstate(&err), "54000", "{message}");
+    assert!(message.contains("limits.max_plan_bytes"), "{message}");
+    let one = client
+        .simple_query("SELECT 1")
+        .await
+        .expect("the session goes on");
+    assert_eq!(rows(&one), [["1"]]);
+    // A long literal is no reason to refuse: the planner sees `$2`.
+    let big = "y".repeat(MAX_PLAN * 4);
+    let key = env.key_on(1, 91_000_000);
+    client
+        .simple_query(&format!("INSERT INTO kv (id, v) VALUES ({key}, '{big}')"))
+        .await
+        .expect("a long literal is planned");
+    let back = client
+        .simple_query(&format!("SELECT length(v) FROM kv WHERE id = {key}"))
+        .await
+        .expect("read it back");
+    assert_eq!(rows(&back), [[big.len().to_string()]]);
 }

@@ -437,6 +437,7 @@ pub fn config(shared: &Shared) -> Table {
             "limits.max_message_bytes",
             c.limits.max_message_bytes.to_string(),
         ),
+        ("limits.max_plan_bytes", c.limits.max_plan_bytes.to_string()),
         ("shutdown.drain_grace_ms", ms(c.shutdown.drain_grace)),
         ("shutdown.drain_timeout_ms", ms(c.shutdown.drain_timeout)),
         ("reload.watch", c.reload.watch.to_string()),

@@ -289,6 +289,11 @@ pub struct Limits {
     /// reading it. It also bounds the extended-protocol messages held for one batch. Default
     /// 64 MiB (Postgres allows 1 GiB); at least 1024.
     pub max_message_bytes: usize,
+    /// `max_plan_bytes`: the longest statement text (literals taken out, comments kept as one
+    /// space) the router parses to route it; a longer one is refused with `54000`. Parsing
+    /// costs tens of times a text's size in memory and holds the worker thread meanwhile.
+    /// Default 1 MiB; at least 1024.
+    pub max_plan_bytes: usize,
 }
 
 /// `[shutdown]`: on SIGTERM (or Ctrl-C) the router drains: `/ready` says no at once, clients

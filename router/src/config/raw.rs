@@ -86,6 +86,7 @@ pub(super) struct RawLimits {
     pub(super) merge_memory_bytes: Option<Spanned<i64>>,
     pub(super) plan_cache_bytes: Option<Spanned<i64>>,
     pub(super) max_message_bytes: Option<Spanned<i64>>,
+    pub(super) max_plan_bytes: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize, Default)]

@@ -458,6 +458,7 @@ pub(super) fn limits(l: &RawLimits, check: &mut Checker<'_>) -> Limits {
             64 << 20,
             1024,
         ),
+        max_plan_bytes: check.count(&l.max_plan_bytes, "limits.max_plan_bytes", 1 << 20, 1024),
     }
 }
 

@@ -126,6 +126,7 @@ listen = "127.0.0.1:9930"
             merge_memory_bytes: 256 << 20,
             plan_cache_bytes: 64 << 20,
             max_message_bytes: 64 << 20,
+            max_plan_bytes: 1 << 20,
         }
     );
     // No password, plain or backend, is printed by Debug.
@@ -195,6 +196,7 @@ fn defaults() {
             merge_memory_bytes: 256 << 20,
             plan_cache_bytes: 64 << 20,
             max_message_bytes: 64 << 20,
+            max_plan_bytes: 1 << 20,
         }
     );
 }

@@ -112,7 +112,8 @@ impl Routing {
                 map.clone(),
                 config.limits.plan_cache_size,
                 config.limits.plan_cache_bytes,
-            ),
+            )
+            .parsing_at_most(config.limits.max_plan_bytes),
             map,
             config,
             tls,
