@@ -213,10 +213,10 @@ pub fn message_too_long(len: usize, limit: usize) -> SqlError {
 
 /// `54000`: a statement text (literals taken out) longer than `limits.max_plan_bytes`, which
 /// the router does not parse.
-pub fn too_long_to_plan(bytes: usize, limit: usize) -> SqlError {
+pub fn too_long_to_plan(limit: usize) -> SqlError {
     SqlError::new(
         PROGRAM_LIMIT_EXCEEDED,
-        format!("this statement is {bytes} bytes long without its literals, longer than the router parses to route it ({limit} bytes, limits.max_plan_bytes)"),
+        format!("this statement is longer without its literals than the router parses to route it ({limit} bytes, limits.max_plan_bytes)"),
     )
     .with_hint("pass long lists as one array parameter (WHERE id = ANY($1)), load bulk data with COPY, or split the statement")
 }

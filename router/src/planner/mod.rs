@@ -40,7 +40,7 @@ use sqlparser::parser::Parser;
 
 pub use cache::{CacheStats, PlanCache, MAX_CACHED_TEXT};
 pub use keys::{key_from_binary, key_from_text, KeyValueError};
-pub use normalize::{normalize, LiteralKind, NormalizeBuf};
+pub use normalize::{normalize, normalize_within, LiteralKind, NormalizeBuf};
 
 /// Where one statement must run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,7 +77,7 @@ pub enum Route {
     /// does not exist yet); the message says why and what would make it routable.
     Unroutable { message: String },
     /// Longer than the planner parses (`[limits] max_plan_bytes`): refused with `54000`.
-    TooLong { bytes: usize, limit: usize },
+    TooLong { limit: usize },
     /// DDL that every shard needs: on a sharded table, or schema-wide (schemas, extensions,
     /// functions, types, grants). Run on all shards, answered once.
     Broadcast,
@@ -299,8 +299,15 @@ impl Planner {
     /// scratch and holds this statement's literal values until the next call. A hit in the
     /// thread's own cache takes no lock and allocates nothing once `buf` has grown to fit.
     pub fn plan<'b>(&self, sql: &str, buf: &'b mut NormalizeBuf) -> PlanRef<'b> {
-        normalize(sql, buf);
+        normalize_within(sql, buf, self.max_parse);
         let buf: &'b NormalizeBuf = buf;
+        if buf.too_long() {
+            return PlanRef {
+                plan: Arc::new(self.too_long()),
+                buf,
+                cached: false,
+            };
+        }
         let text = buf.normalized();
         let owner = (
             self.id,
@@ -343,16 +350,20 @@ impl Planner {
         }
     }
 
+    /// The plan of a text longer than the planner parses.
+    fn too_long(&self) -> Plan {
+        Plan {
+            statements: vec![Route::TooLong {
+                limit: self.max_parse,
+            }],
+            normalized: false,
+            use_original: false,
+        }
+    }
+
     fn build(&self, text: &str, buf: &NormalizeBuf, normalized: bool) -> Plan {
         if text.len() > self.max_parse {
-            return Plan {
-                statements: vec![Route::TooLong {
-                    bytes: text.len(),
-                    limit: self.max_parse,
-                }],
-                normalized,
-                use_original: false,
-            };
+            return self.too_long();
         }
         let positions = self
             .key_positions

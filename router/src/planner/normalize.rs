@@ -40,7 +40,14 @@ pub struct NormalizeBuf {
     /// The values of all literals, back to back (strings unescaped, numbers as written).
     values: Vec<u8>,
     literals: Vec<Span>,
+    /// Terminated comments, as byte ranges of the original text: each is one space in the
+    /// normalized text (as it is to Postgres's lexer), so statements that differ only in their
+    /// comments share a plan and a long comment costs the parser nothing.
+    comments: Vec<(usize, usize)>,
     params_before: usize,
+    /// The normalized text would be longer than the bound [`normalize_within`] was given:
+    /// the scan stopped, and the text and literals are incomplete.
+    too_long: bool,
 }
 
 impl NormalizeBuf {
@@ -57,6 +64,12 @@ impl NormalizeBuf {
     /// placeholder `$(params_before + i + 1)`.
     pub fn params_before(&self) -> usize {
         self.params_before
+    }
+
+    /// Whether the last [`normalize_within`] stopped at its bound (nothing else of this
+    /// buffer may then be used).
+    pub fn too_long(&self) -> bool {
+        self.too_long
     }
 
     /// Number of literals replaced.
@@ -92,13 +105,18 @@ impl NormalizeBuf {
         if self.literals.capacity() * std::mem::size_of::<Span>() > keep {
             self.literals = Vec::new();
         }
+        if self.comments.capacity() * std::mem::size_of::<(usize, usize)>() > keep {
+            self.comments = Vec::new();
+        }
     }
 
     fn clear(&mut self) {
         self.text.clear();
         self.values.clear();
         self.literals.clear();
+        self.comments.clear();
         self.params_before = 0;
+        self.too_long = false;
     }
 }
 
@@ -106,23 +124,43 @@ impl NormalizeBuf {
 /// highest `$n`). Never fails: text Postgres would reject is passed through as well as it can
 /// be, and parsing reports the error.
 pub fn normalize(sql: &str, buf: &mut NormalizeBuf) -> usize {
+    normalize_within(sql, buf, usize::MAX)
+}
+
+/// [`normalize`], but stops as soon as the normalized text would be longer than `limit` bytes
+/// ([`NormalizeBuf::too_long`]): a statement of millions of literals then costs neither their
+/// spans nor its text (the planner refuses it without parsing).
+pub fn normalize_within(sql: &str, buf: &mut NormalizeBuf, limit: usize) -> usize {
     buf.clear();
-    Scanner {
+    let mut scanner = Scanner {
         b: sql.as_bytes(),
         i: 0,
         buf: &mut *buf,
         unary: true,
         after_dot: false,
+        limit,
+        kept: 0,
+        skipped: 0,
+    };
+    scanner.run();
+    if buf.too_long {
+        return buf.params_before;
     }
-    .run();
     // Numbering depends on the highest `$n`, which may come after the first literal, so the
     // text is assembled after the scan from the recorded spans (a copy, not a second scan).
     // A literal glued to a word (`int8'5'`, `'a'b`) gets a space on that side: `int8$1` or
     // `$1b` would read as one identifier or as junk after the parameter, not as two tokens.
     let glued = |at: Option<&u8>| at.is_some_and(|&c| is_ident_cont(c));
     let mut copied = 0;
+    let mut comment = 0;
     for (n, lit) in buf.literals.iter().enumerate() {
-        buf.text.push_str(&sql[copied..lit.src.0]);
+        push_code(
+            &mut buf.text,
+            sql,
+            copied..lit.src.0,
+            &buf.comments,
+            &mut comment,
+        );
         if glued(buf.text.as_bytes().last()) {
             buf.text.push(' ');
         }
@@ -133,8 +171,34 @@ pub fn normalize(sql: &str, buf: &mut NormalizeBuf) -> usize {
         }
         copied = lit.src.1;
     }
-    buf.text.push_str(&sql[copied..]);
+    push_code(
+        &mut buf.text,
+        sql,
+        copied..sql.len(),
+        &buf.comments,
+        &mut comment,
+    );
+    buf.too_long = buf.text.len() > limit;
     buf.params_before
+}
+
+/// Appends `sql[range]` (code between two literals) with each of its comments as one space;
+/// `next` is the first comment not yet passed.
+fn push_code(
+    text: &mut String,
+    sql: &str,
+    range: std::ops::Range<usize>,
+    comments: &[(usize, usize)],
+    next: &mut usize,
+) {
+    let mut at = range.start;
+    while let Some(&(start, end)) = comments.get(*next).filter(|c| c.0 < range.end) {
+        text.push_str(&sql[at..start]);
+        text.push(' ');
+        at = end;
+        *next += 1;
+    }
+    text.push_str(&sql[at..range.end]);
 }
 
 struct Scanner<'a> {
@@ -146,6 +210,12 @@ struct Scanner<'a> {
     unary: bool,
     /// The previous token was `.`, so a keyword here is a column or table label.
     after_dot: bool,
+    /// Bound on the normalized text ([`normalize_within`]), and a lower bound of its length up
+    /// to the end of the last literal recorded.
+    limit: usize,
+    kept: usize,
+    /// Bytes of the comments since the last literal that the normalized text does not keep.
+    skipped: usize,
 }
 
 fn is_ident_start(c: u8) -> bool {
@@ -226,8 +296,17 @@ impl Scanner<'_> {
                     self.i += 1;
                     continue;
                 }
-                b'-' if next == b'-' => self.line_comment(),
-                b'/' if next == b'*' => self.block_comment(),
+                b'-' if next == b'-' => {
+                    let start = self.i;
+                    self.line_comment();
+                    self.comment(start);
+                }
+                b'/' if next == b'*' => {
+                    let start = self.i;
+                    if self.block_comment() {
+                        self.comment(start);
+                    }
+                }
                 b'\'' => {
                     let start = self.i;
                     self.i += 1;
@@ -266,14 +345,21 @@ impl Scanner<'_> {
         }
     }
 
+    /// A comment from `start` to here, kept as one space.
+    fn comment(&mut self, start: usize) {
+        self.buf.comments.push((start, self.i));
+        self.skipped += self.i - start - 1;
+    }
+
     fn line_comment(&mut self) {
         while self.i < self.b.len() && self.b[self.i] != b'\n' && self.b[self.i] != b'\r' {
             self.i += 1;
         }
     }
 
-    /// `/* ... */`, which nests in Postgres; an unterminated one runs to the end.
-    fn block_comment(&mut self) {
+    /// `/* ... */`, which nests in Postgres; an unterminated one runs to the end (and is kept
+    /// as it is, for Postgres to report). Whether it was terminated.
+    fn block_comment(&mut self) -> bool {
         let mut depth = 0usize;
         while self.i < self.b.len() {
             match (self.b[self.i], self.at(self.i + 1)) {
@@ -285,12 +371,13 @@ impl Scanner<'_> {
                     depth -= 1;
                     self.i += 2;
                     if depth == 0 {
-                        return;
+                        return true;
                     }
                 }
                 _ => self.i += 1,
             }
         }
+        false
     }
 
     fn quoted_identifier(&mut self) {
@@ -633,6 +720,16 @@ impl Scanner<'_> {
     }
 
     fn record(&mut self, start: usize, end: usize, value_start: usize, kind: LiteralKind) {
+        // At least the text since the last literal, then `$n`: once that is past the bound,
+        // the whole text is, and the scan stops here.
+        let since = start - self.buf.literals.last().map_or(0, |l| l.src.1) - self.skipped;
+        self.skipped = 0;
+        self.kept = self.kept.saturating_add(since + 2);
+        if self.kept > self.limit {
+            self.buf.too_long = true;
+            self.i = self.b.len();
+            return;
+        }
         self.buf.literals.push(Span {
             src: (start, end),
             value: (value_start, self.buf.values.len()),
@@ -780,18 +877,60 @@ mod tests {
     }
 
     #[test]
+    fn a_bound_stops_the_scan_before_the_text_passes_it() {
+        let list: Vec<String> = (0..10_000).map(|i| i.to_string()).collect();
+        let sql = format!("SELECT * FROM kv WHERE id IN ({})", list.join(","));
+        let mut buf = NormalizeBuf::new();
+        normalize_within(&sql, &mut buf, 1000);
+        assert!(buf.too_long());
+        // Stopped early: about 1000 bytes' worth of literals were recorded, not 10,000.
+        assert!(buf.literal_count() < 400, "{}", buf.literal_count());
+        // Under the bound, the same as without one; exactly at its length, not too long.
+        let mut free = NormalizeBuf::new();
+        normalize(&sql, &mut free);
+        assert!(!free.too_long());
+        normalize_within(&sql, &mut buf, free.normalized().len());
+        assert!(!buf.too_long());
+        assert_eq!(buf.normalized(), free.normalized());
+        assert_eq!(buf.literal_count(), 10_000);
+        normalize_within(&sql, &mut buf, free.normalized().len() - 1);
+        assert!(buf.too_long());
+        // A long literal is not counted: it becomes `$1`.
+        let long = format!("SELECT '{}'", "x".repeat(5000));
+        normalize_within(&long, &mut buf, 100);
+        assert!(!buf.too_long());
+        assert_eq!(buf.normalized(), "SELECT $1");
+    }
+
+    #[test]
     fn skips_comments_and_quoted_identifiers() {
+        // Each terminated comment is one space: what it holds is neither code nor a literal.
         check(
             "SELECT /* 1 /* nested 2 */ 3 */ 4 -- 5 'x\nFROM \"t'1\" WHERE \"a\"\"b\" = 6",
-            "SELECT /* 1 /* nested 2 */ 3 */ $1 -- 5 'x\nFROM \"t'1\" WHERE \"a\"\"b\" = $2",
+            "SELECT   $1  \nFROM \"t'1\" WHERE \"a\"\"b\" = $2",
             &["4", "6"],
         );
+        // Unterminated: left for Postgres to report.
         check(
             "SELECT 1 /* unterminated 2",
             "SELECT $1 /* unterminated 2",
             &["1"],
         );
-        check("SELECT 1--2", "SELECT $1--2", &["1"]);
+        check("SELECT 1--2", "SELECT $1 ", &["1"]);
+        check("SELECT/**/1", "SELECT $1", &["1"]);
+    }
+
+    #[test]
+    fn statements_that_differ_only_in_comments_normalize_alike() {
+        let (a, _, _) = norm("SELECT v FROM kv WHERE id = 1 /* traceparent='00-ab-01' */");
+        let (b, _, _) = norm("SELECT v FROM kv WHERE id = 2 /* traceparent='00-cd-01' */");
+        assert_eq!(a, b);
+        // A long comment costs the normalized text one byte.
+        let long = format!("SELECT 1 /* {} */", "x".repeat(100_000));
+        let mut buf = NormalizeBuf::new();
+        normalize_within(&long, &mut buf, 1000);
+        assert!(!buf.too_long());
+        assert_eq!(buf.normalized(), "SELECT $1  ");
     }
 
     /// Found by fuzzing: a literal glued to a word became part of it (`int8'5'` normalized to

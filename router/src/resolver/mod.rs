@@ -336,9 +336,7 @@ fn by_plan<'a>(stmt: &Statement<'a>, cx: &Context<'a>) -> Result<Resolved<'a>, S
             | Route::Commit
             | Route::Rollback
             | Route::Broadcast => {}
-            Route::TooLong { bytes, limit } => {
-                return Err(errors::too_long_to_plan(*bytes, *limit));
-            }
+            Route::TooLong { limit } => return Err(errors::too_long_to_plan(*limit)),
             Route::ScatterWrite { message, .. } | Route::Unroutable { message } => {
                 return Err(SqlError::new(
                     errors::FEATURE_NOT_SUPPORTED,
