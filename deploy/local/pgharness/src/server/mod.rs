@@ -17,6 +17,7 @@ use crate::user::{chown, client_command, server_command};
 use crate::{harness, Harness};
 
 mod psql;
+mod standby;
 
 /// The address every server listens on.
 pub const HOST: &str = "127.0.0.1";
@@ -234,14 +235,6 @@ impl Server {
         Self::start_from(opts, Source::Template)
     }
 
-    /// A streaming standby of this server (`pg_basebackup` over its Unix socket, then
-    /// `standby.signal` and `primary_conninfo`), started with `opts` (its own port and
-    /// directory; the primary's `pg_hba.conf`, certificate and databases come with the backup).
-    /// [`Server::promote`] makes it a primary.
-    pub fn start_standby(&self, opts: &ServerOptions) -> Result<Server> {
-        Self::start_from(opts, Source::StandbyOf(self))
-    }
-
     /// `pg_ctl -D DATA ARGS`, run as the server's user: its output, or why it could not run.
     fn pg_ctl(&self, args: &[&str]) -> std::result::Result<std::process::Output, String> {
         let pg_ctl = self.h.install.program("pg_ctl");
@@ -252,28 +245,6 @@ impl Server {
             .stdin(Stdio::null())
             .output()
             .map_err(|e| format!("{} could not be run: {e}", pg_ctl.display()))
-    }
-
-    /// Promotes a standby to a primary and waits until it accepts writes.
-    pub fn promote(&self) -> Result<()> {
-        let pg_ctl = self.h.install.program("pg_ctl");
-        let out = self
-            .pg_ctl(&["-w", "-t", "60", "promote"])
-            .map_err(|status| Error::Command {
-                what: "promoting the standby".into(),
-                program: pg_ctl.display().to_string(),
-                status,
-                stderr: String::new(),
-            })?;
-        if out.status.success() {
-            return Ok(());
-        }
-        Err(Error::Command {
-            what: format!("promoting the standby in {}", self.info.data_dir.display()),
-            program: pg_ctl.display().to_string(),
-            status: status_text(out.status),
-            stderr: String::from_utf8_lossy(&out.stderr).trim().into(),
-        })
     }
 
     fn start_from(opts: &ServerOptions, source: Source<'_>) -> Result<Server> {
@@ -440,44 +411,6 @@ impl Server {
             });
         }
         Ok(())
-    }
-
-    /// The data directory as a base backup of `primary` (WAL streamed along, so it is
-    /// consistent), marked as a standby; returns the `primary_conninfo` setting that follows it.
-    fn base_backup_of(&self, primary: &Server) -> Result<(String, String)> {
-        let run_as = self.h.run_as.as_ref();
-        let program = self.h.install.program("pg_basebackup");
-        // Over the primary's Unix socket, where the template's pg_hba.conf trusts replication.
-        let socket = primary.info.socket_dir.display().to_string();
-        let port = primary.info.port.to_string();
-        let out = server_command(&program, run_as)
-            .args([
-                "-h", &socket, "-p", &port, "-U", SUPERUSER, "-X", "stream", "-D",
-            ])
-            .arg(&self.info.data_dir)
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| Error::Command {
-                what: "taking a base backup".into(),
-                program: program.display().to_string(),
-                status: format!("could not be run: {e}"),
-                stderr: String::new(),
-            })?;
-        if !out.status.success() {
-            return Err(Error::Command {
-                what: format!("taking a base backup of the server on port {port}"),
-                program: program.display().to_string(),
-                status: status_text(out.status),
-                stderr: String::from_utf8_lossy(&out.stderr).trim().into(),
-            });
-        }
-        let signal = self.info.data_dir.join("standby.signal");
-        std::fs::write(&signal, "").map_err(|e| Error::io("writing standby.signal", &signal, e))?;
-        chown(&signal, run_as)?;
-        Ok((
-            "primary_conninfo".into(),
-            format!("host={socket} port={port} user={SUPERUSER}"),
-        ))
     }
 
     /// The certificate, key and `pg_hba.conf` lines of `opts`, written once into the fresh
