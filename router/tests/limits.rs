@@ -396,3 +396,30 @@ async fn a_statement_too_long_to_parse_is_refused_and_the_session_goes_on() {
         .expect("read it back");
     assert_eq!(rows(&back), [[big.len().to_string()]]);
 }
+
+/// A long Query is held once while it runs (the session keeps only its start unless it may
+/// change settings): a long `SET` is still followed by the session's settings, so the next
+/// statements, on whatever pooled connection, see it; and a long statement without one runs as
+/// usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_setting_in_a_long_query_is_followed() {
+    let env = env();
+    let client = env.router.connect().await;
+    let note = "n".repeat(200_000);
+    client
+        .batch_execute(&format!("SET app.note = '{note}' /* {note} */"))
+        .await
+        .expect("a long query with a SET");
+    for _ in 0..3 {
+        let got = client
+            .simple_query("SELECT length(current_setting('app.note'))")
+            .await
+            .expect("the setting");
+        assert_eq!(rows(&got), [[note.len().to_string()]]);
+    }
+    let got = client
+        .simple_query(&format!("SELECT 7 /* {note} */"))
+        .await
+        .expect("a long query");
+    assert_eq!(rows(&got), [["7"]]);
+}

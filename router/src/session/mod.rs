@@ -193,7 +193,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     self.follow_reload();
                 }
                 match frame[0] {
-                    b'Q' => self.query(&frame).await?,
+                    b'Q' => self.query(frame).await?,
                     b'P' | b'B' | b'D' | b'E' | b'C' | b'H' | b'S' => self.extended(&frame).await?,
                     b'X' => return Ok(()),
                     // Stray COPY messages after a failed COPY are ignored, as Postgres does.

@@ -17,6 +17,11 @@ use crate::backend::prepared::PreparedSet;
 use crate::protocol::reply::{self, SqlError};
 use crate::protocol::request::{self, Unwritable};
 
+/// Client messages longer than this are moved into an empty outbox instead of copied (a short
+/// one is copied: it shares the allocation of the session's read buffer, which it would keep
+/// from being reused).
+const MOVE_FRAMES_ABOVE: usize = 64 << 10;
+
 /// Bytes for the pinned backend, and the replies they will produce, in order.
 #[derive(Debug, Default)]
 pub struct Outbox {
@@ -120,6 +125,16 @@ impl Outbox {
     }
 
     /// A simple-protocol Query the router sends (settings, a pending BEGIN, ...).
+    /// Appends a client's own message as it came. A long one that starts the request is moved
+    /// in rather than copied, so a long Query is held once, not twice, while it runs.
+    pub fn push_frame(&mut self, frame: BytesMut) {
+        if self.bytes.is_empty() && frame.len() > MOVE_FRAMES_ABOVE {
+            self.bytes = frame;
+        } else {
+            self.bytes.extend_from_slice(&frame);
+        }
+    }
+
     pub fn query(&mut self, sql: &str, audience: Audience) -> Result<(), Unwritable> {
         request::query(&mut self.bytes, sql)?;
         self.replies.push(Kind::Query, audience);

@@ -2,6 +2,7 @@
 //! on one shard), then answered by the router, run on the pinned connection, or run on several
 //! shards.
 
+use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::replies::{Audience, Kind};
@@ -12,10 +13,12 @@ use crate::protocol::reply::{self, SqlError, TxStatus};
 use crate::resolver::{self, Dest};
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
-    pub(super) async fn query(&mut self, frame: &[u8]) -> Result<(), SessionError> {
+    pub(super) async fn query(&mut self, frame: BytesMut) -> Result<(), SessionError> {
         let sql = frontend::query(&frame[5..])?;
+        // Kept for the settings a statement changes and for the logs; a long text only as its
+        // start, unless it may change settings (below).
         self.sql.clear();
-        self.sql.push_str(sql);
+        self.sql.push_str(prefix(sql));
         if self.pin.is_some() && self.state.only_prepared() {
             // A Query in the middle of an extended batch that only prepared statements: finish
             // that there, so the Query is routed on its own.
@@ -27,6 +30,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             let stmt = resolver::Statement::from_text(sql, &planned);
             Self::resolve(&self.routing, &self.settings, &self.state, pinned, &stmt).dest
         };
+        if self.sql.len() < sql.len() && may_change_settings(self.nbuf.normalized()) {
+            self.sql.clear();
+            self.sql.push_str(sql);
+        }
         match dest {
             Dest::Refused(err) => return self.refuse_query(&err).await,
             Dest::PreparedSql => return self.prepared_sql(sql).await,
@@ -59,12 +66,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                         crate::protocol::request::query(&mut q, text)?;
                         q.to_vec()
                     }
-                    None => frame.to_vec(),
+                    None => frame[..].to_vec(),
                 };
                 self.run_read(read, request, &[]).await?;
             }
             Dest::Write(write) => {
-                self.run_write(write.shards, frame.to_vec(), &[]).await?;
+                self.run_write(write.shards, frame[..].to_vec(), &[])
+                    .await?;
             }
             Dest::SplitInsert(split) => self.run_split_insert(split).await,
             Dest::CopyIn { key_type, format } => self.run_copy_in(sql, key_type, format).await?,
@@ -78,7 +86,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     self.ready();
                     return Ok(());
                 }
-                self.out.bytes.extend_from_slice(frame);
+                self.out.push_frame(frame);
                 self.out.replies.push(Kind::Query, Audience::Client);
                 self.exchange().await?;
                 self.release_if_idle();
@@ -107,5 +115,51 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// A ReadyForQuery with the client's transaction status, answered by the router.
     pub(super) fn ready(&mut self) {
         reply::ready_for_query(&mut self.client.out, self.state.status());
+    }
+}
+
+/// Texts up to this long are kept whole for the session's settings tracking and logs.
+const KEEP_WHOLE: usize = 64 << 10;
+
+/// `sql`, or its first [`KEEP_WHOLE`] bytes (at a character boundary) when it is longer.
+fn prefix(sql: &str) -> &str {
+    if sql.len() <= KEEP_WHOLE {
+        return sql;
+    }
+    let mut end = KEEP_WHOLE;
+    while !sql.is_char_boundary(end) {
+        end -= 1;
+    }
+    &sql[..end]
+}
+
+/// Whether a statement whose normalized text is `normalized` may complete as `SET`, `RESET` or
+/// `DISCARD` (what the session's settings tracking reads the text for): only statements that
+/// begin with those words do, and normalization keeps every word outside literals and
+/// comments. A word inside a quoted identifier counts too, which only costs a copy.
+fn may_change_settings(normalized: &str) -> bool {
+    normalized
+        .split(|c: char| !c.is_ascii_alphabetic())
+        .any(|w| {
+            w.eq_ignore_ascii_case("set")
+                || w.eq_ignore_ascii_case("reset")
+                || w.eq_ignore_ascii_case("discard")
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_text_is_kept_whole_only_when_it_may_change_settings() {
+        let long = format!("SELECT 1 /* {} */", "é".repeat(KEEP_WHOLE));
+        assert!(prefix(&long).len() <= KEEP_WHOLE && long.starts_with(prefix(&long)));
+        assert_eq!(prefix("SELECT 1"), "SELECT 1");
+        assert!(may_change_settings("SET search_path = $1"));
+        assert!(may_change_settings("select $1; reset all"));
+        assert!(may_change_settings("DISCARD ALL"));
+        assert!(!may_change_settings("SELECT v FROM kv WHERE id = $1  "));
+        assert!(!may_change_settings("SELECT settings FROM offset_t"));
     }
 }
