@@ -114,8 +114,8 @@ impl BackendStream {
         read: bool,
     ) -> Poll<io::Result<()>> {
         let mut moved = false;
-        if out.written < out.bytes.len() {
-            match Pin::new(&mut *self).poll_write(cx, &out.bytes[out.written..]) {
+        if out.written < out.len() {
+            match Pin::new(&mut *self).poll_write(cx, out.rest()) {
                 Poll::Ready(Ok(0)) => return Poll::Ready(Err(closed())),
                 Poll::Ready(Ok(n)) => {
                     out.written += n;
@@ -126,7 +126,7 @@ impl BackendStream {
                 Poll::Pending => {}
             }
         }
-        if out.written == out.bytes.len() && !out.flushed {
+        if out.written == out.len() && !out.flushed {
             match Pin::new(&mut *self).poll_flush(cx) {
                 Poll::Ready(Ok(())) => {
                     out.flushed = true;
@@ -152,9 +152,13 @@ impl BackendStream {
     }
 }
 
-/// A request being written by [`BackendStream::poll_exchange`].
+/// A request being written by [`BackendStream::poll_exchange`]: `bytes`, then `tail`.
 pub struct Outgoing<'a> {
     pub bytes: &'a [u8],
+    /// A long client message that follows `bytes`, kept in its own buffer so that it is not
+    /// copied behind them.
+    pub tail: &'a [u8],
+    /// Of `bytes` and then `tail`.
     pub written: usize,
     /// Whether everything written so far has left any buffer of the stream.
     pub flushed: bool,
@@ -164,16 +168,39 @@ impl<'a> Outgoing<'a> {
     /// `bytes`, of which the first `written` already went out (by [`BackendStream::try_write`],
     /// which buffers nothing).
     pub fn new(bytes: &'a [u8], written: usize) -> Outgoing<'a> {
+        Self::with_tail(bytes, &[], written)
+    }
+
+    /// `bytes` and then `tail`, of which the first `written` already went out.
+    pub fn with_tail(bytes: &'a [u8], tail: &'a [u8], written: usize) -> Outgoing<'a> {
         Outgoing {
             bytes,
+            tail,
             written,
             flushed: true,
         }
     }
 
+    fn len(&self) -> usize {
+        self.bytes.len() + self.tail.len()
+    }
+
+    /// What is left to write (of `bytes`, or once they are out, of `tail`).
+    fn rest(&self) -> &'a [u8] {
+        match self.bytes.get(self.written..) {
+            Some(rest) if !rest.is_empty() => rest,
+            _ => {
+                &self.tail[self
+                    .written
+                    .saturating_sub(self.bytes.len())
+                    .min(self.tail.len())..]
+            }
+        }
+    }
+
     /// Whether all of it went out.
     pub fn done(&self) -> bool {
-        self.written == self.bytes.len() && self.flushed
+        self.written == self.len() && self.flushed
     }
 }
 
@@ -221,5 +248,26 @@ impl AsyncWrite for BackendStream {
             BackendStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
             BackendStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Outgoing;
+
+    #[test]
+    fn a_request_is_written_bytes_first_then_its_tail() {
+        let mut out = Outgoing::with_tail(b"abc", b"defg", 0);
+        assert_eq!(out.rest(), b"abc");
+        out.written = 2;
+        assert_eq!(out.rest(), b"c");
+        out.written = 3;
+        assert_eq!(out.rest(), b"defg");
+        out.written = 5;
+        assert_eq!(out.rest(), b"fg");
+        out.written = 7;
+        assert!(out.rest().is_empty() && out.done());
+        let plain = Outgoing::new(b"xy", 1);
+        assert_eq!((plain.rest(), plain.done()), (&b"y"[..], false));
     }
 }

@@ -26,6 +26,9 @@ const MOVE_FRAMES_ABOVE: usize = 64 << 10;
 #[derive(Debug, Default)]
 pub struct Outbox {
     pub bytes: BytesMut,
+    /// A long client message sent after `bytes` ([`Outbox::push_frame`]); nothing is written
+    /// after it.
+    pub tail: BytesMut,
     pub replies: Replies,
 }
 
@@ -127,11 +130,15 @@ impl Outbox {
     /// A simple-protocol Query the router sends (settings, a pending BEGIN, ...).
     /// Appends a client's own message as it came. A long one that starts the request is moved
     /// in rather than copied, so a long Query is held once, not twice, while it runs.
+    /// It must be the last thing the request writes: it may go to [`Outbox::tail`].
     pub fn push_frame(&mut self, frame: BytesMut) {
-        if self.bytes.is_empty() && frame.len() > MOVE_FRAMES_ABOVE {
+        if frame.len() <= MOVE_FRAMES_ABOVE {
+            self.bytes.extend_from_slice(&frame);
+        } else if self.bytes.is_empty() {
             self.bytes = frame;
         } else {
-            self.bytes.extend_from_slice(&frame);
+            // Behind what the request already holds (the client's settings, a BEGIN).
+            self.tail = frame;
         }
     }
 
@@ -176,6 +183,7 @@ impl Outbox {
     /// Forgets everything queued (the connection is gone).
     pub fn clear(&mut self) {
         self.bytes.clear();
+        self.tail = BytesMut::new();
         self.replies = Replies::default();
     }
 }

@@ -98,8 +98,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         };
         let shard = pin.shard;
         // Only the first request on a newly pinned connection outside a transaction: later
-        // ones may use a portal or transaction of an earlier one, which is gone with it.
-        let mut replayable = pin.fresh && self.state.tx == Tx::Idle;
+        // ones may use a portal or transaction of an earlier one, which is gone with it. (Nor
+        // one with a long message in its tail: sending again reads the request's bytes only.)
+        let mut replayable = pin.fresh && self.state.tx == Tx::Idle && self.out.tail.is_empty();
         pin.fresh = false;
         self.client
             .meter
@@ -129,7 +130,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 Err(e) => return Err(Failed::Backend(e.to_string())),
             }
         }
-        let mut request = Outgoing::new(&self.out.bytes, written);
+        let mut request = Outgoing::with_tail(&self.out.bytes, &self.out.tail, written);
         loop {
             let want_read = self.out.replies.awaits_backend();
             if request.done() && !want_read {
@@ -250,6 +251,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             }
         }
         self.out.bytes.clear();
+        self.out.tail = bytes::BytesMut::new();
         if replayable {
             self.out.replies.stop_recording();
         }

@@ -219,6 +219,10 @@ impl Scanner<'_> {
     /// `start` is where the literal began (its prefix included). `escapes` selects `E'..'`
     /// rules; `record` whether it becomes a placeholder.
     fn quoted_string(&mut self, start: usize, escapes: bool, record: bool) {
+        // The value is at most the rest of the text: room for it at once, so that a long one is
+        // not copied again and again as the buffer doubles (a no-op once the session's buffer
+        // has grown to its statements).
+        self.buf.values.reserve(self.b.len() - self.i);
         let value_start = self.buf.values.len();
         let mut ok = true;
         loop {
