@@ -423,3 +423,56 @@ async fn a_setting_in_a_long_query_is_followed() {
         .expect("a long query");
     assert_eq!(rows(&got), [["7"]]);
 }
+
+/// A long request for several shards is not copied once per shard: it goes out behind each
+/// shard's own messages (the client's settings, the part's BEGIN) from where it is. A read and
+/// a write on every shard, each with a 200 KB literal, from a client whose settings differ from
+/// the pooled connections' (so each shard gets settings in front): both answer correctly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_request_for_several_shards_runs_on_each() {
+    let env = env();
+    let client = env.router.connect().await;
+    client
+        .batch_execute("SET application_name = 'long-scatter'")
+        .await
+        .expect("a setting");
+    let keys: Vec<i64> = (0..4).map(|s| env.key_on(s, 92_000_000)).collect();
+    for &k in &keys {
+        client
+            .execute("INSERT INTO kv (id, v) VALUES ($1, 'short')", &[&k])
+            .await
+            .expect("seed");
+    }
+    let long = "z".repeat(200_000);
+    let list = keys
+        .iter()
+        .map(|k| k.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let count = client
+        .simple_query(&format!(
+            "SELECT count(*) FROM kv WHERE v <> '{long}' AND id >= 92000000 AND id < 93000000 \
+             AND current_setting('application_name') = 'long-scatter'"
+        ))
+        .await
+        .expect("a long read on every shard");
+    assert_eq!(rows(&count), [["4"]]);
+    let updated = client
+        .simple_query(&format!("UPDATE kv SET v = '{long}' WHERE id IN ({list})"))
+        .await
+        .expect("a long write on every shard");
+    assert!(
+        updated
+            .iter()
+            .any(|m| matches!(m, tokio_postgres::SimpleQueryMessage::CommandComplete(4))),
+        "{} messages",
+        updated.len()
+    );
+    for (shard, &k) in keys.iter().enumerate() {
+        assert_eq!(
+            env.on_shard(shard, &format!("SELECT length(v) FROM kv WHERE id = {k}")),
+            long.len().to_string(),
+            "shard {shard}"
+        );
+    }
+}

@@ -110,6 +110,17 @@ impl BackendConn {
         Ok(self.replies(readies))
     }
 
+    /// [`BackendConn::request`] of `head` and then `body` ([`BackendStream::send_parts`]).
+    pub async fn request_parts(
+        &mut self,
+        head: &[u8],
+        body: &[u8],
+        readies: usize,
+    ) -> std::io::Result<Replies<'_>> {
+        self.stream.send_parts(head, body).await?;
+        Ok(self.replies(readies))
+    }
+
     /// The replies to what was written last, up to and including the `readies`-th
     /// ReadyForQuery (see [`BackendConn::request`]).
     pub fn replies(&mut self, readies: usize) -> Replies<'_> {

@@ -85,6 +85,25 @@ impl BackendStream {
         self.flush().await
     }
 
+    /// Writes `head` (the router's own messages: settings, a BEGIN) and then `body` (the
+    /// client's request, shared by every shard it goes to) and flushes. A short body is copied
+    /// behind the head, for one write; a long one goes out from where it is, so that a request
+    /// for many shards is not copied once per shard.
+    pub async fn send_parts(&mut self, head: &[u8], body: &[u8]) -> io::Result<()> {
+        if head.is_empty() {
+            return self.send(body).await;
+        }
+        if body.len() <= COPY_BODY_UP_TO {
+            let mut out = Vec::with_capacity(head.len() + body.len());
+            out.extend_from_slice(head);
+            out.extend_from_slice(body);
+            return self.send(&out).await;
+        }
+        self.write_all(head).await?;
+        self.write_all(body).await?;
+        self.flush().await
+    }
+
     /// Whether an idle connection has nothing to read and is not closed: the server only
     /// talks unprompted to say goodbye. For TLS, the socket under it is probed (anything
     /// there, a close_notify or an error, means the connection is finished). tokio answers
@@ -151,6 +170,9 @@ impl BackendStream {
         }
     }
 }
+
+/// Bodies up to this long are copied behind their head by [`BackendStream::send_parts`].
+const COPY_BODY_UP_TO: usize = 64 << 10;
 
 /// A request being written by [`BackendStream::poll_exchange`]: `bytes`, then `tail`.
 pub struct Outgoing<'a> {

@@ -86,17 +86,16 @@ impl<'s> Parts<'s> {
     /// has read) and sends `request` in its transaction; [`Parts::replies`] then reads them.
     pub async fn begin(&mut self, shard: usize, request: &[u8]) -> Result<(), SqlError> {
         let mut conn = self.routing.checkout(shard).await?;
-        let mut out = BytesMut::with_capacity(request.len() + 64);
+        let mut head = BytesMut::new();
         let settings_sent = self
             .settings
-            .write_apply(conn.settings_fp, &mut out)
+            .write_apply(conn.settings_fp, &mut head)
             .map_err(errors::internal)?;
-        request::query(&mut out, BEGIN_PART).map_err(errors::internal)?;
-        out.extend_from_slice(request);
+        request::query(&mut head, BEGIN_PART).map_err(errors::internal)?;
         if settings_sent {
             conn.settings_fp = self.settings.fingerprint();
         }
-        if let Err(e) = conn.stream.send(&out).await {
+        if let Err(e) = conn.stream.send_parts(&head, request).await {
             discard(conn);
             return Err(self.lost(shard, &e));
         }

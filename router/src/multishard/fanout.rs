@@ -55,12 +55,11 @@ async fn on_shard(
     tx: &mpsc::Sender<Chunk>,
 ) -> Result<(), SqlError> {
     let mut pooled = routing.checkout(shard).await?;
-    let mut out = BytesMut::with_capacity(request.len() + 64);
+    let mut head = BytesMut::new();
     let settings_sent = settings
-        .write_apply(pooled.settings_fp, &mut out)
+        .write_apply(pooled.settings_fp, &mut head)
         .map_err(errors::internal)?;
-    out.extend_from_slice(request);
-    let result = relay(&mut pooled, &out, usize::from(settings_sent), tx).await;
+    let result = relay(&mut pooled, &head, request, usize::from(settings_sent), tx).await;
     match result {
         Ok(()) => {
             pooled.settings_fp = settings.fingerprint();
@@ -95,15 +94,19 @@ impl Stopped {
     }
 }
 
-/// Writes `out` and hands the request's reply frames to the session, skipping the replies of
-/// the `skip` settings queries in front of it (those are the router's business).
+/// Writes `head` and `request` and hands the request's reply frames to the session, skipping
+/// the replies of the `skip` settings queries in `head` (those are the router's business).
 async fn relay(
     conn: &mut crate::backend::BackendConn,
-    out: &[u8],
+    head: &[u8],
+    request: &[u8],
     skip: usize,
     tx: &mpsc::Sender<Chunk>,
 ) -> Result<(), Stopped> {
-    let mut replies = conn.request(out, skip + 1).await.map_err(Stopped::Lost)?;
+    let mut replies = conn
+        .request_parts(head, request, skip + 1)
+        .await
+        .map_err(Stopped::Lost)?;
     let mut skipped = 0;
     let mut chunk = Vec::new();
     while let Some(frame) = replies.next().await.map_err(Stopped::Lost)? {
