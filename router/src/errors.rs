@@ -104,6 +104,17 @@ pub fn shard_unreachable_held(shard: &str, why: &str, held: Result<Duration, usi
     .with_hint("statements for other shards are not affected; retry when the shard is back")
 }
 
+/// The server ended the session of a statement (FATAL 57P01) while it was still taking logins:
+/// the statement was stopped on purpose (`pg_terminate_backend`), not by a shutdown, and is
+/// not sent again.
+pub fn ended_by_server(shard: &str, why: &str) -> SqlError {
+    SqlError::new(
+        ADMIN_SHUTDOWN,
+        format!("the server of shard {shard} ended the session running this statement: {why}"),
+    )
+    .with_hint("nothing of it was committed; it was not sent again, since the server is up and ended it on purpose")
+}
+
 /// The connection to a shard broke while a statement was running on it.
 pub fn shard_lost(shard: &str, endpoint: &str, why: &str) -> SqlError {
     SqlError::new(

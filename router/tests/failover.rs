@@ -384,3 +384,51 @@ async fn a_promoted_standby_takes_over_with_no_error() {
     );
     assert!(env.router.log_lines("panicked").is_empty());
 }
+
+/// `pg_terminate_backend` ends one session with the same FATAL 57P01 a shutdown sends, but the
+/// server goes on taking logins: the statement was stopped on purpose and is not sent again.
+/// The client gets 57P01 as an error and its session goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_ended_on_purpose_is_not_sent_again() {
+    let env = Env::start_with(2, 2, &format!("{POOL}[failover]\nhold_ms = 30000\n"));
+    let key = env.key_on(0, 30_000_000);
+    let client = env.router.connect().await;
+    client
+        .execute("INSERT INTO kv (id, v) VALUES ($1, 'x')", &[&key])
+        .await
+        .expect("seed");
+    let sleeping = tokio::spawn(async move {
+        let r = client
+            .query_one(
+                "SELECT v FROM kv, pg_sleep(20) WHERE id = $1 /* ended-on-purpose */",
+                &[&key],
+            )
+            .await;
+        (client, r.map(|_| ()))
+    });
+    // Find the statement on shard 0 and end its session there.
+    let find = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%ended-on-purpose%' \
+                AND state = 'active' AND pid <> pg_backend_pid()";
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while env.on_shard(0, find) != "1" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the statement never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    env.on_shard(
+        0,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE query LIKE '%ended-on-purpose%' AND pid <> pg_backend_pid()",
+    );
+    let (client, result) = sleeping.await.expect("task");
+    let err = result.expect_err("ended, not sent again");
+    assert_eq!(sqlstate(&err), "57P01", "{err:?}");
+    assert_eq!(env.on_shard(0, find), "0", "not running again");
+    let row = client
+        .query_one("SELECT v FROM kv WHERE id = $1", &[&key])
+        .await
+        .expect("the session goes on");
+    assert_eq!(row.get::<_, String>(0), "x");
+}

@@ -301,7 +301,6 @@ impl BackendConn {
                     // A server that ends the session right after the login (a shutdown that
                     // began meanwhile) has already said so: such a connection is no use.
                     return match crate::protocol::frame::next_frame(&conn.rbuf) {
-                        Ok(None) => Ok(conn),
                         Ok(Some(h)) if h.tag == b'E' => {
                             let (code, message) =
                                 crate::protocol::backend::error_fields(&conn.rbuf[..h.total]);
@@ -311,7 +310,9 @@ impl BackendConn {
                                 message,
                             })
                         }
-                        _ => Err(proto("unexpected message after the login".into())),
+                        // Nothing more, a notice, or a frame not complete yet: left for the
+                        // first request.
+                        _ => Ok(conn),
                     };
                 }
                 backend::Message::NoticeResponse(_) => {}

@@ -93,7 +93,7 @@ impl BackendStream {
         if head.is_empty() {
             return self.send(body).await;
         }
-        if body.len() <= COPY_BODY_UP_TO {
+        if body.len() <= crate::protocol::LONG {
             let mut out = Vec::with_capacity(head.len() + body.len());
             out.extend_from_slice(head);
             out.extend_from_slice(body);
@@ -170,9 +170,6 @@ impl BackendStream {
         }
     }
 }
-
-/// Bodies up to this long are copied behind their head by [`BackendStream::send_parts`].
-const COPY_BODY_UP_TO: usize = 64 << 10;
 
 /// A request being written by [`BackendStream::poll_exchange`]: `bytes`, then `tail`.
 pub struct Outgoing<'a> {

@@ -362,9 +362,6 @@ impl Planner {
     }
 
     fn build(&self, text: &str, buf: &NormalizeBuf, normalized: bool) -> Plan {
-        if text.len() > self.max_parse {
-            return self.too_long();
-        }
         let positions = self
             .key_positions
             .read()

@@ -24,3 +24,8 @@ pub mod request;
 pub mod startup;
 
 pub use frame::{FrameError, FrameHeader, MAX_MESSAGE_LEN};
+
+/// A message or statement text longer than this is long: the router then spends a syscall or
+/// an allocation to hold it once rather than copy it (moved into the request, written behind
+/// the router's own messages instead of copied after them, kept by the session only in part).
+pub const LONG: usize = 64 << 10;

@@ -17,11 +17,6 @@ use crate::backend::prepared::PreparedSet;
 use crate::protocol::reply::{self, SqlError};
 use crate::protocol::request::{self, Unwritable};
 
-/// Client messages longer than this are moved into an empty outbox instead of copied (a short
-/// one is copied: it shares the allocation of the session's read buffer, which it would keep
-/// from being reused).
-const MOVE_FRAMES_ABOVE: usize = 64 << 10;
-
 /// Bytes for the pinned backend, and the replies they will produce, in order.
 #[derive(Debug, Default)]
 pub struct Outbox {
@@ -127,12 +122,13 @@ impl Outbox {
         Ok(())
     }
 
-    /// A simple-protocol Query the router sends (settings, a pending BEGIN, ...).
     /// Appends a client's own message as it came. A long one that starts the request is moved
     /// in rather than copied, so a long Query is held once, not twice, while it runs.
     /// It must be the last thing the request writes: it may go to [`Outbox::tail`].
     pub fn push_frame(&mut self, frame: BytesMut) {
-        if frame.len() <= MOVE_FRAMES_ABOVE {
+        // A short one is copied: it shares the allocation of the session's read buffer, which
+        // it would keep from being reused.
+        if frame.len() <= crate::protocol::LONG {
             self.bytes.extend_from_slice(&frame);
         } else if self.bytes.is_empty() {
             self.bytes = frame;
@@ -142,6 +138,7 @@ impl Outbox {
         }
     }
 
+    /// A simple-protocol Query the router sends (settings, a pending BEGIN, ...).
     pub fn query(&mut self, sql: &str, audience: Audience) -> Result<(), Unwritable> {
         request::query(&mut self.bytes, sql)?;
         self.replies.push(Kind::Query, audience);

@@ -154,7 +154,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let name = self.shard_name(old.shard);
         crate::backend::pool::discard(old.conn);
         self.slot.set_running(None);
-        let endpoint = self.routing.pools().for_shard(old.shard).endpoint.name();
+        let ep = &self.routing.pools().for_shard(old.shard).endpoint;
+        // A shutdown refuses new logins from the moment it ends the sessions; a server that
+        // still takes one ended only this session (`pg_terminate_backend`), on purpose.
+        if crate::backend::BackendConn::connect(ep).await.is_ok() {
+            return Err(errors::ended_by_server(&name, why));
+        }
+        let endpoint = ep.name();
         let lost = |why: &str| errors::shard_lost(&name, &endpoint, why);
         let uses = replay::uses(&self.out.bytes).map_err(|e| lost(&format!("{why}; {}", e.0)))?;
         Stats::count(&self.shared.stats.failover.resent);
@@ -162,13 +168,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         // The connection that gets it may itself be ended by the same shutdown before the
         // request is written to it (while it is being prepared): then another is taken.
         let mut attempt = 0;
+        // The shard's index in the session's current map (a reload while it waited moves it).
+        let mut target = old.shard;
         let (conn, shard) = loop {
             attempt += 1;
-            let (mut conn, _, shard) = match self.routing.checkout_timed(old.shard).await {
-                Ok((conn, waited)) => (conn, waited, old.shard),
+            let (mut conn, _, shard) = match self.routing.checkout_timed(target).await {
+                Ok((conn, waited)) => (conn, waited, target),
                 Err(Checkout::Refused(err)) => return Err(err),
-                Err(Checkout::MapChanged) => self.checkout_after_reload(old.shard).await?,
+                Err(Checkout::MapChanged) => self.checkout_after_reload(target).await?,
             };
+            target = shard;
             let mut prelude = bytes::BytesMut::new();
             let mut readies = 0;
             let fp = self.settings.fingerprint();

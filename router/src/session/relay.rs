@@ -115,7 +115,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         self.out.replies.drain_synthetic(&mut self.client.out);
         // While the request may be sent again, what it has answered so far stays in the
         // client's buffer from here on, to be taken back if the server aborts it.
-        let mark = self.client.out.len();
+        let mut mark = self.client.out.len();
         if replayable {
             self.out.replies.record();
         }
@@ -174,6 +174,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     Err(e) => return Err(Failed::Backend(e.to_string())),
                 };
                 if replayable
+                    && self.out.replies.is_recording()
                     && h.tag == b'E'
                     && crate::protocol::backend::is_shutdown(&conn.rbuf[..h.total])
                 {
@@ -246,6 +247,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.out.replies.stop_recording();
             }
             self.client.flush().await.map_err(Failed::Client)?;
+            // What was before the mark is gone to the client: the request's answers start
+            // at the (now empty) buffer's start.
+            mark = self.client.out.len();
             if copy_in {
                 relay_copy_in(&mut self.client, conn).await?;
             }

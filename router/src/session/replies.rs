@@ -147,6 +147,12 @@ impl Replies {
         self.recording = false;
     }
 
+    /// Whether the expectations answered since [`Replies::record`] are all kept (an error in
+    /// between ends that).
+    pub fn is_recording(&self) -> bool {
+        self.recording
+    }
+
     /// Expects again what the replies since [`Replies::record`] answered: the request is sent
     /// again from its start.
     pub fn rewind(&mut self) {
@@ -225,14 +231,15 @@ impl Replies {
 
     /// Moves the synthetic replies at the head of the queue to `out`.
     pub fn drain_synthetic(&mut self, out: &mut Vec<u8>) {
-        while let Some(Expect::Synthetic(_)) = self.queue.front() {
-            if let Some(e @ Expect::Synthetic(_)) = self.queue.pop_front() {
-                if let Expect::Synthetic(bytes) = &e {
-                    out.extend_from_slice(bytes);
-                }
-                if self.recording {
-                    self.journal.push(e);
-                }
+        while matches!(self.queue.front(), Some(Expect::Synthetic(_))) {
+            let Some(e) = self.queue.pop_front() else {
+                break;
+            };
+            if let Expect::Synthetic(bytes) = &e {
+                out.extend_from_slice(bytes);
+            }
+            if self.recording {
+                self.journal.push(e);
             }
         }
     }
@@ -282,7 +289,9 @@ impl Replies {
         let done = match (kind, tag) {
             (_, b'E') if kind != Kind::Query && kind != Kind::Sync => {
                 // Extended protocol: everything up to the next Sync is skipped by Postgres,
-                // so drop the expectations (and synthetic replies) in between.
+                // so drop the expectations (and synthetic replies) in between. What failed is
+                // forgotten below: the request can no longer be sent again as it was.
+                self.stop_recording();
                 if stmt != 0 {
                     self.failed.push((stmt, audience == Audience::Client));
                 }

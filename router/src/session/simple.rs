@@ -8,8 +8,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use super::replies::{Audience, Kind};
 use super::state::Tx;
 use super::{Session, SessionError};
-use crate::protocol::frontend;
 use crate::protocol::reply::{self, SqlError, TxStatus};
+use crate::protocol::{frontend, LONG};
 use crate::resolver::{self, Dest};
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
@@ -30,7 +30,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             let stmt = resolver::Statement::from_text(sql, &planned);
             Self::resolve(&self.routing, &self.settings, &self.state, pinned, &stmt).dest
         };
-        if self.sql.len() < sql.len() && may_change_settings(self.nbuf.normalized()) {
+        // A text the normalizer gave up on (too long to plan) may still be routed by hand
+        // (`/* shard: .. */`): keep it whole, as its words are unknown.
+        if self.sql.len() < sql.len()
+            && (self.nbuf.too_long() || may_change_settings(self.nbuf.normalized()))
+        {
             self.sql.clear();
             self.sql.push_str(sql);
         }
@@ -118,15 +122,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     }
 }
 
-/// Texts up to this long are kept whole for the session's settings tracking and logs.
-const KEEP_WHOLE: usize = 64 << 10;
-
-/// `sql`, or its first [`KEEP_WHOLE`] bytes (at a character boundary) when it is longer.
+/// `sql`, or its first [`LONG`] bytes (at a character boundary) when it is longer.
 fn prefix(sql: &str) -> &str {
-    if sql.len() <= KEEP_WHOLE {
+    if sql.len() <= LONG {
         return sql;
     }
-    let mut end = KEEP_WHOLE;
+    let mut end = LONG;
     while !sql.is_char_boundary(end) {
         end -= 1;
     }
@@ -153,8 +154,8 @@ mod tests {
 
     #[test]
     fn a_long_text_is_kept_whole_only_when_it_may_change_settings() {
-        let long = format!("SELECT 1 /* {} */", "é".repeat(KEEP_WHOLE));
-        assert!(prefix(&long).len() <= KEEP_WHOLE && long.starts_with(prefix(&long)));
+        let long = format!("SELECT 1 /* {} */", "é".repeat(LONG));
+        assert!(prefix(&long).len() <= LONG && long.starts_with(prefix(&long)));
         assert_eq!(prefix("SELECT 1"), "SELECT 1");
         assert!(may_change_settings("SET search_path = $1"));
         assert!(may_change_settings("select $1; reset all"));

@@ -356,6 +356,16 @@ mod tests {
         assert_eq!(buf.literal_count(), 10_000);
         normalize_within(&sql, &mut buf, free.normalized().len() - 1);
         assert!(buf.too_long());
+        // Millions of comments stop it too (each is one space), before their spans pile up;
+        // a text just under the bound with comments in it is not refused.
+        let comments = format!("SELECT 1 {}", "--\n".repeat(10_000));
+        normalize_within(&comments, &mut buf, 1000);
+        assert!(buf.too_long() && buf.comments.len() <= 1001, "{}", buf.comments.len());
+        let few = format!("SELECT 1 {}", "/* c */ ".repeat(50));
+        normalize(&few, &mut free);
+        normalize_within(&few, &mut buf, free.normalized().len());
+        assert!(!buf.too_long());
+        assert_eq!(buf.normalized(), free.normalized());
         // A long literal is not counted: it becomes `$1`.
         let long = format!("SELECT '{}'", "x".repeat(5000));
         normalize_within(&long, &mut buf, 100);

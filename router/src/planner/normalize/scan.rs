@@ -18,7 +18,8 @@ pub(super) struct Scanner<'a> {
     /// to the end of the last literal recorded.
     limit: usize,
     kept: usize,
-    /// Bytes of the comments since the last literal that the normalized text does not keep.
+    /// Bytes of the comments since the last literal (each is counted as its one space in
+    /// `kept` when it is scanned).
     skipped: usize,
 }
 
@@ -168,7 +169,14 @@ impl Scanner<'_> {
     /// A comment from `start` to here, kept as one space.
     fn comment(&mut self, start: usize) {
         self.buf.comments.push((start, self.i));
-        self.skipped += self.i - start - 1;
+        self.skipped += self.i - start;
+        // Its one space counts: a text of millions of comments costs their spans, so it
+        // stops at the bound too.
+        self.kept = self.kept.saturating_add(1);
+        if self.kept > self.limit {
+            self.buf.too_long = true;
+            self.i = self.b.len();
+        }
     }
 
     fn line_comment(&mut self) {
@@ -544,8 +552,8 @@ impl Scanner<'_> {
     }
 
     fn record(&mut self, start: usize, end: usize, value_start: usize, kind: LiteralKind) {
-        // At least the text since the last literal, then `$n`: once that is past the bound,
-        // the whole text is, and the scan stops here.
+        // At least the code since the last literal (its comments counted already), then `$n`:
+        // once that is past the bound, the whole text is, and the scan stops here.
         let since = start - self.buf.literals.last().map_or(0, |l| l.src.1) - self.skipped;
         self.skipped = 0;
         self.kept = self.kept.saturating_add(since + 2);
