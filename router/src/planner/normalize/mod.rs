@@ -360,7 +360,11 @@ mod tests {
         // a text just under the bound with comments in it is not refused.
         let comments = format!("SELECT 1 {}", "--\n".repeat(10_000));
         normalize_within(&comments, &mut buf, 1000);
-        assert!(buf.too_long() && buf.comments.len() <= 1001, "{}", buf.comments.len());
+        assert!(
+            buf.too_long() && buf.comments.len() <= 1001,
+            "{}",
+            buf.comments.len()
+        );
         let few = format!("SELECT 1 {}", "/* c */ ".repeat(50));
         normalize(&few, &mut free);
         normalize_within(&few, &mut buf, free.normalized().len());
