@@ -65,8 +65,19 @@ impl Drop for Report<'_> {
     }
 }
 
+/// `name` as a number (decimal, or hex with `0x`, as failures print seeds); a value that is
+/// not one stops the run rather than being ignored.
 fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok()?.trim().parse().ok()
+    let text = std::env::var(name).ok()?;
+    let t = text.trim();
+    let parsed = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(&hex.replace('_', ""), 16),
+        None => t.replace('_', "").parse(),
+    };
+    match parsed {
+        Ok(v) => Some(v),
+        Err(e) => panic!("{name}={text:?} is not a number (decimal, or hex with 0x): {e}"),
+    }
 }
 
 /// Bytes that parsers treat specially, to make random input hit their branches.
