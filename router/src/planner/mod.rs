@@ -237,7 +237,7 @@ pub struct Planner {
     /// Learned from a shard's catalog; replaced as a whole (and the cache emptied) when it
     /// changes, so plans never mix two versions.
     key_positions: std::sync::RwLock<refs::KeyPositions>,
-    /// Texts longer than this are not parsed ([`Route::TooLong`]).
+    /// Normalized texts longer than this are not parsed ([`Route::TooLong`]).
     max_parse: usize,
 }
 
@@ -262,8 +262,9 @@ impl Planner {
         }
     }
 
-    /// Parses texts of at most `bytes` bytes (`limits.max_plan_bytes`); longer ones plan to
-    /// [`Route::TooLong`]. A parse costs tens of times the text in memory (every token and
+    /// Parses statements whose normalized text is at most `bytes` bytes
+    /// (`limits.max_plan_bytes`); longer ones plan to [`Route::TooLong`] (the normalizer stops
+    /// at the bound). A parse costs tens of times the text in memory (every token and
     /// node its own allocation) and holds the worker thread: a 15 MB `IN` list took 1.2 GB
     /// and 13 s before this bound.
     pub fn parsing_at_most(mut self, bytes: usize) -> Planner {

@@ -155,14 +155,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         crate::backend::pool::discard(old.conn);
         self.slot.set_running(None);
         let ep = &self.routing.pools().for_shard(old.shard).endpoint;
+        let endpoint = ep.name();
+        let lost = |why: &str| errors::shard_lost(&name, &endpoint, why);
+        let uses = replay::uses(&self.out.bytes).map_err(|e| lost(&format!("{why}; {}", e.0)))?;
         // A shutdown refuses new logins from the moment it ends the sessions; a server that
         // still takes one ended only this session (`pg_terminate_backend`), on purpose.
         if crate::backend::BackendConn::connect(ep).await.is_ok() {
             return Err(errors::ended_by_server(&name, why));
         }
-        let endpoint = ep.name();
-        let lost = |why: &str| errors::shard_lost(&name, &endpoint, why);
-        let uses = replay::uses(&self.out.bytes).map_err(|e| lost(&format!("{why}; {}", e.0)))?;
         Stats::count(&self.shared.stats.failover.resent);
         tracing::info!(shard = %name, "sending a statement again that a shutdown aborted before it ran: {why}");
         // The connection that gets it may itself be ended by the same shutdown before the
