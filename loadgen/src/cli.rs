@@ -126,6 +126,15 @@ pub struct RunArgs {
     /// Seed for key and operation choices (default: random).
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
+    /// Start the load at this wall-clock time, so loadgens on several hosts start together and
+    /// their windows line up: RFC 3339 (2026-12-01T21:30:00Z, 2026-12-01T21:30:00.250Z) or
+    /// Unix seconds (1796160600.25). Connections are opened before it; it must be in the
+    /// future once they are. Hosts' clocks must agree (NTP/chrony: within a few ms).
+    #[arg(long, value_name = "TIME", value_parser = parse_time)]
+    pub start_at: Option<std::time::SystemTime>,
+    /// This host's name in the report and in merged reports (default: its hostname).
+    #[arg(long, value_name = "NAME")]
+    pub label: Option<String>,
     /// No progress lines on stderr.
     #[arg(long, short = 'q')]
     pub quiet: bool,
@@ -162,6 +171,21 @@ fn parse_rate(text: &str) -> Result<RateArg, String> {
             "{text:?} is not a rate: give requests a second (e.g. 5000) or max"
         )),
     }
+}
+
+/// An RFC 3339 time or Unix seconds (with a fraction).
+pub fn parse_time(text: &str) -> Result<std::time::SystemTime, String> {
+    let t = text.trim();
+    if let Ok(secs) = t.parse::<f64>() {
+        if secs.is_finite() && secs >= 0.0 {
+            return Ok(std::time::UNIX_EPOCH + Duration::from_secs_f64(secs));
+        }
+    }
+    humantime::parse_rfc3339(t).map_err(|e| {
+        format!(
+            "{text:?} is not a time ({e}): write RFC 3339 (2026-12-01T21:30:00Z) or Unix seconds"
+        )
+    })
 }
 
 /// `30s`, `2m`, `500ms`, `1h`, `1.5s` or a bare number of seconds.
@@ -279,6 +303,8 @@ fn dispatch(cli: Cli) -> Result<i32, crate::Error> {
                 value_size: a.target.value_size,
                 quiet: a.quiet,
                 seed: a.seed,
+                start_at: a.start_at,
+                label: a.label,
             };
             let report = runtime(threads)?.block_on(run::run(&cfg))?;
             finish(&report, a.json.as_deref(), a.chart.as_deref())?;
@@ -331,6 +357,14 @@ mod tests {
         assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("3 parsecs").is_err());
+    }
+
+    #[test]
+    fn times() {
+        let t = parse_time("2026-12-01T21:30:00.250Z").expect("rfc3339");
+        assert_eq!(parse_time("1796160600.25"), Ok(t));
+        assert!(parse_time("tomorrow").is_err());
+        assert!(parse_time("2026-12-01 21:30").is_err());
     }
 
     #[test]

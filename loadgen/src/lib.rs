@@ -11,6 +11,7 @@ pub mod cli;
 pub mod cpu;
 pub mod keys;
 pub mod merge;
+pub mod pacer;
 pub mod prepare;
 pub mod progress;
 pub mod report;

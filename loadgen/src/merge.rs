@@ -1,12 +1,14 @@
 //! `loadgen merge`: one fleet report from the JSON reports of several loadgen hosts that ran
 //! at the same time. Counts add up and histograms are added bucket by bucket (HdrHistogram
 //! addition), so merged percentiles are exactly those of all requests together, never an
-//! average of percentiles. Seconds of the time series are aligned on wall-clock time.
+//! average of percentiles. Seconds of the time series are aligned on wall-clock time. The
+//! per-host breakdown is the hosts' own figures; the per-router one adds up every host's
+//! share of each router (the same `--target` on several hosts is one router).
 
 use std::collections::BTreeMap;
 
 use crate::report::{Cpu, Parts, Report, SeriesPoint};
-use crate::stats::{SecondTotals, Totals};
+use crate::stats::{Tally, Totals};
 
 /// Merges `(name, report)` pairs (the name, usually the file, is used in messages).
 pub fn merge(reports: &[(String, Report)]) -> Result<Report, crate::Error> {
@@ -15,7 +17,8 @@ pub fn merge(reports: &[(String, Report)]) -> Result<Report, crate::Error> {
     };
     let ranges: Vec<String> = first.shards.iter().map(|s| s.range.clone()).collect();
     let mut totals = Totals::new(ranges.len());
-    let mut seconds: BTreeMap<u64, (f64, SecondTotals)> = BTreeMap::new();
+    let mut seconds: BTreeMap<u64, (f64, Tally)> = BTreeMap::new();
+    let mut routers: Vec<(String, Tally)> = Vec::new();
     let mut hosts = Vec::new();
     let mut warnings = Vec::new();
     let mut settings = first.settings.clone();
@@ -43,12 +46,18 @@ pub fn merge(reports: &[(String, Report)]) -> Result<Report, crate::Error> {
                 first.settings.mix, first.settings.protocol, first.settings.timeout_ms
             ));
         }
-        let (t, series) = r.raw().map_err(|e| format!("{name}: {e}"))?;
-        totals.add(&t)?;
-        for p in series {
+        let raw = r.raw().map_err(|e| format!("{name}: {e}"))?;
+        totals.add(&raw.totals)?;
+        for (target, tally) in raw.routers {
+            match routers.iter_mut().find(|(t, _)| *t == target) {
+                Some((_, sum)) => sum.add(&tally)?,
+                None => routers.push((target, tally)),
+            }
+        }
+        for p in raw.series {
             let slot = seconds
                 .entry(p.unix_s)
-                .or_insert_with(|| (0.0, SecondTotals::default()));
+                .or_insert_with(|| (0.0, Tally::default()));
             slot.0 = slot.0.max(p.seconds);
             slot.1.add(&p.totals)?;
         }
@@ -82,9 +91,17 @@ pub fn merge(reports: &[(String, Report)]) -> Result<Report, crate::Error> {
             totals,
         })
         .collect();
+    // Per-shard latency is exact only if every host measured it.
+    if reports
+        .iter()
+        .any(|(_, r)| r.shards.iter().any(|s| s.histogram.is_none()))
+    {
+        totals.shard_hists.clear();
+    }
     Report::build(Parts {
         settings,
         hosts,
+        routers,
         ranges,
         duration_s,
         target_qps: target,
@@ -99,6 +116,7 @@ pub fn merge(reports: &[(String, Report)]) -> Result<Report, crate::Error> {
 mod tests {
     use super::*;
     use crate::report::{Host, Settings};
+    use crate::stats::tests::sample;
     use crate::stats::{new_hist, Outcome};
     use crate::workload::Op;
 
@@ -118,36 +136,38 @@ mod tests {
             warmup_s: 0.0,
             timeout_ms: 1000,
             threads: 1,
+            start_at: None,
         }
     }
 
     fn report_of(samples: &[(usize, u64)], unix: u64) -> Report {
         let mut t = Totals::new(2);
-        let mut second = SecondTotals::default();
+        let mut second = Tally::default();
         for &(shard, us) in samples {
-            t.record(shard, Op::Read, &Outcome::Ok, us);
+            t.record(&sample(shard, Op::Read, &Outcome::Ok, us));
             second.hist.record(us).expect("record");
             second.counts.ok += 1;
         }
-        t.record(1, Op::Read, &Outcome::Error("57P01".into()), 0);
+        t.record(&sample(1, Op::Read, &Outcome::Error("57P01".into()), 0));
         let series = vec![SeriesPoint {
             unix_s: unix,
             t: 1,
             seconds: 1.0,
             totals: second,
         }];
-        let host = Host {
-            name: format!("h{unix}"),
-            started_unix_ms: unix * 1000,
-            duration_s: 2.0,
-            requests: t.counts.requests(),
-            ok: t.counts.ok,
-            qps: 0.0,
-            cpu: Cpu::default(),
-        };
+        let host = Host::new(
+            format!("h{unix}"),
+            format!("h{unix}"),
+            unix * 1000,
+            2.0,
+            &t,
+            Cpu::default(),
+        )
+        .expect("host");
         Report::build(Parts {
             settings: settings(),
             hosts: vec![host],
+            routers: vec![("r1".into(), Tally::of(&t))],
             ranges: vec!["-80".into(), "80-".into()],
             duration_s: 2.0,
             target_qps: Some(10.0),
@@ -171,8 +191,22 @@ mod tests {
         for &(_, us) in a.iter().chain(&b) {
             all.record(us).expect("record");
         }
-        let (t, series) = merged.raw().expect("raw");
+        let raw = merged.raw().expect("raw");
+        let (t, series) = (raw.totals, raw.series);
         assert_eq!(t.hist, all);
+        assert_eq!(
+            raw.routers.len(),
+            1,
+            "the same target on two hosts is one router"
+        );
+        assert_eq!(raw.routers[0].1.hist, all);
+        assert_eq!(merged.hosts[1].latency_us.p50, {
+            let mut hb = new_hist();
+            for &(_, us) in &b {
+                hb.record(us).expect("record");
+            }
+            hb.value_at_quantile(0.5)
+        });
         assert_eq!(merged.latency_us.p99, all.value_at_quantile(0.99));
         assert_eq!(merged.latency_us.p50, all.value_at_quantile(0.5));
         assert_eq!(merged.counts.ok, 1333);

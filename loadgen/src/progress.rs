@@ -1,13 +1,13 @@
 //! The live progress line printed on stderr once a second during a run.
 
-use crate::stats::SecondTotals;
+use crate::stats::Tally;
 
 /// `[  12s] 29987.0 qps (target 30000)  p50 0.412 ms  p99 1.204 ms  errors 0  timeouts 0  cpu 41%`
 ///
 /// `elapsed` counts from the start of the measured window (negative during warmup).
 pub fn line(
     elapsed: f64,
-    second: &SecondTotals,
+    second: &Tally,
     seconds: f64,
     target: Option<f64>,
     cpu_share: f64,
@@ -46,7 +46,7 @@ mod tests {
 
     #[test]
     fn shows_rate_latency_and_failures() {
-        let mut s = SecondTotals::default();
+        let mut s = Tally::default();
         s.hist.record(400).expect("record");
         s.counts.ok = 300;
         s.counts.errors = 2;

@@ -9,11 +9,15 @@ use std::path::Path;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
-use crate::stats::{self, Counts, SecondTotals, Spread, Totals};
+use crate::stats::{self, Counts, Spread, Tally, Totals};
 use crate::workload::Op;
 
-/// Bumped when the JSON changes incompatibly.
-pub const FORMAT: u32 = 1;
+/// Bumped when the JSON changes. Format 2 added send lag, per-shard latency, per-router and
+/// per-host breakdowns; format 1 reports still read (those parts are then missing).
+pub const FORMAT: u32 = 2;
+
+/// The oldest format this loadgen reads.
+pub const OLDEST_FORMAT: u32 = 1;
 
 /// How the run was set up.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -36,18 +40,74 @@ pub struct Settings {
     pub warmup_s: f64,
     pub timeout_ms: u64,
     pub threads: usize,
+    /// `--start-at` (RFC 3339), when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_at: Option<String>,
 }
 
 /// One loadgen process that contributed to the report.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Host {
+    /// `--label` (default: the hostname).
+    #[serde(default)]
+    pub label: String,
+    /// The hostname.
     pub name: String,
+    /// When its measured window started (Unix time, ms).
     pub started_unix_ms: u64,
     pub duration_s: f64,
     pub requests: u64,
     pub ok: u64,
+    #[serde(default)]
+    pub errors: u64,
+    #[serde(default)]
+    pub timeouts: u64,
     pub qps: f64,
+    #[serde(default)]
+    pub latency_us: Latency,
+    /// Its latency histogram (HdrHistogram V2, base64); empty in format 1.
+    #[serde(default)]
+    pub histogram: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_lag_us: Option<Latency>,
     pub cpu: Cpu,
+}
+
+impl Host {
+    /// This host's part of a run.
+    pub fn new(
+        label: String,
+        name: String,
+        started_unix_ms: u64,
+        duration_s: f64,
+        t: &Totals,
+        cpu: Cpu,
+    ) -> Result<Host, crate::Error> {
+        Ok(Host {
+            label,
+            name,
+            started_unix_ms,
+            duration_s,
+            requests: t.counts.requests(),
+            ok: t.counts.ok,
+            errors: t.counts.errors,
+            timeouts: t.counts.timeouts,
+            qps: t.counts.ok as f64 / duration_s.max(1e-9),
+            latency_us: Latency::of(&t.hist),
+            histogram: stats::encode(&t.hist)?,
+            send_lag_us: (!t.send_lag.is_empty()).then(|| Latency::of(&t.send_lag)),
+            cpu,
+        })
+    }
+
+    /// The label, or the hostname for reports that have none.
+    pub fn label(&self) -> &str {
+        if self.label.is_empty() {
+            &self.name
+        } else {
+            &self.label
+        }
+    }
 }
 
 /// Client CPU use over the measured window.
@@ -71,6 +131,8 @@ pub struct Latency {
     pub mean: f64,
     pub p50: u64,
     pub p90: u64,
+    #[serde(default)]
+    pub p95: u64,
     pub p99: u64,
     pub p999: u64,
     pub max: u64,
@@ -87,6 +149,7 @@ impl Latency {
             mean: h.mean(),
             p50: h.value_at_quantile(0.50),
             p90: h.value_at_quantile(0.90),
+            p95: h.value_at_quantile(0.95),
             p99: h.value_at_quantile(0.99),
             p999: h.value_at_quantile(0.999),
             max: h.max(),
@@ -104,6 +167,24 @@ pub struct ShardReport {
     pub counts: Counts,
     /// Successful requests a second.
     pub qps: f64,
+    /// Latency of its successful requests (1% precision); none in format 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_us: Option<Latency>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub histogram: Option<String>,
+}
+
+/// One router's share (through `--target`s).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RouterReport {
+    /// The `--target` URL, password hidden.
+    pub target: String,
+    pub requests: u64,
+    #[serde(flatten)]
+    pub counts: Counts,
+    pub qps: f64,
+    pub latency_us: Latency,
+    pub histogram: String,
 }
 
 /// One second of the measured window.
@@ -120,6 +201,8 @@ pub struct SecondReport {
     pub qps: f64,
     pub p50_us: u64,
     pub p99_us: u64,
+    #[serde(default)]
+    pub p999_us: u64,
     pub max_us: u64,
     /// This second's latency histogram (HdrHistogram V2, base64).
     pub histogram: String,
@@ -151,9 +234,17 @@ pub struct Report {
     /// Spread of the per-shard QPS.
     pub shard_qps: Spread,
     pub shards: Vec<ShardReport>,
+    /// Per router (through `--target`s; empty straight to the shards).
+    #[serde(default)]
+    pub routers: Vec<RouterReport>,
     pub latency_us: Latency,
     /// The whole window's latency histogram (HdrHistogram V2, base64, µs).
     pub histogram: String,
+    /// Open loop: how late requests left, µs after their intended time (none in closed loop).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_lag_us: Option<Latency>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_lag_histogram: Option<String>,
     pub cpu: Cpu,
     pub series: Vec<SecondReport>,
     pub warnings: Vec<String>,
@@ -165,13 +256,22 @@ pub struct SeriesPoint {
     pub unix_s: u64,
     pub t: u64,
     pub seconds: f64,
-    pub totals: SecondTotals,
+    pub totals: Tally,
+}
+
+/// A report's raw data, for merging.
+pub struct Raw {
+    pub totals: Totals,
+    pub series: Vec<SeriesPoint>,
+    pub routers: Vec<(String, Tally)>,
 }
 
 /// Everything a report is computed from.
 pub struct Parts<'a> {
     pub settings: Settings,
     pub hosts: Vec<Host>,
+    /// Per router (target, counts and latency).
+    pub routers: Vec<(String, Tally)>,
     pub ranges: Vec<String>,
     pub duration_s: f64,
     pub target_qps: Option<f64>,
@@ -190,14 +290,33 @@ impl Report {
             .shards
             .iter()
             .enumerate()
-            .map(|(i, c)| ShardReport {
-                index: i,
-                range: p.ranges.get(i).cloned().unwrap_or_default(),
-                requests: c.requests(),
-                counts: *c,
-                qps: c.ok as f64 / d,
+            .map(|(i, c)| {
+                let hist = t.shard_hists.get(i);
+                Ok(ShardReport {
+                    index: i,
+                    range: p.ranges.get(i).cloned().unwrap_or_default(),
+                    requests: c.requests(),
+                    counts: *c,
+                    qps: c.ok as f64 / d,
+                    latency_us: hist.map(Latency::of),
+                    histogram: hist.map(stats::encode).transpose()?,
+                })
             })
-            .collect();
+            .collect::<Result<Vec<_>, crate::Error>>()?;
+        let routers = p
+            .routers
+            .iter()
+            .map(|(target, tally)| {
+                Ok(RouterReport {
+                    target: target.clone(),
+                    requests: tally.counts.requests(),
+                    counts: tally.counts,
+                    qps: tally.counts.ok as f64 / d,
+                    latency_us: Latency::of(&tally.hist),
+                    histogram: stats::encode(&tally.hist)?,
+                })
+            })
+            .collect::<Result<Vec<_>, crate::Error>>()?;
         let per_shard: Vec<f64> = shards.iter().map(|s| s.qps).collect();
         let requests = t.counts.requests();
         let per_million = |n: u64| {
@@ -219,6 +338,7 @@ impl Report {
                     qps: s.totals.counts.ok as f64 / s.seconds.max(1e-9),
                     p50_us: quantile(&s.totals.hist, 0.5),
                     p99_us: quantile(&s.totals.hist, 0.99),
+                    p999_us: quantile(&s.totals.hist, 0.999),
                     max_us: s.totals.hist.max(),
                     histogram: stats::encode(&s.totals.hist)?,
                 })
@@ -246,18 +366,36 @@ impl Report {
                 .collect(),
             shard_qps: Spread::of(&per_shard),
             shards,
+            routers,
             latency_us: Latency::of(&t.hist),
             histogram: stats::encode(&t.hist)?,
+            send_lag_us: (!t.send_lag.is_empty()).then(|| Latency::of(&t.send_lag)),
+            send_lag_histogram: if t.send_lag.is_empty() {
+                None
+            } else {
+                Some(stats::encode(&t.send_lag)?)
+            },
             cpu: p.cpu,
             series,
             warnings: p.warnings,
         })
     }
 
-    /// The raw data back (for merging): window totals and the series.
-    pub fn raw(&self) -> Result<(Totals, Vec<SeriesPoint>), crate::Error> {
+    /// The raw data back (for merging): window totals, the series and the routers' shares.
+    pub fn raw(&self) -> Result<Raw, crate::Error> {
         let mut totals = Totals::new(self.shards.len());
         totals.hist = stats::decode(&self.histogram)?;
+        if let Some(h) = &self.send_lag_histogram {
+            totals.send_lag = stats::decode(h)?;
+        }
+        // Per-shard latency only when every shard has it (format 2).
+        if !self.shards.is_empty() && self.shards.iter().all(|s| s.histogram.is_some()) {
+            totals.shard_hists = self
+                .shards
+                .iter()
+                .map(|s| stats::decode_shard(s.histogram.as_deref().unwrap_or_default()))
+                .collect::<Result<Vec<_>, _>>()?;
+        }
         totals.counts = self.counts;
         totals.unsent = self.unsent;
         for s in &self.shards {
@@ -279,14 +417,31 @@ impl Report {
                     unix_s: s.unix_s,
                     t: s.t,
                     seconds: s.seconds,
-                    totals: SecondTotals {
+                    totals: Tally {
                         hist: stats::decode(&s.histogram)?,
                         counts: s.counts,
                     },
                 })
             })
             .collect::<Result<Vec<_>, crate::Error>>()?;
-        Ok((totals, series))
+        let routers = self
+            .routers
+            .iter()
+            .map(|r| {
+                Ok((
+                    r.target.clone(),
+                    Tally {
+                        hist: stats::decode(&r.histogram)?,
+                        counts: r.counts,
+                    },
+                ))
+            })
+            .collect::<Result<Vec<_>, crate::Error>>()?;
+        Ok(Raw {
+            totals,
+            series,
+            routers,
+        })
     }
 
     /// Reads a `--json` report.
@@ -295,9 +450,9 @@ impl Report {
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         let r: Report = serde_json::from_str(&text)
             .map_err(|e| format!("{} is not a loadgen JSON report: {e}", path.display()))?;
-        if r.format != FORMAT {
+        if !(OLDEST_FORMAT..=FORMAT).contains(&r.format) {
             return Err(format!(
-                "{} is report format {}, this loadgen reads format {FORMAT}",
+                "{} is report format {}, this loadgen reads formats {OLDEST_FORMAT} to {FORMAT}",
                 path.display(),
                 r.format
             ));
@@ -392,6 +547,13 @@ impl Report {
             ms(l.max),
             l.mean / 1000.0
         );
+        if let Some(g) = &self.send_lag_us {
+            let _ = writeln!(
+                o,
+                "  send lag, µs after the intended time: p50 {}   p99 {}   p99.9 {}   max {}   (the rest of the latency is the target's)",
+                g.p50, g.p99, g.p999, g.max
+            );
+        }
         let _ = writeln!(o);
         let _ = writeln!(
             o,
@@ -427,17 +589,73 @@ impl Report {
         );
         let _ = writeln!(
             o,
-            "  {:>5}  {:<18} {:>12} {:>12} {:>8} {:>8}",
-            "shard", "range", "qps", "ok", "errors", "timeouts"
+            "  {:>5}  {:<18} {:>12} {:>12} {:>8} {:>8} {:>9} {:>9}",
+            "shard", "range", "qps", "ok", "errors", "timeouts", "p50 ms", "p99 ms"
         );
+        let lat = |l: &Option<Latency>, f: fn(&Latency) -> u64| {
+            l.as_ref()
+                .map_or("-".to_string(), |l| format!("{:.3}", ms(f(l))))
+        };
         for sh in shown {
             let _ = writeln!(
                 o,
-                "  {:>5}  {:<18} {:>12.1} {:>12} {:>8} {:>8}",
-                sh.index, sh.range, sh.qps, sh.counts.ok, sh.counts.errors, sh.counts.timeouts
+                "  {:>5}  {:<18} {:>12.1} {:>12} {:>8} {:>8} {:>9} {:>9}",
+                sh.index,
+                sh.range,
+                sh.qps,
+                sh.counts.ok,
+                sh.counts.errors,
+                sh.counts.timeouts,
+                lat(&sh.latency_us, |l| l.p50),
+                lat(&sh.latency_us, |l| l.p99)
             );
         }
         let _ = writeln!(o);
+        if !self.routers.is_empty() {
+            let _ = writeln!(o, "per router");
+            let _ = writeln!(
+                o,
+                "  {:<40} {:>12} {:>8} {:>8} {:>9} {:>9} {:>9}",
+                "target", "qps", "errors", "timeouts", "p50 ms", "p99 ms", "max ms"
+            );
+            for r in &self.routers {
+                let _ = writeln!(
+                    o,
+                    "  {:<40} {:>12.1} {:>8} {:>8} {:>9.3} {:>9.3} {:>9.3}",
+                    r.target,
+                    r.qps,
+                    r.counts.errors,
+                    r.counts.timeouts,
+                    ms(r.latency_us.p50),
+                    ms(r.latency_us.p99),
+                    ms(r.latency_us.max)
+                );
+            }
+            let _ = writeln!(o);
+        }
+        if self.hosts.len() > 1 {
+            let _ = writeln!(o, "per host");
+            let _ = writeln!(
+                o,
+                "  {:<24} {:>12} {:>8} {:>8} {:>9} {:>9} {:>12} {:>8}",
+                "label", "qps", "errors", "timeouts", "p50 ms", "p99 ms", "lag p99 µs", "cpu µs/q"
+            );
+            for h in &self.hosts {
+                let _ = writeln!(
+                    o,
+                    "  {:<24} {:>12.1} {:>8} {:>8} {:>9.3} {:>9.3} {:>12} {:>8.1}",
+                    h.label(),
+                    h.qps,
+                    h.errors,
+                    h.timeouts,
+                    ms(h.latency_us.p50),
+                    ms(h.latency_us.p99),
+                    h.send_lag_us.map_or("-".to_string(), |g| g.p99.to_string()),
+                    h.cpu.us_per_query
+                );
+            }
+            let _ = writeln!(o);
+        }
         let c = &self.cpu;
         let _ = writeln!(
             o,

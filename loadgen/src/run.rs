@@ -1,8 +1,10 @@
 //! `loadgen run`: drives load over many connections and counts what happens.
 //!
 //! Each connection (a "lane") has its own schedule of intended send times ([`Schedule`]),
-//! keeps up to `--pipeline` requests in flight on its one tokio-postgres connection (which
-//! pipelines them), and counts into its own [`LaneStats`]. A request that cannot be sent on
+//! waits for them with its own high-resolution timer ([`Pacer`]), keeps up to `--pipeline`
+//! requests in flight on its one tokio-postgres connection (which pipelines them), and counts
+//! into its own [`LaneStats`]. Through routers, the k-th request of the whole run (in intended
+//! time order) goes to shard k mod N, so every shard gets its rate exactly. A request that cannot be sent on
 //! time waits for a free slot, and its latency still counts from its intended time; one whose
 //! intended time is older than `--timeout` is counted as a timeout without being sent, so a
 //! stalled server drains the backlog instead of building an unbounded queue. A lane whose
@@ -20,9 +22,10 @@ use shardmap::ShardMap;
 
 use crate::cpu;
 use crate::keys::{self, KeyDist, ShardKeys};
+use crate::pacer::Pacer;
 use crate::report::{Cpu, Host, Parts, Report, SeriesPoint, Settings};
 use crate::schedule::{self, Schedule};
-use crate::stats::{LaneStats, Outcome, SecondTotals, Totals};
+use crate::stats::{LaneStats, Outcome, Sample, ShardLatency, Tally, Totals};
 use crate::target::{self, Mode, Topology};
 use crate::workload::{self, Conn, Mix, Op, Protocol};
 
@@ -55,6 +58,10 @@ pub struct RunConfig {
     pub value_size: usize,
     pub quiet: bool,
     pub seed: Option<u64>,
+    /// When the load starts (wall clock), so several hosts start together; `None`: now.
+    pub start_at: Option<SystemTime>,
+    /// This host's name in reports (default: its hostname).
+    pub label: Option<String>,
 }
 
 impl RunConfig {
@@ -94,6 +101,9 @@ impl RunConfig {
             warmup_s: self.warmup.as_secs_f64(),
             timeout_ms: self.timeout.as_millis() as u64,
             threads: self.threads,
+            start_at: self
+                .start_at
+                .map(|t| humantime::format_rfc3339_millis(t).to_string()),
         }
     }
 
@@ -111,13 +121,30 @@ impl RunConfig {
 enum Shards {
     /// Always this one (direct mode: the connection is to its primary).
     Fixed(usize),
-    /// Every shard in turn from this offset (through routers), so each gets an equal share.
-    Rotate(usize),
+    /// Through routers: lane `i` of `n` sends requests `i, i + n, i + 2n, ...` of the run's
+    /// single interleaved schedule, and request `k` goes to shard `k mod shards`, so over any
+    /// window every shard's count is within one of every other's.
+    Stride { first: usize, step: usize },
+}
+
+impl Shards {
+    /// The shard of the lane's `seq`-th request, of `shards`.
+    fn of(self, seq: u64, shards: usize) -> usize {
+        match self {
+            Shards::Fixed(s) => s,
+            Shards::Stride { first, step } => {
+                let n = shards.max(1) as u64;
+                ((first as u64 + (seq % n) * step as u64) % n) as usize
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
 struct LaneSpec {
     url: String,
+    /// Index of the router (`--target`) it goes to; in direct mode, of its shard.
+    target: usize,
     shards: Shards,
     /// Open-loop rate and phase.
     rate: Option<(f64, Duration)>,
@@ -143,18 +170,23 @@ fn plan_lanes(cfg: &RunConfig) -> Vec<LaneSpec> {
                     });
                     LaneSpec {
                         url: cfg.topology.url_for(i, shard).to_string(),
+                        target: shard,
                         shards: Shards::Fixed(shard),
                         rate,
                     }
                 })
                 .collect()
         }
-        Mode::Routers(_) => {
+        Mode::Routers(ref targets) => {
             let parts = total.map(|t| schedule::split(t, n));
             (0..n)
                 .map(|i| LaneSpec {
                     url: cfg.topology.url_for(i, 0).to_string(),
-                    shards: Shards::Rotate(i % shards),
+                    target: i % targets.len().max(1),
+                    shards: Shards::Stride {
+                        first: i % shards,
+                        step: n % shards,
+                    },
                     rate: parts.as_ref().map(|p| p[i]),
                 })
                 .collect()
@@ -174,6 +206,7 @@ struct Shared {
     value: String,
     measure_from: Instant,
     end: Instant,
+    shard_latency: ShardLatency,
 }
 
 /// A finished request.
@@ -181,6 +214,8 @@ struct Done {
     shard: usize,
     op: Op,
     intended: Instant,
+    /// When it was handed to the connection.
+    sent: Instant,
     finished: Instant,
     outcome: Outcome,
 }
@@ -193,6 +228,7 @@ async fn request(
     id: i64,
     intended: Instant,
 ) -> Done {
+    let sent = Instant::now();
     let deadline = intended + sh.timeout;
     let r = tokio::time::timeout_at(deadline.into(), conn.exec(op, id, &sh.value)).await;
     let outcome = match r {
@@ -204,6 +240,7 @@ async fn request(
         shard,
         op,
         intended,
+        sent,
         finished: Instant::now(),
         outcome,
     }
@@ -214,7 +251,8 @@ struct Lane {
     sh: Arc<Shared>,
     conn: Option<Arc<Conn>>,
     rng: SmallRng,
-    seq: usize,
+    /// Requests picked so far.
+    seq: u64,
     schedule: Option<Schedule>,
     stats: Arc<Mutex<LaneStats>>,
 }
@@ -222,12 +260,8 @@ struct Lane {
 impl Lane {
     /// The next request's shard, operation and key.
     fn pick(&mut self) -> (usize, Op, i64) {
-        let shards = self.sh.keys.shards();
-        let shard = match self.spec.shards {
-            Shards::Fixed(s) => s,
-            Shards::Rotate(offset) => (offset + self.seq) % shards,
-        };
-        self.seq = self.seq.wrapping_add(1);
+        let shard = self.spec.shards.of(self.seq, self.sh.keys.shards());
+        self.seq += 1;
         let op = self.sh.mix.pick(&mut self.rng);
         let id = match op {
             Op::Insert => keys::insert_key(&self.sh.map, shard, &mut self.rng),
@@ -240,23 +274,47 @@ impl Lane {
         (shard, op, id)
     }
 
+    /// Counts a request; `sent` is when it left (`None`: never sent).
     fn record(
         &self,
         shard: usize,
         op: Op,
         outcome: &Outcome,
         intended: Instant,
+        sent: Option<Instant>,
         finished: Instant,
     ) {
-        let latency = finished.saturating_duration_since(intended).as_micros() as u64;
+        let micros = |d: Duration| d.as_micros().min(u64::MAX as u128) as u64;
+        let latency_us = micros(finished.saturating_duration_since(intended));
         let measured = intended >= self.sh.measure_from;
+        // In closed loop a request is "intended" when it is sent: no lag to speak of.
+        let lag_us = sent
+            .filter(|_| self.schedule.is_some())
+            .map(|t| micros(t.saturating_duration_since(intended)));
+        let sample = Sample {
+            shard,
+            op,
+            outcome,
+            latency_us,
+            lag_us,
+        };
         if let Ok(mut s) = self.stats.lock() {
-            s.record(shard, op, outcome, latency, measured);
+            s.record(&sample, measured);
+        }
+        if measured && *outcome == Outcome::Ok {
+            self.sh.shard_latency.record(shard, latency_us);
         }
     }
 
     fn record_done(&self, d: Done) {
-        self.record(d.shard, d.op, &d.outcome, d.intended, d.finished);
+        self.record(
+            d.shard,
+            d.op,
+            &d.outcome,
+            d.intended,
+            Some(d.sent),
+            d.finished,
+        );
     }
 
     /// Counts every open-loop request due by `now` as failed with `outcome` (the connection
@@ -267,13 +325,13 @@ impl Lane {
                 while sched.peek() <= now && sched.peek() < self.sh.end {
                     let intended = sched.take();
                     let (shard, op, _) = self.pick();
-                    self.record(shard, op, outcome, intended, now);
+                    self.record(shard, op, outcome, intended, None, now);
                 }
                 self.schedule = Some(sched);
             }
             None => {
                 let (shard, op, _) = self.pick();
-                self.record(shard, op, outcome, now, now);
+                self.record(shard, op, outcome, now, None, now);
             }
         }
     }
@@ -308,7 +366,7 @@ impl Lane {
         }
     }
 
-    async fn drive(mut self) {
+    async fn drive(mut self, pacer: Pacer) {
         let sh = self.sh.clone();
         let mut in_flight = FuturesUnordered::new();
         let mut issuing = true;
@@ -346,7 +404,7 @@ impl Lane {
                     let (shard, op, id) = self.pick();
                     if now >= intended + sh.timeout {
                         // Too late to be answered in time: a timeout, without sending it.
-                        self.record(shard, op, &Outcome::Timeout, intended, now);
+                        self.record(shard, op, &Outcome::Timeout, intended, None, now);
                         continue;
                     }
                     if let Some(conn) = &self.conn {
@@ -367,7 +425,7 @@ impl Lane {
             tokio::select! {
                 biased;
                 Some(done) = in_flight.next(), if !in_flight.is_empty() => self.record_done(done),
-                _ = tokio::time::sleep_until(wake.unwrap_or(now).into()), if wake.is_some() => {}
+                _ = pace(&pacer, wake.unwrap_or(now)), if wake.is_some() => {}
             }
         }
         if let Some(s) = &self.schedule {
@@ -376,6 +434,13 @@ impl Lane {
                 st.window.unsent += left;
             }
         }
+    }
+}
+
+/// Waits until `t` on the lane's precise timer (tokio's, should the timerfd fail).
+async fn pace(pacer: &Pacer, t: Instant) {
+    if pacer.sleep_until(t).await.is_err() {
+        tokio::time::sleep_until(t.into()).await;
     }
 }
 
@@ -390,6 +455,14 @@ pub async fn run(cfg: &RunConfig) -> Result<Report, crate::Error> {
         if !(r > 0.0 && r.is_finite()) {
             return Err(format!(
                 "the rate must be above 0 requests a second, got {r}"
+            ));
+        }
+    }
+    if let Some(at) = cfg.start_at {
+        if at < SystemTime::now() {
+            return Err(format!(
+                "--start-at {} has already passed",
+                humantime::format_rfc3339_millis(at)
             ));
         }
     }
@@ -416,7 +489,18 @@ pub async fn run(cfg: &RunConfig) -> Result<Report, crate::Error> {
         conns.push(Arc::new(c?));
     }
 
-    let start = Instant::now() + Duration::from_millis(20);
+    let start = match cfg.start_at {
+        None => Instant::now() + Duration::from_millis(20),
+        Some(at) => {
+            let wait = at.duration_since(SystemTime::now()).map_err(|_| {
+                format!(
+                    "--start-at {}: connecting took until after it; set it later",
+                    humantime::format_rfc3339_millis(at)
+                )
+            })?;
+            Instant::now() + wait
+        }
+    };
     let measure_from = start + cfg.warmup;
     let end = measure_from + cfg.duration;
     let wall_measure_from = SystemTime::now() + (measure_from - Instant::now());
@@ -431,10 +515,13 @@ pub async fn run(cfg: &RunConfig) -> Result<Report, crate::Error> {
         value: workload::value_for(cfg.seed.unwrap_or(7) as i64, cfg.value_size),
         measure_from,
         end,
+        shard_latency: ShardLatency::new(shards),
     });
+    let targets: Vec<usize> = specs.iter().map(|s| s.target).collect();
     let mut lane_stats = Vec::with_capacity(specs.len());
     let mut handles = Vec::with_capacity(specs.len());
     for (i, (spec, conn)) in specs.into_iter().zip(conns).enumerate() {
+        let pacer = Pacer::new().map_err(|e| format!("cannot create a timer (timerfd): {e}"))?;
         let stats = Arc::new(Mutex::new(LaneStats::new(shards)));
         lane_stats.push(stats.clone());
         let rng = match cfg.seed {
@@ -450,7 +537,7 @@ pub async fn run(cfg: &RunConfig) -> Result<Report, crate::Error> {
             seq: 0,
             stats,
         };
-        handles.push(tokio::spawn(lane.drive()));
+        handles.push(tokio::spawn(lane.drive(pacer)));
     }
 
     let cpu_at_start = tokio::spawn(async move {
@@ -483,12 +570,23 @@ pub async fn run(cfg: &RunConfig) -> Result<Report, crate::Error> {
         last.totals.add(&rest)?;
     }
     let mut totals = Totals::new(shards);
-    for s in &lane_stats {
+    let mut by_router = match &cfg.topology.mode {
+        Mode::Direct => Vec::new(),
+        Mode::Routers(urls) => urls
+            .iter()
+            .map(|u| (target::redact(u), Tally::default()))
+            .collect(),
+    };
+    for (s, &t) in lane_stats.iter().zip(&targets) {
         let s = s
             .lock()
             .map_err(|_| "a connection's counters were poisoned".to_string())?;
         totals.add(&s.window)?;
+        if let Some((_, tally)) = by_router.get_mut(t) {
+            tally.add(&Tally::of(&s.window))?;
+        }
     }
+    totals.shard_hists = sh.shard_latency.take()?;
 
     let used = cpu_end.since(&cpu_start);
     let wall = finished
@@ -520,18 +618,19 @@ pub async fn run(cfg: &RunConfig) -> Result<Report, crate::Error> {
     let started_unix_ms = wall_measure_from
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
-    let host = Host {
-        name: hostname(),
+    let name = hostname();
+    let host = Host::new(
+        cfg.label.clone().unwrap_or_else(|| name.clone()),
+        name,
         started_unix_ms,
         duration_s,
-        requests,
-        ok: totals.counts.ok,
-        qps: achieved,
+        &totals,
         cpu,
-    };
+    )?;
     Report::build(Parts {
         settings: cfg.settings(),
         hosts: vec![host],
+        routers: by_router,
         ranges: map.shards().iter().map(|s| s.range.to_string()).collect(),
         duration_s,
         target_qps: cfg.total_rate(),
@@ -543,8 +642,8 @@ pub async fn run(cfg: &RunConfig) -> Result<Report, crate::Error> {
 }
 
 /// Takes (and clears) every lane's current second.
-fn collect_second(lanes: &[Arc<Mutex<LaneStats>>]) -> Result<SecondTotals, crate::Error> {
-    let mut sum = SecondTotals::default();
+fn collect_second(lanes: &[Arc<Mutex<LaneStats>>]) -> Result<Tally, crate::Error> {
+    let mut sum = Tally::default();
     for l in lanes {
         let mut s = l
             .lock()
@@ -633,4 +732,112 @@ pub fn hostname() -> String {
         .ok()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "unknown".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shardmap::{KeyType, Table};
+
+    fn config(shards: usize, targets: usize, connections: usize, rate: Rate) -> RunConfig {
+        let urls: Vec<String> = (0..shards)
+            .map(|i| format!("postgres://u@10.0.0.1:5432/shard_{i}"))
+            .collect();
+        let map = ShardMap::even_split(&urls, vec![Table::new("kv", "id", KeyType::BigInt)])
+            .expect("map");
+        let mode = if targets == 0 {
+            Mode::Direct
+        } else {
+            Mode::Routers(
+                (0..targets)
+                    .map(|i| format!("postgres://u@10.0.1.{i}:6432/app"))
+                    .collect(),
+            )
+        };
+        RunConfig {
+            topology: Topology {
+                map,
+                map_path: None,
+                mode,
+            },
+            rows_per_shard: 10,
+            connections,
+            pipeline: 1,
+            duration: Duration::from_secs(10),
+            warmup: Duration::from_millis(1300),
+            rate,
+            mix: Mix::default(),
+            zipf: None,
+            protocol: Protocol::Prepared,
+            timeout: Duration::from_secs(1),
+            threads: 1,
+            value_size: 8,
+            quiet: true,
+            seed: None,
+            start_at: None,
+            label: None,
+        }
+    }
+
+    /// Requests per shard whose intended time falls in the measured window, as `run` counts
+    /// them.
+    fn per_shard_in_window(cfg: &RunConfig) -> Vec<u64> {
+        let shards = cfg.topology.map.shards().len();
+        let start = Instant::now();
+        let (from, end) = (start + cfg.warmup, start + cfg.warmup + cfg.duration);
+        let mut counts = vec![0u64; shards];
+        for spec in plan_lanes(cfg) {
+            let Some((rate, phase)) = spec.rate else {
+                continue;
+            };
+            let mut sched = Schedule::new(start, rate, phase);
+            let mut seq = 0;
+            while sched.peek() < end {
+                let at = sched.take();
+                let shard = spec.shards.of(seq, shards);
+                seq += 1;
+                if at >= from {
+                    counts[shard] += 1;
+                }
+            }
+        }
+        counts
+    }
+
+    #[test]
+    fn every_shard_gets_its_rate_within_half_a_percent() {
+        // The case (512 shards, 20/s each through a router) and awkward ratios of
+        // connections to shards and routers.
+        for (shards, targets, conns) in [
+            (512, 1, 8),
+            (512, 3, 64),
+            (64, 3, 48),
+            (7, 2, 12),
+            (4, 1, 8),
+            (5, 0, 12),
+        ] {
+            let cfg = config(shards, targets, conns, Rate::PerShard(20.0));
+            let counts = per_shard_in_window(&cfg);
+            let want = 20.0 * cfg.duration.as_secs_f64();
+            for (i, &n) in counts.iter().enumerate() {
+                assert!(
+                    (n as f64 - want).abs() <= want * 0.005,
+                    "{shards} shards, {targets} routers, {conns} connections: shard {i} got {n} of {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn lanes_spread_over_routers() {
+        let cfg = config(16, 3, 7, Rate::Total(700.0));
+        let lanes = plan_lanes(&cfg);
+        let per_router: Vec<usize> = (0..3)
+            .map(|t| lanes.iter().filter(|l| l.target == t).count())
+            .collect();
+        assert_eq!(per_router, [3, 2, 2]);
+        assert!(lanes
+            .iter()
+            .all(|l| l.url.ends_with(&format!("10.0.1.{}:6432/app", l.target))));
+    }
 }

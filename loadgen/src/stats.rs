@@ -1,9 +1,11 @@
 //! What a run counts: a latency histogram (HdrHistogram, microseconds, 3 significant digits),
-//! successes, errors by SQLSTATE and timeouts, overall, per shard and per operation. Every
-//! connection counts on its own ([`LaneStats`]); totals are merged exactly with histogram
-//! addition, never by averaging percentiles.
+//! successes, errors by SQLSTATE and timeouts, overall, per shard and per operation, and how
+//! late each open-loop request left (send lag). Every connection counts on its own
+//! ([`LaneStats`]) except per-shard latency ([`ShardLatency`], shared); totals are merged
+//! exactly with histogram addition, never by averaging percentiles.
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 
 use base64::Engine;
 use hdrhistogram::serialization::{Deserializer, Serializer, V2Serializer};
@@ -19,9 +21,19 @@ pub const HIST_HIGH_US: u64 = 3_600_000_000;
 /// Significant decimal digits kept (values are exact to 0.1%).
 pub const HIST_SIGFIG: u8 = 3;
 
+/// Significant digits of per-shard histograms (1%): at 512 shards the 3-digit ones would
+/// take 96 MB, these take 13 MB.
+pub const SHARD_HIST_SIGFIG: u8 = 2;
+
 /// An empty latency histogram.
 pub fn new_hist() -> Histogram<u64> {
     Histogram::new_with_bounds(HIST_LOW_US, HIST_HIGH_US, HIST_SIGFIG)
+        .expect("constant histogram bounds are valid")
+}
+
+/// An empty per-shard latency histogram.
+pub fn new_shard_hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(HIST_LOW_US, HIST_HIGH_US, SHARD_HIST_SIGFIG)
         .expect("constant histogram bounds are valid")
 }
 
@@ -37,6 +49,15 @@ pub fn encode(h: &Histogram<u64>) -> Result<String, crate::Error> {
 
 /// Reads [`encode`]'s output.
 pub fn decode(text: &str) -> Result<Histogram<u64>, crate::Error> {
+    decode_into(text, new_hist())
+}
+
+/// Reads [`encode`]'s output of a per-shard histogram.
+pub fn decode_shard(text: &str) -> Result<Histogram<u64>, crate::Error> {
+    decode_into(text, new_shard_hist())
+}
+
+fn decode_into(text: &str, mut out: Histogram<u64>) -> Result<Histogram<u64>, crate::Error> {
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(text.trim())
         .map_err(|e| format!("a histogram is not valid base64: {e}"))?;
@@ -44,7 +65,6 @@ pub fn decode(text: &str) -> Result<Histogram<u64>, crate::Error> {
         .deserialize(&mut bytes.as_slice())
         .map_err(|e| format!("a histogram is not in HdrHistogram V2 format: {e:?}"))?;
     // Re-home it in the standard bounds so histograms from any host add up.
-    let mut out = new_hist();
     out.add(&h)
         .map_err(|e| format!("a histogram does not fit loadgen's bounds: {e:?}"))?;
     Ok(out)
@@ -88,11 +108,29 @@ pub enum Outcome {
     Timeout,
 }
 
+/// One finished (or given up) request, as counted.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample<'a> {
+    pub shard: usize,
+    pub op: Op,
+    pub outcome: &'a Outcome,
+    /// µs from the intended send time to the answer (used for successes only).
+    pub latency_us: u64,
+    /// µs from the intended send time to the moment loadgen sent it (open loop, sent
+    /// requests only).
+    pub lag_us: Option<u64>,
+}
+
 /// Everything counted over a period, mergeable exactly.
 #[derive(Debug, Clone)]
 pub struct Totals {
     /// Latency of successful requests, µs from the intended send time.
     pub hist: Histogram<u64>,
+    /// Send lag of open-loop requests, µs (empty in closed loop).
+    pub send_lag: Histogram<u64>,
+    /// Latency per shard ([`SHARD_HIST_SIGFIG`] digits); empty when not measured (reports of
+    /// older loadgens).
+    pub shard_hists: Vec<Histogram<u64>>,
     pub counts: Counts,
     /// Requests scheduled in the window that were never sent (the connection was still busy
     /// when the run ended).
@@ -106,6 +144,8 @@ impl Totals {
     pub fn new(shards: usize) -> Totals {
         Totals {
             hist: new_hist(),
+            send_lag: new_hist(),
+            shard_hists: Vec::new(),
             counts: Counts::default(),
             unsent: 0,
             shards: vec![Counts::default(); shards],
@@ -114,10 +154,16 @@ impl Totals {
         }
     }
 
-    /// Counts one request; `latency_us` is used for successes only.
-    pub fn record(&mut self, shard: usize, op: Op, outcome: &Outcome, latency_us: u64) {
+    /// Counts one request (not its shard's latency: see [`ShardLatency`]).
+    pub fn record(&mut self, s: &Sample<'_>) {
+        let Sample {
+            shard, op, outcome, ..
+        } = *s;
         if *outcome == Outcome::Ok {
-            self.hist.saturating_record(latency_us.max(HIST_LOW_US));
+            self.hist.saturating_record(s.latency_us.max(HIST_LOW_US));
+        }
+        if let Some(lag) = s.lag_us {
+            self.send_lag.saturating_record(lag);
         }
         if let Outcome::Error(code) = outcome {
             match self.errors.get_mut(code.as_str()) {
@@ -136,9 +182,14 @@ impl Totals {
 
     /// Adds `other` (exactly: histograms are added bucket by bucket).
     pub fn add(&mut self, other: &Totals) -> Result<(), crate::Error> {
-        self.hist
-            .add(&other.hist)
-            .map_err(|e| format!("cannot add histograms: {e:?}"))?;
+        add_hist(&mut self.hist, &other.hist)?;
+        add_hist(&mut self.send_lag, &other.send_lag)?;
+        for (i, h) in other.shard_hists.iter().enumerate() {
+            if self.shard_hists.len() <= i {
+                self.shard_hists.push(new_shard_hist());
+            }
+            add_hist(&mut self.shard_hists[i], h)?;
+        }
         self.counts.add(&other.counts);
         self.unsent += other.unsent;
         if self.shards.len() < other.shards.len() {
@@ -157,29 +208,76 @@ impl Totals {
     }
 }
 
-/// One second of the time series, mergeable exactly.
+fn add_hist(to: &mut Histogram<u64>, h: &Histogram<u64>) -> Result<(), crate::Error> {
+    to.add(h)
+        .map_err(|e| format!("cannot add histograms: {e:?}"))
+}
+
+/// Latency of successful requests per shard over the measured window, shared by every
+/// connection of a run (through routers each connection reaches every shard, and a histogram
+/// per connection and shard would not fit at 512 shards). One lock per shard, so connections
+/// rarely wait for each other.
+#[derive(Debug)]
+pub struct ShardLatency {
+    hists: Vec<Mutex<Histogram<u64>>>,
+}
+
+impl ShardLatency {
+    pub fn new(shards: usize) -> ShardLatency {
+        ShardLatency {
+            hists: (0..shards).map(|_| Mutex::new(new_shard_hist())).collect(),
+        }
+    }
+
+    pub fn record(&self, shard: usize, latency_us: u64) {
+        if let Some(Ok(mut h)) = self.hists.get(shard).map(Mutex::lock) {
+            h.saturating_record(latency_us.max(HIST_LOW_US));
+        }
+    }
+
+    /// The histograms, one per shard.
+    pub fn take(&self) -> Result<Vec<Histogram<u64>>, crate::Error> {
+        self.hists
+            .iter()
+            .map(|m| {
+                m.lock()
+                    .map(|h| h.clone())
+                    .map_err(|_| "a shard's latency counter was poisoned".to_string())
+            })
+            .collect()
+    }
+}
+
+/// Successes, errors and timeouts with the latency histogram: one second of the time series,
+/// or one router's or one host's share; mergeable exactly.
 #[derive(Debug, Clone)]
-pub struct SecondTotals {
+pub struct Tally {
     pub hist: Histogram<u64>,
     pub counts: Counts,
 }
 
-impl Default for SecondTotals {
+impl Default for Tally {
     fn default() -> Self {
-        SecondTotals {
+        Tally {
             hist: new_hist(),
             counts: Counts::default(),
         }
     }
 }
 
-impl SecondTotals {
-    pub fn add(&mut self, other: &SecondTotals) -> Result<(), crate::Error> {
-        self.hist
-            .add(&other.hist)
-            .map_err(|e| format!("cannot add histograms: {e:?}"))?;
+impl Tally {
+    pub fn add(&mut self, other: &Tally) -> Result<(), crate::Error> {
+        add_hist(&mut self.hist, &other.hist)?;
         self.counts.add(&other.counts);
         Ok(())
+    }
+
+    /// The counts and latency of `t`.
+    pub fn of(t: &Totals) -> Tally {
+        Tally {
+            hist: t.hist.clone(),
+            counts: t.counts,
+        }
     }
 
     /// Empties it, keeping the allocation.
@@ -194,35 +292,28 @@ impl SecondTotals {
 #[derive(Debug)]
 pub struct LaneStats {
     pub window: Totals,
-    pub second: SecondTotals,
+    pub second: Tally,
 }
 
 impl LaneStats {
     pub fn new(shards: usize) -> LaneStats {
         LaneStats {
             window: Totals::new(shards),
-            second: SecondTotals::default(),
+            second: Tally::default(),
         }
     }
 
     /// Counts one request: always in the current second (live progress, also during
     /// warmup), and in the window totals when `measured`.
-    pub fn record(
-        &mut self,
-        shard: usize,
-        op: Op,
-        outcome: &Outcome,
-        latency_us: u64,
-        measured: bool,
-    ) {
-        if *outcome == Outcome::Ok {
+    pub fn record(&mut self, s: &Sample<'_>, measured: bool) {
+        if *s.outcome == Outcome::Ok {
             self.second
                 .hist
-                .saturating_record(latency_us.max(HIST_LOW_US));
+                .saturating_record(s.latency_us.max(HIST_LOW_US));
         }
-        self.second.counts.count(outcome);
+        self.second.counts.count(s.outcome);
         if measured {
-            self.window.record(shard, op, outcome, latency_us);
+            self.window.record(s);
         }
     }
 }
@@ -254,7 +345,7 @@ impl Spread {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -268,15 +359,34 @@ mod tests {
         assert_eq!(back.value_at_quantile(0.99), h.value_at_quantile(0.99));
     }
 
+    pub fn sample(shard: usize, op: Op, outcome: &Outcome, latency_us: u64) -> Sample<'_> {
+        Sample {
+            shard,
+            op,
+            outcome,
+            latency_us,
+            lag_us: None,
+        }
+    }
+
     #[test]
     fn totals_add_up() {
         let mut a = Totals::new(2);
         let mut b = Totals::new(2);
-        a.record(0, Op::Read, &Outcome::Ok, 100);
-        a.record(1, Op::Read, &Outcome::Error("57P01".into()), 0);
-        b.record(1, Op::Update, &Outcome::Timeout, 0);
-        b.record(1, Op::Read, &Outcome::Error("57P01".into()), 0);
+        let err = Outcome::Error("57P01".into());
+        a.record(&sample(0, Op::Read, &Outcome::Ok, 100));
+        a.record(&sample(1, Op::Read, &err, 0));
+        b.record(&sample(1, Op::Update, &Outcome::Timeout, 0));
+        b.record(&Sample {
+            lag_us: Some(40),
+            ..sample(1, Op::Read, &err, 0)
+        });
+        b.shard_hists = vec![new_shard_hist(), new_shard_hist()];
+        b.shard_hists[1].record(250).expect("record");
         a.add(&b).expect("add");
+        assert_eq!(a.send_lag.len(), 1);
+        assert_eq!(a.shard_hists.len(), 2);
+        assert_eq!(a.shard_hists[1].len(), 1);
         assert_eq!(
             a.counts,
             Counts {
