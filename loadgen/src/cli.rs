@@ -27,7 +27,7 @@ pub enum Command {
     /// Create table kv where missing and load the same number of rows into every shard.
     Prepare(PrepareArgs),
     /// Drive load and report throughput, latency and errors.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Merge the --json reports of several loadgen hosts into one (histograms exactly).
     Merge(MergeArgs),
 }
@@ -265,6 +265,7 @@ fn dispatch(cli: Cli) -> Result<i32, crate::Error> {
             Ok(0)
         }
         Command::Run(a) => {
+            let a = *a;
             let topology = Topology::resolve(a.target.shardmap.as_deref(), &a.target.targets)?;
             let rate = match (a.rate, a.rate_per_shard) {
                 (Some(RateArg::Max), _) => Rate::Max,
