@@ -30,6 +30,9 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Merge the --json reports of several loadgen hosts into one (histograms exactly).
     Merge(MergeArgs),
+    /// Set two --json reports side by side: throughput, p50 to max, mean, errors and timeouts
+    /// per million, before, after, change and ratio, overall and per shard (worst first).
+    Compare(CompareArgs),
 }
 
 /// Where load and data go (shared by prepare and run).
@@ -150,6 +153,26 @@ pub struct MergeArgs {
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
     /// Draw the merged chart into an SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub chart: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// The report of the run before the change (`loadgen run --json` or `merge --json`).
+    #[arg(value_name = "BEFORE.json")]
+    pub before: PathBuf,
+    /// The report of the run after it, same workload.
+    #[arg(value_name = "AFTER.json")]
+    pub after: PathBuf,
+    /// Shards shown in the table, worst first (all are in --json).
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub shards: usize,
+    /// Write the comparison as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Draw both latency distributions (by percentile, log scale) and both time series into
+    /// an SVG file.
     #[arg(long, value_name = "FILE.svg")]
     pub chart: Option<PathBuf>,
 }
@@ -319,6 +342,28 @@ fn dispatch(cli: Cli) -> Result<i32, crate::Error> {
                 .collect::<Result<Vec<_>, _>>()?;
             let merged = crate::merge::merge(&reports)?;
             finish(&merged, a.json.as_deref(), a.chart.as_deref())?;
+            Ok(0)
+        }
+        Command::Compare(a) => {
+            let before = Report::read(&a.before)?;
+            let after = Report::read(&a.after)?;
+            let (bn, an) = (
+                a.before.display().to_string(),
+                a.after.display().to_string(),
+            );
+            let cmp = crate::compare::compare(&bn, &before, &an, &after)?;
+            print!("{}", cmp.render(a.shards));
+            if let Some(path) = &a.json {
+                let text = serde_json::to_string_pretty(&cmp)
+                    .map_err(|e| format!("cannot encode the comparison: {e}"))?;
+                std::fs::write(path, text + "\n")
+                    .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+                eprintln!("loadgen: wrote {}", path.display());
+            }
+            if let Some(path) = &a.chart {
+                crate::chart::draw_compare(&cmp, &before, &after, path)?;
+                eprintln!("loadgen: wrote {}", path.display());
+            }
             Ok(0)
         }
     }

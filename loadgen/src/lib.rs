@@ -3,11 +3,12 @@
 //! `prepare` loads every shard with the same number of rows ([`prepare`]), `run` drives
 //! open-loop (or closed-loop) load through routers or straight at the shards ([`run`]) and
 //! reports throughput and coordinated-omission-corrected latency per shard ([`report`],
-//! [`chart`]), and `merge` combines the JSON reports of several loadgen hosts exactly
-//! ([`merge`]). The command line is in [`cli`]; `docs/loadgen.md` is the manual.
+//! [`chart`]), `merge` combines the JSON reports of several loadgen hosts exactly
+//! ([`merge`]), and `compare` sets two reports side by side ([`compare`]). The command line is in [`cli`]; `docs/loadgen.md` is the manual.
 
 pub mod chart;
 pub mod cli;
+pub mod compare;
 pub mod cpu;
 pub mod keys;
 pub mod merge;
