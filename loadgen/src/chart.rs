@@ -141,6 +141,9 @@ fn throughput(area: &Area<'_>, report: &Report, title: &str) -> Drawn {
     legend(&mut chart, SeriesLabelPosition::LowerRight)
 }
 
+/// A named, coloured line of (x, y) points.
+type Line<'a> = (&'a str, RGBColor, Vec<(f64, f64)>);
+
 fn latency(area: &Area<'_>, report: &Report) -> Drawn {
     let t_max = t_max(&report.series);
     let pick = |f: fn(&SecondReport) -> u64| -> Vec<(f64, f64)> {
@@ -152,7 +155,7 @@ fn latency(area: &Area<'_>, report: &Report) -> Drawn {
     };
     // Format-1 reports have no p99.9 per second.
     let has_p999 = report.series.iter().any(|s| s.p999_us > 0);
-    let lines: Vec<(&str, RGBColor, Vec<(f64, f64)>)> = [
+    let lines: Vec<Line<'_>> = [
         Some(("p50", GREEN, pick(|s| s.p50_us))),
         Some(("p99", MAGENTA, pick(|s| s.p99_us))),
         has_p999.then(|| ("p99.9", RGBColor(230, 120, 0), pick(|s| s.p999_us))),
