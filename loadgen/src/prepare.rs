@@ -207,14 +207,11 @@ async fn open(cfg: &PrepareConfig, s: usize) -> Result<Client, crate::Error> {
     )
     .await
     .map_err(|_| format!("connecting to {} timed out", target::redact(url)))?
-    .map_err(|e| format!("cannot connect to {}: {e}", target::redact(url)))
+    .map_err(|e| target::sql_err(&format!("cannot connect to {}", target::redact(url)), &e))
 }
 
 fn sql_err(what: &str, e: tokio_postgres::Error) -> crate::Error {
-    match e.as_db_error() {
-        Some(db) => format!("{what}: {} ({})", db.message(), db.code().code()),
-        None => format!("{what}: {e}"),
-    }
+    target::sql_err(what, &e)
 }
 
 async fn direct_count(client: &Client) -> Result<(u64, i64), crate::Error> {

@@ -348,7 +348,12 @@ impl Lane {
             let give_up = (now + self.sh.timeout).min(self.sh.end);
             let attempt = tokio::time::timeout_at(
                 give_up.into(),
-                Conn::open(&self.spec.url, self.sh.protocol, self.sh.timeout),
+                Conn::open(
+                    &self.spec.url,
+                    self.sh.protocol,
+                    self.sh.mix,
+                    self.sh.timeout,
+                ),
             )
             .await;
             let failure = match attempt {
@@ -476,11 +481,13 @@ pub async fn run(cfg: &RunConfig) -> Result<Report, crate::Error> {
         async move {
             tokio::time::timeout(
                 cfg.timeout.max(Duration::from_secs(5)),
-                Conn::open(&url, cfg.protocol, cfg.timeout),
+                Conn::open(&url, cfg.protocol, cfg.mix, cfg.timeout),
             )
             .await
             .map_err(|_| format!("connecting to {} timed out", target::redact(&url)))?
-            .map_err(|e| format!("cannot connect to {}: {e}", target::redact(&url)))
+            .map_err(|e| {
+                target::sql_err(&format!("cannot connect to {}", target::redact(&url)), &e)
+            })
         }
     }))
     .await;

@@ -123,6 +123,15 @@ pub async fn connect(url: &str, timeout: Duration) -> Result<Client, tokio_postg
     Ok(client)
 }
 
+/// `what: message (SQLSTATE)` for a server's error, `what: error` for any other (tokio-postgres
+/// prints a server's error as just "db error").
+pub fn sql_err(what: &str, e: &tokio_postgres::Error) -> crate::Error {
+    match e.as_db_error() {
+        Some(db) => format!("{what}: {} ({})", db.message(), db.code().code()),
+        None => format!("{what}: {e}"),
+    }
+}
+
 /// The SQLSTATE of an error; `08006` for a connection that closed under a request, `08001`
 /// for one that could not be opened (`connecting`), `client` for anything else without one.
 pub fn error_code(e: &tokio_postgres::Error, connecting: bool) -> String {

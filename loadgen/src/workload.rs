@@ -148,29 +148,37 @@ impl fmt::Display for Protocol {
 pub struct Conn {
     pub client: Client,
     protocol: Protocol,
-    prepared: Option<[Statement; 3]>,
+    /// `prepared`: the statements of the operations the mix uses, by [`Op::index`].
+    prepared: [Option<Statement>; 3],
+}
+
+impl Op {
+    fn sql_and_types(self) -> (&'static str, &'static [Type]) {
+        match self {
+            Op::Read => (READ_SQL, &[Type::INT8]),
+            Op::Update => (UPDATE_SQL, &[Type::INT8, Type::TEXT]),
+            Op::Insert => (INSERT_SQL, &[Type::INT8, Type::TEXT]),
+        }
+    }
 }
 
 impl Conn {
-    /// Connects and, for `prepared`, prepares the statements the mix uses.
+    /// Connects and, for `prepared`, prepares the statements the mix uses (only those: a
+    /// read-only workload must not need a table it could update).
     pub async fn open(
         url: &str,
         protocol: Protocol,
+        mix: Mix,
         timeout: Duration,
     ) -> Result<Conn, tokio_postgres::Error> {
         let client = crate::target::connect(url, timeout).await?;
-        let prepared = match protocol {
-            Protocol::Prepared => Some([
-                client.prepare_typed(READ_SQL, &[Type::INT8]).await?,
-                client
-                    .prepare_typed(UPDATE_SQL, &[Type::INT8, Type::TEXT])
-                    .await?,
-                client
-                    .prepare_typed(INSERT_SQL, &[Type::INT8, Type::TEXT])
-                    .await?,
-            ]),
-            _ => None,
-        };
+        let mut prepared = [None, None, None];
+        if protocol == Protocol::Prepared {
+            for op in Op::ALL.into_iter().filter(|o| mix.weight(*o) > 0) {
+                let (sql, types) = op.sql_and_types();
+                prepared[op.index()] = Some(client.prepare_typed(sql, types).await?);
+            }
+        }
         Ok(Conn {
             client,
             protocol,
@@ -184,16 +192,13 @@ impl Conn {
 
     /// Runs one request; `value` is the text written by updates and inserts.
     pub async fn exec(&self, op: Op, id: i64, value: &str) -> Result<(), tokio_postgres::Error> {
-        match (self.protocol, &self.prepared) {
-            (Protocol::Prepared, Some(stmts)) => {
-                let stmt = &stmts[op.index()];
-                match op {
-                    Op::Read => self.client.query(stmt, &[&id]).await.map(drop),
-                    Op::Update | Op::Insert => {
-                        self.client.execute(stmt, &[&id, &value]).await.map(drop)
-                    }
+        match (self.protocol, &self.prepared[op.index()]) {
+            (Protocol::Prepared, Some(stmt)) => match op {
+                Op::Read => self.client.query(stmt, &[&id]).await.map(drop),
+                Op::Update | Op::Insert => {
+                    self.client.execute(stmt, &[&id, &value]).await.map(drop)
                 }
-            }
+            },
             (Protocol::Simple, _) => {
                 // Keys are integers and values are made by loadgen from [a-z0-9]: no quoting needed.
                 let sql = match op {
