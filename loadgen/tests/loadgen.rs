@@ -193,7 +193,7 @@ fn merged_reports_hold_exactly_the_combined_histogram() {
     );
     // Two "hosts" at the same time.
     std::thread::scope(|sc| {
-        for (path, proto) in [(&a, "prepared"), (&b, "extended")] {
+        for (path, proto, label) in [(&a, "prepared", "host-a"), (&b, "extended", "host-b")] {
             let map = &map;
             let rows = &rows;
             sc.spawn(move || {
@@ -211,6 +211,8 @@ fn merged_reports_hold_exactly_the_combined_histogram() {
                     proto,
                     "--zipf",
                     "1.0",
+                    "--label",
+                    label,
                     "--json",
                     path.to_str().expect("path"),
                     "--quiet",
@@ -228,6 +230,10 @@ fn merged_reports_hold_exactly_the_combined_histogram() {
         env.file("merged.svg").to_str().expect("path"),
     ]);
     assert!(stdout.contains("2 hosts"), "{stdout}");
+    assert!(
+        stdout.contains("per host") && stdout.contains("host-b"),
+        "{stdout}"
+    );
     let (ra, rb, rm) = (read_report(&a), read_report(&b), read_report(&m));
     let (ra_raw, rb_raw, rm_raw) = (
         ra.raw().expect("a"),
@@ -253,6 +259,21 @@ fn merged_reports_hold_exactly_the_combined_histogram() {
         );
     }
     assert_eq!(rm.target_qps, Some(300.0));
+    // Each host keeps its own figures in the merged report.
+    let labels: Vec<&str> = rm.hosts.iter().map(|h| h.label()).collect();
+    assert_eq!(labels, ["host-a", "host-b"]);
+    assert_eq!(rm.hosts[1].latency_us, rb.latency_us);
+    assert_eq!(rm.hosts[0].ok, ra.counts.ok);
+    // Per-shard latency merges exactly too.
+    for i in 0..4 {
+        let h = |r: &loadgen::report::Report| {
+            loadgen::stats::decode_shard(r.shards[i].histogram.as_deref().expect("format 2"))
+                .expect("decode")
+        };
+        let mut both = h(&ra);
+        both.add(h(&rb)).expect("add");
+        assert_eq!(h(&rm), both, "shard {i}");
+    }
     // Every second of both hosts lands in the merged series.
     let per_second =
         |s: &[loadgen::report::SeriesPoint]| s.iter().map(|p| p.totals.hist.len()).sum::<u64>();
@@ -343,6 +364,119 @@ fn through_a_real_router() {
             assert_eq!(env.map.shard_for_key(&Key::Int(id)), shard);
         }
     }
+}
+
+/// The same workload straight at the shards and through a router reached by two addresses
+/// (two "routers" as far as loadgen can tell), then `compare`: its figures are exactly those
+/// of the two reports, per router the shares add up, and its chart is drawn.
+#[test]
+fn compare_of_direct_and_through_the_router_matches_both_reports() {
+    let _g = serial();
+    let s = shared();
+    let env = &s.env;
+    let router = Router::start(&env.map);
+    let url = router.url();
+    let other = url.replace("127.0.0.1", "localhost");
+    let map = env.map_file.to_string_lossy().into_owned();
+    let rows = ROWS.to_string();
+    let (direct, routed) = (env.file("cmp-direct.json"), env.file("cmp-router.json"));
+    let run = |json: &Path, targets: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--shardmap",
+            &map,
+            "--rows-per-shard",
+            &rows,
+            "--rate-per-shard",
+            "60",
+            "--duration",
+            "2s",
+            "--connections",
+            "4",
+            "--json",
+            json.to_str().expect("path"),
+            "--quiet",
+        ];
+        for t in targets {
+            args.extend(["--target", t]);
+        }
+        loadgen_ok(&args);
+        read_report(json)
+    };
+    let before = run(&direct, &[]);
+    let after = run(&routed, &[&url, &other]);
+    assert_eq!(
+        (after.counts.errors, after.counts.timeouts),
+        (0, 0),
+        "{}",
+        router.log_text()
+    );
+
+    // Per router: both addresses carried half the connections, and the shares add up.
+    assert_eq!(after.routers.len(), 2, "{:?}", after.routers);
+    let ok: u64 = after.routers.iter().map(|r| r.counts.ok).sum();
+    assert_eq!(ok, after.counts.ok);
+    assert!(after.routers.iter().all(|r| r.counts.ok > 0));
+    assert!(before.routers.is_empty());
+
+    let cmp_json = env.file("cmp.json");
+    let svg = env.file("cmp.svg");
+    let (table, _) = loadgen_ok(&[
+        "compare",
+        direct.to_str().expect("path"),
+        routed.to_str().expect("path"),
+        "--json",
+        cmp_json.to_str().expect("path"),
+        "--chart",
+        svg.to_str().expect("path"),
+    ]);
+    let cmp: loadgen::compare::Comparison =
+        serde_json::from_str(&std::fs::read_to_string(&cmp_json).expect("read the comparison"))
+            .expect("parse the comparison");
+    let row = |m: &str| {
+        cmp.row(m)
+            .unwrap_or_else(|| panic!("no row {m}: {table}"))
+            .clone()
+    };
+    let ms = |us: u64| us as f64 / 1000.0;
+    assert_eq!(row("throughput").before, before.qps);
+    assert_eq!(row("throughput").after, after.qps);
+    for (metric, b, a) in [
+        ("p50", before.latency_us.p50, after.latency_us.p50),
+        ("p90", before.latency_us.p90, after.latency_us.p90),
+        ("p95", before.latency_us.p95, after.latency_us.p95),
+        ("p99", before.latency_us.p99, after.latency_us.p99),
+        ("p99.9", before.latency_us.p999, after.latency_us.p999),
+        ("max", before.latency_us.max, after.latency_us.max),
+    ] {
+        let r = row(metric);
+        assert_eq!((r.before, r.after), (ms(b), ms(a)), "{metric}");
+        // (serde_json may round a float's last bit on the way back.)
+        let ratio = r.ratio.unwrap_or(f64::NAN);
+        assert!((ratio - ms(a) / ms(b)).abs() < 1e-9, "{metric}: {ratio}");
+    }
+    assert_eq!(row("mean").before, before.latency_us.mean / 1000.0);
+    assert_eq!(row("errors").after, after.errors_per_million);
+    assert_eq!(row("timeouts").before, before.timeouts_per_million);
+    // Every shard, once, with each report's own per-shard figures.
+    assert_eq!(cmp.shards.len(), 4);
+    for sr in &cmp.shards {
+        let (b, a) = (&before.shards[sr.index], &after.shards[sr.index]);
+        assert_eq!(sr.before.qps, b.qps);
+        assert_eq!(sr.after.qps, a.qps);
+        assert_eq!(sr.before.p99_us, b.latency_us.map(|l| l.p99));
+        assert_eq!(sr.after.p99_us, a.latency_us.map(|l| l.p99));
+        assert!(sr.p99_ratio.is_some());
+    }
+    // Worst first.
+    let ratios: Vec<f64> = cmp.shards.iter().filter_map(|s| s.p99_ratio).collect();
+    assert!(ratios.windows(2).all(|w| w[0] >= w[1]), "{ratios:?}");
+    assert!(
+        table.contains("p99.9 (ms)") && table.contains("per shard, worst first"),
+        "{table}"
+    );
+    let svg_text = std::fs::read_to_string(&svg).expect("read the chart");
+    assert!(svg_text.contains("latency by percentile") && svg_text.contains("99%"));
 }
 
 #[test]
