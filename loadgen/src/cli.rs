@@ -117,6 +117,12 @@ pub struct RunArgs {
     /// (also the connect timeout when a connection is reopened).
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     pub timeout: Duration,
+    /// Open loop: when a connection wakes for a request, it also sends those due within this
+    /// window (timed from when they leave, so never flattered). 0 sends every request at its
+    /// own time, one wake-up each; a window batches requests at high rates per connection
+    /// and saves CPU, at the cost of sending some up to the window early.
+    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_duration)]
+    pub batch_window: Duration,
     /// Worker threads of loadgen (default: the cores it may use).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
@@ -211,7 +217,7 @@ pub fn parse_time(text: &str) -> Result<std::time::SystemTime, String> {
     })
 }
 
-/// `30s`, `2m`, `500ms`, `1h`, `1.5s` or a bare number of seconds.
+/// `30s`, `2m`, `500ms`, `50us`, `1h`, `1.5s` or a bare number of seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
     let split = t
@@ -224,11 +230,12 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let secs = match unit.trim() {
         "" | "s" => value,
         "ms" => value / 1000.0,
+        "us" | "µs" => value / 1e6,
         "m" | "min" => value * 60.0,
         "h" => value * 3600.0,
         other => {
             return Err(format!(
-                "{text:?}: unknown unit {other:?}; use ms, s, m or h"
+                "{text:?}: unknown unit {other:?}; use us, ms, s, m or h"
             ))
         }
     };
@@ -323,6 +330,7 @@ fn dispatch(cli: Cli) -> Result<i32, crate::Error> {
                 zipf: a.zipf,
                 protocol: a.protocol,
                 timeout: a.timeout,
+                batch_window: a.batch_window,
                 threads,
                 value_size: a.target.value_size,
                 quiet: a.quiet,
@@ -400,6 +408,7 @@ mod tests {
         assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("50us"), Ok(Duration::from_micros(50)));
         assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("3 parsecs").is_err());

@@ -54,6 +54,9 @@ pub struct RunConfig {
     pub zipf: Option<f64>,
     pub protocol: Protocol,
     pub timeout: Duration,
+    /// Open loop: requests due within this much of a wake-up are sent with it (see
+    /// `--batch-window`).
+    pub batch_window: Duration,
     pub threads: usize,
     pub value_size: usize,
     pub quiet: bool,
@@ -202,6 +205,7 @@ struct Shared {
     mix: Mix,
     pipeline: usize,
     timeout: Duration,
+    batch_window: Duration,
     protocol: Protocol,
     value: String,
     measure_from: Instant,
@@ -285,7 +289,10 @@ impl Lane {
         finished: Instant,
     ) {
         let micros = |d: Duration| d.as_micros().min(u64::MAX as u128) as u64;
-        let latency_us = micros(finished.saturating_duration_since(intended));
+        // A request sent early (within the batch window) is timed from when it left: its
+        // latency is never flattered by the head start.
+        let from = sent.map_or(intended, |t| t.min(intended));
+        let latency_us = micros(finished.saturating_duration_since(from));
         let measured = intended >= self.sh.measure_from;
         // In closed loop a request is "intended" when it is sent: no lag to speak of.
         let lag_us = sent
@@ -376,6 +383,9 @@ impl Lane {
         let mut in_flight = FuturesUnordered::new();
         let mut issuing = true;
         loop {
+            // Every turn spends from tokio's cooperative budget, so a lane whose waits all
+            // complete at once still yields to the connection tasks it waits for.
+            tokio::task::consume_budget().await;
             while let Some(Some(done)) = in_flight.next().now_or_never() {
                 self.record_done(done);
             }
@@ -396,7 +406,7 @@ impl Lane {
                         Some(s) => s.peek(),
                         None => now,
                     };
-                    if intended > now {
+                    if intended > now + sh.batch_window {
                         break;
                     }
                     if intended >= sh.end {
@@ -420,17 +430,21 @@ impl Lane {
             if !issuing && in_flight.is_empty() {
                 break;
             }
+            // When to look again without an answer: the next intended time if a slot is free,
+            // else the end of the run (closed loop stops issuing then); past the end, only
+            // answers matter.
             let wake = match &self.schedule {
                 Some(s) if issuing && connected && in_flight.len() < sh.pipeline => {
                     Some(s.peek().min(sh.end))
                 }
-                _ if issuing => Some(sh.end),
+                _ if issuing && now < sh.end => Some(sh.end),
                 _ => None,
             };
             tokio::select! {
                 biased;
                 Some(done) = in_flight.next(), if !in_flight.is_empty() => self.record_done(done),
                 _ = pace(&pacer, wake.unwrap_or(now)), if wake.is_some() => {}
+                else => tokio::task::yield_now().await,
             }
         }
         if let Some(s) = &self.schedule {
@@ -518,6 +532,7 @@ pub async fn run(cfg: &RunConfig) -> Result<Report, crate::Error> {
         mix: cfg.mix,
         pipeline: cfg.pipeline.max(1),
         timeout: cfg.timeout,
+        batch_window: cfg.batch_window,
         protocol: cfg.protocol,
         value: workload::value_for(cfg.seed.unwrap_or(7) as i64, cfg.value_size),
         measure_from,
@@ -777,6 +792,7 @@ mod tests {
             zipf: None,
             protocol: Protocol::Prepared,
             timeout: Duration::from_secs(1),
+            batch_window: Duration::ZERO,
             threads: 1,
             value_size: 8,
             quiet: true,
