@@ -341,7 +341,7 @@ impl Comparison {
                 if r.worse_by(0.05) { "  worse" } else { "" }
             );
         }
-        if !self.shards.is_empty() {
+        if !self.shards.is_empty() && shards_shown > 0 {
             let shown = shards_shown.min(self.shards.len());
             let _ = writeln!(o);
             let _ = writeln!(

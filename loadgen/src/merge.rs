@@ -77,6 +77,14 @@ pub fn merge(reports: &[(String, Report)]) -> Result<Report, crate::Error> {
         }
         hosts.extend(r.hosts.iter().cloned());
     }
+    let starts = hosts.iter().map(|h| h.started_unix_ms);
+    let spread = starts.clone().max().unwrap_or(0) - starts.min().unwrap_or(0);
+    if spread > 1000 {
+        warnings.push(format!(
+            "the hosts' measured windows started {:.1} s apart: their figures do not cover the same time; start them together with --start-at",
+            spread as f64 / 1000.0
+        ));
+    }
     let requests = totals.counts.requests();
     if requests > 0 {
         cpu.us_per_query = (cpu.user_s + cpu.sys_s) * 1e6 / requests as f64;
@@ -231,6 +239,26 @@ mod tests {
         .expect("merge");
         assert_eq!(merged.series.len(), 2);
         assert_eq!(merged.series[1].t, 2);
+    }
+
+    #[test]
+    fn windows_that_do_not_line_up_are_pointed_out() {
+        let merged = merge(&[
+            ("a".into(), report_of(&[(0, 10)], 100)),
+            ("b".into(), report_of(&[(0, 20)], 100)),
+        ])
+        .expect("merge");
+        assert!(merged.warnings.is_empty(), "{:?}", merged.warnings);
+        let merged = merge(&[
+            ("a".into(), report_of(&[(0, 10)], 100)),
+            ("b".into(), report_of(&[(0, 20)], 103)),
+        ])
+        .expect("merge");
+        assert!(
+            merged.warnings.iter().any(|w| w.contains("3.0 s apart")),
+            "{:?}",
+            merged.warnings
+        );
     }
 
     #[test]
