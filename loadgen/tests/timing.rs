@@ -75,6 +75,24 @@ fn url() -> String {
     env().cluster.shard_urls()[0].clone()
 }
 
+/// `loadgen run` of the point select against the view, with `args`; its report.
+fn run(name: &str, args: &[&str]) -> loadgen::report::Report {
+    let json = env().file(&format!("{name}.json"));
+    let (url, rows) = (url(), ROWS.to_string());
+    let mut all = vec![
+        "run",
+        "--target",
+        &url,
+        "--rows-per-shard",
+        &rows,
+        "--quiet",
+    ];
+    all.extend_from_slice(args);
+    all.extend(["--json", json.to_str().expect("path")]);
+    loadgen_ok(&all);
+    read_report(&json)
+}
+
 /// Runs `check` up to three times until it returns `Ok`; panics with every attempt's reason.
 fn within_three_tries(what: &str, mut check: impl FnMut(usize) -> Result<(), String>) {
     let mut misses = Vec::new();
@@ -94,24 +112,10 @@ fn reported_latency_is_the_servers_at_a_low_rate() {
     let env = env();
     within_three_tries("latency was not the server's", |attempt| {
         env.on_shard(0, "TRUNCATE served");
-        let json = env.file(&format!("slow-{attempt}.json"));
-        loadgen_ok(&[
-            "run",
-            "--target",
-            &url(),
-            "--rows-per-shard",
-            &ROWS.to_string(),
-            "--rate",
-            "300",
-            "--connections",
-            "4",
-            "--duration",
-            "3s",
-            "--json",
-            json.to_str().expect("path"),
-            "--quiet",
-        ]);
-        let r = read_report(&json);
+        let r = run(
+            &format!("slow-{attempt}"),
+            &["--rate", "300", "--connections", "4", "--duration", "3s"],
+        );
         let l = r.latency_us;
         let lag = r.send_lag_us.ok_or("no send lag in an open-loop report")?;
         if r.counts.ok < 800 || r.counts.errors + r.counts.timeouts > 0 {
@@ -168,28 +172,22 @@ fn start_at_starts_the_load_at_that_time() {
             * 1000.0)
             .round()
             / 1000.0;
-        let json = env.file(&format!("start-at-{attempt}.json"));
-        loadgen_ok(&[
-            "run",
-            "--target",
-            &url(),
-            "--rows-per-shard",
-            &ROWS.to_string(),
-            "--rate",
-            "200",
-            "--connections",
-            "2",
-            "--duration",
-            "1s",
-            "--start-at",
-            &format!("{start_s:.3}"),
-            "--label",
-            "host-a",
-            "--json",
-            json.to_str().expect("path"),
-            "--quiet",
-        ]);
-        let r = read_report(&json);
+        let at = format!("{start_s:.3}");
+        let r = run(
+            &format!("start-at-{attempt}"),
+            &[
+                "--rate",
+                "200",
+                "--connections",
+                "2",
+                "--duration",
+                "1s",
+                "--start-at",
+                &at,
+                "--label",
+                "host-a",
+            ],
+        );
         assert_eq!(r.hosts[0].label, "host-a");
         assert!(r.settings.start_at.is_some(), "{:?}", r.settings);
         // The measured window starts at --start-at (no warmup here), to the millisecond.
