@@ -32,6 +32,15 @@ const PANEL: u32 = 370;
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
 
+/// A rate with the digits it needs (10000, 20.5, 0.195).
+fn rate_text(r: f64) -> String {
+    match r {
+        r if r >= 100.0 => format!("{r:.0}"),
+        r if r >= 1.0 => format!("{r:.1}"),
+        r => format!("{r:.3}"),
+    }
+}
+
 fn ms(us: u64) -> f64 {
     us as f64 / 1000.0
 }
@@ -119,7 +128,7 @@ fn throughput(area: &Area<'_>, report: &Report, title: &str) -> Drawn {
                 5,
                 grey.stroke_width(2),
             ))?
-            .label(format!("target {target:.0}/s"))
+            .label(format!("target {}/s", rate_text(target)))
             .legend(line_key(grey));
     }
     let errors: Vec<(f64, f64)> = report
@@ -257,7 +266,10 @@ fn per_shard(area: &Area<'_>, report: &Report) -> Drawn {
             ],
             BLUE.mix(0.7).filled(),
         );
-        bar.set_margin(0, 0, 2, 2);
+        // Gaps between bars only while the bars are wide enough to keep them (at 512 shards
+        // a bar is under 2 pixels).
+        let gap = if n <= 64 { 2 } else { 0 };
+        bar.set_margin(0, 0, gap, gap);
         bar
     }))?;
     if let Some(t) = per_shard_target {
@@ -269,7 +281,7 @@ fn per_shard(area: &Area<'_>, report: &Report) -> Drawn {
                 5,
                 grey.stroke_width(2),
             ))?
-            .label(format!("target {t:.1}/s per shard"))
+            .label(format!("target {}/s per shard", rate_text(t)))
             .legend(line_key(grey));
         legend(&mut chart, SeriesLabelPosition::LowerRight)?;
     }
@@ -466,6 +478,75 @@ fn over_time(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::report::{Cpu, Parts, SeriesPoint};
+    use crate::stats::{tests::sample, Outcome, Tally, Totals};
+    use crate::workload::Op;
+
+    /// A report over `shards` shards with `ok` successes per shard, `seconds` of series and
+    /// `routers` routers.
+    fn report(shards: usize, ok: u64, seconds: u64, routers: usize) -> Report {
+        let mut t = Totals::new(shards);
+        let mut second = Tally::default();
+        for s in 0..shards {
+            for i in 0..ok {
+                let us = 100 + i * 37 + s as u64;
+                t.record(&sample(s, Op::Read, &Outcome::Ok, us));
+                second.hist.record(us).expect("record");
+                second.counts.ok += 1;
+            }
+        }
+        t.record(&sample(0, Op::Read, &Outcome::Timeout, 0));
+        t.shard_hists = (0..shards).map(|_| stats::new_shard_hist()).collect();
+        let series: Vec<SeriesPoint> = (0..seconds)
+            .map(|k| SeriesPoint {
+                unix_s: 1000 + k,
+                t: k + 1,
+                seconds: 1.0,
+                totals: second.clone(),
+            })
+            .collect();
+        Report::build(Parts {
+            settings: crate::merge::tests::settings(),
+            hosts: vec![],
+            routers: (0..routers)
+                .map(|i| (format!("postgres://r{i}"), Tally::of(&t)))
+                .collect(),
+            ranges: (0..shards).map(|i| format!("r{i}")).collect(),
+            duration_s: seconds as f64,
+            target_qps: Some(10.0),
+            totals: &t,
+            series: &series,
+            cpu: Cpu::default(),
+            warnings: vec![],
+        })
+        .expect("report")
+    }
+
+    #[test]
+    fn draws_every_shape_of_report() {
+        let dir = std::env::temp_dir().join(format!("loadgen-chart-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let cases = [
+            ("many", report(512, 3, 5, 3)),
+            ("one", report(1, 10, 1, 1)),
+            ("nothing succeeded", report(4, 0, 3, 0)),
+            ("no series", report(2, 5, 0, 2)),
+        ];
+        for (name, r) in &cases {
+            let path = dir.join(format!("{name}.svg"));
+            draw(r, &path).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let svg = std::fs::read_to_string(&path).expect("svg");
+            assert!(svg.contains("QPS per shard"), "{name}");
+        }
+        for (a, b) in [(0, 1), (2, 2), (1, 3)] {
+            let (ra, rb) = (&cases[a].1, &cases[b].1);
+            let cmp = crate::compare::compare("a", ra, "b", rb).expect("compare");
+            let path = dir.join(format!("compare-{a}-{b}.svg"));
+            draw_compare(&cmp, ra, rb, &path).unwrap_or_else(|e| panic!("{a} vs {b}: {e}"));
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn percentile_axis_reads_as_percentiles() {

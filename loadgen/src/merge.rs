@@ -121,14 +121,14 @@ pub fn merge(reports: &[(String, Report)]) -> Result<Report, crate::Error> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::report::{Host, Settings};
     use crate::stats::tests::sample;
     use crate::stats::{new_hist, Outcome};
     use crate::workload::Op;
 
-    fn settings() -> Settings {
+    pub(crate) fn settings() -> Settings {
         Settings {
             mode: "direct".into(),
             targets: "t".into(),
