@@ -3,9 +3,10 @@
 //! Each connection (a "lane") has its own schedule of intended send times ([`Schedule`]),
 //! waits for them with its own high-resolution timer ([`Pacer`]), keeps up to `--pipeline`
 //! requests in flight on its one tokio-postgres connection (which pipelines them), and counts
-//! into its own [`LaneStats`]. Through routers, the k-th request of the whole run (in intended
-//! time order) goes to shard k mod N, so every shard gets its rate exactly. A request that cannot be sent on
-//! time waits for a free slot, and its latency still counts from its intended time; one whose
+//! into its own [`LaneStats`]. Through routers, the lanes' requests interleave into one schedule
+//! for the whole run whose every block of N consecutive requests visits each of the N shards
+//! once ([`Shards::Interleaved`]), so every shard gets its rate exactly. A request that cannot
+//! be sent on time waits for a free slot, and its latency still counts from its intended time; one whose
 //! intended time is older than `--timeout` is counted as a timeout without being sent, so a
 //! stalled server drains the backlog instead of building an unbounded queue. A lane whose
 //! connection breaks reconnects, counting the requests that fall due meanwhile as errors
@@ -124,10 +125,12 @@ impl RunConfig {
 enum Shards {
     /// Always this one (direct mode: the connection is to its primary).
     Fixed(usize),
-    /// Through routers: lane `i` of `n` sends requests `i, i + n, i + 2n, ...` of the run's
-    /// single interleaved schedule, and request `k` goes to shard `k mod shards`, so over any
-    /// window every shard's count is within one of every other's.
-    Stride { first: usize, step: usize },
+    /// Through routers: lane `lane` of `lanes` sends requests `lane, lane + lanes, ...` of the
+    /// run's single interleaved schedule, and request `k` goes to shard [`block_shard`]`(k)`:
+    /// every block of `shards` consecutive requests visits every shard once, so over any
+    /// window every shard's count is within two of every other's, and each lane still reaches
+    /// every shard over time (a plain `k mod shards` would pin a lane to `shards / gcd` of them).
+    Interleaved { lane: u64, lanes: u64 },
 }
 
 impl Shards {
@@ -135,12 +138,27 @@ impl Shards {
     fn of(self, seq: u64, shards: usize) -> usize {
         match self {
             Shards::Fixed(s) => s,
-            Shards::Stride { first, step } => {
-                let n = shards.max(1) as u64;
-                ((first as u64 + (seq % n) * step as u64) % n) as usize
+            Shards::Interleaved { lane, lanes } => {
+                block_shard(lane.wrapping_add(seq.wrapping_mul(lanes)), shards)
             }
         }
     }
+}
+
+/// The shard of the run's `k`-th request: block `k / shards` is the shards in order, rotated by
+/// an offset that a hash of the block number picks.
+fn block_shard(k: u64, shards: usize) -> usize {
+    let n = shards.max(1) as u64;
+    let offset = splitmix64(k / n) % n;
+    ((k % n + offset) % n) as usize
+}
+
+/// SplitMix64's finaliser: a well-mixed 64-bit value from a counter.
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 #[derive(Debug, Clone)]
@@ -186,9 +204,9 @@ fn plan_lanes(cfg: &RunConfig) -> Vec<LaneSpec> {
                 .map(|i| LaneSpec {
                     url: cfg.topology.url_for(i, 0).to_string(),
                     target: i % targets.len().max(1),
-                    shards: Shards::Stride {
-                        first: i % shards,
-                        step: n % shards,
+                    shards: Shards::Interleaved {
+                        lane: i as u64,
+                        lanes: n as u64,
                     },
                     rate: parts.as_ref().map(|p| p[i]),
                 })
@@ -842,12 +860,32 @@ mod tests {
             let cfg = config(shards, targets, conns, Rate::PerShard(20.0));
             let counts = per_shard_in_window(&cfg);
             let want = 20.0 * cfg.duration.as_secs_f64();
+            // Within two of each other (a partial block at each end of the window).
+            let (lo, hi) = (
+                counts.iter().min().copied().unwrap_or(0),
+                counts.iter().max().copied().unwrap_or(0),
+            );
+            assert!(hi - lo <= 2, "{shards} shards: {lo}..{hi}");
             for (i, &n) in counts.iter().enumerate() {
                 assert!(
                     (n as f64 - want).abs() <= want * 0.005,
                     "{shards} shards, {targets} routers, {conns} connections: shard {i} got {n} of {want}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn every_lane_reaches_every_shard() {
+        // 64 connections over 512 shards: k mod 512 would give each only 8 shards.
+        let cfg = config(512, 1, 64, Rate::PerShard(20.0));
+        for spec in plan_lanes(&cfg).iter().take(4) {
+            let mut seen = vec![false; 512];
+            for seq in 0..20_000 {
+                seen[spec.shards.of(seq, 512)] = true;
+            }
+            let reached = seen.iter().filter(|s| **s).count();
+            assert!(reached > 500, "a lane reached only {reached} of 512 shards");
         }
     }
 

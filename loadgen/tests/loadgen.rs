@@ -340,13 +340,14 @@ fn through_a_real_router() {
     );
     assert_eq!(r.settings.mode, "router");
     assert_eq!(r.target_qps, Some(200.0));
-    // The run's requests take the shards in turn: each got its share within one.
+    // Every block of 4 consecutive requests of the run visits each shard once: each got its
+    // share within two (a partial block at each end of the window).
     let per: Vec<u64> = r.shards.iter().map(|s| s.requests).collect();
     let (lo, hi) = (
         per.iter().min().copied().unwrap_or(0),
         per.iter().max().copied().unwrap_or(0),
     );
-    assert!(hi - lo <= 1, "{per:?}");
+    assert!(hi - lo <= 2, "{per:?}");
     // One router, and it carried everything.
     assert_eq!(r.routers.len(), 1, "{:?}", r.routers);
     assert_eq!(r.routers[0].counts, r.counts);
