@@ -239,7 +239,8 @@ fn per_shard(area: &Area<'_>, report: &Report) -> Drawn {
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(80)
-        .build_cartesian_2d((0..n - 1).into_segmented(), 0f64..s_max)?;
+        // A segmented 0..0 has no width: one shard gets a second, empty segment.
+        .build_cartesian_2d((0..(n - 1).max(1)).into_segmented(), 0f64..s_max)?;
     chart
         .configure_mesh()
         .x_desc(if n <= RANGE_LABELS_UP_TO {
@@ -538,6 +539,15 @@ mod tests {
             draw(r, &path).unwrap_or_else(|e| panic!("{name}: {e}"));
             let svg = std::fs::read_to_string(&path).expect("svg");
             assert!(svg.contains("QPS per shard"), "{name}");
+            // Renderers skip shapes of negative size: none may be drawn.
+            assert!(
+                !svg.contains("width=\"-") && !svg.contains("height=\"-"),
+                "{name}"
+            );
+            if r.counts.ok > 0 {
+                let bars = svg.matches("fill=\"#0000FF\"").count();
+                assert!(bars >= r.shards.len(), "{name}: {bars} bars");
+            }
         }
         for (a, b) in [(0, 1), (2, 2), (1, 3)] {
             let (ra, rb) = (&cases[a].1, &cases[b].1);

@@ -136,9 +136,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
     /// Start the load at this wall-clock time, so loadgens on several hosts start together and
-    /// their windows line up: RFC 3339 (2026-12-01T21:30:00Z, 2026-12-01T21:30:00.250Z) or
-    /// Unix seconds (1796160600.25). Connections are opened before it; it must be in the
-    /// future once they are. Hosts' clocks must agree (NTP/chrony: within a few ms).
+    /// their windows line up: RFC 3339 (2026-12-01T21:30:00.250Z, 2026-12-01T22:30:00+01:00,
+    /// what `date -Iseconds` prints) or Unix seconds (1796160600.25). Connections are opened
+    /// before it; it must still be ahead once they are, and within a day. Hosts' clocks must
+    /// agree (NTP/chrony: within a few ms).
     #[arg(long, value_name = "TIME", value_parser = parse_time)]
     pub start_at: Option<std::time::SystemTime>,
     /// This host's name in the report and in merged reports (default: its hostname).
@@ -183,6 +184,10 @@ pub struct CompareArgs {
     pub chart: Option<PathBuf>,
 }
 
+/// Slowest open-loop rate (once in about 17 minutes) and fastest (far beyond any machine).
+pub const MIN_RATE: f64 = 0.001;
+pub const MAX_RATE: f64 = 1e9;
+
 /// `--rate` as given.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum RateArg {
@@ -195,26 +200,54 @@ fn parse_rate(text: &str) -> Result<RateArg, String> {
         return Ok(RateArg::Max);
     }
     match text.trim().trim_end_matches("/s").parse::<f64>() {
-        Ok(r) if r > 0.0 && r.is_finite() => Ok(RateArg::PerSecond(r)),
+        Ok(r) if (MIN_RATE..=MAX_RATE).contains(&r) => Ok(RateArg::PerSecond(r)),
+        Ok(r) if r > 0.0 && r.is_finite() => Err(format!(
+            "{text:?}: give between {MIN_RATE} and {MAX_RATE:e} requests a second"
+        )),
         _ => Err(format!(
             "{text:?} is not a rate: give requests a second (e.g. 5000) or max"
         )),
     }
 }
 
-/// An RFC 3339 time or Unix seconds (with a fraction).
+/// An RFC 3339 time (`Z` or a `+HH:MM` / `-HH:MM` offset, as `date -Iseconds` prints) or
+/// Unix seconds (with a fraction).
 pub fn parse_time(text: &str) -> Result<std::time::SystemTime, String> {
     let t = text.trim();
-    if let Ok(secs) = t.parse::<f64>() {
-        if secs.is_finite() && secs >= 0.0 {
-            return Ok(std::time::UNIX_EPOCH + Duration::from_secs_f64(secs));
-        }
-    }
-    humantime::parse_rfc3339(t).map_err(|e| {
+    let bad = |why: String| {
         format!(
-            "{text:?} is not a time ({e}): write RFC 3339 (2026-12-01T21:30:00Z) or Unix seconds"
+            "{text:?} is not a time ({why}): write RFC 3339 (2026-12-01T21:30:00Z, 2026-12-01T22:30:00+01:00) or Unix seconds (1796160600.25)"
         )
-    })
+    };
+    if let Ok(secs) = t.parse::<f64>() {
+        return Duration::try_from_secs_f64(secs)
+            .ok()
+            .and_then(|d| std::time::UNIX_EPOCH.checked_add(d))
+            .ok_or_else(|| bad("out of range".into()));
+    }
+    // humantime reads only UTC (`Z`): take a numeric offset off and apply it.
+    let (local, offset_s) = match t.len().checked_sub(6).map(|i| t.split_at(i)) {
+        Some((head, tail))
+            if tail.len() == 6
+                && (tail.starts_with('+') || tail.starts_with('-'))
+                && tail.as_bytes()[3] == b':' =>
+        {
+            let hours: i64 = tail[1..3].parse().map_err(|_| bad("bad offset".into()))?;
+            let minutes: i64 = tail[4..].parse().map_err(|_| bad("bad offset".into()))?;
+            let sign = if tail.starts_with('-') { -1 } else { 1 };
+            (format!("{head}Z"), sign * (hours * 3600 + minutes * 60))
+        }
+        _ => (t.to_string(), 0),
+    };
+    let utc = humantime::parse_rfc3339(&local).map_err(|e| bad(e.to_string()))?;
+    let shift = Duration::from_secs(offset_s.unsigned_abs());
+    // 12:00+01:00 is 11:00Z.
+    let at = if offset_s >= 0 {
+        utc.checked_sub(shift)
+    } else {
+        utc.checked_add(shift)
+    };
+    at.ok_or_else(|| bad("out of range".into()))
 }
 
 /// `30s`, `2m`, `500ms`, `50us`, `1h`, `1.5s` or a bare number of seconds.
@@ -242,8 +275,14 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     if !secs.is_finite() || secs < 0.0 {
         return Err(format!("{text:?} is not a duration"));
     }
+    if secs > MAX_DURATION_S {
+        return Err(format!("{text:?} is longer than a year"));
+    }
     Ok(Duration::from_secs_f64(secs))
 }
+
+/// No duration loadgen takes is longer (it keeps instants far from overflow).
+const MAX_DURATION_S: f64 = 366.0 * 24.0 * 3600.0;
 
 /// Runs the command line; returns the process exit code.
 pub fn main() -> i32 {
@@ -300,10 +339,10 @@ fn dispatch(cli: Cli) -> Result<i32, crate::Error> {
             let rate = match (a.rate, a.rate_per_shard) {
                 (Some(RateArg::Max), _) => Rate::Max,
                 (Some(RateArg::PerSecond(r)), _) => Rate::Total(r),
-                (None, Some(r)) if r > 0.0 && r.is_finite() => Rate::PerShard(r),
+                (None, Some(r)) if (MIN_RATE..=MAX_RATE).contains(&r) => Rate::PerShard(r),
                 (None, Some(r)) => {
                     return Err(format!(
-                        "--rate-per-shard {r}: give requests a second above 0"
+                        "--rate-per-shard {r}: give between {MIN_RATE} and {MAX_RATE:e} requests a second"
                     ))
                 }
                 (None, None) => Rate::Total(1000.0),
@@ -418,8 +457,29 @@ mod tests {
     fn times() {
         let t = parse_time("2026-12-01T21:30:00.250Z").expect("rfc3339");
         assert_eq!(parse_time("1796160600.25"), Ok(t));
-        assert!(parse_time("tomorrow").is_err());
-        assert!(parse_time("2026-12-01 21:30").is_err());
+        assert_eq!(parse_time("2026-12-01T22:30:00.250+01:00"), Ok(t));
+        assert_eq!(parse_time("2026-12-01T16:00:00.250-05:30"), Ok(t));
+        assert_eq!(
+            parse_time("2026-12-01T21:30:00+00:00"),
+            parse_time("2026-12-01T21:30:00Z")
+        );
+        for bad in [
+            "tomorrow",
+            "2026-12-01 21:30",
+            "1e30",
+            "-5",
+            "2026-12-01T21:30:00+1:00",
+        ] {
+            assert!(parse_time(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn huge_values_are_refused_not_a_panic() {
+        assert!(parse_duration("99999999999999999999h").is_err());
+        assert!(parse_duration("400d").is_err());
+        assert!(parse_rate("1e-300").is_err());
+        assert!(parse_rate("1e300").is_err());
     }
 
     #[test]

@@ -23,39 +23,47 @@ pub enum Better {
     Lower,
 }
 
-/// One line of the overall table.
+/// One line of the overall table. A latency figure is `None` for a run without successes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Row {
     pub metric: String,
     pub unit: String,
-    pub before: f64,
-    pub after: f64,
+    pub before: Option<f64>,
+    pub after: Option<f64>,
     /// after - before.
-    pub change: f64,
-    /// after / before (none when before is 0).
+    pub change: Option<f64>,
+    /// after / before (none when before is 0 or either is unknown).
     pub ratio: Option<f64>,
     pub better: Better,
 }
 
 impl Row {
-    fn new(metric: &str, unit: &str, before: f64, after: f64, better: Better) -> Row {
+    fn new(
+        metric: &str,
+        unit: &str,
+        before: Option<f64>,
+        after: Option<f64>,
+        better: Better,
+    ) -> Row {
+        let both = before.zip(after);
         Row {
             metric: metric.into(),
             unit: unit.into(),
             before,
             after,
-            change: after - before,
-            ratio: (before != 0.0).then(|| after / before),
+            change: both.map(|(b, a)| a - b),
+            ratio: both.filter(|(b, _)| *b != 0.0).map(|(b, a)| a / b),
             better,
         }
     }
 
-    /// Whether `after` is worse than `before` by more than `tolerance` (a fraction).
+    /// Whether `after` is worse than `before` by more than `tolerance` (a fraction); unknown
+    /// figures are never called worse.
     pub fn worse_by(&self, tolerance: f64) -> bool {
         match (self.better, self.ratio) {
             (Better::Lower, Some(r)) => r > 1.0 + tolerance,
             (Better::Higher, Some(r)) => r < 1.0 - tolerance,
-            (Better::Lower, None) => self.after > 0.0,
+            (Better::Lower, None) => self.before == Some(0.0) && self.after > Some(0.0),
             (Better::Higher, None) => false,
         }
     }
@@ -65,7 +73,8 @@ impl Row {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct ShardSide {
     pub qps: f64,
-    /// None for reports without per-shard latency (format 1).
+    pub requests: u64,
+    /// None without successes, or for reports without per-shard latency (format 1).
     pub p50_us: Option<u64>,
     pub p99_us: Option<u64>,
     pub max_us: Option<u64>,
@@ -140,13 +149,13 @@ pub const QUANTILES: [(&str, f64); 6] = [
     ("max", 1.0),
 ];
 
-fn quantile_ms(h: &Histogram<u64>, q: f64) -> f64 {
+fn quantile_ms(h: &Histogram<u64>, q: f64) -> Option<f64> {
     if h.is_empty() {
-        0.0
+        None
     } else if q >= 1.0 {
-        h.max() as f64 / 1000.0
+        Some(h.max() as f64 / 1000.0)
     } else {
-        h.value_at_quantile(q) as f64 / 1000.0
+        Some(h.value_at_quantile(q) as f64 / 1000.0)
     }
 }
 
@@ -170,8 +179,8 @@ pub fn compare(
     let mut overall = vec![Row::new(
         "throughput",
         "qps",
-        before.qps,
-        after.qps,
+        Some(before.qps),
+        Some(after.qps),
         Better::Higher,
     )];
     for (name, q) in QUANTILES {
@@ -183,33 +192,28 @@ pub fn compare(
             Better::Lower,
         ));
     }
-    overall.push(Row::new(
-        "mean",
-        "ms",
-        hb.mean() / 1000.0,
-        ha.mean() / 1000.0,
-        Better::Lower,
-    ));
+    let mean = |h: &Histogram<u64>| (!h.is_empty()).then(|| h.mean() / 1000.0);
+    overall.push(Row::new("mean", "ms", mean(&hb), mean(&ha), Better::Lower));
     overall.push(Row::new(
         "errors",
         "per million",
-        before.errors_per_million,
-        after.errors_per_million,
+        Some(before.errors_per_million),
+        Some(after.errors_per_million),
         Better::Lower,
     ));
     overall.push(Row::new(
         "timeouts",
         "per million",
-        before.timeouts_per_million,
-        after.timeouts_per_million,
+        Some(before.timeouts_per_million),
+        Some(after.timeouts_per_million),
         Better::Lower,
     ));
     if let (Some(b), Some(a)) = (&before.send_lag_us, &after.send_lag_us) {
         overall.push(Row::new(
             "send lag p99",
             "µs",
-            b.p99 as f64,
-            a.p99 as f64,
+            Some(b.p99 as f64),
+            Some(a.p99 as f64),
             Better::Lower,
         ));
     }
@@ -242,16 +246,20 @@ pub fn compare(
     let mut shards = Vec::new();
     if same_map {
         for (b, a) in before.shards.iter().zip(&after.shards) {
-            let side = |s: &crate::report::ShardReport| ShardSide {
-                qps: s.qps,
-                p50_us: s.latency_us.map(|l| l.p50),
-                p99_us: s.latency_us.map(|l| l.p99),
-                max_us: s.latency_us.map(|l| l.max),
-                failed_per_million: failed_per_million(
-                    s.counts.errors,
-                    s.counts.timeouts,
-                    s.requests,
-                ),
+            let side = |s: &crate::report::ShardReport| {
+                let l = s.latency_us.filter(|l| l.count > 0);
+                ShardSide {
+                    qps: s.qps,
+                    requests: s.requests,
+                    p50_us: l.map(|l| l.p50),
+                    p99_us: l.map(|l| l.p99),
+                    max_us: l.map(|l| l.max),
+                    failed_per_million: failed_per_million(
+                        s.counts.errors,
+                        s.counts.timeouts,
+                        s.requests,
+                    ),
+                }
             };
             let (bs, as_) = (side(b), side(a));
             let p99_ratio = match (bs.p99_us, as_.p99_us) {
@@ -267,23 +275,29 @@ pub fn compare(
                 qps_ratio: (bs.qps > 0.0).then(|| as_.qps / bs.qps),
             });
         }
+        // Worst first: a shard that stopped answering, then the most new failures, then
+        // the highest p99 ratio, then the lowest throughput ratio.
+        let worse = |r: &ShardRow| {
+            let dead = r.after.requests > 0 && r.after.qps == 0.0 && r.before.qps > 0.0;
+            (
+                u8::from(dead),
+                r.after.failed_per_million - r.before.failed_per_million,
+                r.p99_ratio.unwrap_or(0.0),
+                -r.qps_ratio.unwrap_or(1.0),
+            )
+        };
         shards.sort_by(|x, y| {
-            let worse = |r: &ShardRow| {
-                (
-                    r.p99_ratio.unwrap_or(0.0),
-                    -r.qps_ratio.unwrap_or(1.0),
-                    r.after.failed_per_million,
-                )
-            };
             let (wx, wy) = (worse(x), worse(y));
-            wy.0.total_cmp(&wx.0)
+            wy.0.cmp(&wx.0)
                 .then(wy.1.total_cmp(&wx.1))
                 .then(wy.2.total_cmp(&wx.2))
+                .then(wy.3.total_cmp(&wx.3))
                 .then(x.index.cmp(&y.index))
         });
-        if shards.iter().any(|s| s.p99_ratio.is_none()) {
+        let unmeasured = |r: &Report| r.shards.iter().any(|s| s.latency_us.is_none());
+        if unmeasured(before) || unmeasured(after) {
             notes.push(
-                "per-shard latency is missing from a report (written by a loadgen before format 2): shards are ordered by throughput".into(),
+                "per-shard latency is missing from a report (written by a loadgen before format 2): shards are ordered by failures and throughput".into(),
             );
         }
     } else {
@@ -327,16 +341,15 @@ impl Comparison {
         for r in &self.overall {
             let digits = if r.unit == "ms" { 3 } else { 1 };
             let name = format!("{} ({})", r.metric, r.unit);
+            let num = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.digits$}"));
             let _ = writeln!(
                 o,
-                "  {:<26} {:>12.*} {:>12.*} {:>+12.*} {:>8}{}",
+                "  {:<26} {:>12} {:>12} {:>12} {:>8}{}",
                 name,
-                digits,
-                r.before,
-                digits,
-                r.after,
-                digits,
-                r.change,
+                num(r.before),
+                num(r.after),
+                r.change
+                    .map_or("-".to_string(), |v| format!("{v:+.digits$}")),
                 r.ratio.map_or("-".to_string(), |x| format!("{x:.3}")),
                 if r.worse_by(0.05) { "  worse" } else { "" }
             );
@@ -401,16 +414,39 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_shard_that_stopped_answering_comes_first() {
+        use crate::merge::tests::report_of;
+        // Before: both shards answer; after: shard 0 answers faster, shard 1 only fails.
+        let before = report_of(&[(0, 500), (1, 500), (0, 600), (1, 600)], 100);
+        let after = report_of(&[(0, 100), (0, 120)], 100);
+        let cmp = compare("b", &before, "a", &after).expect("compare");
+        let order: Vec<usize> = cmp.shards.iter().map(|s| s.index).collect();
+        assert_eq!(order, [1, 0]);
+        assert_eq!(cmp.shards[0].after.p99_us, None, "no successes, no latency");
+        assert_eq!(cmp.shards[0].p99_ratio, None);
+        // And a run without any success has no latency rows to call better or worse.
+        let nothing = report_of(&[], 100);
+        let cmp = compare("b", &before, "a", &nothing).expect("compare");
+        let p99 = cmp.row("p99").expect("p99");
+        assert_eq!((p99.after, p99.ratio), (None, None));
+        assert!(cmp.row("throughput").is_some_and(|r| r.worse_by(0.05)));
+        assert!(!cmp.render(10).contains("NaN"));
+    }
+
+    #[test]
     fn ratios_and_direction() {
-        let r = Row::new("p99", "ms", 2.0, 3.0, Better::Lower);
-        assert_eq!((r.change, r.ratio), (1.0, Some(1.5)));
+        let r = Row::new("p99", "ms", Some(2.0), Some(3.0), Better::Lower);
+        assert_eq!((r.change, r.ratio), (Some(1.0), Some(1.5)));
         assert!(r.worse_by(0.05));
-        let q = Row::new("throughput", "qps", 100.0, 99.0, Better::Higher);
+        let q = Row::new("throughput", "qps", Some(100.0), Some(99.0), Better::Higher);
         assert!(!q.worse_by(0.05));
-        assert!(Row::new("errors", "per million", 0.0, 3.0, Better::Lower).worse_by(0.05));
-        assert_eq!(
-            Row::new("errors", "per million", 0.0, 0.0, Better::Lower).ratio,
-            None
-        );
+        let errors = |b, a| Row::new("errors", "per million", Some(b), Some(a), Better::Lower);
+        assert!(errors(0.0, 3.0).worse_by(0.05));
+        assert_eq!(errors(0.0, 0.0).ratio, None);
+        assert!(!errors(0.0, 0.0).worse_by(0.05));
+        // No successes on one side: no latency to compare, nothing called worse.
+        let none = Row::new("p99", "ms", None, Some(3.0), Better::Lower);
+        assert_eq!((none.change, none.ratio), (None, None));
+        assert!(!none.worse_by(0.05));
     }
 }

@@ -72,7 +72,7 @@ pub fn merge(reports: &[(String, Report)]) -> Result<Report, crate::Error> {
         cpu.cores_used += r.cpu.cores_used;
         cpu.cores_available += r.cpu.cores_available;
         for w in &r.warnings {
-            let host = r.hosts.first().map_or(name.as_str(), |h| h.name.as_str());
+            let host = r.hosts.first().map_or(name.as_str(), |h| h.label());
             warnings.push(format!("{host}: {w}"));
         }
         hosts.extend(r.hosts.iter().cloned());
@@ -99,11 +99,24 @@ pub fn merge(reports: &[(String, Report)]) -> Result<Report, crate::Error> {
             totals,
         })
         .collect();
-    // Per-shard latency is exact only if every host measured it.
-    if reports
+    // Send lag, per-router and per-shard latency are exact only if every host measured them:
+    // reports of older loadgens (format 1) have none.
+    let old: Vec<&str> = reports
         .iter()
-        .any(|(_, r)| r.shards.iter().any(|s| s.histogram.is_none()))
-    {
+        .filter(|(_, r)| r.format < 2)
+        .map(|(n, _)| n.as_str())
+        .collect();
+    if !old.is_empty() {
+        totals.send_lag.reset();
+        routers.clear();
+        warnings.push(format!(
+            "{} {} written by an older loadgen (report format 1): the merged report has no send lag, per-router or per-shard latency",
+            old.join(", "),
+            if old.len() == 1 { "was" } else { "were" }
+        ));
+    }
+    let unmeasured = |r: &Report| r.shards.iter().any(|s| s.histogram.is_none());
+    if !old.is_empty() || reports.iter().any(|(_, r)| unmeasured(r)) {
         totals.shard_hists.clear();
     }
     Report::build(Parts {
@@ -148,7 +161,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn report_of(samples: &[(usize, u64)], unix: u64) -> Report {
+    pub(crate) fn report_of(samples: &[(usize, u64)], unix: u64) -> Report {
         let mut t = Totals::new(2);
         let mut second = Tally::default();
         for &(shard, us) in samples {
@@ -256,6 +269,25 @@ pub(crate) mod tests {
         .expect("merge");
         assert!(
             merged.warnings.iter().any(|w| w.contains("3.0 s apart")),
+            "{:?}",
+            merged.warnings
+        );
+    }
+
+    #[test]
+    fn an_old_report_drops_what_it_lacks_and_says_so() {
+        let new = report_of(&[(0, 10)], 100);
+        let mut old = report_of(&[(0, 20)], 100);
+        old.format = 1;
+        old.routers.clear();
+        let merged = merge(&[("new.json".into(), new), ("old.json".into(), old)]).expect("merge");
+        assert!(merged.routers.is_empty(), "{:?}", merged.routers);
+        assert!(merged.send_lag_us.is_none());
+        assert!(
+            merged
+                .warnings
+                .iter()
+                .any(|w| w.contains("old.json was written by an older loadgen")),
             "{:?}",
             merged.warnings
         );

@@ -55,7 +55,9 @@ impl Pacer {
             self.arm(deadline - now)?;
             let mut ready = self.fd.readable().await?;
             match ready.try_io(|fd| read_expirations(fd.get_ref())) {
-                Ok(Ok(_)) => {}
+                // Read: the fd is not readable until the next expiry, and the next wait must
+                // not find it "ready" from this one.
+                Ok(Ok(_)) => ready.clear_ready(),
                 // Readiness was stale (an earlier, abandoned wait): wait again.
                 Ok(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Ok(Err(e)) => return Err(e),

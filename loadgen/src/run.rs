@@ -424,11 +424,13 @@ impl Lane {
                         Some(s) => s.peek(),
                         None => now,
                     };
-                    if intended > now + sh.batch_window {
-                        break;
-                    }
+                    // The end first: past it, a request due after the end must stop the
+                    // lane, not leave it waking for a time that is already gone.
                     if intended >= sh.end {
                         issuing = false;
+                        break;
+                    }
+                    if intended > now + sh.batch_window {
                         break;
                     }
                     if let Some(s) = self.schedule.as_mut() {
@@ -448,25 +450,26 @@ impl Lane {
             if !issuing && in_flight.is_empty() {
                 break;
             }
-            // When to look again without an answer: the next intended time if a slot is free,
-            // else the end of the run (closed loop stops issuing then); past the end, only
+            // When to look again without an answer: the next intended time if a slot is free
+            // (precisely, on the pacer), else the end of the run (closed loop stops issuing
+            // then; tokio's millisecond timer is good enough for that); past the end, only
             // answers matter.
             let wake = match &self.schedule {
                 Some(s) if issuing && connected && in_flight.len() < sh.pipeline => {
-                    Some(s.peek().min(sh.end))
+                    Some(Wake::Send(s.peek()))
                 }
-                _ if issuing && now < sh.end => Some(sh.end),
+                _ if issuing && now < sh.end => Some(Wake::End),
                 _ => None,
             };
             tokio::select! {
                 biased;
                 Some(done) = in_flight.next(), if !in_flight.is_empty() => self.record_done(done),
-                _ = pace(&pacer, wake.unwrap_or(now)), if wake.is_some() => {}
+                _ = wait(&pacer, wake, sh.end), if wake.is_some() => {}
                 else => tokio::task::yield_now().await,
             }
         }
         if let Some(s) = &self.schedule {
-            let left = s.left_before(sh.end);
+            let left = s.left_between(sh.measure_from, sh.end);
             if let Ok(mut st) = self.stats.lock() {
                 st.window.unsent += left;
             }
@@ -474,12 +477,31 @@ impl Lane {
     }
 }
 
-/// Waits until `t` on the lane's precise timer (tokio's, should the timerfd fail).
-async fn pace(pacer: &Pacer, t: Instant) {
-    if pacer.sleep_until(t).await.is_err() {
-        tokio::time::sleep_until(t.into()).await;
+/// What a lane waits for when no answer comes first.
+#[derive(Debug, Clone, Copy)]
+enum Wake {
+    /// The intended time of its next request.
+    Send(Instant),
+    /// The end of the run.
+    End,
+}
+
+/// Waits for `wake`: a send time on the lane's precise timer (tokio's, should the timerfd
+/// fail), the end on tokio's.
+async fn wait(pacer: &Pacer, wake: Option<Wake>, end: Instant) {
+    let precise = match wake {
+        Some(Wake::Send(t)) => t,
+        Some(Wake::End) => return tokio::time::sleep_until(end.into()).await,
+        None => return,
+    };
+    if pacer.sleep_until(precise).await.is_err() {
+        tokio::time::sleep_until(precise.into()).await;
     }
 }
+
+/// How far ahead `--start-at` may be: hosts are started for one run, not scheduled for next
+/// week (and a Unix time in milliseconds is a mistake, not a date 50,000 years away).
+const MAX_START_AHEAD: Duration = Duration::from_secs(24 * 3600);
 
 /// Runs the load and builds the report.
 pub async fn run(cfg: &RunConfig) -> Result<Report, crate::Error> {
@@ -489,18 +511,25 @@ pub async fn run(cfg: &RunConfig) -> Result<Report, crate::Error> {
         return Err("--rows-per-shard must be at least 1 for reads and updates".into());
     }
     if let Some(r) = cfg.total_rate() {
-        if !(r > 0.0 && r.is_finite()) {
+        if !(crate::cli::MIN_RATE..=crate::cli::MAX_RATE * 1e3).contains(&r) {
             return Err(format!(
-                "the rate must be above 0 requests a second, got {r}"
+                "the rate must be between {} and {:e} requests a second, got {r}",
+                crate::cli::MIN_RATE,
+                crate::cli::MAX_RATE
             ));
         }
     }
     if let Some(at) = cfg.start_at {
-        if at < SystemTime::now() {
-            return Err(format!(
-                "--start-at {} has already passed",
-                humantime::format_rfc3339_millis(at)
-            ));
+        let shown = humantime::format_rfc3339_millis(at);
+        match at.duration_since(SystemTime::now()) {
+            Err(_) => return Err(format!("--start-at {shown} has already passed")),
+            Ok(ahead) if ahead > MAX_START_AHEAD => {
+                return Err(format!(
+                    "--start-at {shown} is {:.1} days from now; give a time within a day (Unix time in seconds, not milliseconds)",
+                    ahead.as_secs_f64() / 86_400.0
+                ))
+            }
+            Ok(_) => {}
         }
     }
     let keys = ShardKeys::assign(&map, cfg.rows_per_shard)?;
@@ -537,6 +566,13 @@ pub async fn run(cfg: &RunConfig) -> Result<Report, crate::Error> {
                     humantime::format_rfc3339_millis(at)
                 )
             })?;
+            if !cfg.quiet {
+                eprintln!(
+                    "loadgen: connected; starting at {} (in {:.1} s)",
+                    humantime::format_rfc3339_millis(at),
+                    wait.as_secs_f64()
+                );
+            }
             Instant::now() + wait
         }
     };
@@ -651,7 +687,7 @@ pub async fn run(cfg: &RunConfig) -> Result<Report, crate::Error> {
     let mut warnings = cpu::bottleneck_warnings(cpu.cores_used, cores, achieved, cfg.total_rate());
     if totals.unsent > 0 {
         warnings.push(format!(
-            "{} requests scheduled in the window were never sent: the connections were busy; the target is slower than the rate asked for, or raise --connections / --pipeline",
+            "{} requests scheduled in the window were never sent: their connections were down when the run ended (see the errors)",
             totals.unsent
         ));
     }

@@ -45,14 +45,17 @@ impl Schedule {
         t
     }
 
-    /// Requests due before `end` that were never taken.
-    pub fn left_before(&self, end: Instant) -> u64 {
-        let span = end.saturating_duration_since(self.start).as_nanos() as f64 - self.phase_ns;
-        if span <= 0.0 {
-            return 0;
-        }
-        let due = (span / self.period_ns).ceil() as u64;
-        due.saturating_sub(self.next)
+    /// Requests due in `[from, end)` that were never taken.
+    pub fn left_between(&self, from: Instant, end: Instant) -> u64 {
+        let due_before = |t: Instant| {
+            let span = t.saturating_duration_since(self.start).as_nanos() as f64 - self.phase_ns;
+            if span <= 0.0 {
+                0
+            } else {
+                (span / self.period_ns).ceil() as u64
+            }
+        };
+        due_before(end).saturating_sub(self.next.max(due_before(from)))
     }
 }
 
@@ -92,7 +95,11 @@ mod tests {
             s.take();
         }
         // Due before 1 s: requests 0..=9; 5 taken.
-        assert_eq!(s.left_before(t0 + Duration::from_secs(1)), 5);
+        let second = t0 + Duration::from_secs(1);
+        assert_eq!(s.left_between(t0, second), 5);
+        // Of those due from 0.7 s (7, 8, 9), none was taken.
+        assert_eq!(s.left_between(t0 + Duration::from_millis(700), second), 3);
+        assert_eq!(s.left_between(second, second), 0);
     }
 
     #[test]
