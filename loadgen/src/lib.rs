@@ -1,7 +1,9 @@
 //! loadgen: the load generator of shardgate.
 //!
 //! `prepare` loads every shard with the same number of rows ([`prepare`]), `run` drives
-//! open-loop (or closed-loop) load through routers or straight at the shards ([`run`]) and
+//! open-loop (or closed-loop) load through routers or straight at the shards ([`run`]; how
+//! it is split over connections in [`plan`], one connection's loop in [`lane`], its timer in
+//! [`pacer`]) and
 //! reports throughput and coordinated-omission-corrected latency per shard ([`report`],
 //! [`chart`]), `merge` combines the JSON reports of several loadgen hosts exactly
 //! ([`merge`]), and `compare` sets two reports side by side ([`compare`]). The command line is in [`cli`]; `docs/loadgen.md` is the manual.
@@ -11,8 +13,10 @@ pub mod cli;
 pub mod compare;
 pub mod cpu;
 pub mod keys;
+pub mod lane;
 pub mod merge;
 pub mod pacer;
+pub mod plan;
 pub mod prepare;
 pub mod progress;
 pub mod report;
