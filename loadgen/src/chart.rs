@@ -52,9 +52,17 @@ pub fn draw(report: &Report, path: &Path) -> Result<(), Failure> {
     let f = fail(path);
     root.fill(&WHITE).map_err(&f)?;
     let areas = root.split_evenly((panels as usize, 1));
+    // Several routers' URLs do not fit a title: count them (the last panel names them).
+    let targets = match report.routers.len() {
+        0 | 1 => report.settings.targets.clone(),
+        n => format!("{n} routers"),
+    };
+    let hosts = match report.hosts.len() {
+        0 | 1 => String::new(),
+        n => format!("{n} loadgen hosts, "),
+    };
     let title = format!(
-        "loadgen: {} ({} shards, {} connections, {})",
-        report.settings.targets,
+        "loadgen: {targets} ({} shards, {hosts}{} connections, {})",
         report.shards.len(),
         report.settings.connections,
         report.settings.rate

@@ -77,6 +77,13 @@ pub fn merge(reports: &[(String, Report)]) -> Result<Report, crate::Error> {
         }
         hosts.extend(r.hosts.iter().cloned());
     }
+    // Each host's rate was its own share; the merged report's is the fleet's.
+    if reports.len() > 1 {
+        settings.rate = match target {
+            Some(t) => format!("{t}/s total over {} hosts", reports.len()),
+            None => "max (closed loop) on every host".into(),
+        };
+    }
     let starts = hosts.iter().map(|h| h.started_unix_ms);
     let spread = starts.clone().max().unwrap_or(0) - starts.min().unwrap_or(0);
     if spread > 1000 {
@@ -238,6 +245,7 @@ pub(crate) mod tests {
             1333
         );
         assert_eq!(merged.target_qps, Some(20.0));
+        assert_eq!(merged.settings.rate, "20/s total over 2 hosts");
         assert_eq!(merged.hosts.len(), 2);
         assert_eq!(series.len(), 1);
         assert_eq!(series[0].totals.hist, all);

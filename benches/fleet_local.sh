@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# The scale run in miniature on one machine: several routers in front of N shards, several
+# loadgen processes started at one agreed time (--start-at) against all routers, and one merged
+# report (per shard, per router, per loadgen host). With --scaling, the same run at several
+# shard counts with a fixed rate per shard, to show how throughput and p99 scale.
+# See docs/benchmarks.md.
+set -euo pipefail
+
+usage() {
+    cat <<'EOF'
+Usage: benches/fleet_local.sh [OPTIONS]
+
+For each shard count: starts its own local cluster (deploy/local/cluster up, 4 servers) with one
+router, starts ROUTERS-1 more shardgate processes on the same shard map (each its own port),
+loads ROWS rows per shard, then starts LOADGENS loadgen processes that begin at the same
+wall-clock time (--start-at, 3 s ahead), each sending RATE/LOADGENS per shard through all
+routers, and merges their JSON reports (loadgen merge). Prints the merged report of the
+largest run and a scaling table. Everything it starts is stopped and deleted on exit.
+
+Options:
+  -n, --shards LIST          shard counts, comma-separated             [default: 64]
+      --routers R            router processes                          [default: 3]
+      --loadgens L           loadgen processes                         [default: 2]
+  -r, --rate-per-shard R     requests a second per shard, all loadgens together [default: 50]
+  -T, --duration SECONDS     measured seconds                          [default: 20]
+      --warmup SECONDS       unmeasured seconds before                 [default: 5]
+      --connections C        connections per loadgen                   [default: 12]
+      --rows N               rows per shard                            [default: 1000]
+      --out DIR              keep every report and the charts here
+  -h, --help                 this text
+EOF
+}
+
+die() { echo "fleet_local.sh: $*" >&2; exit 1; }
+
+shard_list=64 routers=3 loadgens=2 rate=50 duration=20 warmup=5 conns=12 rows=1000 out=""
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        -n|--shards) shard_list="$2"; shift 2 ;;
+        --routers) routers="$2"; shift 2 ;;
+        --loadgens) loadgens="$2"; shift 2 ;;
+        -r|--rate-per-shard) rate="$2"; shift 2 ;;
+        -T|--duration) duration="$2"; shift 2 ;;
+        --warmup) warmup="$2"; shift 2 ;;
+        --connections) conns="$2"; shift 2 ;;
+        --rows) rows="$2"; shift 2 ;;
+        --out) out="$2"; shift 2 ;;
+        -h|--help) usage; exit 0 ;;
+        *) usage >&2; die "unknown option $1" ;;
+    esac
+done
+for n in routers loadgens duration conns rows; do
+    [[ "${!n}" =~ ^[0-9]+$ && "${!n}" -gt 0 ]] || die "--${n} must be a whole number above 0, not '${!n}'"
+done
+[[ "$warmup" =~ ^[0-9]+$ ]] || die "--warmup must be a whole number of seconds"
+[[ "$rate" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--rate-per-shard must be a number, not '$rate'"
+IFS=, read -r -a shard_counts <<<"$shard_list"
+for n in "${shard_counts[@]}"; do
+    [[ "$n" =~ ^[0-9]+$ && "$n" -gt 0 ]] || die "--shards takes shard counts like 4,16,64, not '$n'"
+done
+for tool in psql python3 cargo; do
+    command -v "$tool" >/dev/null || die "$tool is not installed"
+done
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+tmp="$(mktemp -d "${TMPDIR:-/tmp}/shardgate-fleet.XXXXXX")"
+chmod 755 "$tmp"
+extra_pids=()
+cluster_dir=""
+stop_run() {
+    for p in "${extra_pids[@]}"; do
+        kill -TERM "$p" 2>/dev/null || true
+    done
+    for p in "${extra_pids[@]}"; do
+        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$p" 2>/dev/null || true
+    done
+    extra_pids=()
+    if [[ -n "$cluster_dir" && -f "$cluster_dir/cluster.json" ]]; then
+        "$root/deploy/local/cluster" down --dir "$cluster_dir" >/dev/null 2>&1 ||
+            echo "fleet_local.sh: cluster down --dir $cluster_dir failed; run it by hand" >&2
+    fi
+    cluster_dir=""
+}
+cleanup() {
+    trap - EXIT INT TERM
+    stop_run
+    rm -rf "$tmp"
+}
+trap cleanup EXIT INT TERM
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+echo "building loadgen and shardgate (release) ..." >&2
+(cd "$root" && cargo build --release -q -p loadgen -p shardgate -p shardgate-cluster)
+loadgen="$root/target/release/loadgen"
+shardgate="$root/target/release/shardgate"
+
+# One run at `shards` shards: prints "shards qps p50_us p99_us max_us errors timeouts" and leaves
+# the merged report in $tmp/fleet-$shards.json.
+run_at() {
+    local shards="$1" dir="$tmp/c$1" urls=() base_port router_port
+    cluster_dir="$dir"
+    base_port="$(free_port)" router_port="$(free_port)"
+    echo "[$shards shards] cluster up (4 servers, router 1 of $routers on $router_port) ..." >&2
+    # Every router keeps a pool per shard and worker: room for all of them on every server.
+    "$root/deploy/local/cluster" up --shards "$shards" --servers 4 --dir "$dir" \
+        --base-port "$base_port" --router-port "$router_port" \
+        --max-connections $((100 + routers * 4 * (shards + 3) / 4 * 2)) \
+        >"$tmp/up-$shards.log" 2>&1 || { cat "$tmp/up-$shards.log" >&2; die "cluster up failed"; }
+    urls+=("postgres://app:app@127.0.0.1:$router_port/app")
+    local k port
+    for k in $(seq 2 "$routers"); do
+        port="$(free_port)"
+        sed -e "s|^listen = .*|listen = \"127.0.0.1:$port\"|" \
+            -e "s|^shardmap = .*|shardmap = \"$dir/shardmap.toml\"|" \
+            "$dir/router.toml" >"$dir/router-$k.toml"
+        "$shardgate" --config "$dir/router-$k.toml" >"$dir/router-$k.log" 2>&1 &
+        extra_pids+=($!)
+        urls+=("postgres://app:app@127.0.0.1:$port/app")
+    done
+    for u in "${urls[@]}"; do
+        for _ in $(seq 100); do psql "$u" -qAtc 'SELECT 1' >/dev/null 2>&1 && break; sleep 0.1; done
+        psql "$u" -qAtc 'SELECT 1' >/dev/null || die "router $u does not answer (logs in $dir)"
+    done
+    "$loadgen" prepare --shardmap "$dir/shardmap.toml" --rows-per-shard "$rows" --quiet 2>/dev/null
+
+    local start per_host targets=() pids=() i
+    for u in "${urls[@]}"; do targets+=(--target "$u"); done
+    per_host="$(python3 -c "print($rate / $loadgens)")"
+    start="$(python3 -c 'import time; print(f"{time.time() + 3:.3f}")')"
+    echo "[$shards shards] $loadgens loadgens x ${per_host}/s per shard through $routers routers, starting at $start ..." >&2
+    for i in $(seq 1 "$loadgens"); do
+        "$loadgen" run --shardmap "$dir/shardmap.toml" "${targets[@]}" --rows-per-shard "$rows" \
+            --rate-per-shard "$per_host" --connections "$conns" --warmup "${warmup}s" \
+            --duration "${duration}s" --start-at "$start" --label "loadgen-$i" --threads 1 --quiet \
+            --json "$tmp/lg-$shards-$i.json" >"$tmp/lg-$shards-$i.out" 2>&1 &
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || die "a loadgen failed: $(cat "$tmp"/lg-"$shards"-*.out)"; done
+    "$loadgen" merge "$tmp"/lg-"$shards"-*.json --json "$tmp/fleet-$shards.json" \
+        --chart "$tmp/fleet-$shards.svg" >"$tmp/fleet-$shards.txt" 2>&1
+    stop_run
+    python3 - "$tmp/fleet-$shards.json" "$shards" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+l = r["latency_us"]
+print(sys.argv[2], round(r["qps"], 1), l["p50"], l["p99"], l["max"], r["errors"], r["timeouts"],
+      round(r["shard_qps"]["min"], 2), round(r["shard_qps"]["max"], 2))
+PY
+}
+
+rows_out=()
+for n in "${shard_counts[@]}"; do
+    rows_out+=("$(run_at "$n")")
+done
+
+largest="${shard_counts[${#shard_counts[@]}-1]}"
+echo
+echo "merged report, $largest shards, $routers routers, $loadgens loadgens:"
+cat "$tmp/fleet-$largest.txt"
+echo
+echo "scaling: $rate/s per shard, $routers routers, $loadgens loadgens x $conns connections, ${duration} s after ${warmup} s warmup"
+printf '%7s %12s %9s %9s %9s %8s %9s %16s\n' shards "total qps" "p50 ms" "p99 ms" "max ms" errors timeouts "per shard qps"
+for row in "${rows_out[@]}"; do
+    read -r n qps p50 p99 max errs tos smin smax <<<"$row"
+    python3 -c "print('%7s %12s %9.3f %9.3f %9.3f %8s %9s %16s' % ('$n', '$qps', $p50/1000, $p99/1000, $max/1000, '$errs', '$tos', '$smin..$smax'))"
+done
+if [[ -n "$out" ]]; then
+    mkdir -p "$out"
+    cp "$tmp"/*.json "$tmp"/*.svg "$out"/
+    echo
+    echo "reports and charts in $out"
+fi
