@@ -10,9 +10,9 @@ usage() {
     cat <<'EOF'
 Usage: benches/fleet_local.sh [OPTIONS]
 
-For each shard count: starts its own local cluster (deploy/local/cluster up, 4 servers) with one
-router, starts ROUTERS-1 more shardgate processes on the same shard map (each its own port),
-loads ROWS rows per shard, then starts LOADGENS loadgen processes that begin at the same
+For each shard count: starts its own local cluster (deploy/local/cluster up --servers 4
+--routers ROUTERS: every router on the same shard map, each on its own port), loads ROWS rows per
+shard, then starts LOADGENS loadgen processes that begin at the same
 wall-clock time (--start-at, 3 s ahead), each sending RATE/LOADGENS per shard through all
 routers, and merges their JSON reports (loadgen merge). Prints the merged report of the
 largest run and a scaling table. Everything it starts is stopped and deleted on exit.
@@ -65,17 +65,8 @@ done
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/shardgate-fleet.XXXXXX")"
 chmod 755 "$tmp"
-extra_pids=()
 cluster_dir=""
 stop_run() {
-    for p in "${extra_pids[@]}"; do
-        kill -TERM "$p" 2>/dev/null || true
-    done
-    for p in "${extra_pids[@]}"; do
-        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$p" 2>/dev/null || true
-    done
-    extra_pids=()
     if [[ -n "$cluster_dir" && -f "$cluster_dir/cluster.json" ]]; then
         "$root/deploy/local/cluster" down --dir "$cluster_dir" >/dev/null 2>&1 ||
             echo "fleet_local.sh: cluster down --dir $cluster_dir failed; run it by hand" >&2
@@ -89,37 +80,40 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+free_port() { # $1 = how many consecutive free ports (default 1): prints the first
+    python3 - "${1:-1}" <<'PY'
+import socket, sys
+n = int(sys.argv[1])
+for _ in range(200):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close()
+    try:
+        held = []
+        for k in range(n):
+            t = socket.socket(); t.bind(("127.0.0.1", p + k)); held.append(t)
+        for t in held: t.close()
+        print(p); break
+    except OSError:
+        for t in held: t.close()
+PY
 }
 
 echo "building loadgen and shardgate (release) ..." >&2
 (cd "$root" && cargo build --release -q -p loadgen -p shardgate -p shardgate-cluster)
 loadgen="$root/target/release/loadgen"
-shardgate="$root/target/release/shardgate"
 
 # One run at `shards` shards: prints "shards qps p50_us p99_us max_us errors timeouts" and leaves
 # the merged report in $tmp/fleet-$shards.json.
 run_at() {
-    local shards="$1" dir="$tmp/c$1" urls=() base_port router_port
+    local shards="$1" dir="$tmp/c$1" urls=() base_port router_port servers k
+    servers=$((shards < 4 ? shards : 4))
     cluster_dir="$dir"
-    base_port="$(free_port)" router_port="$(free_port)"
-    echo "[$shards shards] cluster up (4 servers, router 1 of $routers on $router_port) ..." >&2
-    # Every router keeps a pool per shard and worker: room for all of them on every server.
-    "$root/deploy/local/cluster" up --shards "$shards" --servers 4 --dir "$dir" \
-        --base-port "$base_port" --router-port "$router_port" \
-        --max-connections $((100 + routers * 4 * (shards + 3) / 4 * 2)) \
+    base_port="$(free_port "$servers")" router_port="$(free_port "$routers")"
+    echo "[$shards shards] cluster up ($servers servers, $routers routers from port $router_port) ..." >&2
+    "$root/deploy/local/cluster" up --shards "$shards" --servers "$servers" --dir "$dir" \
+        --base-port "$base_port" --router-port "$router_port" --routers "$routers" \
         >"$tmp/up-$shards.log" 2>&1 || { cat "$tmp/up-$shards.log" >&2; die "cluster up failed"; }
-    urls+=("postgres://app:app@127.0.0.1:$router_port/app")
-    local k port
-    for k in $(seq 2 "$routers"); do
-        port="$(free_port)"
-        sed -e "s|^listen = .*|listen = \"127.0.0.1:$port\"|" \
-            -e "s|^shardmap = .*|shardmap = \"$dir/shardmap.toml\"|" \
-            "$dir/router.toml" >"$dir/router-$k.toml"
-        "$shardgate" --config "$dir/router-$k.toml" >"$dir/router-$k.log" 2>&1 &
-        extra_pids+=($!)
-        urls+=("postgres://app:app@127.0.0.1:$port/app")
+    for k in $(seq 0 $((routers - 1))); do
+        urls+=("postgres://app:app@127.0.0.1:$((router_port + k))/app")
     done
     for u in "${urls[@]}"; do
         for _ in $(seq 100); do psql "$u" -qAtc 'SELECT 1' >/dev/null 2>&1 && break; sleep 0.1; done

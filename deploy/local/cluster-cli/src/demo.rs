@@ -65,6 +65,7 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
         user: "app".into(),
         password: "app".into(),
         no_router: false,
+        routers: 1,
         // loadgen connects without TLS; a cluster made with `up --tls` still serves it
         // (its router's [tls] mode is "allow").
         tls: false,

@@ -28,8 +28,8 @@ pub fn run(args: &DirArgs) -> Result<ExitCode> {
 /// Stops the router and deletes every server of `state`, then the shard map, the router config
 /// and the state file. The router log stays, for a look at what happened.
 pub fn teardown(state: &ClusterState) -> Result<()> {
-    // The router first: stopped after the servers it would log every connection failing.
-    if let Some(r) = &state.router {
+    // The routers first: stopped after the servers they would log every connection failing.
+    for r in state.routers() {
         println!("{}", router::stop(r)?);
     }
     // One thread per server: deleting a server's databases is I/O bound.
@@ -65,12 +65,13 @@ pub fn teardown(state: &ClusterState) -> Result<()> {
         let _ = std::fs::remove_dir(&state.data_root);
     }
     crate::tls::remove(&state.dir)?;
-    let router_config = state.dir.join(crate::state::ROUTER_CONFIG_FILE);
-    for path in [
-        &state.shardmap,
-        &router_config,
-        &ClusterState::path(&state.dir),
-    ] {
+    let routers = state.routers_wanted.max(1 + state.more_routers.len());
+    let router_configs = (1..=routers).map(|k| state.dir.join(crate::state::router_files(k).0));
+    let files: Vec<std::path::PathBuf> = [state.shardmap.clone(), ClusterState::path(&state.dir)]
+        .into_iter()
+        .chain(router_configs)
+        .collect();
+    for path in &files {
         match std::fs::remove_file(path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

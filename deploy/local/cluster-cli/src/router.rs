@@ -9,7 +9,7 @@ use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::state::{RouterState, ROUTER_CONFIG_FILE, ROUTER_LOG_FILE, SHARDMAP_FILE};
+use crate::state::{router_files, RouterState, SHARDMAP_FILE};
 use crate::Result;
 
 /// The logical database clients name; every shard database answers to it through the router.
@@ -23,9 +23,11 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// SIGTERM (it does not drain yet); a router that takes longer is stuck.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 
-/// What the router serves and who may log in.
+/// What a router serves and who may log in.
 #[derive(Debug, Clone)]
 pub struct RouterOptions {
+    /// Which router of the cluster (1-based): names its config and log ([`router_files`]).
+    pub index: usize,
     pub port: u16,
     pub user: String,
     pub password: String,
@@ -37,6 +39,22 @@ pub struct RouterOptions {
     pub tls: bool,
     /// `[http] listen` on 127.0.0.1 (`up --http-port`).
     pub http_port: Option<u16>,
+}
+
+impl RouterOptions {
+    /// The options of router `k` of several: the first one's, with ports shifted by `k - 1`.
+    pub fn for_router(&self, k: usize) -> Result<RouterOptions> {
+        let shift = |p: u16| {
+            u16::try_from(usize::from(p) + k - 1)
+                .map_err(|_| format!("port {p} leaves no room for {k} routers"))
+        };
+        Ok(RouterOptions {
+            index: k,
+            port: shift(self.port)?,
+            http_port: self.http_port.map(shift).transpose()?,
+            ..self.clone()
+        })
+    }
 }
 
 /// Backend connections per shard database and router worker thread (each worker of the router
@@ -127,7 +145,8 @@ fn toml_str(s: &str) -> String {
     toml::Value::String(s.to_string()).to_string()
 }
 
-/// Writes `DIR/router.toml` (see docs/configuration.md) and returns its path. The shard map is
+/// Writes `DIR/router.toml` (`router-K.toml` for router K; see docs/configuration.md) and
+/// returns its path. The shard map is
 /// named relative to the config, so the directory can be inspected or moved as a whole.
 pub fn write_config(dir: &Path, opts: &RouterOptions) -> Result<PathBuf> {
     let text = format!(
@@ -172,7 +191,7 @@ pub fn write_config(dir: &Path, opts: &RouterOptions) -> Result<PathBuf> {
         tls = if opts.tls { crate::tls::router_config() } else { String::new() },
         backend_tls = if opts.tls { crate::tls::backend_config() } else { String::new() },
     );
-    let path = dir.join(ROUTER_CONFIG_FILE);
+    let path = dir.join(router_files(opts.index).0);
     std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
     Ok(path)
 }
@@ -182,7 +201,7 @@ pub fn write_config(dir: &Path, opts: &RouterOptions) -> Result<PathBuf> {
 /// until it is ready (pgharness's launcher). If it exits first, or is not ready in time, the
 /// error holds the end of its log (and a router that hangs is killed).
 pub fn start(bin: &Path, dir: &Path, config: &Path, opts: &RouterOptions) -> Result<RouterState> {
-    let log_file = dir.join(ROUTER_LOG_FILE);
+    let log_file = dir.join(router_files(opts.index).1);
     let mut launch = pgharness::router::Launch::new(bin, config, &log_file);
     launch.detached = true;
     launch.timeout = START_TIMEOUT;

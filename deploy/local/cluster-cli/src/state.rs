@@ -16,6 +16,16 @@ pub const ROUTER_CONFIG_FILE: &str = "router.toml";
 /// File name of the router's stdout+stderr inside the cluster directory.
 pub const ROUTER_LOG_FILE: &str = "router.log";
 
+/// Config and log file names of router `k` (1-based): `router.toml` and `router.log` for the
+/// first, `router-K.toml` and `router-K.log` for the others (`up --routers N`).
+pub fn router_files(k: usize) -> (String, String) {
+    if k <= 1 {
+        (ROUTER_CONFIG_FILE.into(), ROUTER_LOG_FILE.into())
+    } else {
+        (format!("router-{k}.toml"), format!("router-{k}.log"))
+    }
+}
+
 /// Lifecycle of a cluster as recorded in the state file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -95,12 +105,28 @@ pub struct ClusterState {
     /// A router was asked for (no `--no-router`): with `router` empty, its start failed.
     #[serde(default)]
     pub router_wanted: bool,
+    /// Routers 2, 3, ... of `up --routers N`, each on the first router's port + k - 1 with its
+    /// own config and log ([`router_files`]); all on the same shard map.
+    #[serde(default)]
+    pub more_routers: Vec<RouterState>,
+    /// How many routers `up` was asked for (0 with `--no-router`; 1 in older state files).
+    #[serde(default = "one")]
+    pub routers_wanted: usize,
     /// Made with `up --tls`: the servers have ssl = on, the router TLS both ways.
     #[serde(default)]
     pub tls: bool,
 }
 
+fn one() -> usize {
+    1
+}
+
 impl ClusterState {
+    /// Every router started, the first one first.
+    pub fn routers(&self) -> impl Iterator<Item = &RouterState> {
+        self.router.iter().chain(&self.more_routers)
+    }
+
     /// Path of the state file of cluster directory `dir`.
     pub fn path(dir: &Path) -> PathBuf {
         dir.join(STATE_FILE)

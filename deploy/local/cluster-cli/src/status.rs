@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use pgharness::{Readiness, Server};
 
 use crate::router;
-use crate::state::{ClusterState, Phase};
+use crate::state::{ClusterState, Phase, RouterState};
 use crate::{DirArgs, Result};
 
 /// Runs `cluster status`. Exits 1 when the router or a listed server does not accept
@@ -27,29 +27,7 @@ pub fn run(args: &DirArgs) -> Result<ExitCode> {
     println!("cluster in {}: {phase}", dir.display());
     let mut all_ok = true;
     match &state.router {
-        Some(r) => {
-            let running = router::is_running(r);
-            let accepting = running && router::probe(r.port);
-            all_ok &= accepting;
-            let how = match (running, accepting) {
-                (true, true) => "accepting connections",
-                (true, false) => "running, not accepting",
-                (false, _) => "not running",
-            };
-            println!(
-                "  router    127.0.0.1:{}  pid {:<8} {how:<22} log {}",
-                r.port,
-                if running {
-                    r.pid.to_string()
-                } else {
-                    "-".into()
-                },
-                r.log_file.display()
-            );
-            if !running {
-                println!("            (`cluster up` starts it again)");
-            }
-        }
+        Some(r) => all_ok &= show_router(r),
         None if state.router_wanted => {
             all_ok = false;
             println!(
@@ -58,6 +36,17 @@ pub fn run(args: &DirArgs) -> Result<ExitCode> {
             );
         }
         None => println!("  router    none (started with --no-router)"),
+    }
+    for r in &state.more_routers {
+        all_ok &= show_router(r);
+    }
+    let started = state.routers().count();
+    if state.router_wanted && started < state.routers_wanted {
+        all_ok = false;
+        println!(
+            "  routers   {started} of {} started; `cluster up` starts the others",
+            state.routers_wanted
+        );
     }
     for s in &state.servers {
         let (readiness, pid) = match Server::attach(&s.dir) {
@@ -89,4 +78,29 @@ pub fn run(args: &DirArgs) -> Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// One router's line; whether it accepts connections.
+fn show_router(r: &RouterState) -> bool {
+    let running = router::is_running(r);
+    let accepting = running && router::probe(r.port);
+    let how = match (running, accepting) {
+        (true, true) => "accepting connections",
+        (true, false) => "running, not accepting",
+        (false, _) => "not running",
+    };
+    println!(
+        "  router    127.0.0.1:{}  pid {:<8} {how:<22} log {}",
+        r.port,
+        if running {
+            r.pid.to_string()
+        } else {
+            "-".into()
+        },
+        r.log_file.display()
+    );
+    if !running {
+        println!("            (`cluster up` starts it again)");
+    }
+    accepting
 }

@@ -11,7 +11,9 @@ use clap::Args;
 use pgharness::{Cluster, ClusterOptions, Readiness, Schema, Server, ServerOptions};
 
 use crate::router::{self, RouterOptions};
-use crate::state::{stable_hash, ClusterState, Phase, ServerState, ShardState, SHARDMAP_FILE};
+use crate::state::{
+    router_files, stable_hash, ClusterState, Phase, ServerState, ShardState, SHARDMAP_FILE,
+};
 use crate::{down, repo_root, DirArgs, Result};
 
 /// Options of `cluster up`.
@@ -53,6 +55,17 @@ pub struct UpArgs {
     )]
     pub router_port: u16,
 
+    /// Routers to start, all on the same shard map: router k listens on --router-port + k - 1
+    /// (and --http-port + k - 1), with DIR/router-K.toml and DIR/router-K.log from the second on
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1,
+        value_parser = clap::value_parser!(u64).range(1..=64),
+        conflicts_with = "no_router"
+    )]
+    pub routers: u64,
+
     /// User that clients log in to the router as
     #[arg(long, value_name = "NAME", default_value = "app")]
     pub user: String,
@@ -87,8 +100,10 @@ struct Up {
     servers: usize,
     base_port: u16,
     server_options: ServerOptions,
-    /// The router to start; `None` with `--no-router`.
+    /// The first router to start; `None` with `--no-router`.
     router: Option<RouterOptions>,
+    /// How many (`--routers`; 0 with `--no-router`).
+    routers: usize,
     /// `--tls` (or, for a running cluster, how it was made).
     tls: bool,
     state: Option<ClusterState>,
@@ -188,7 +203,38 @@ fn keep_running(up: &mut Up) -> Result<ExitCode> {
             }
         }
     }
+    keep_more_routers(up)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The routers after the first on a running cluster: start those that stopped, as many as the
+/// cluster was made with (a different `--routers` now changes nothing).
+fn keep_more_routers(up: &mut Up) -> Result<()> {
+    let state = up.state.as_ref().ok_or("internal error: no state")?;
+    let wanted = state.routers_wanted;
+    if up.router.is_some() && up.routers != wanted.max(1) {
+        println!("note: the cluster was made with {wanted} routers; that was not changed");
+    }
+    if up.router.is_none() || wanted <= 1 {
+        return Ok(());
+    }
+    let running = |k: usize| {
+        state
+            .more_routers
+            .iter()
+            .any(|r| r.config.ends_with(router_files(k).0) && router::is_running(r))
+    };
+    let missing = (2..=wanted).filter(|k| !running(*k)).count();
+    if missing > 0 {
+        println!("{missing} of routers 2 to {wanted} are not running; starting them");
+        start_router(up)?;
+    }
+    let state = up.state.as_ref().ok_or("internal error: no state")?;
+    for r in &state.more_routers {
+        println!("  router pid {} on 127.0.0.1:{}", r.pid, r.port);
+    }
+    print_loadgen_targets(state);
+    Ok(())
 }
 
 /// Step 1: resolve defaults and decide where the data goes.
@@ -215,7 +261,20 @@ fn plan(args: &UpArgs) -> Result<Up> {
     if !args.no_router && args.router_port == 0 {
         return Err("--router-port 0 is not a port; pick a free one, e.g. 6432".into());
     }
-    let workers = router::router_workers();
+    let routers = if args.no_router {
+        0
+    } else {
+        args.routers as usize
+    };
+    if routers > 0 && usize::from(args.router_port) + routers - 1 > usize::from(u16::MAX) {
+        return Err(format!(
+            "--router-port {} leaves no room for {routers} routers",
+            args.router_port
+        )
+        .into());
+    }
+    // Every worker of every router keeps its own pool per shard database.
+    let workers = router::router_workers() * routers.max(1);
     let max_connections = if args.no_router {
         args.max_connections
     } else {
@@ -223,11 +282,12 @@ fn plan(args: &UpArgs) -> Result<Up> {
     };
     if max_connections > args.max_connections {
         println!(
-            "max_connections {max_connections} per server (not {}): the router's {workers} workers each keep a pool per shard database",
+            "max_connections {max_connections} per server (not {}): {workers} router workers each keep a pool per shard database",
             args.max_connections
         );
     }
     let router = (!args.no_router).then(|| RouterOptions {
+        index: 1,
         port: args.router_port,
         user: args.user.clone(),
         password: args.password.clone(),
@@ -275,6 +335,7 @@ fn plan(args: &UpArgs) -> Result<Up> {
             ..Default::default()
         },
         router,
+        routers,
         tls: args.tls,
         state: None,
         cluster: None,
@@ -317,7 +378,9 @@ fn check_ports(up: &Up) -> Result<()> {
     }
     if let Some(r) = &up.router {
         let server_ports: Vec<u16> = (0..up.servers).map(|i| up.base_port + i as u16).collect();
-        check_router_port(r.port, &server_ports)?;
+        for k in 1..=up.routers {
+            check_router_port(r.for_router(k)?.port, &server_ports)?;
+        }
     }
     Ok(())
 }
@@ -377,6 +440,8 @@ fn write_initial_state(up: &mut Up) -> Result<()> {
         shards: Vec::new(),
         router: None,
         router_wanted: up.router.is_some(),
+        more_routers: Vec::new(),
+        routers_wanted: up.routers,
         tls: up.tls,
     };
     state.save()?;
@@ -469,38 +534,58 @@ fn write_final_state(up: &mut Up) -> Result<()> {
     state.save()
 }
 
-/// Step 9: write `router.toml`, start `shardgate` detached, wait until it accepts
-/// connections, and record it in the state file. Skipped with `--no-router`.
+/// Step 9: for every router that is wanted and not running, write its config, start
+/// `shardgate` detached, wait until it accepts connections, and record it in the state file.
+/// Skipped with `--no-router`.
 fn start_router(up: &mut Up) -> Result<()> {
-    let Some(opts) = up.router.clone() else {
+    let Some(first) = up.router.clone() else {
         return Ok(());
     };
     let state = up.state.as_mut().ok_or("internal error: no state")?;
     state.router_wanted = true;
-    let started = router::find_binary().and_then(|bin| {
-        let config = router::write_config(&up.dir, &opts)?;
-        println!(
-            "starting the router {} --config {} on 127.0.0.1:{}...",
-            bin.display(),
-            config.display(),
-            opts.port
-        );
-        router::start(&bin, &up.dir, &config, &opts)
-    });
-    match started {
-        Ok(r) => {
-            state.router = Some(r);
-            state.save()
+    let wanted = state.routers_wanted.max(1);
+    for k in 1..=wanted {
+        let running = match k {
+            1 => state.router.as_ref(),
+            _ => state
+                .more_routers
+                .iter()
+                .find(|r| r.config.ends_with(router_files(k).0)),
+        };
+        if running.is_some_and(router::is_running) {
+            continue;
         }
-        Err(e) => {
-            state.router = None;
-            state.save()?;
-            Err(format!(
-                "{e}\nthe PostgreSQL servers are still up: `cluster up` again retries the router, `cluster down` stops everything"
-            )
-            .into())
+        let started = first.for_router(k).and_then(|opts| {
+            let bin = router::find_binary()?;
+            let config = router::write_config(&up.dir, &opts)?;
+            println!(
+                "starting router {k} of {wanted}: {} --config {} on 127.0.0.1:{}...",
+                bin.display(),
+                config.display(),
+                opts.port
+            );
+            router::start(&bin, &up.dir, &config, &opts)
+        });
+        let config = router_files(k).0;
+        state.more_routers.retain(|r| !r.config.ends_with(&config));
+        match started {
+            Ok(r) if k == 1 => state.router = Some(r),
+            Ok(r) => state.more_routers.push(r),
+            Err(e) => {
+                if k == 1 {
+                    state.router = None;
+                }
+                state.save()?;
+                return Err(format!(
+                    "{e}\nthe PostgreSQL servers are still up: `cluster up` again retries the router, `cluster down` stops everything"
+                )
+                .into());
+            }
         }
+        state.more_routers.sort_by_key(|r| r.port);
+        state.save()?;
     }
+    Ok(())
 }
 
 /// Step 10: tell the user what runs where.
@@ -532,7 +617,7 @@ fn print_summary(up: &Up) {
         );
         println!("  shard map:  {}", state.shardmap.display());
         println!("  state file: {}", ClusterState::path(&up.dir).display());
-        if let Some(r) = &state.router {
+        for r in state.routers() {
             println!(
                 "  router:     127.0.0.1:{}  pid {}  config {}  log {}",
                 r.port,
@@ -549,7 +634,20 @@ fn print_summary(up: &Up) {
             println!("connect:    psql {}", r.url);
             print_urls(up, &r.url);
         }
+        print_loadgen_targets(state);
     }
+}
+
+/// With several routers, the `--target`s that spread loadgen over all of them.
+fn print_loadgen_targets(state: &ClusterState) {
+    if state.more_routers.is_empty() {
+        return;
+    }
+    let targets: Vec<String> = state
+        .routers()
+        .map(|r| format!("--target {}", r.url))
+        .collect();
+    println!("all routers (for loadgen): {}", targets.join(" "));
 }
 
 /// With TLS, how to connect with the certificate checked (`sslmode=verify-full`); the admin

@@ -259,3 +259,114 @@ async fn up_tls_encrypts_both_ways_and_plain_clients_still_connect() {
         "down leaves the certificates"
     );
 }
+
+/// A free port whose next `n - 1` ports are free too.
+fn free_ports(n: u16) -> u16 {
+    for _ in 0..100 {
+        let p = free_port();
+        if p.checked_add(n).is_some() && (1..n).all(|k| pgharness::check_port_free(p + k).is_ok()) {
+            return p;
+        }
+    }
+    panic!("no {n} free ports in a row");
+}
+
+/// `up --routers 2`: two routers on consecutive ports serve the same shards; `status` lists
+/// both; `up` again restarts the one that was killed and leaves the other alone; `down` stops
+/// both and removes both configs.
+#[tokio::test(flavor = "current_thread")]
+async fn several_routers_share_the_shards_and_up_restarts_a_stopped_one() {
+    let router = router_binary();
+    let dir = Dir {
+        path: std::env::temp_dir().join(format!(
+            "shardgate-cluster-cli-routers-test-{}",
+            std::process::id()
+        )),
+        router: router.clone(),
+    };
+    let _ = std::fs::remove_dir_all(&dir.path);
+    let dir_arg = dir.path.to_str().expect("utf-8 temp dir").to_string();
+    let base_port = free_port().to_string();
+    let first = free_ports(2);
+    let first_arg = first.to_string();
+    let mut up_args = small_cluster(&dir_arg, &base_port, &first_arg);
+    up_args.extend(["--routers", "2"]);
+    let up = cluster(&router, &up_args);
+    assert!(up.status.success(), "up failed");
+    let second_url = format!("postgres://app:app@127.0.0.1:{}/app", first + 1);
+    assert!(
+        stdout(&up).contains(&format!("--target {second_url}")),
+        "up does not print the routers for loadgen"
+    );
+    let config = std::fs::read_to_string(dir.path.join("router-2.toml")).expect("router-2.toml");
+    assert!(config.contains(&format!("listen = \"127.0.0.1:{}\"", first + 1)));
+
+    // A row written through one router is read back through the other.
+    let connect = |url: String| async move {
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to {url}: {e}"));
+        tokio::spawn(conn);
+        client
+    };
+    let a = connect(format!("postgres://app:app@127.0.0.1:{first}/app")).await;
+    let b = connect(second_url.clone()).await;
+    a.execute("INSERT INTO kv (id, v) VALUES (7, 'seven')", &[])
+        .await
+        .expect("insert through router 1");
+    let v: String = b
+        .query_one("SELECT v FROM kv WHERE id = 7", &[])
+        .await
+        .expect("select through router 2")
+        .get(0);
+    assert_eq!(v, "seven");
+    drop((a, b));
+
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path.join("cluster.json")).expect("cluster.json"),
+    )
+    .expect("valid state file");
+    let pid_1 = state["router"]["pid"].as_u64().expect("router 1 pid") as u32;
+    let pid_2 = state["more_routers"][0]["pid"]
+        .as_u64()
+        .expect("router 2 pid") as u32;
+    let status = cluster(&router, &["status", "--dir", &dir_arg]);
+    assert!(status.status.success());
+    let accepting = stdout(&status)
+        .lines()
+        .filter(|l| l.trim_start().starts_with("router") && l.contains("accepting connections"))
+        .count();
+    assert_eq!(accepting, 2);
+
+    // Router 2 dies; status says so, `up` starts it again and leaves router 1 alone.
+    // SAFETY: kill(2) on the router this test started.
+    unsafe { libc::kill(pid_2 as libc::pid_t, libc::SIGKILL) };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while pid_alive(pid_2) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let status = cluster(&router, &["status", "--dir", &dir_arg]);
+    assert!(
+        !status.status.success(),
+        "status must fail with a router down"
+    );
+    assert!(stdout(&status).contains("not running"));
+    let again = cluster(&router, &up_args);
+    assert!(again.status.success());
+    assert!(stdout(&again).contains(&format!("router pid {pid_1}")));
+    assert!(stdout(&again).contains("starting router 2 of 2"));
+    let b = connect(second_url).await;
+    b.query_one("SELECT v FROM kv WHERE id = 7", &[])
+        .await
+        .expect("router 2 serves again");
+    drop(b);
+
+    let down = cluster(&router, &["down", "--dir", &dir_arg]);
+    assert!(down.status.success());
+    assert_eq!(stdout(&down).matches("stopped router").count(), 2);
+    assert!(!pid_alive(pid_1));
+    assert!(!dir.path.join("router.toml").exists() && !dir.path.join("router-2.toml").exists());
+    assert!(
+        pgharness::check_port_free(first).is_ok() && pgharness::check_port_free(first + 1).is_ok()
+    );
+}
