@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The scale run in miniature on one machine: several routers in front of N shards, several
 # loadgen processes started at one agreed time (--start-at) against all routers, and one merged
-# report (per shard, per router, per loadgen host). With --scaling, the same run at several
-# shard counts with a fixed rate per shard, to show how throughput and p99 scale.
+# report (per shard, per router, per loadgen host). With --shards 4,16,64, the same run at
+# several shard counts with a fixed rate per shard, to show how throughput and p99 scale.
 # See docs/benchmarks.md.
 set -euo pipefail
 
@@ -15,7 +15,8 @@ For each shard count: starts its own local cluster (deploy/local/cluster up --se
 shard, then starts LOADGENS loadgen processes that begin at the same
 wall-clock time (--start-at, 3 s ahead), each sending RATE/LOADGENS per shard through all
 routers, and merges their JSON reports (loadgen merge). Prints the merged report of the
-largest run and a scaling table. Everything it starts is stopped and deleted on exit.
+last run and a scaling table. Everything it starts is stopped and deleted on exit, also on
+failure or Ctrl-C (a cluster `down` cannot stop is left with its directory, and said so).
 
 Options:
   -n, --shards LIST          shard counts, comma-separated             [default: 64]
@@ -65,20 +66,28 @@ done
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/shardgate-fleet.XXXXXX")"
 chmod 755 "$tmp"
-cluster_dir=""
-stop_run() {
-    if [[ -n "$cluster_dir" && -f "$cluster_dir/cluster.json" ]]; then
-        "$root/deploy/local/cluster" down --dir "$cluster_dir" >/dev/null 2>&1 ||
-            echo "fleet_local.sh: cluster down --dir $cluster_dir failed; run it by hand" >&2
-    fi
-    cluster_dir=""
+loadgen_pids=()
+# Stops the loadgens and every cluster under $tmp; returns 1 if a cluster could not be stopped.
+stop_all() {
+    local p d ok=0
+    for p in "${loadgen_pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    for p in "${loadgen_pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    loadgen_pids=()
+    for d in "$tmp"/c*/; do
+        [[ -f "$d/cluster.json" ]] || continue
+        if ! "$root/deploy/local/cluster" down --dir "$d" >/dev/null 2>&1; then
+            echo "fleet_local.sh: cluster down --dir $d failed; stop it by hand (its files stay)" >&2
+            ok=1
+        fi
+    done
+    return $ok
 }
 cleanup() {
     trap - EXIT INT TERM
-    stop_run
-    rm -rf "$tmp"
+    if stop_all; then rm -rf "$tmp"; fi
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 free_port() { # $1 = how many consecutive free ports (default 1): prints the first
     python3 - "${1:-1}" <<'PY'
@@ -99,15 +108,18 @@ PY
 
 echo "building loadgen and shardgate (release) ..." >&2
 (cd "$root" && cargo build --release -q -p loadgen -p shardgate -p shardgate-cluster)
-loadgen="$root/target/release/loadgen"
+loadgen="${CARGO_TARGET_DIR:-$root/target}/release/loadgen"
+[[ -x "$loadgen" ]] || die "no loadgen at $loadgen after the build"
 
-# One run at `shards` shards: prints "shards qps p50_us p99_us max_us errors timeouts" and leaves
-# the merged report in $tmp/fleet-$shards.json.
+# One run at `shards` shards: writes "shards qps p50_us p99_us max_us errors timeouts min max" to
+# $tmp/row-$shards and leaves the merged report in $tmp/fleet-$shards.json. Runs in this shell
+# (not in a command substitution), so errexit holds and cleanup sees what it started.
 run_at() {
     local shards="$1" dir="$tmp/c$1" urls=() base_port router_port servers k
     servers=$((shards < 4 ? shards : 4))
-    cluster_dir="$dir"
-    base_port="$(free_port "$servers")" router_port="$(free_port "$routers")"
+    # One block of free ports: the servers', then the routers'.
+    base_port="$(free_port $((servers + routers)))"
+    router_port=$((base_port + servers))
     echo "[$shards shards] cluster up ($servers servers, $routers routers from port $router_port) ..." >&2
     "$root/deploy/local/cluster" up --shards "$shards" --servers "$servers" --dir "$dir" \
         --base-port "$base_port" --router-port "$router_port" --routers "$routers" \
@@ -119,9 +131,10 @@ run_at() {
         for _ in $(seq 100); do psql "$u" -qAtc 'SELECT 1' >/dev/null 2>&1 && break; sleep 0.1; done
         psql "$u" -qAtc 'SELECT 1' >/dev/null || die "router $u does not answer (logs in $dir)"
     done
-    "$loadgen" prepare --shardmap "$dir/shardmap.toml" --rows-per-shard "$rows" --quiet 2>/dev/null
+    "$loadgen" prepare --shardmap "$dir/shardmap.toml" --rows-per-shard "$rows" --quiet \
+        >"$tmp/prepare-$shards.log" 2>&1 || { cat "$tmp/prepare-$shards.log" >&2; die "loadgen prepare failed"; }
 
-    local start per_host targets=() pids=() i
+    local start per_host targets=() i p
     for u in "${urls[@]}"; do targets+=(--target "$u"); done
     per_host="$(python3 -c "print($rate / $loadgens)")"
     start="$(python3 -c 'import time; print(f"{time.time() + 3:.3f}")')"
@@ -131,13 +144,18 @@ run_at() {
             --rate-per-shard "$per_host" --connections "$conns" --warmup "${warmup}s" \
             --duration "${duration}s" --start-at "$start" --label "loadgen-$i" --threads 1 --quiet \
             --json "$tmp/lg-$shards-$i.json" >"$tmp/lg-$shards-$i.out" 2>&1 &
-        pids+=($!)
+        loadgen_pids+=($!)
     done
-    for p in "${pids[@]}"; do wait "$p" || die "a loadgen failed: $(cat "$tmp"/lg-"$shards"-*.out)"; done
+    for p in "${loadgen_pids[@]}"; do
+        wait "$p" || die "a loadgen failed: $(cat "$tmp"/lg-"$shards"-*.out)"
+    done
+    loadgen_pids=()
     "$loadgen" merge "$tmp"/lg-"$shards"-*.json --json "$tmp/fleet-$shards.json" \
-        --chart "$tmp/fleet-$shards.svg" >"$tmp/fleet-$shards.txt" 2>&1
-    stop_run
-    python3 - "$tmp/fleet-$shards.json" "$shards" <<'PY'
+        --chart "$tmp/fleet-$shards.svg" >"$tmp/fleet-$shards.txt" 2>&1 ||
+        { cat "$tmp/fleet-$shards.txt" >&2; die "loadgen merge failed"; }
+    "$root/deploy/local/cluster" down --dir "$dir" >/dev/null 2>&1 ||
+        die "cluster down --dir $dir failed"
+    python3 - "$tmp/fleet-$shards.json" "$shards" >"$tmp/row-$shards" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 l = r["latency_us"]
@@ -148,13 +166,14 @@ PY
 
 rows_out=()
 for n in "${shard_counts[@]}"; do
-    rows_out+=("$(run_at "$n")")
+    run_at "$n"
+    rows_out+=("$(cat "$tmp/row-$n")")
 done
 
-largest="${shard_counts[${#shard_counts[@]}-1]}"
+last="${shard_counts[${#shard_counts[@]}-1]}"
 echo
-echo "merged report, $largest shards, $routers routers, $loadgens loadgens:"
-cat "$tmp/fleet-$largest.txt"
+echo "merged report, $last shards, $routers routers, $loadgens loadgens:"
+cat "$tmp/fleet-$last.txt"
 echo
 echo "scaling: $rate/s per shard, $routers routers, $loadgens loadgens x $conns connections, ${duration} s after ${warmup} s warmup"
 printf '%7s %12s %9s %9s %9s %8s %9s %16s\n' shards "total qps" "p50 ms" "p99 ms" "max ms" errors timeouts "per shard qps"

@@ -79,7 +79,7 @@ free_port() {
 
 echo "building loadgen and shardgate (release) ..." >&2
 (cd "$root" && cargo build --release -q -p loadgen -p shardgate -p shardgate-cluster)
-loadgen="$root/target/release/loadgen"
+loadgen="${CARGO_TARGET_DIR:-$root/target}/release/loadgen"
 
 servers=$((shards < 4 ? shards : 4))
 # Servers listen on BASE .. BASE+servers-1: take a free port well away from the usual 5433.

@@ -42,12 +42,17 @@ pub async fn run(cfg: &RunConfig) -> Result<Report, crate::Error> {
         }
     }
     if let Some(at) = cfg.start_at {
-        let shown = humantime::format_rfc3339_millis(at);
+        // The bound first: humantime cannot print years after 9999 (a Unix time in ms).
         match at.duration_since(SystemTime::now()) {
-            Err(_) => return Err(format!("--start-at {shown} has already passed")),
+            Err(_) => {
+                return Err(format!(
+                    "--start-at {} has already passed",
+                    humantime::format_rfc3339_millis(at)
+                ))
+            }
             Ok(ahead) if ahead > MAX_START_AHEAD => {
                 return Err(format!(
-                    "--start-at {shown} is {:.1} days from now; give a time within a day (Unix time in seconds, not milliseconds)",
+                    "--start-at is {:.1} days from now; give a time within a day (Unix time in seconds, not milliseconds)",
                     ahead.as_secs_f64() / 86_400.0
                 ))
             }

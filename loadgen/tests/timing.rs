@@ -228,6 +228,19 @@ fn a_start_at_in_the_past_is_refused() {
         err.contains("--start-at") && err.contains("passed"),
         "{err}"
     );
+    // A Unix time in milliseconds (years after 9999): refused, not a panic.
+    for far in ["1796160600250", "1e12"] {
+        let out = common::loadgen(&[
+            "run",
+            "--target",
+            "postgres://u@127.0.0.1:1/db",
+            "--start-at",
+            far,
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{far}: {err}");
+        assert!(err.contains("within a day"), "{far}: {err}");
+    }
     let out = common::loadgen(&["run", "--target", "x", "--start-at", "soon"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());

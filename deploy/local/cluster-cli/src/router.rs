@@ -218,6 +218,19 @@ pub fn start(bin: &Path, dir: &Path, config: &Path, opts: &RouterOptions) -> Res
     })
 }
 
+/// Starts a router that ran before, as it was recorded: its config (which `up` wrote then and
+/// keeps), port, log and users; only the pid is new.
+pub fn restart(bin: &Path, old: &RouterState) -> Result<RouterState> {
+    let mut launch = pgharness::router::Launch::new(bin, &old.config, &old.log_file);
+    launch.detached = true;
+    launch.timeout = START_TIMEOUT;
+    let router = pgharness::router::start(&launch)?;
+    Ok(RouterState {
+        pid: router.pid,
+        ..old.clone()
+    })
+}
+
 /// Whether a Postgres frontend answers on 127.0.0.1:`port`: it must reply to an SSLRequest
 /// with `N` or `S`. A bare TCP connect would also succeed against whatever else holds the port.
 pub fn probe(port: u16) -> bool {

@@ -194,7 +194,16 @@ fn keep_running(up: &mut Up) -> Result<ExitCode> {
                 ),
                 None => println!("the cluster has no router; starting one"),
             }
-            check_router_port(wanted.port, &[])?;
+            check_router_port(previous.as_ref().map_or(wanted.port, |p| p.port), &[])?;
+            let routers = up.routers;
+            let state = up.state.as_mut().ok_or("internal error: no state")?;
+            if !state.router_wanted {
+                // Made with --no-router: the routers asked for now are the cluster's.
+                state.routers_wanted = routers;
+                println!(
+                    "note: the servers were started without a router; their max_connections was not raised for {routers} router(s)"
+                );
+            }
             start_router(up)?;
             if let Some(r) = up.state.as_ref().and_then(|s| s.router.as_ref()) {
                 println!("  router pid {} on 127.0.0.1:{}", r.pid, r.port);
@@ -378,8 +387,33 @@ fn check_ports(up: &Up) -> Result<()> {
     }
     if let Some(r) = &up.router {
         let server_ports: Vec<u16> = (0..up.servers).map(|i| up.base_port + i as u16).collect();
+        let mut taken: Vec<(u16, String)> = server_ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (*p, format!("server {i}")))
+            .collect();
         for k in 1..=up.routers {
-            check_router_port(r.for_router(k)?.port, &server_ports)?;
+            let opts = r.for_router(k)?;
+            check_router_port(opts.port, &server_ports)?;
+            let mut mine = vec![(opts.port, format!("router {k}"))];
+            if let Some(h) = opts.http_port {
+                if pgharness::check_port_free(h).is_err() {
+                    return Err(format!(
+                        "port {h} (router {k}'s HTTP port) is already in use on 127.0.0.1; pick another --http-port"
+                    )
+                    .into());
+                }
+                mine.push((h, format!("router {k}'s HTTP port")));
+            }
+            for (port, what) in mine {
+                if let Some((_, other)) = taken.iter().find(|(p, _)| *p == port) {
+                    return Err(format!(
+                        "port {port} would be both {other} and {what}; with --routers N the routers take --router-port .. +N-1 and --http-port .. +N-1, so pick ports that do not overlap"
+                    )
+                    .into());
+                }
+                taken.push((port, what));
+            }
         }
     }
     Ok(())
@@ -544,28 +578,47 @@ fn start_router(up: &mut Up) -> Result<()> {
     let state = up.state.as_mut().ok_or("internal error: no state")?;
     state.router_wanted = true;
     let wanted = state.routers_wanted.max(1);
+    // Routers of a running cluster count from the first one's recorded port, not from this
+    // invocation's --router-port.
+    let mut first = first;
+    if let Some(r) = &state.router {
+        first.port = r.port;
+    }
     for k in 1..=wanted {
-        let running = match k {
-            1 => state.router.as_ref(),
+        let recorded = match k {
+            1 => state.router.clone(),
             _ => state
                 .more_routers
                 .iter()
-                .find(|r| r.config.ends_with(router_files(k).0)),
+                .find(|r| r.config.ends_with(router_files(k).0))
+                .cloned(),
         };
-        if running.is_some_and(router::is_running) {
+        if recorded.as_ref().is_some_and(router::is_running) {
             continue;
         }
-        let started = first.for_router(k).and_then(|opts| {
-            let bin = router::find_binary()?;
-            let config = router::write_config(&up.dir, &opts)?;
-            println!(
-                "starting router {k} of {wanted}: {} --config {} on 127.0.0.1:{}...",
-                bin.display(),
-                config.display(),
-                opts.port
-            );
-            router::start(&bin, &up.dir, &config, &opts)
-        });
+        let started = match recorded.filter(|r| r.config.is_file()) {
+            // A router that ran before starts again as it was: same config, port, users.
+            Some(old) => router::find_binary().and_then(|bin| {
+                println!(
+                    "starting router {k} of {wanted} again: {} --config {} on 127.0.0.1:{}...",
+                    bin.display(),
+                    old.config.display(),
+                    old.port
+                );
+                router::restart(&bin, &old)
+            }),
+            None => first.for_router(k).and_then(|opts| {
+                let bin = router::find_binary()?;
+                let config = router::write_config(&up.dir, &opts)?;
+                println!(
+                    "starting router {k} of {wanted}: {} --config {} on 127.0.0.1:{}...",
+                    bin.display(),
+                    config.display(),
+                    opts.port
+                );
+                router::start(&bin, &up.dir, &config, &opts)
+            }),
+        };
         let config = router_files(k).0;
         state.more_routers.retain(|r| !r.config.ends_with(&config));
         match started {
@@ -582,7 +635,9 @@ fn start_router(up: &mut Up) -> Result<()> {
                 .into());
             }
         }
-        state.more_routers.sort_by_key(|r| r.port);
+        state
+            .more_routers
+            .sort_by_key(|r| (2..=wanted).position(|k| r.config.ends_with(router_files(k).0)));
         state.save()?;
     }
     Ok(())
