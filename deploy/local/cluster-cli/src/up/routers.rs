@@ -1,0 +1,217 @@
+//! The routers' part of `cluster up`: starting every router a cluster wants (first start, or
+//! again as it was recorded), checking a router's port, and keeping the routers of a cluster
+//! that is already up running. Works on the same [`Up`] context as the other steps.
+
+use std::process::ExitCode;
+
+use super::{print_urls, Up};
+use crate::router;
+use crate::state::{router_files, ClusterState};
+use crate::Result;
+
+/// `up` on a cluster whose servers all run: start the router if it is wanted and not running
+/// (it crashed, was killed, or the cluster was made with `--no-router`), change nothing else.
+pub(super) fn keep_running(up: &mut Up) -> Result<ExitCode> {
+    let state = up.state.as_ref().ok_or("internal error: no state")?;
+    if up.tls != state.tls {
+        println!(
+            "note: the cluster was made {} --tls; that was not changed",
+            if state.tls { "with" } else { "without" }
+        );
+    }
+    // The router keeps the TLS setting the cluster was made with.
+    let tls = state.tls;
+    if let Some(r) = up.router.as_mut() {
+        r.tls = tls;
+    }
+    up.tls = tls;
+    let state = up.state.as_ref().ok_or("internal error: no state")?;
+    println!(
+        "cluster in {} is already up: {} servers, {} shards (`cluster down` first to start a different one)",
+        up.dir.display(),
+        state.servers.len(),
+        state.shard_count
+    );
+    if state.shard_count != up.shards || state.servers.len() != up.servers {
+        println!(
+            "note: you asked for {} shards on {} servers; the servers were not changed",
+            up.shards, up.servers
+        );
+    }
+    match (&state.router, &up.router) {
+        (Some(running), wanted) if router::is_running(running) => {
+            if wanted.as_ref().is_some_and(|w| w.port != running.port) {
+                println!(
+                    "note: the router already listens on port {}; it was not moved",
+                    running.port
+                );
+            }
+            println!("  router pid {} on 127.0.0.1:{}", running.pid, running.port);
+            println!("connect:  psql {}", running.url);
+            print_urls(up, &running.url);
+        }
+        (_, None) => println!("  no router (--no-router)"),
+        (previous, Some(wanted)) => {
+            match previous {
+                Some(old) => println!(
+                    "the router (pid {}) is not running any more (see {}); starting a new one",
+                    old.pid,
+                    old.log_file.display()
+                ),
+                None => println!("the cluster has no router; starting one"),
+            }
+            check_router_port(previous.as_ref().map_or(wanted.port, |p| p.port), &[])?;
+            let routers = up.routers;
+            let state = up.state.as_mut().ok_or("internal error: no state")?;
+            if !state.router_wanted {
+                // Made with --no-router: the routers asked for now are the cluster's.
+                state.routers_wanted = routers;
+                println!(
+                    "note: the servers were started without a router; their max_connections was not raised for {routers} router(s)"
+                );
+            }
+            start_router(up)?;
+            if let Some(r) = up.state.as_ref().and_then(|s| s.router.as_ref()) {
+                println!("  router pid {} on 127.0.0.1:{}", r.pid, r.port);
+                println!("connect:  psql {}", r.url);
+                print_urls(up, &r.url);
+            }
+        }
+    }
+    keep_more_routers(up)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The routers after the first on a running cluster: start those that stopped, as many as the
+/// cluster was made with (a different `--routers` now changes nothing).
+pub(super) fn keep_more_routers(up: &mut Up) -> Result<()> {
+    let state = up.state.as_ref().ok_or("internal error: no state")?;
+    let wanted = state.routers_wanted;
+    if up.router.is_some() && up.routers != wanted.max(1) {
+        println!("note: the cluster was made with {wanted} routers; that was not changed");
+    }
+    if up.router.is_none() || wanted <= 1 {
+        return Ok(());
+    }
+    let running = |k: usize| {
+        state
+            .more_routers
+            .iter()
+            .any(|r| r.config.ends_with(router_files(k).0) && router::is_running(r))
+    };
+    let missing = (2..=wanted).filter(|k| !running(*k)).count();
+    if missing > 0 {
+        println!("{missing} of routers 2 to {wanted} are not running; starting them");
+        start_router(up)?;
+    }
+    let state = up.state.as_ref().ok_or("internal error: no state")?;
+    for r in &state.more_routers {
+        println!("  router pid {} on 127.0.0.1:{}", r.pid, r.port);
+    }
+    print_loadgen_targets(state);
+    Ok(())
+}
+
+/// The router's port must be free and not one the servers will take.
+pub(super) fn check_router_port(port: u16, server_ports: &[u16]) -> Result<()> {
+    if server_ports.contains(&port) {
+        return Err(format!(
+            "--router-port {port} is also the port of a PostgreSQL server; pick another --router-port or --base-port"
+        )
+        .into());
+    }
+    if pgharness::check_port_free(port).is_err() {
+        return Err(format!(
+            "port {port} (for the router) is already in use on 127.0.0.1; stop what listens there, pick another --router-port, or pass --no-router"
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// Step 9: for every router that is wanted and not running, write its config, start
+/// `shardgate` detached, wait until it accepts connections, and record it in the state file.
+/// Skipped with `--no-router`.
+pub(super) fn start_router(up: &mut Up) -> Result<()> {
+    let Some(first) = up.router.clone() else {
+        return Ok(());
+    };
+    let state = up.state.as_mut().ok_or("internal error: no state")?;
+    state.router_wanted = true;
+    let wanted = state.routers_wanted.max(1);
+    // Routers of a running cluster count from the first one's recorded port, not from this
+    // invocation's --router-port.
+    let mut first = first;
+    if let Some(r) = &state.router {
+        first.port = r.port;
+    }
+    for k in 1..=wanted {
+        let recorded = match k {
+            1 => state.router.clone(),
+            _ => state
+                .more_routers
+                .iter()
+                .find(|r| r.config.ends_with(router_files(k).0))
+                .cloned(),
+        };
+        if recorded.as_ref().is_some_and(router::is_running) {
+            continue;
+        }
+        let started = match recorded.filter(|r| r.config.is_file()) {
+            // A router that ran before starts again as it was: same config, port, users.
+            Some(old) => router::find_binary().and_then(|bin| {
+                println!(
+                    "starting router {k} of {wanted} again: {} --config {} on 127.0.0.1:{}...",
+                    bin.display(),
+                    old.config.display(),
+                    old.port
+                );
+                router::restart(&bin, &old)
+            }),
+            None => first.for_router(k).and_then(|opts| {
+                let bin = router::find_binary()?;
+                let config = router::write_config(&up.dir, &opts)?;
+                println!(
+                    "starting router {k} of {wanted}: {} --config {} on 127.0.0.1:{}...",
+                    bin.display(),
+                    config.display(),
+                    opts.port
+                );
+                router::start(&bin, &up.dir, &config, &opts)
+            }),
+        };
+        let config = router_files(k).0;
+        state.more_routers.retain(|r| !r.config.ends_with(&config));
+        match started {
+            Ok(r) if k == 1 => state.router = Some(r),
+            Ok(r) => state.more_routers.push(r),
+            Err(e) => {
+                if k == 1 {
+                    state.router = None;
+                }
+                state.save()?;
+                return Err(format!(
+                    "{e}\nthe PostgreSQL servers are still up: `cluster up` again retries the router, `cluster down` stops everything"
+                )
+                .into());
+            }
+        }
+        state
+            .more_routers
+            .sort_by_key(|r| (2..=wanted).position(|k| r.config.ends_with(router_files(k).0)));
+        state.save()?;
+    }
+    Ok(())
+}
+
+/// With several routers, the `--target`s that spread loadgen over all of them.
+pub(super) fn print_loadgen_targets(state: &ClusterState) {
+    if state.more_routers.is_empty() {
+        return;
+    }
+    let targets: Vec<String> = state
+        .routers()
+        .map(|r| format!("--target {}", r.url))
+        .collect();
+    println!("all routers (for loadgen): {}", targets.join(" "));
+}
