@@ -78,6 +78,23 @@ pub struct RouterState {
     pub url: String,
 }
 
+impl RouterState {
+    /// Which router of the cluster this is (1-based), from its config's name
+    /// ([`router_files`]).
+    pub fn number(&self) -> usize {
+        self.config
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| {
+                n.strip_prefix("router-")?
+                    .strip_suffix(".toml")?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(1)
+    }
+}
+
 /// The whole state file.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ClusterState {
@@ -125,6 +142,27 @@ impl ClusterState {
     /// Every router started, the first one first.
     pub fn routers(&self) -> impl Iterator<Item = &RouterState> {
         self.router.iter().chain(&self.more_routers)
+    }
+
+    /// Router `k` (1-based) as recorded, running or not.
+    pub fn recorded_router(&self, k: usize) -> Option<&RouterState> {
+        match k {
+            0 | 1 => self.router.as_ref(),
+            _ => self.more_routers.iter().find(|r| r.number() == k),
+        }
+    }
+
+    /// Records router `k` (`None`: it has none), keeping routers 2, 3, ... in order.
+    pub fn set_router(&mut self, k: usize, router: Option<RouterState>) {
+        if k <= 1 {
+            self.router = router;
+            return;
+        }
+        self.more_routers.retain(|r| r.number() != k);
+        if let Some(r) = router {
+            let at = self.more_routers.partition_point(|r| r.number() < k);
+            self.more_routers.insert(at, r);
+        }
     }
 
     /// Path of the state file of cluster directory `dir`.

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use super::{print_urls, Up};
 use crate::router;
-use crate::state::{router_files, ClusterState};
+use crate::state::ClusterState;
 use crate::Result;
 
 /// `up` on a cluster whose servers all run: start the router if it is wanted and not running
@@ -93,12 +93,7 @@ pub(super) fn keep_more_routers(up: &mut Up) -> Result<()> {
     if up.router.is_none() || wanted <= 1 {
         return Ok(());
     }
-    let running = |k: usize| {
-        state
-            .more_routers
-            .iter()
-            .any(|r| r.config.ends_with(router_files(k).0) && router::is_running(r))
-    };
+    let running = |k: usize| state.recorded_router(k).is_some_and(router::is_running);
     let missing = (2..=wanted).filter(|k| !running(*k)).count();
     if missing > 0 {
         println!("{missing} of routers 2 to {wanted} are not running; starting them");
@@ -146,14 +141,7 @@ pub(super) fn start_router(up: &mut Up) -> Result<()> {
         first.port = r.port;
     }
     for k in 1..=wanted {
-        let recorded = match k {
-            1 => state.router.clone(),
-            _ => state
-                .more_routers
-                .iter()
-                .find(|r| r.config.ends_with(router_files(k).0))
-                .cloned(),
-        };
+        let recorded = state.recorded_router(k).cloned();
         if recorded.as_ref().is_some_and(router::is_running) {
             continue;
         }
@@ -180,15 +168,10 @@ pub(super) fn start_router(up: &mut Up) -> Result<()> {
                 router::start(&bin, &up.dir, &config, &opts)
             }),
         };
-        let config = router_files(k).0;
-        state.more_routers.retain(|r| !r.config.ends_with(&config));
         match started {
-            Ok(r) if k == 1 => state.router = Some(r),
-            Ok(r) => state.more_routers.push(r),
+            Ok(r) => state.set_router(k, Some(r)),
             Err(e) => {
-                if k == 1 {
-                    state.router = None;
-                }
+                state.set_router(k, None);
                 state.save()?;
                 return Err(format!(
                     "{e}\nthe PostgreSQL servers are still up: `cluster up` again retries the router, `cluster down` stops everything"
@@ -196,9 +179,6 @@ pub(super) fn start_router(up: &mut Up) -> Result<()> {
                 .into());
             }
         }
-        state
-            .more_routers
-            .sort_by_key(|r| (2..=wanted).position(|k| r.config.ends_with(router_files(k).0)));
         state.save()?;
     }
     Ok(())
