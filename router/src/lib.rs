@@ -29,6 +29,7 @@
 //! | [`config`] | `router.toml`: model, file form, checks |
 //! | [`errors`] | every SQLSTATE the router raises, and its own error messages |
 //! | [`cli`] | the `shardgate` command line: the router and the shard-map tools |
+//! | [`reshard`] | `shardgate reshard`: a shard split online (logical replication, cut-over) |
 //!
 //! Only `server`, `session` (its `relay`, `pin` and `client` parts), `multishard` and `backend`
 //! do I/O; everything they decide with is pure and unit tested without sockets.
@@ -43,6 +44,7 @@ pub mod merge;
 pub mod multishard;
 pub mod planner;
 pub mod protocol;
+pub mod reshard;
 pub mod resolver;
 pub mod server;
 pub mod session;

@@ -21,7 +21,7 @@ fn main() -> ExitCode {
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
     let args = shardgate::cli::Args::parse();
     match shardgate::cli::run(args) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(message) => {
             eprintln!("shardgate: {message}");
             ExitCode::FAILURE

@@ -46,7 +46,7 @@ pub const HELP: &[(&str, &str)] = &[
     ("RELOAD", "re-read the config file and the shard map"),
     (
         "PAUSE [shard]",
-        "new statements for the shard (or all) wait; transactions finish",
+        "new statements for the shard (or all; or a range a reload will bring) wait; transactions finish",
     ),
     ("RESUME [shard]", "undo PAUSE"),
     ("SHUTDOWN", "drain and stop the router, as SIGTERM does"),

@@ -127,7 +127,7 @@ async fn answer(shared: &Shared, sql: &str, out: &mut Vec<u8>) {
             )
             .write(out),
         },
-        Command::Pause(shard) => match shard_range(shared, shard.as_deref()) {
+        Command::Pause(shard) => match pause_range(shared, shard.as_deref(), out) {
             Ok(range) => {
                 shared.pauses.pause(range.as_deref());
                 let left = wait_for_transactions(shared, range.as_deref()).await;
@@ -170,6 +170,33 @@ async fn answer(shared: &Shared, sql: &str, out: &mut Vec<u8>) {
         }
         Command::Set => reply::command_complete(out, "SET"),
         Command::Empty => reply::empty_query(out),
+    }
+}
+
+/// What `PAUSE` pauses: a shard of the map, or every shard, or a range no shard has yet.
+/// The last is how a split keeps its new shards paused through the reload that creates them
+/// (`shardgate reshard cutover`): pauses are kept by range, so the reload finds it paused.
+fn pause_range(
+    shared: &Shared,
+    named: Option<&str>,
+    out: &mut Vec<u8>,
+) -> Result<Option<String>, SqlError> {
+    let in_map = shard_range(shared, named);
+    match (named, &in_map) {
+        (Some(named), Err(_)) if named.parse::<usize>().is_err() => {
+            match named.parse::<shardmap::KeyRange>() {
+                Ok(range) => {
+                    SqlError::notice(format!(
+                        "no shard has the range {range} in the current shard map; it is paused \
+                         for when a reload brings a shard with that range"
+                    ))
+                    .write(out);
+                    Ok(Some(range.to_string()))
+                }
+                Err(_) => in_map,
+            }
+        }
+        _ => in_map,
     }
 }
 

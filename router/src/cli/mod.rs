@@ -62,6 +62,10 @@ pub enum Command {
     /// Generate, split, check and audit shard maps.
     #[command(subcommand)]
     Shardmap(maps::ShardmapCommand),
+    /// Split a shard online into its two halves: plan, start, status, verify, cutover,
+    /// cleanup (or run: start, wait, cutover). See docs/resharding.md.
+    #[command(subcommand)]
+    Reshard(crate::reshard::ReshardCommand),
     /// Print where a statement would run and why, without a network: one row per shard, as
     /// `EXPLAIN (ROUTE) statement` answers through a running router.
     ///
@@ -77,7 +81,14 @@ pub enum Command {
 }
 
 /// Runs a parsed command line; the error is the message to print.
-pub fn run(args: Args) -> Result<(), String> {
+pub fn run(args: Args) -> Result<std::process::ExitCode, String> {
+    if let Some(Command::Reshard(cmd)) = args.command {
+        return crate::reshard::run(cmd);
+    }
+    run_other(args).map(|()| std::process::ExitCode::SUCCESS)
+}
+
+fn run_other(args: Args) -> Result<(), String> {
     match (args.command, args.config) {
         (
             Some(Command::Locate {
@@ -89,6 +100,7 @@ pub fn run(args: Args) -> Result<(), String> {
         ) => maps::locate(&shardmap, &table, &keys),
         (Some(Command::Shardmap(cmd)), _) => maps::run(cmd),
         (Some(Command::Explain { config, sql }), _) => explain(&config, &sql),
+        (Some(Command::Reshard(_)), _) => Err("internal error: reshard is run apart".into()),
         (None, Some(config)) => serve(&config, args.check, args.log.as_deref(), args.threads),
         (None, None) => Err("nothing to do: run a router with --config FILE, or see --help".into()),
     }

@@ -21,6 +21,14 @@ pub struct Target<'a> {
 }
 
 impl<'a> Target<'a> {
+    /// The keyspace ID that chose the shard, when one key did.
+    pub fn key_id(&self) -> Option<KeyspaceId> {
+        match self.why {
+            Some(Why::Key { id, .. }) => Some(id),
+            _ => None,
+        }
+    }
+
     pub fn new(dest: Dest, why: Option<Why<'a>>, map: &'a ShardMap) -> Target<'a> {
         Target { dest, why, map }
     }

@@ -123,6 +123,9 @@ pub struct Session<S> {
     nbuf: NormalizeBuf,
     /// The text of the statement being run (for the slow-statement log and settings changes).
     sql: String,
+    /// The keyspace ID that routed the statement being attached, if one key did: a statement
+    /// held for a paused shard that a reload then split goes to the half that owns its key.
+    routed_key: Option<shardmap::KeyspaceId>,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
@@ -151,6 +154,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             changes: Default::default(),
             nbuf: NormalizeBuf::new(),
             sql: String::new(),
+            routed_key: None,
         }
     }
 
@@ -294,20 +298,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     }
 
     /// Resolves one of the client's statements with a Bind's parameters.
-    fn resolve_bound(&self, stmt: &statements::ClientStatement, bind: &Bind<'_>) -> Dest {
+    fn resolve_bound(&mut self, stmt: &statements::ClientStatement, bind: &Bind<'_>) -> Dest {
         let resolved = resolver::Statement {
             sql: stmt.sql(),
             plan: &stmt.plan,
             params: stmt.params(Some(bind)),
         };
-        Self::resolve(
+        let target = Self::resolve(
             &self.routing,
             &self.settings,
             &self.state,
             self.pinned_shard(),
             &resolved,
-        )
-        .dest
+        );
+        self.routed_key = target.key_id();
+        target.dest
     }
 
     fn shard_name(&self, shard: usize) -> String {

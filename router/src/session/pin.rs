@@ -115,8 +115,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     }
 
     /// The shard map changed while the statement waited for its paused shard (the move a
-    /// pause is for): takes the new routing, and the shard that owns the same keys in it.
-    /// Nothing of the statement has reached a shard yet, and no connection is held.
+    /// pause is for): takes the new routing, and the shard that owns the same keys in it, or,
+    /// when the shard was split, the half that owns the statement's key. Nothing of the
+    /// statement has reached a shard yet, and no connection is held.
     async fn checkout_after_reload(
         &mut self,
         old: usize,
@@ -126,12 +127,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         self.statements
             .replan(&self.routing.planner, &mut self.nbuf);
         let gone = || errors::map_changed_while_paused(&range.to_string());
-        let shard = self
+        let same = self
             .routing
             .map
             .shards()
             .iter()
-            .position(|s| s.range == range)
+            .position(|s| s.range == range);
+        let shard = same
+            .or_else(|| self.routed_key.map(|id| self.routing.map.shard_for(id)))
             .ok_or_else(gone)?;
         self.client
             .meter

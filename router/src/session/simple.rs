@@ -28,7 +28,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let dest = {
             let planned = self.routing.planner.plan(sql, &mut self.nbuf);
             let stmt = resolver::Statement::from_text(sql, &planned);
-            Self::resolve(&self.routing, &self.settings, &self.state, pinned, &stmt).dest
+            let target = Self::resolve(&self.routing, &self.settings, &self.state, pinned, &stmt);
+            self.routed_key = target.key_id();
+            target.dest
         };
         // A text the normalizer gave up on (too long to plan) may still be routed by hand
         // (`/* shard: .. */`): keep it whole, as its words are unknown.

@@ -70,6 +70,7 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
         // (its router's [tls] mode is "allow").
         tls: false,
         http_port: None,
+        spare: 0,
     };
     let code = up::run(&up_args)?;
     if code != ExitCode::SUCCESS {

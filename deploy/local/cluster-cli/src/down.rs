@@ -1,4 +1,5 @@
-//! `cluster down`: stop the router, then every server the state file lists, and delete the data.
+//! `cluster down`: stop the router, then every server the state file lists (spares too), and
+//! delete the data.
 
 use std::process::ExitCode;
 
@@ -25,8 +26,9 @@ pub fn run(args: &DirArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Stops the router and deletes every server of `state`, then the shard map, the router config
-/// and the state file. The router log stays, for a look at what happened.
+/// Stops the router and deletes every server of `state` (shard servers and spares), then the
+/// shard map, the router config and the state file. The router log stays, for a look at what
+/// happened.
 pub fn teardown(state: &ClusterState) -> Result<()> {
     // The routers first: stopped after the servers they would log every connection failing.
     for r in state.routers() {
@@ -34,10 +36,17 @@ pub fn teardown(state: &ClusterState) -> Result<()> {
     }
     // One thread per server: deleting a server's databases is I/O bound.
     let outcomes: Vec<std::result::Result<String, String>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = state
+        let servers = state
             .servers
             .iter()
-            .map(|s| scope.spawn(move || teardown_server(s)))
+            .map(|s| (s, format!("server {}", s.index)));
+        let spares = state
+            .spares
+            .iter()
+            .map(|s| (&s.server, format!("spare server {}", s.server.index)));
+        let handles: Vec<_> = servers
+            .chain(spares)
+            .map(|(s, what)| scope.spawn(move || teardown_server(s, &what)))
             .collect();
         handles
             .into_iter()
@@ -81,30 +90,25 @@ pub fn teardown(state: &ClusterState) -> Result<()> {
     Ok(())
 }
 
-/// Stops and deletes one server; returns what was done.
-fn teardown_server(s: &ServerState) -> std::result::Result<String, String> {
+/// Stops and deletes one server (`what`: "server 0", "spare server 1"); returns what was done.
+fn teardown_server(s: &ServerState, what: &str) -> std::result::Result<String, String> {
     if !s.dir.exists() {
-        return Ok(format!(
-            "server {} (port {}): nothing there any more",
-            s.index, s.port
-        ));
+        return Ok(format!("{what} (port {}): nothing there any more", s.port));
     }
     match Server::attach(&s.dir) {
         Ok(server) => {
             let pid = server.pid();
             server
                 .remove()
-                .map_err(|e| format!("server {} (port {}): {e}", s.index, s.port))?;
+                .map_err(|e| format!("{what} (port {}): {e}", s.port))?;
             Ok(match pid {
                 Some(pid) => format!(
-                    "stopped server {} (port {}, pid {pid}), removed {}",
-                    s.index,
+                    "stopped {what} (port {}, pid {pid}), removed {}",
                     s.port,
                     s.dir.display()
                 ),
                 None => format!(
-                    "server {} (port {}) was not running; removed {}",
-                    s.index,
+                    "{what} (port {}) was not running; removed {}",
                     s.port,
                     s.dir.display()
                 ),
@@ -113,8 +117,7 @@ fn teardown_server(s: &ServerState) -> std::result::Result<String, String> {
         // Never initialised (an interrupted `up`): just delete what is there.
         Err(_) => match std::fs::remove_dir_all(&s.dir) {
             Ok(()) => Ok(format!(
-                "server {} (port {}) was never started; removed {}",
-                s.index,
+                "{what} (port {}) was never started; removed {}",
                 s.port,
                 s.dir.display()
             )),

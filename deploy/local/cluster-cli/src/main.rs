@@ -30,9 +30,10 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Start PostgreSQL servers, create the shard databases with the schema, write the shard map,
-    /// and start a router (shardgate) in front of them. When the cluster is already up it only
-    /// restarts a router that is not running, and changes nothing else.
+    /// Start PostgreSQL servers (wal_level = logical), create the shard databases with the
+    /// schema, start any --spare servers, write the shard map, and start a router (shardgate) in
+    /// front of them. When the cluster is already up it only restarts a router or spare server
+    /// that is not running and adds spares asked for, and changes nothing else.
     Up(up::UpArgs),
     /// Stop the router, then every server listed in the state file, and delete their data.
     Down(DirArgs),

@@ -1,6 +1,7 @@
 //! The state file `DIR/cluster.json`: what `up` started, so `status` and `down` (possibly from
 //! another shell, much later) can find it.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -48,6 +49,21 @@ pub struct ServerState {
     pub log_file: PathBuf,
     /// Postmaster pid when `up` finished.
     pub pid: Option<u32>,
+}
+
+/// A spare server (`up --spare N`): an empty PostgreSQL server beside the shard servers, not in
+/// the shard map, with one empty database (no schema) for a shard split to copy into.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SpareState {
+    /// Port, directories and pid, as for a shard server; `index` counts the spares from 0.
+    #[serde(flatten)]
+    pub server: ServerState,
+    /// Its one database, named like the shard that would come next (see
+    /// `up::spares::database_name`).
+    pub database: String,
+    /// `postgres://postgres:postgres@127.0.0.1:PORT/DATABASE`, e.g. for
+    /// `shardgate reshard plan --into URL`.
+    pub url: String,
 }
 
 /// One shard database.
@@ -132,6 +148,13 @@ pub struct ClusterState {
     /// Made with `up --tls`: the servers have ssl = on, the router TLS both ways.
     #[serde(default)]
     pub tls: bool,
+    /// Spare servers (`up --spare N`), in order; empty in older state files.
+    #[serde(default)]
+    pub spares: Vec<SpareState>,
+    /// The postgresql.conf settings `up` started every server with beyond pgharness's own
+    /// (`wal_level = logical`, ...); empty in state files written before `up` set any.
+    #[serde(default)]
+    pub server_settings: BTreeMap<String, String>,
 }
 
 fn one() -> usize {
@@ -163,6 +186,14 @@ impl ClusterState {
             let at = self.more_routers.partition_point(|r| r.number() < k);
             self.more_routers.insert(at, r);
         }
+    }
+
+    /// Whether the servers run with `wal_level = logical` (clusters made before `up` set it do
+    /// not), which a shard split by logical replication needs on its source shard.
+    pub fn wal_level_logical(&self) -> bool {
+        self.server_settings
+            .get("wal_level")
+            .is_some_and(|v| v == "logical")
     }
 
     /// Path of the state file of cluster directory `dir`.
@@ -204,4 +235,54 @@ pub fn stable_hash(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf29ce484222325u64, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(0x100000001b3)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ClusterState;
+
+    /// A state file from before spares and server settings were recorded still loads.
+    #[test]
+    fn old_state_files_load_without_spares_or_settings() {
+        let old = r#"{
+            "format": 1, "phase": "up", "created_unix": 1, "dir": "/c", "data_root": "/c",
+            "data_root_external": false, "shardmap": "/c/shardmap.toml", "schema": null,
+            "shard_count": 1,
+            "servers": [{"index": 0, "port": 5433, "dir": "/c/pg-0", "data_dir": "/c/pg-0/data",
+                         "socket_dir": "/c/pg-0/sock", "log_file": "/c/pg-0/postgres.log",
+                         "pid": 7}],
+            "shards": [{"shard": 0, "server": 0, "database": "shard_000",
+                        "url": "postgres://postgres:postgres@127.0.0.1:5433/shard_000"}]
+        }"#;
+        let state: ClusterState = match serde_json::from_str(old) {
+            Ok(s) => s,
+            Err(e) => panic!("an old state file does not load: {e}"),
+        };
+        assert!(state.spares.is_empty());
+        assert!(!state.wal_level_logical());
+        assert_eq!(state.routers_wanted, 1);
+    }
+
+    /// Spares are written flat (port, dir, pid, ... beside database and url) and read back.
+    #[test]
+    fn spares_round_trip() {
+        let spare = r#"{"index": 0, "port": 5435, "dir": "/c/spare-0", "data_dir": "/c/spare-0/data",
+            "socket_dir": "/c/spare-0/sock", "log_file": "/c/spare-0/postgres.log", "pid": null,
+            "database": "shard_002", "url": "postgres://postgres:postgres@127.0.0.1:5435/shard_002"}"#;
+        let parsed: super::SpareState = match serde_json::from_str(spare) {
+            Ok(s) => s,
+            Err(e) => panic!("a spare does not load: {e}"),
+        };
+        assert_eq!(parsed.server.port, 5435);
+        assert_eq!(parsed.database, "shard_002");
+        let text = match serde_json::to_value(&parsed) {
+            Ok(v) => v,
+            Err(e) => panic!("a spare does not encode: {e}"),
+        };
+        assert_eq!(text["port"], 5435);
+        assert_eq!(
+            text["url"],
+            "postgres://postgres:postgres@127.0.0.1:5435/shard_002"
+        );
+    }
 }

@@ -2,6 +2,10 @@
 //! before it decided or started (in `Up`) and records what it starts in the state file, so that
 //! `down` can clean up after any step fails. Later steps (e.g. running loadgen against the
 //! router) slot in after `start_router`, before `print_summary`.
+//!
+//! Every server (shard servers and the spares of `--spare`, in [`spares`]) runs with
+//! [`SERVER_SETTINGS`]: `wal_level = logical`, so that any shard can be the source of an online
+//! split by logical replication.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,11 +15,27 @@ use clap::Args;
 use pgharness::{Cluster, ClusterOptions, Readiness, Schema, Server, ServerOptions};
 
 use crate::router::{self, RouterOptions};
-use crate::state::{stable_hash, ClusterState, Phase, ServerState, ShardState, SHARDMAP_FILE};
+use crate::state::{
+    stable_hash, ClusterState, Phase, ServerState, ShardState, SpareState, SHARDMAP_FILE,
+};
 use crate::{down, repo_root, DirArgs, Result};
 
 mod routers;
+pub mod spares;
 use routers::{check_router_port, keep_running, print_loadgen_targets, start_router};
+
+/// Prefix of the shard databases' names (`shard_000`, ...); spare databases continue the
+/// numbering ([`spares::database_name`]).
+pub const SHARD_DATABASE_PREFIX: &str = "shard_";
+
+/// postgresql.conf settings of every server `up` starts, beyond pgharness's own: logical
+/// decoding and room for replication connections and slots, so that any shard can be the source
+/// of an online split (logical replication from one shard primary to another).
+pub const SERVER_SETTINGS: [(&str, &str); 3] = [
+    ("wal_level", "logical"),
+    ("max_wal_senders", "16"),
+    ("max_replication_slots", "16"),
+];
 
 /// Options of `cluster up`.
 #[derive(Debug, Args)]
@@ -87,6 +107,18 @@ pub struct UpArgs {
     /// Also serve the router's HTTP side port on 127.0.0.1:PORT (/metrics, /health, /ready)
     #[arg(long, value_name = "PORT")]
     pub http_port: Option<u16>,
+
+    /// Extra empty PostgreSQL servers beside the shard servers, not in the shard map, to split
+    /// shards into: spare j listens on P + K + j and holds one database without the schema,
+    /// named like the next shard (shard_N, shard_N+1, ...); `status` prints their URLs. On a
+    /// running cluster a larger N adds spares (a smaller one removes none)
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 0,
+        value_parser = clap::value_parser!(u64).range(0..=256)
+    )]
+    pub spare: u64,
 }
 
 /// Everything `up` decided and started so far.
@@ -107,8 +139,12 @@ struct Up {
     routers: usize,
     /// `--tls` (or, for a running cluster, how it was made).
     tls: bool,
+    /// `--spare`: spare servers wanted.
+    spares: usize,
     state: Option<ClusterState>,
     cluster: Option<Cluster>,
+    /// The spares [`start_postgres`] started (with their pids).
+    started_spares: Vec<SpareState>,
     started_at: Instant,
 }
 
@@ -155,9 +191,12 @@ fn plan(args: &UpArgs) -> Result<Up> {
         )
         .into());
     }
-    if usize::from(args.base_port) + servers - 1 > usize::from(u16::MAX) || args.base_port == 0 {
+    let spare_count = args.spare as usize;
+    if usize::from(args.base_port) + servers + spare_count - 1 > usize::from(u16::MAX)
+        || args.base_port == 0
+    {
         return Err(format!(
-            "--base-port {} leaves no room for {servers} servers",
+            "--base-port {} leaves no room for {servers} servers and {spare_count} spare servers",
             args.base_port
         )
         .into());
@@ -239,13 +278,19 @@ fn plan(args: &UpArgs) -> Result<Up> {
             persistent: true,
             max_connections,
             shared_buffers: args.shared_buffers.clone(),
+            settings: SERVER_SETTINGS
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             ..Default::default()
         },
         router,
         routers,
         tls: args.tls,
+        spares: spare_count,
         state: None,
         cluster: None,
+        started_spares: Vec::new(),
         started_at: Instant::now(),
     })
 }
@@ -283,13 +328,18 @@ fn check_ports(up: &Up) -> Result<()> {
             .into());
         }
     }
+    let mut taken: Vec<(u16, String)> = (0..up.servers)
+        .map(|i| (up.base_port + i as u16, format!("server {i}")))
+        .collect();
+    for j in 0..up.spares {
+        let port = spares::port(up.base_port, up.servers, j)?;
+        if pgharness::check_port_free(port).is_err() {
+            return Err(spares::port_taken(j, port));
+        }
+        taken.push((port, format!("spare server {j}")));
+    }
     if let Some(r) = &up.router {
-        let server_ports: Vec<u16> = (0..up.servers).map(|i| up.base_port + i as u16).collect();
-        let mut taken: Vec<(u16, String)> = server_ports
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (*p, format!("server {i}")))
-            .collect();
+        let server_ports: Vec<u16> = taken.iter().map(|(p, _)| *p).collect();
         for k in 1..=up.routers {
             let opts = r.for_router(k)?;
             check_router_port(opts.port, &server_ports)?;
@@ -338,6 +388,9 @@ fn write_initial_state(up: &mut Up) -> Result<()> {
             }
         })
         .collect();
+    let planned_spares = (0..up.spares)
+        .map(|j| spares::planned(&up.data_root, up.base_port, up.servers, up.shards, j))
+        .collect::<Result<Vec<_>>>()?;
     let state = ClusterState {
         format: 1,
         phase: Phase::Starting,
@@ -358,6 +411,8 @@ fn write_initial_state(up: &mut Up) -> Result<()> {
         more_routers: Vec::new(),
         routers_wanted: up.routers,
         tls: up.tls,
+        spares: planned_spares,
+        server_settings: up.server_options.settings.iter().cloned().collect(),
     };
     state.save()?;
     up.state = Some(state);
@@ -377,7 +432,8 @@ fn make_certificates(up: &mut Up) -> Result<()> {
     Ok(())
 }
 
-/// Step 6: start the servers, create the shard databases, apply the schema.
+/// Step 6: start the servers, create the shard databases, apply the schema; start the spare
+/// servers beside them (each with its empty database). All or nothing.
 fn start_postgres(up: &mut Up) -> Result<()> {
     if up.data_root_external {
         std::fs::create_dir_all(&up.data_root)
@@ -390,19 +446,62 @@ fn start_postgres(up: &mut Up) -> Result<()> {
         up.base_port + up.servers as u16 - 1,
         up.shards
     );
-    let cluster = Cluster::start(&ClusterOptions {
+    let planned_spares = up
+        .state
+        .as_ref()
+        .map(|s| s.spares.clone())
+        .unwrap_or_default();
+    if let (Some(first), Some(last)) = (planned_spares.first(), planned_spares.last()) {
+        println!(
+            "starting {} spare servers on ports {}-{} (one empty database each)...",
+            planned_spares.len(),
+            first.server.port,
+            last.server.port
+        );
+    }
+    let cluster_options = ClusterOptions {
         shards: up.shards,
         servers: up.servers,
         schema_sql: Some(Schema::File(up.schema.clone())),
-        database_prefix: "shard_".into(),
+        database_prefix: SHARD_DATABASE_PREFIX.into(),
         server: ServerOptions {
             port: Some(up.base_port),
             dir: Some(up.data_root.clone()),
             ..up.server_options.clone()
         },
-    })?;
-    up.cluster = Some(cluster);
-    Ok(())
+    };
+    // The spares start while the shard servers do.
+    let (cluster, started_spares) = std::thread::scope(|scope| {
+        let spares = (!planned_spares.is_empty())
+            .then(|| scope.spawn(|| spares::start_all(&planned_spares, &up.server_options)));
+        let cluster = Cluster::start(&cluster_options);
+        let started = match spares {
+            Some(h) => h
+                .join()
+                .unwrap_or_else(|_| Err("a thread starting the spare servers panicked".into())),
+            None => Ok(Vec::new()),
+        };
+        (cluster, started)
+    });
+    match (cluster, started_spares) {
+        (Ok(cluster), Ok(started)) => {
+            up.cluster = Some(cluster);
+            up.started_spares = started;
+            Ok(())
+        }
+        (Ok(cluster), Err(e)) => {
+            let _ = cluster.remove();
+            Err(e.into())
+        }
+        (Err(e), started) => {
+            for s in started.unwrap_or_default() {
+                if let Ok(server) = Server::attach(&s.server.dir) {
+                    let _ = server.remove();
+                }
+            }
+            Err(e.into())
+        }
+    }
 }
 
 /// Step 7: the shard map: an even split of the keyspace over the shard databases, table `kv`.
@@ -445,6 +544,7 @@ fn write_final_state(up: &mut Up) -> Result<()> {
             url: d.url.clone(),
         })
         .collect();
+    state.spares = up.started_spares.clone();
     state.phase = Phase::Up;
     state.save()
 }
@@ -468,6 +568,7 @@ fn print_summary(up: &Up) {
             s.data_dir().display()
         );
     }
+    spares::print_servers(state);
     let shards = cluster.shards();
     if let (Some(first), Some(last)) = (shards.first(), shards.last()) {
         println!(
@@ -491,6 +592,7 @@ fn print_summary(up: &Up) {
             "one shard:  psql '{}' -c 'SELECT count(*) FROM kv'",
             first.url
         );
+        spares::print_urls(state);
         if let Some(r) = &state.router {
             println!("connect:    psql {}", r.url);
             print_urls(up, &r.url);

@@ -9,8 +9,10 @@ use crate::router;
 use crate::state::ClusterState;
 use crate::Result;
 
-/// `up` on a cluster whose servers all run: start the router if it is wanted and not running
-/// (it crashed, was killed, or the cluster was made with `--no-router`), change nothing else.
+/// `up` on a cluster whose shard servers all run: start the spare servers that stopped and add
+/// those `--spare` asks for beyond the cluster's ([`super::spares::keep_spares`]), start the
+/// router if it is wanted and not running (it crashed, was killed, or the cluster was made with
+/// `--no-router`), change nothing else.
 pub(super) fn keep_running(up: &mut Up) -> Result<ExitCode> {
     let state = up.state.as_ref().ok_or("internal error: no state")?;
     if up.tls != state.tls {
@@ -38,6 +40,9 @@ pub(super) fn keep_running(up: &mut Up) -> Result<ExitCode> {
             up.shards, up.servers
         );
     }
+    // The spares before the routers: a router that fails to start leaves them running.
+    super::spares::keep_spares(up)?;
+    let state = up.state.as_ref().ok_or("internal error: no state")?;
     match (&state.router, &up.router) {
         (Some(running), wanted) if router::is_running(running) => {
             if wanted.as_ref().is_some_and(|w| w.port != running.port) {

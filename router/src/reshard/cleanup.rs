@@ -1,0 +1,209 @@
+//! `reshard cleanup`: after a cut-over, or to abandon a split. Drops the subscriptions on the
+//! targets, every slot the split made on the source (the subscriptions' and their table
+//! copies'), the publications and the split's own tables; the source keeps WAL for a slot
+//! until it is dropped, so a slot left behind fills its disk.
+//!
+//! Whether the split was cut over is read from the source itself: the fence is up exactly
+//! then. After a cut-over the fence stays (the source's moved rows must never be written
+//! again) and the moved rows are deleted only with `--delete-moved`. Abandoned, the source is
+//! left as it was before `start`; the targets keep what was copied unless `--reset-targets`.
+
+use std::time::{Duration, Instant};
+
+use super::copy::source_tables;
+use super::db::connect;
+use super::plan::{quote_literal, Plan, MARKER, SCHEMA, SUBSCRIPTIONS};
+
+pub struct Cleanup {
+    pub delete_moved: bool,
+    pub reset_targets: bool,
+}
+
+/// `reshard cleanup`; prints what it did and what it could not.
+pub async fn cleanup(plan: &Plan, opts: &Cleanup) -> Result<(), String> {
+    let source = connect(&plan.source, "the source").await?;
+    let cut_over = source.value(&plan.fenced_sql()).await?.as_deref() == Some("t");
+    println!(
+        "shard {}: {}",
+        plan.range,
+        if cut_over {
+            "cut over (the fence on the source is up)"
+        } else {
+            "not cut over: abandoning the split"
+        }
+    );
+    if opts.delete_moved && !cut_over {
+        return Err("--delete-moved after a split that was not cut over would delete the only copy: refused".into());
+    }
+    let names: Vec<String> = plan.moving().map(|(i, _)| plan.part_name(i)).collect();
+    let has_record = source
+        .value(&format!(
+            "SELECT to_regclass({})",
+            quote_literal(SUBSCRIPTIONS)
+        ))
+        .await?
+        .is_some();
+    let oids: Vec<String> = if has_record {
+        source
+            .rows(&format!("SELECT target_oid FROM {SUBSCRIPTIONS}"))
+            .await?
+            .into_iter()
+            .filter_map(|r| r.into_iter().next().flatten())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let tables = source_tables(&source).await?;
+
+    for (i, part) in plan.moving() {
+        let name = plan.part_name(i);
+        let target = match connect(&part.primary, &format!("target {}", part.range)).await {
+            Ok(t) => t,
+            Err(e) => {
+                println!(
+                    "could not reach {e}\n  its subscription {name} stays there: when it is back, run there \
+                     ALTER SUBSCRIPTION {name} DISABLE; ALTER SUBSCRIPTION {name} SET (slot_name = NONE); DROP SUBSCRIPTION {name};\n  \
+                     (its slot on the source is dropped here)"
+                );
+                continue;
+            }
+        };
+        let exists = target
+            .value(&format!(
+                "SELECT count(*) FROM pg_subscription WHERE subname = {}",
+                quote_literal(&name)
+            ))
+            .await?;
+        if exists.as_deref() == Some("1") {
+            target
+                .exec(&format!(
+                    "ALTER SUBSCRIPTION {name} DISABLE; ALTER SUBSCRIPTION {name} SET (slot_name = NONE); DROP SUBSCRIPTION {name}"
+                ))
+                .await?;
+            println!("{}: subscription {name} dropped", target.name);
+        }
+        if cut_over {
+            target
+                .exec(&format!("DROP TABLE IF EXISTS {MARKER}, {SUBSCRIPTIONS}"))
+                .await?;
+        } else if opts.reset_targets {
+            let drops: Vec<String> = tables
+                .iter()
+                .map(|t| format!("DROP TABLE IF EXISTS {} CASCADE", t.sql_name()))
+                .collect();
+            target
+                .exec(&format!(
+                    "{};\nDROP SCHEMA IF EXISTS {SCHEMA} CASCADE",
+                    drops.join(";\n")
+                ))
+                .await?;
+            println!(
+                "{}: the copied tables dropped (other schema objects the copy made stay)",
+                target.name
+            );
+        } else {
+            println!(
+                "{}: what was copied stays there (--reset-targets drops the tables)",
+                target.name
+            );
+        }
+    }
+
+    // The slots: the subscriptions' own and those of their table copies.
+    let patterns: Vec<String> = names.iter().map(|n| quote_literal(n)).collect();
+    let sync: Vec<String> = oids
+        .iter()
+        .map(|o| {
+            format!(
+                "slot_name LIKE {}",
+                quote_literal(&format!("pg\\_{o}\\_sync\\_%"))
+            )
+        })
+        .collect();
+    let ours = format!(
+        "(slot_name IN ({}){})",
+        patterns.join(", "),
+        sync.iter().map(|s| format!(" OR {s}")).collect::<String>()
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        source
+            .exec(&format!(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE {ours} AND active_pid IS NOT NULL"
+            ))
+            .await?;
+        let dropped = source
+            .rows(&format!(
+                "SELECT slot_name, pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE {ours} AND NOT active"
+            ))
+            .await;
+        if let Ok(rows) = &dropped {
+            for r in rows {
+                println!(
+                    "the source: slot {} dropped",
+                    r[0].as_deref().unwrap_or("?")
+                );
+            }
+        }
+        let left = source
+            .value(&format!(
+                "SELECT count(*) FROM pg_replication_slots WHERE {ours}"
+            ))
+            .await?;
+        if left.as_deref() == Some("0") {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the source: {} of the split's slots are still there after 10 s (in use?); run cleanup again",
+                left.unwrap_or_default()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for name in &names {
+        source
+            .exec(&format!("DROP PUBLICATION IF EXISTS {name}"))
+            .await?;
+    }
+    println!("the source: publications dropped");
+
+    if cut_over {
+        source
+            .exec(&format!("DROP TABLE IF EXISTS {MARKER}, {SUBSCRIPTIONS}"))
+            .await?;
+        if opts.delete_moved {
+            for t in &tables {
+                let Some(sharded) = plan.sharded(&t.schema, &t.name) else {
+                    continue;
+                };
+                // The fence refuses these deletes from everyone else; replica mode skips it.
+                let rows = source
+                    .rows(&format!(
+                        "BEGIN; SET LOCAL session_replication_role = replica; \
+                         WITH gone AS (DELETE FROM {} WHERE {} RETURNING 1) SELECT count(*) FROM gone; COMMIT",
+                        t.sql_name(),
+                        plan.moved_predicate(sharded)
+                    ))
+                    .await?;
+                let n = rows
+                    .first()
+                    .and_then(|r| r.first().cloned().flatten())
+                    .unwrap_or_default();
+                println!("the source: {n} moved rows of {} deleted", t.sql_name());
+            }
+        }
+        println!("the fence stays on the source: its moved rows must not be written again");
+    } else {
+        source.exec(&plan.unfence_sql(&tables).join(";\n")).await?;
+        // The schema goes only if nothing else is in it (the fence of an earlier split may be).
+        source
+            .exec(&format!(
+                "DROP TABLE IF EXISTS {MARKER}, {SUBSCRIPTIONS};\n\
+                 DO $$ BEGIN DROP SCHEMA IF EXISTS {SCHEMA}; EXCEPTION WHEN dependent_objects_still_exist THEN NULL; END $$"
+            ))
+            .await?;
+        println!("the source: the split's tables dropped; the source is as before the split");
+    }
+    Ok(())
+}

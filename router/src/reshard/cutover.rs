@@ -1,0 +1,425 @@
+//! `reshard cutover`: the switch from the source shard to its two halves, with nothing lost
+//! and no statement failed.
+//!
+//! 1. PAUSE on every router: the new ranges first (no shard has them yet; the pause waits for
+//!    the reload that brings them), then the source's range; PAUSE returns once the router's
+//!    transactions on the shard have ended, and new statements for it are held.
+//! 2. The source is quiet: no client transaction open on it (whoever sent it).
+//! 3. The fence: row triggers on the source refuse writes of moved rows from now on (a router
+//!    that missed the switch gets 25006 instead of writing where nobody reads).
+//! 4. Sequences set on the targets as on the source; a marker row written on the source and
+//!    awaited on every target: everything before it has been applied there.
+//! 5. Verify (counts and checksums, exact now: nothing moves).
+//! 6. The new map written to every `--shardmap` file (and `--publish-command` run), RELOAD on
+//!    every router, each checked to show the new ranges.
+//! 7. RESUME on every router: the held statements are routed again, with the new map.
+//!
+//! A failure or the `--max-pause` bound passed before step 7 rolls everything back: the old
+//! map restored and reloaded where it was replaced, the fence dropped, every router resumed.
+//! The source is still complete, so nothing is lost; held statements run there.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use shardmap::ShardMap;
+
+use super::copy::source_tables;
+use super::db::{connect, connect_admin, Db};
+use super::plan::{quote_literal, Plan, MARKER};
+use super::status::{compare, part_status, print_diffs};
+
+/// What `cutover` is told.
+pub struct Cutover<'a> {
+    pub plan: &'a Plan,
+    /// The routers' admin consoles.
+    pub routers: &'a [String],
+    /// The shard map files the routers read (rewritten in place, atomically).
+    pub shardmaps: &'a [PathBuf],
+    /// Run after the new map is written (and after the old one is restored on a rollback),
+    /// e.g. to copy it to the routers' hosts; `SHARDGATE_SHARDMAP` names the file.
+    pub publish_command: Option<&'a str>,
+    pub max_pause: Duration,
+    pub verify: bool,
+}
+
+/// How long the pause lasted and what took it.
+#[derive(Debug)]
+pub struct Report {
+    pub paused: Duration,
+    pub steps: Vec<(&'static str, Duration)>,
+}
+
+/// What has been done so far, for the rollback.
+#[derive(Default)]
+struct Done {
+    paused: Vec<(usize, String)>,
+    fenced: bool,
+    map_written: bool,
+}
+
+fn elapsed_ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// Sends one admin command to every router at once; the first error, if any.
+async fn on_every_router(
+    routers: &[Db],
+    command: &str,
+    budget: Duration,
+) -> Vec<Result<(), String>> {
+    join_all(routers.iter().map(|r| async move {
+        match tokio::time::timeout(budget, r.client.simple_query(command)).await {
+            Err(_) => Err(format!("{}: {command} took longer than {budget:?}", r.name)),
+            Ok(Err(e)) => Err(format!(
+                "{}: {command}: {}",
+                r.name,
+                super::db::describe(&e)
+            )),
+            Ok(Ok(_)) => Ok(()),
+        }
+    }))
+    .await
+}
+
+/// Reads the map every file holds; they must all hold the same one.
+fn current_map(files: &[PathBuf]) -> Result<(ShardMap, String), String> {
+    let first = files
+        .first()
+        .ok_or("give the routers' shard map file with --shardmap")?;
+    let text = std::fs::read_to_string(first).map_err(|e| format!("{}: {e}", first.display()))?;
+    let map = shardmap::parse(&text, &first.display().to_string()).map_err(|e| e.to_string())?;
+    for f in &files[1..] {
+        let other = std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?;
+        let other = shardmap::parse(&other, &f.display().to_string()).map_err(|e| e.to_string())?;
+        if other.to_toml() != map.to_toml() {
+            return Err(format!(
+                "{} and {} hold different shard maps: every router must run the same map before a cut-over",
+                first.display(),
+                f.display()
+            ));
+        }
+    }
+    Ok((map, text))
+}
+
+/// Writes `text` to `path` atomically (a temporary file renamed over it).
+fn write_atomically(path: &PathBuf, text: &str) -> Result<(), String> {
+    let tmp = path.with_extension("toml.tmp");
+    std::fs::write(&tmp, text).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn publish(c: &Cutover<'_>, text: &str) -> Result<(), String> {
+    for f in c.shardmaps {
+        write_atomically(f, text)?;
+    }
+    if let Some(cmd) = c.publish_command {
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(cmd)
+            .env("SHARDGATE_SHARDMAP", &c.shardmaps[0])
+            .status()
+            .map_err(|e| format!("--publish-command could not run: {e}"))?;
+        if !status.success() {
+            return Err(format!("--publish-command failed ({status})"));
+        }
+    }
+    Ok(())
+}
+
+/// `reshard cutover`.
+pub async fn cutover(c: &Cutover<'_>) -> Result<Report, String> {
+    let plan = c.plan;
+    let (old_map, old_text) = current_map(c.shardmaps)?;
+    let new_map = plan.new_map(&old_map)?;
+    let new_text = new_map.to_toml();
+    let source = connect(&plan.source, "the source").await?;
+    for (i, part) in plan.moving() {
+        let s = part_status(plan, &source, i, false).await?;
+        if !s.ready {
+            return Err(format!(
+                "{} is not ready to cut over (every table copied and the slot active): see `shardgate reshard status`",
+                part.range
+            ));
+        }
+    }
+    let targets: Vec<Db> = join_all(
+        plan.moving()
+            .map(|(_, p)| connect(&p.primary, format!("target {}", p.range))),
+    )
+    .await
+    .into_iter()
+    .collect::<Result<_, _>>()?;
+    if c.routers.is_empty() {
+        return Err("give every router's admin console with --router (postgres://ADMIN:PASSWORD@HOST:PORT/shardgate)".into());
+    }
+    let routers: Vec<Db> = join_all(c.routers.iter().map(|u| connect_admin(u)))
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    let tables = source_tables(&source).await?;
+    for f in c.shardmaps {
+        let backup = f.with_extension(format!("toml.before-split-{}", plan.tag()));
+        std::fs::write(&backup, &old_text).map_err(|e| format!("{}: {e}", backup.display()))?;
+    }
+
+    let start = Instant::now();
+    let mut steps = Vec::new();
+    let mut done = Done::default();
+    let result = switch(
+        c, &source, &targets, &routers, &tables, &new_text, start, &mut steps, &mut done,
+    )
+    .await;
+    match result {
+        Ok(()) => {
+            let paused = start.elapsed();
+            println!(
+                "cut over: shard {} is now {} and {}; paused {}",
+                plan.range,
+                plan.parts[0].range,
+                plan.parts[1].range,
+                elapsed_ms(paused)
+            );
+            Ok(Report { paused, steps })
+        }
+        Err(why) => {
+            eprintln!("cut-over failed: {why}\nrolling back");
+            let rollback = roll_back(c, &source, &routers, &tables, &old_text, &done).await;
+            match rollback {
+                Ok(()) => Err(format!(
+                    "{why}\nrolled back: the routers run the old map (version {}), the source serves shard {} as before; paused {}",
+                    old_map.version(),
+                    plan.range,
+                    elapsed_ms(start.elapsed())
+                )),
+                Err(more) => Err(format!("{why}\nTHE ROLLBACK DID NOT COMPLETE: {more}")),
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn switch(
+    c: &Cutover<'_>,
+    source: &Db,
+    targets: &[Db],
+    routers: &[Db],
+    tables: &[super::plan::CatalogTable],
+    new_text: &str,
+    start: Instant,
+    steps: &mut Vec<(&'static str, Duration)>,
+    done: &mut Done,
+) -> Result<(), String> {
+    let plan = c.plan;
+    let left = || c.max_pause.saturating_sub(start.elapsed());
+    let mut mark = Instant::now();
+    let mut step = |name: &'static str, steps: &mut Vec<(&'static str, Duration)>| {
+        let d = mark.elapsed();
+        println!("  {name:<40} {}", elapsed_ms(d));
+        steps.push((name, d));
+        mark = Instant::now();
+    };
+    let over = |what: &str| -> Result<(), String> {
+        if start.elapsed() > c.max_pause {
+            Err(format!(
+                "{what} took the pause past --max-pause {:?}",
+                c.max_pause
+            ))
+        } else {
+            Ok(())
+        }
+    };
+
+    // 1. Pause: the new ranges, then the source's.
+    let ranges = [
+        plan.parts[0].range.to_string(),
+        plan.parts[1].range.to_string(),
+        plan.range.to_string(),
+    ];
+    for range in &ranges {
+        let results =
+            on_every_router(routers, &format!("PAUSE {}", quote_literal(range)), left()).await;
+        for (i, r) in results.into_iter().enumerate() {
+            r?;
+            done.paused.push((i, range.clone()));
+        }
+    }
+    step("paused on every router", steps);
+    over("pausing")?;
+
+    // 2. No transaction left open on the source.
+    let busy = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                AND pid <> pg_backend_pid() AND backend_type = 'client backend' \
+                AND xact_start IS NOT NULL";
+    loop {
+        let n = source.value(busy).await?.unwrap_or_default();
+        if n == "0" {
+            break;
+        }
+        if start.elapsed() > c.max_pause {
+            return Err(format!(
+                "{n} transactions still open on the source at --max-pause {:?}",
+                c.max_pause
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    step("no transaction open on the source", steps);
+
+    // 3. The fence, inside the time left.
+    let fence = plan.fence_sql(tables);
+    let lock_timeout = left().as_millis().max(1);
+    done.fenced = true;
+    source
+        .exec(&format!(
+            "BEGIN; SET LOCAL lock_timeout = {lock_timeout}; {}; COMMIT",
+            fence.join(";\n")
+        ))
+        .await?;
+    step("fence up on the source", steps);
+
+    // 4. Sequences, then the marker.
+    let sequences = source
+        .rows("SELECT format('%I.%I', schemaname, sequencename), last_value FROM pg_sequences WHERE last_value IS NOT NULL")
+        .await?;
+    for target in targets {
+        for s in &sequences {
+            if let (Some(name), Some(value)) = (&s[0], &s[1]) {
+                target
+                    .exec(&format!("SELECT setval({}, {value})", quote_literal(name)))
+                    .await?;
+            }
+        }
+    }
+    let token = format!(
+        "cutover {} {}",
+        plan.range,
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    );
+    // Flushed at once even where synchronous_commit is off: the stream sends flushed WAL.
+    source
+        .exec(&format!(
+            "BEGIN; SET LOCAL synchronous_commit = on; INSERT INTO {MARKER} (token) VALUES ({}); COMMIT",
+            quote_literal(&token)
+        ))
+        .await?;
+    let seen = format!(
+        "SELECT count(*) FROM {MARKER} WHERE token = {}",
+        quote_literal(&token)
+    );
+    for target in targets {
+        while target.value(&seen).await?.as_deref() != Some("1") {
+            over(&format!(
+                "waiting for {} to apply the source's changes",
+                target.name
+            ))?;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    step("targets caught up", steps);
+
+    // 5. Verify, exactly.
+    if c.verify {
+        let diffs = compare(plan).await?;
+        if !diffs.iter().all(|d| d.matches()) {
+            print_diffs(&diffs);
+            return Err("the targets do not match the source".into());
+        }
+        step("verified (counts and checksums)", steps);
+        over("verifying")?;
+    }
+
+    // 6. The new map.
+    done.map_written = true;
+    publish(c, new_text)?;
+    for r in on_every_router(routers, "RELOAD", left().max(Duration::from_secs(1))).await {
+        r?;
+    }
+    for r in routers {
+        let shards = r.rows("SHOW SHARDS").await?;
+        for part in &plan.parts {
+            let range = part.range.to_string();
+            if !shards
+                .iter()
+                .any(|row| row.get(1).cloned().flatten().as_deref() == Some(range.as_str()))
+            {
+                return Err(format!(
+                    "{} reloaded but does not show shard {range}: does it read one of the --shardmap files?",
+                    r.name
+                ));
+            }
+        }
+    }
+    step("new map on every router", steps);
+    over("reloading")?;
+
+    // 7. Resume: the new ranges first, then the source's (its held statements are routed again).
+    for range in &ranges {
+        let command = format!("RESUME {}", quote_literal(range));
+        let mut failed = Vec::new();
+        for (i, r) in on_every_router(routers, &command, Duration::from_secs(5))
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            if let Err(e) = r {
+                failed.push((i, e));
+            }
+        }
+        // Past the switch there is no going back: retry what failed, then say so loudly.
+        for (i, e) in failed {
+            let again = routers[i].client.simple_query(&command).await;
+            if again.is_err() {
+                eprintln!("WARNING: {e}; run `{command}` on that router's admin console yourself");
+            }
+        }
+    }
+    done.paused.clear();
+    step("resumed on every router", steps);
+    Ok(())
+}
+
+async fn roll_back(
+    c: &Cutover<'_>,
+    source: &Db,
+    routers: &[Db],
+    tables: &[super::plan::CatalogTable],
+    old_text: &str,
+    done: &Done,
+) -> Result<(), String> {
+    let mut problems = Vec::new();
+    if done.map_written {
+        if let Err(e) = publish(c, old_text) {
+            problems.push(format!("restoring the old map: {e}"));
+        }
+        for r in on_every_router(routers, "RELOAD", Duration::from_secs(10)).await {
+            if let Err(e) = r {
+                problems.push(e);
+            }
+        }
+    }
+    if done.fenced {
+        let unfence = c.plan.unfence_sql(tables).join(";\n");
+        if let Err(e) = source.exec(&unfence).await {
+            problems.push(format!("dropping the fence: {e}"));
+        }
+    }
+    for (i, range) in done.paused.iter().rev() {
+        let command = format!("RESUME {}", quote_literal(range));
+        if let Err(e) = routers[*i].client.simple_query(&command).await {
+            problems.push(format!(
+                "{}: {command}: {}",
+                routers[*i].name,
+                super::db::describe(&e)
+            ));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("\n"))
+    }
+}
