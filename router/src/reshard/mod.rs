@@ -73,9 +73,10 @@ pub enum ReshardCommand {
         #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = humantime::parse_duration)]
         interval: Duration,
     },
-    /// Switch every router to the new map: pause the shard on every router, wait for the
-    /// targets to apply everything, fence the source, verify, publish the new map, reload,
-    /// resume. Any failure, or the pause passing --max-pause, rolls back to the old map.
+    /// Switch every router to the new map: pause the shard on every router, wait for its
+    /// transactions to end, fence the source, wait for the targets to apply everything, verify,
+    /// publish the new map, reload, resume. Any failure, or the pause passing --max-pause,
+    /// rolls back to the old map.
     Cutover(CutoverArgs),
     /// Drop the subscriptions, the slots (also those of an abandoned split whose target is
     /// gone), the publications and the split's tables. After a cut-over the source's fence
