@@ -185,7 +185,12 @@ fn pause_range(
     match (named, &in_map) {
         (Some(named), Err(_)) if named.parse::<usize>().is_err() => {
             match named.parse::<shardmap::KeyRange>() {
-                Ok(range) => {
+                // Only a part of a shard's range: what a split of that shard would bring.
+                Ok(range)
+                    if shared.routing().map.shards().iter().any(|s| {
+                        s.range.start <= range.start && range.end_u128() <= s.range.end_u128()
+                    }) =>
+                {
                     SqlError::notice(format!(
                         "no shard has the range {range} in the current shard map; it is paused \
                          for when a reload brings a shard with that range"
@@ -193,7 +198,7 @@ fn pause_range(
                     .write(out);
                     Ok(Some(range.to_string()))
                 }
-                Err(_) => in_map,
+                _ => in_map,
             }
         }
         _ => in_map,

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::copy::source_tables;
 use super::db::connect;
-use super::plan::{quote_literal, Plan, MARKER, SCHEMA, SUBSCRIPTIONS};
+use super::plan::{quote_literal, Plan, FENCE_BYPASS, MARKER, SCHEMA, SUBSCRIPTIONS};
 
 pub struct Cleanup {
     pub delete_moved: bool,
@@ -22,7 +22,27 @@ pub struct Cleanup {
 /// `reshard cleanup`; prints what it did and what it could not.
 pub async fn cleanup(plan: &Plan, opts: &Cleanup) -> Result<(), String> {
     let source = connect(&plan.source, "the source").await?;
-    let cut_over = source.value(&plan.fenced_sql()).await?.as_deref() == Some("t");
+    let fenced = source.value(&plan.fenced_sql()).await?.as_deref() == Some("t");
+    let has_marker = source
+        .value(&format!("SELECT to_regclass({})", quote_literal(MARKER)))
+        .await?
+        .is_some();
+    let cut_over = has_marker
+        && source
+            .value(&format!(
+                "SELECT count(*) FROM {MARKER} WHERE token = {}",
+                quote_literal(&plan.done_token())
+            ))
+            .await?
+            .as_deref()
+            == Some("1");
+    if fenced && !cut_over {
+        return Err(format!(
+            "the cut-over of shard {} was interrupted (the fence is up, the new map was not confirmed on every router): \
+             run `shardgate reshard cutover` again, which finishes or rolls back, then cleanup",
+            plan.range
+        ));
+    }
     println!(
         "shard {}: {}",
         plan.range,
@@ -169,18 +189,19 @@ pub async fn cleanup(plan: &Plan, opts: &Cleanup) -> Result<(), String> {
     println!("the source: publications dropped");
 
     if cut_over {
+        // The marker stays: its row says the split was cut over (a second cleanup reads it).
         source
-            .exec(&format!("DROP TABLE IF EXISTS {MARKER}, {SUBSCRIPTIONS}"))
+            .exec(&format!("DROP TABLE IF EXISTS {SUBSCRIPTIONS}"))
             .await?;
         if opts.delete_moved {
             for t in &tables {
                 let Some(sharded) = plan.sharded(&t.schema, &t.name) else {
                     continue;
                 };
-                // The fence refuses these deletes from everyone else; replica mode skips it.
+                // The fence refuses these deletes from everyone else; the bypass is for this one only.
                 let rows = source
                     .rows(&format!(
-                        "BEGIN; SET LOCAL session_replication_role = replica; \
+                        "BEGIN; SET LOCAL {FENCE_BYPASS} = on; \
                          WITH gone AS (DELETE FROM {} WHERE {} RETURNING 1) SELECT count(*) FROM gone; COMMIT",
                         t.sql_name(),
                         plan.moved_predicate(sharded)

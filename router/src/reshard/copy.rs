@@ -155,7 +155,12 @@ pub async fn check(plan: &Plan) -> Result<(Vec<String>, Vec<String>), String> {
                     quote_literal(&plan.part_name(i))
                 ))
                 .await?;
-            if started.as_deref() == Some("1") {
+            // Started before (the schema copied, perhaps the subscription refused): go on.
+            let copied = target
+                .value(&format!("SELECT to_regclass({})", quote_literal(MARKER)))
+                .await?
+                .is_some();
+            if started.as_deref() == Some("1") || copied {
                 notes.push(format!(
                     "{}: the split was already started there",
                     target.name

@@ -18,7 +18,7 @@
 //! map restored and reloaded where it was replaced, the fence dropped, every router resumed.
 //! The source is still complete, so nothing is lost; held statements run there.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
@@ -82,6 +82,17 @@ async fn on_every_router(
     .await
 }
 
+/// `fut`, unless it takes longer than `budget` (a hung connection must not outlast the pause).
+async fn within<T>(
+    budget: Duration,
+    what: &str,
+    fut: impl std::future::Future<Output = Result<T, String>>,
+) -> Result<T, String> {
+    tokio::time::timeout(budget.max(Duration::from_millis(1)), fut)
+        .await
+        .map_err(|_| format!("{what} took the pause past --max-pause"))?
+}
+
 /// Reads the map every file holds; they must all hold the same one.
 fn current_map(files: &[PathBuf]) -> Result<(ShardMap, String), String> {
     let first = files
@@ -103,11 +114,17 @@ fn current_map(files: &[PathBuf]) -> Result<(ShardMap, String), String> {
     Ok((map, text))
 }
 
-/// Writes `text` to `path` atomically (a temporary file renamed over it).
-fn write_atomically(path: &PathBuf, text: &str) -> Result<(), String> {
+/// Writes `text` to `path` atomically (a temporary file renamed over it), through a symlink
+/// to the file it names, with the file's own permissions (a map holds passwords).
+fn write_atomically(path: &Path, text: &str) -> Result<(), String> {
+    let path = std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mode = std::fs::metadata(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .permissions();
     let tmp = path.with_extension("toml.tmp");
     std::fs::write(&tmp, text).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+    std::fs::set_permissions(&tmp, mode).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 fn publish(c: &Cutover<'_>, text: &str) -> Result<(), String> {
@@ -161,7 +178,7 @@ pub async fn cutover(c: &Cutover<'_>) -> Result<Report, String> {
     let tables = source_tables(&source).await?;
     for f in c.shardmaps {
         let backup = f.with_extension(format!("toml.before-split-{}", plan.tag()));
-        std::fs::write(&backup, &old_text).map_err(|e| format!("{}: {e}", backup.display()))?;
+        std::fs::copy(f, &backup).map_err(|e| format!("{}: {e}", backup.display()))?;
     }
 
     let start = Instant::now();
@@ -238,11 +255,13 @@ async fn switch(
         plan.range.to_string(),
     ];
     for range in &ranges {
+        // Recorded before it is sent: a PAUSE that times out may still have paused.
+        done.paused
+            .extend((0..routers.len()).map(|i| (i, range.clone())));
         let results =
             on_every_router(routers, &format!("PAUSE {}", quote_literal(range)), left()).await;
-        for (i, r) in results.into_iter().enumerate() {
+        for r in results {
             r?;
-            done.paused.push((i, range.clone()));
         }
     }
     step("paused on every router", steps);
@@ -271,12 +290,15 @@ async fn switch(
     let fence = plan.fence_sql(tables);
     let lock_timeout = left().as_millis().max(1);
     done.fenced = true;
-    source
-        .exec(&format!(
+    within(
+        left(),
+        "putting up the fence",
+        source.exec(&format!(
             "BEGIN; SET LOCAL lock_timeout = {lock_timeout}; {}; COMMIT",
             fence.join(";\n")
-        ))
-        .await?;
+        )),
+    )
+    .await?;
     step("fence up on the source", steps);
 
     // 4. Sequences, then the marker.
@@ -311,7 +333,11 @@ async fn switch(
         quote_literal(&token)
     );
     for target in targets {
-        while target.value(&seen).await?.as_deref() != Some("1") {
+        while within(left(), "waiting for the marker", target.value(&seen))
+            .await?
+            .as_deref()
+            != Some("1")
+        {
             over(&format!(
                 "waiting for {} to apply the source's changes",
                 target.name
@@ -323,7 +349,7 @@ async fn switch(
 
     // 5. Verify, exactly.
     if c.verify {
-        let diffs = compare(plan).await?;
+        let diffs = within(left(), "verifying", compare(plan)).await?;
         if !diffs.iter().all(|d| d.matches()) {
             print_diffs(&diffs);
             return Err("the targets do not match the source".into());
@@ -339,7 +365,7 @@ async fn switch(
         r?;
     }
     for r in routers {
-        let shards = r.rows("SHOW SHARDS").await?;
+        let shards = within(Duration::from_secs(5), "SHOW SHARDS", r.rows("SHOW SHARDS")).await?;
         for part in &plan.parts {
             let range = part.range.to_string();
             if !shards
@@ -353,8 +379,14 @@ async fn switch(
             }
         }
     }
+    // From here the split counts as cut over (`cleanup` reads this row).
+    source
+        .exec(&format!(
+            "INSERT INTO {MARKER} (token) VALUES ({}) ON CONFLICT (token) DO NOTHING",
+            quote_literal(&plan.done_token())
+        ))
+        .await?;
     step("new map on every router", steps);
-    over("reloading")?;
 
     // 7. Resume: the new ranges first, then the source's (its held statements are routed again).
     for range in &ranges {
@@ -391,30 +423,58 @@ async fn roll_back(
     done: &Done,
 ) -> Result<(), String> {
     let mut problems = Vec::new();
+    // Routers that may still run the new map: they stay paused, and the fence stays up, so
+    // nothing writes on both sides.
+    let mut stuck = vec![false; routers.len()];
     if done.map_written {
         if let Err(e) = publish(c, old_text) {
             problems.push(format!("restoring the old map: {e}"));
+            stuck.iter_mut().for_each(|s| *s = true);
         }
-        for r in on_every_router(routers, "RELOAD", Duration::from_secs(10)).await {
+        for (i, r) in on_every_router(routers, "RELOAD", Duration::from_secs(10))
+            .await
+            .into_iter()
+            .enumerate()
+        {
             if let Err(e) = r {
-                problems.push(e);
+                problems.push(format!("{e}; it stays paused"));
+                stuck[i] = true;
             }
         }
     }
     if done.fenced {
-        let unfence = c.plan.unfence_sql(tables).join(";\n");
-        if let Err(e) = source.exec(&unfence).await {
-            problems.push(format!("dropping the fence: {e}"));
+        if stuck.iter().any(|s| *s) {
+            problems
+                .push("the fence stays up on the source while a router may run the new map".into());
+        } else {
+            // A failed statement may have left the session in an aborted transaction.
+            let _ = source.client.batch_execute("ROLLBACK").await;
+            let unfence = c.plan.unfence_sql(tables).join(";\n");
+            if let Err(e) = source.exec(&unfence).await {
+                problems.push(format!("dropping the fence: {e}"));
+            }
         }
     }
     for (i, range) in done.paused.iter().rev() {
+        if stuck[*i] {
+            continue;
+        }
         let command = format!("RESUME {}", quote_literal(range));
-        if let Err(e) = routers[*i].client.simple_query(&command).await {
-            problems.push(format!(
+        let resumed = tokio::time::timeout(
+            Duration::from_secs(5),
+            routers[*i].client.simple_query(&command),
+        )
+        .await;
+        match resumed {
+            Ok(Ok(_)) => {}
+            // A new range whose PAUSE never reached the router: nothing to resume.
+            Ok(Err(e)) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_OBJECT) => {}
+            Ok(Err(e)) => problems.push(format!(
                 "{}: {command}: {}",
                 routers[*i].name,
                 super::db::describe(&e)
-            ));
+            )),
+            Err(_) => problems.push(format!("{}: {command}: no answer in 5 s", routers[*i].name)),
         }
     }
     if problems.is_empty() {

@@ -7,8 +7,6 @@ use std::time::Duration;
 use shardmap::Primary;
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
 
-use super::plan::quote_literal;
-
 /// How long a connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -33,6 +31,8 @@ fn config_of(primary: &Primary) -> tokio_postgres::Config {
         .dbname(&primary.database)
         .user(primary.user.clone().unwrap_or_else(default_user))
         .application_name("shardgate reshard")
+        // verify's checksum hashes rows as text: the same text on every server.
+        .options("-c TimeZone=UTC -c DateStyle=ISO -c IntervalStyle=postgres -c extra_float_digits=3 -c bytea_output=hex")
         .connect_timeout(CONNECT_TIMEOUT);
     if let Some(p) = primary
         .password
@@ -54,7 +54,7 @@ pub fn conninfo(primary: &Primary) -> String {
         {
             v.to_string()
         } else {
-            quote_literal(&v.replace('\\', "\\\\"))
+            format!("'{}'", v.replace('\\', "\\\\").replace('\'', "\\'"))
         }
     };
     let mut out = format!(

@@ -129,6 +129,20 @@ pub struct CutoverArgs {
     no_verify: bool,
 }
 
+/// Writes a file only its owner can read (a plan holds the primaries' passwords).
+fn write_private(path: &Path, text: &str) -> Result<(), String> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let _ = std::fs::remove_file(path);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
 fn read_plan(path: &Path) -> Result<Plan, String> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         format!(
@@ -171,7 +185,7 @@ async fn run_async(cmd: ReshardCommand) -> Result<std::process::ExitCode, String
                     problems.join("\n  ")
                 ));
             }
-            std::fs::write(&out, plan.to_toml()).map_err(|e| format!("{}: {e}", out.display()))?;
+            write_private(&out, &plan.to_toml())?;
             println!(
                 "checks passed; plan written to {} (next: shardgate reshard start --plan {})",
                 out.display(),

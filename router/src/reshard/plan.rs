@@ -21,6 +21,8 @@ pub const SCHEMA: &str = "shardgate";
 pub const MARKER: &str = "shardgate.split_marker";
 /// The record, on the source, of each target's subscription oid (for its table-sync slots).
 pub const SUBSCRIPTIONS: &str = "shardgate.split_subscription";
+/// The setting (`SET LOCAL`) that lets `cleanup --delete-moved` through the fence.
+pub const FENCE_BYPASS: &str = "shardgate.split_cleanup";
 
 const FORMAT: u32 = 1;
 
@@ -346,7 +348,7 @@ impl Plan {
     /// router that missed the new map, or anyone else) fails with 25006 instead of being
     /// lost. Row triggers, so they hold for connections already open; TRUNCATE is refused.
     pub fn fence_sql(&self, tables: &[CatalogTable]) -> Vec<String> {
-        let mut sql = Vec::new();
+        let mut sql = self.unfence_sql(tables);
         let trigger = quote_ident(&self.fence_trigger());
         let message = format!(
             "shardgate: rows of {} moved to {} and {} when shard {} was split; this client's shard map is out of date",
@@ -355,24 +357,23 @@ impl Plan {
             self.parts[1].primary.endpoint(),
             self.range
         );
-        for (n, t) in tables.iter().enumerate() {
-            let Some(sharded) = self.sharded(&t.schema, &t.name) else {
-                continue;
-            };
-            let moved = self.moved_predicate(sharded);
+        for (n, t, moved) in self.fenced(tables) {
             let function = self.fence_function(n);
             let raise = format!(
                 "RAISE EXCEPTION USING ERRCODE = 'read_only_sql_transaction', MESSAGE = {}",
                 quote_literal(&message)
             );
+            // `cleanup --delete-moved` sets the bypass for its own delete only (SET LOCAL).
             sql.push(format!(
                 "CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $fence$\n\
                  BEGIN\n\
+                 IF current_setting({bypass}, true) = 'on' THEN\n  IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;\n  RETURN NEW;\nEND IF;\n\
                  IF TG_OP = 'TRUNCATE' THEN {raise}; END IF;\n\
                  IF TG_OP IN ('UPDATE', 'DELETE') THEN\n  PERFORM 1 FROM (SELECT OLD.*) AS r WHERE {moved};\n  IF FOUND THEN {raise}; END IF;\nEND IF;\n\
                  IF TG_OP IN ('INSERT', 'UPDATE') THEN\n  PERFORM 1 FROM (SELECT NEW.*) AS r WHERE {moved};\n  IF FOUND THEN {raise}; END IF;\n  RETURN NEW;\nEND IF;\n\
                  RETURN OLD;\n\
-                 END\n$fence$"
+                 END\n$fence$",
+                bypass = quote_literal(FENCE_BYPASS)
             ));
             sql.push(format!(
                 "CREATE TRIGGER {trigger} BEFORE INSERT OR UPDATE OR DELETE ON {} FOR EACH ROW EXECUTE FUNCTION {function}()",
@@ -387,13 +388,26 @@ impl Plan {
         sql
     }
 
-    /// Takes the fence down again (a rolled-back cut-over).
+    /// The tables the fence covers, each with its number and the predicate of its moved rows:
+    /// the sharded tables, and the unsharded ones when they move with the default shard.
+    fn fenced<'t>(&self, tables: &'t [CatalogTable]) -> Vec<(usize, &'t CatalogTable, String)> {
+        let unsharded_move = self.moving().any(|(_, p)| p.gets_unsharded);
+        tables
+            .iter()
+            .enumerate()
+            .filter_map(|(n, t)| match self.sharded(&t.schema, &t.name) {
+                Some(sharded) => Some((n, t, self.moved_predicate(sharded))),
+                None if unsharded_move => Some((n, t, "true".to_string())),
+                None => None,
+            })
+            .collect()
+    }
+
+    /// Takes the fence down (a rolled-back cut-over; also run before putting it up, so a
+    /// cut-over tried again finds nothing in its way).
     pub fn unfence_sql(&self, tables: &[CatalogTable]) -> Vec<String> {
         let mut sql = Vec::new();
-        for (n, t) in tables.iter().enumerate() {
-            if self.sharded(&t.schema, &t.name).is_none() {
-                continue;
-            }
+        for (n, t, _) in self.fenced(tables) {
             for trigger in [
                 self.fence_trigger(),
                 format!("{}_truncate", self.fence_trigger()),
@@ -410,6 +424,12 @@ impl Plan {
             ));
         }
         sql
+    }
+
+    /// The marker row the cut-over writes once every router runs the new map: from then on the
+    /// split counts as cut over (for `cleanup`).
+    pub fn done_token(&self) -> String {
+        format!("cut over {}", self.range)
     }
 
     /// Whether the fence is up: the SQL answers one row with `t` or `f`.
@@ -609,10 +629,12 @@ mod tests {
         let fence = plan.fence_sql(&tables);
         assert_eq!(
             fence.len(),
-            3,
-            "one function and two triggers for the one sharded table"
+            6,
+            "what a fence tried before left is dropped, then one function and two triggers for the one sharded table"
         );
-        assert!(fence[1].contains("ON public.kv FOR EACH ROW"));
+        assert!(fence[0].starts_with("DROP TRIGGER IF EXISTS"));
+        assert!(fence[4].contains("ON public.kv FOR EACH ROW"));
+        assert!(fence[3].contains("current_setting('shardgate.split_cleanup', true)"));
         assert_eq!(plan.unfence_sql(&tables).len(), 3);
         assert!(plan
             .verify_sql(&tables[1], &plan.parts[0].range)

@@ -29,7 +29,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             let planned = self.routing.planner.plan(sql, &mut self.nbuf);
             let stmt = resolver::Statement::from_text(sql, &planned);
             let target = Self::resolve(&self.routing, &self.settings, &self.state, pinned, &stmt);
-            self.routed_key = target.key_id();
+            // Several statements may hold several keys of the shard: after a split they could
+            // need both halves, so only a single statement's key re-routes a held Query.
+            self.routed_key = target.key_id().filter(|_| planned.statements.len() == 1);
             target.dest
         };
         // A text the normalizer gave up on (too long to plan) may still be routed by hand
