@@ -27,4 +27,15 @@ resource "aws_instance" "loadgen" {
   })
 
   tags = { Name = "${var.name}-loadgen-${count.index}", Role = "loadgen" }
+
+  lifecycle {
+    ignore_changes = [ami, user_data]
+  }
+
+  depends_on = [
+    aws_route_table_association.client,
+    aws_vpc_endpoint.s3,
+    aws_iam_role_policy.fleet,
+    aws_iam_role_policy_attachment.ssm,
+  ]
 }

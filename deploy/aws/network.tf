@@ -1,6 +1,7 @@
 # A VPC with private subnets in every zone (primaries; routers and load generators), one public
 # subnet with a NAT gateway for package installs, and an S3 gateway endpoint. Or an existing VPC
-# by id, in which the private subnets are made from vpc_cidr and routed through its own NAT.
+# by id, in which the private subnets are made from vpc_cidr and use private_route_table_id
+# (which must route to a NAT).
 
 resource "aws_vpc" "fleet" {
   count                = var.vpc_id == null ? 1 : 0
@@ -81,16 +82,27 @@ resource "aws_route_table" "private" {
   }
 }
 
+locals {
+  private_route_table_id = var.vpc_id == null ? aws_route_table.private[0].id : var.private_route_table_id
+}
+
 resource "aws_route_table_association" "primary" {
-  count          = var.vpc_id == null ? length(var.azs) : 0
+  count          = length(var.azs)
   subnet_id      = aws_subnet.primary[count.index].id
-  route_table_id = aws_route_table.private[0].id
+  route_table_id = local.private_route_table_id
+
+  lifecycle {
+    precondition {
+      condition     = var.vpc_id == null || var.private_route_table_id != null
+      error_message = "with vpc_id, give private_route_table_id: a route table of that VPC with a route to a NAT."
+    }
+  }
 }
 
 resource "aws_route_table_association" "client" {
-  count          = var.vpc_id == null ? length(var.azs) : 0
+  count          = length(var.azs)
   subnet_id      = aws_subnet.client[count.index].id
-  route_table_id = aws_route_table.private[0].id
+  route_table_id = local.private_route_table_id
 }
 
 resource "aws_vpc_endpoint" "s3" {

@@ -22,11 +22,12 @@ resource "aws_instance" "primary" {
   }
 
   ebs_block_device {
-    device_name = "/dev/sdf"
-    volume_type = "gp3"
-    volume_size = var.primary_volume_gb
-    iops        = var.primary_volume_iops
-    throughput  = 1000
+    device_name           = "/dev/sdf"
+    delete_on_termination = false
+    volume_type           = "gp3"
+    volume_size           = var.primary_volume_gb
+    iops                  = var.primary_volume_iops
+    throughput            = 1000
   }
 
   metadata_options {
@@ -47,6 +48,20 @@ resource "aws_instance" "primary" {
   })
 
   tags = { Name = "${var.name}-${module.layout.shards[count.index].name}", Role = "primary" }
+
+  # A newer AMI or a changed postgresql.conf must never replace (or restart) a primary: cloud-init
+  # runs once, so change a running primary's configuration on the instance itself.
+  lifecycle {
+    ignore_changes = [ami, user_data]
+  }
+
+  # Packages and S3 need the NAT route and the role's policy at first boot.
+  depends_on = [
+    aws_route_table_association.primary,
+    aws_vpc_endpoint.s3,
+    aws_iam_role_policy.fleet,
+    aws_iam_role_policy_attachment.ssm,
+  ]
 }
 
 resource "aws_route53_zone" "db" {

@@ -77,7 +77,10 @@ resource "aws_autoscaling_group" "routers" {
   desired_capacity    = var.router_count
   vpc_zone_identifier = aws_subnet.client[*].id
   target_group_arns   = [aws_lb_target_group.routers.arn]
-  health_check_type   = "ELB"
+  # EC2, not ELB: /ready stays 503 until every shard has answered, and one slow primary must
+  # not make the group replace every router; the NLB's own /ready check keeps them out of
+  # rotation until then.
+  health_check_type = "EC2"
 
   health_check_grace_period = 300
 
@@ -88,7 +91,13 @@ resource "aws_autoscaling_group" "routers" {
 
   # Primaries first: routers start fine without them (statements wait, /ready reports), but
   # their names must resolve.
-  depends_on = [aws_route53_record.primary]
+  depends_on = [
+    aws_route53_record.primary,
+    aws_route_table_association.client,
+    aws_vpc_endpoint.s3,
+    aws_iam_role_policy.fleet,
+    aws_iam_role_policy_attachment.ssm,
+  ]
 
   tag {
     key                 = "Fleet"

@@ -44,10 +44,11 @@ resource "aws_vpc_security_group_ingress_rule" "loadgens_to_nlb" {
 }
 
 resource "aws_vpc_security_group_egress_rule" "nlb_to_routers" {
+  for_each                     = toset(["6432", "9930"])
   security_group_id            = aws_security_group.nlb.id
   referenced_security_group_id = aws_security_group.router.id
-  from_port                    = 6432
-  to_port                      = 9930
+  from_port                    = tonumber(each.value)
+  to_port                      = tonumber(each.value)
   ip_protocol                  = "tcp"
 }
 

@@ -28,6 +28,12 @@ variable "vpc_id" {
   default     = null
 }
 
+variable "private_route_table_id" {
+  description = "With vpc_id: the route table (with a route to a NAT and, ideally, an S3 endpoint) the fleet's private subnets use; the instances install packages and fetch from S3 at boot."
+  type        = string
+  default     = null
+}
+
 variable "vpc_cidr" {
   description = "The new VPC's range, or a free range inside the existing vpc_id for this fleet's subnets."
   type        = string

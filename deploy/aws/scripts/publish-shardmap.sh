@@ -8,20 +8,12 @@
 set -euo pipefail
 map="${1:?usage: publish-shardmap.sh SHARDMAP_FILE [--reload]}"
 reload="${2:-}"
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-uri="$(terraform -chdir="$here" output -raw shardmap_uri)"
-name="$(echo "$uri" | cut -d/ -f4)"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$here/ssm.sh"
+name="$(fleet_name)"
+uri="$(terraform -chdir="$here/.." output -raw shardmap_uri)"
 aws s3 cp "$map" "$uri"
-mapfile -t ids < <(aws ec2 describe-instances \
-    --filters "Name=tag:Role,Values=router" "Name=tag:Fleet,Values=$name" "Name=instance-state-name,Values=running" \
-    --query 'Reservations[].Instances[].InstanceId' --output text | tr '\t' '\n' | sed '/^$/d')
-[[ ${#ids[@]} -gt 0 ]] || { echo "publish-shardmap.sh: no running routers tagged Fleet=$name" >&2; exit 1; }
 cmd="/usr/local/bin/shardgate-fetch-map"
 [[ "$reload" == "--reload" ]] && cmd="$cmd && systemctl reload shardgate"
-command_id="$(aws ssm send-command --document-name AWS-RunShellScript --instance-ids "${ids[@]}" \
-    --parameters "commands=[\"$cmd\"]" --query Command.CommandId --output text)"
-for id in "${ids[@]}"; do
-    aws ssm wait command-executed --command-id "$command_id" --instance-id "$id" ||
-        { echo "publish-shardmap.sh: router $id did not fetch the map" >&2; exit 1; }
-done
-echo "shard map on ${#ids[@]} routers"
+n="$(ssm_run "$name" Role router 300 "$cmd")"
+echo "shard map on $n routers"

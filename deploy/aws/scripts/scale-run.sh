@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The scale run on the fleet: starts `loadgen run` on every load generator at one agreed time
-# (through SSM), waits for them, downloads their JSON reports from S3 and merges them into the
-# fleet's report and chart with `loadgen merge`. Run from the deploy/aws directory after
+# The scale run on the fleet: loads the rows (load generator 0), starts `loadgen run` on every load
+# generator at one agreed time (through SSM), waits for them, downloads their JSON reports from S3
+# and merges them into the fleet's report and chart with `loadgen merge`. Run from the deploy/aws directory after
 # `terraform apply`, with the AWS CLI logged in and a local loadgen binary on PATH.
 set -euo pipefail
 
@@ -13,7 +13,7 @@ Usage: scripts/scale-run.sh [--rate-per-shard R] [--duration D] [--rows N] [--co
   --duration D         measured window, e.g. 16m                                  [default: 16m]
   --rows N             rows per shard (loadgen 0 loads them first)                [default: 1000000]
   --connections C      connections per load generator (spread over the NLB)       [default: 512]
-  --lead SECONDS       start this long after the command is sent                  [default: 120]
+  --lead SECONDS       start this long after the run command is sent              [default: 120]
   --out DIR            where the reports, the merged report and the chart go      [default: ./scale-run-RUN]
 USAGE
 }
@@ -34,34 +34,28 @@ done
 command -v aws >/dev/null || { echo "scale-run.sh: the AWS CLI is not installed" >&2; exit 1; }
 command -v loadgen >/dev/null || { echo "scale-run.sh: loadgen is not on PATH (cargo build --release -p loadgen)" >&2; exit 1; }
 
-fleet="$(terraform output -raw reports_uri)"
-name="$(terraform output -json | python3 -c 'import json,sys; print(json.load(sys.stdin)["shardmap_uri"]["value"].split("/")[3])')"
-mapfile -t ids < <(aws ec2 describe-instances \
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$here/ssm.sh"
+name="$(fleet_name)"
+fleet="$(terraform -chdir="$here/.." output -raw reports_uri)"
+hosts="$(aws ec2 describe-instances \
     --filters "Name=tag:Role,Values=loadgen" "Name=tag:Fleet,Values=$name" "Name=instance-state-name,Values=running" \
-    --query 'Reservations[].Instances[].InstanceId' --output text | tr '\t' '\n' | sed '/^$/d')
-[[ ${#ids[@]} -gt 0 ]] || { echo "scale-run.sh: no running load generators tagged Fleet=$name" >&2; exit 1; }
-per_host="$(python3 -c "print($rate / ${#ids[@]})")"
+    --query 'length(Reservations[].Instances[])' --output text)"
+[[ "$hosts" -gt 0 ]] || { echo "scale-run.sh: no running load generators tagged Fleet=$name" >&2; exit 1; }
+per_host="$(python3 -c "print($rate / $hosts)")"
 run="run-$(date -u +%Y%m%dT%H%M%SZ)"
-start_at="$(date -u -d "+$lead seconds" +%Y-%m-%dT%H:%M:%SZ)"
 out="${out:-./scale-run-$run}"
-echo "$run: ${#ids[@]} load generators x ${per_host}/s per shard, $duration from $start_at"
 
-# Loading the rows (loadgen 0) happens before the start; give it the lead time it needs.
-command_id="$(aws ssm send-command --document-name AWS-RunShellScript \
-    --instance-ids "${ids[@]}" --timeout-seconds 7200 \
-    --parameters "commands=[\"/usr/local/bin/shardgate-scale-run $start_at $per_host $duration $rows $run $conns\"]" \
-    --query Command.CommandId --output text)"
-echo "SSM command $command_id sent; waiting for every load generator ..."
-for id in "${ids[@]}"; do
-    while :; do
-        status="$(aws ssm get-command-invocation --command-id "$command_id" --instance-id "$id" --query Status --output text 2>/dev/null || echo Pending)"
-        case "$status" in
-            Success) break ;;
-            Failed|Cancelled|TimedOut) echo "scale-run.sh: $id: $status (aws ssm get-command-invocation --command-id $command_id --instance-id $id)" >&2; exit 1 ;;
-            *) sleep 15 ;;
-        esac
-    done
-done
+# The rows first, from load generator 0 (idempotent; hours for 512 shards x 1M rows at most).
+echo "$run: loading $rows rows per shard (load generator 0) ..."
+ssm_run "$name" Name "$name-loadgen-0" 14400 "/usr/local/bin/shardgate-prepare $rows" >/dev/null
+
+# Then every load generator at one agreed time.
+start_at="$(date -u -d "+$lead seconds" +%Y-%m-%dT%H:%M:%SZ)"
+echo "$run: $hosts load generators x ${per_host}/s per shard, $duration from $start_at"
+seconds="$(python3 -c "import re,sys; d=sys.argv[1]; m={'s':1,'m':60,'h':3600}; print(int(float(d[:-1])*m[d[-1]]) if d[-1] in m else int(float(d)))" "$duration")"
+ssm_run "$name" Role loadgen $((lead + seconds + 1800)) \
+    "/usr/local/bin/shardgate-scale-run $start_at $per_host $duration $rows $run $conns" >/dev/null
 
 mkdir -p "$out"
 aws s3 cp --recursive "$fleet/$run/" "$out/"

@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 
 use shardmap::ShardMap;
 
-pub use target::{Dest, Read, SplitInsert, Target, Why, Write};
+pub use target::{Dest, Read, Reroute, SplitInsert, Target, Why, Write};
 pub use values::{Literals, Params};
 
 use crate::errors;

@@ -21,11 +21,13 @@ pub struct Target<'a> {
 }
 
 impl<'a> Target<'a> {
-    /// The keyspace ID that chose the shard, when one key did.
-    pub fn key_id(&self) -> Option<KeyspaceId> {
+    /// How this statement finds its shard again if a reload splits the shard while the
+    /// statement waits for it (a paused shard): by its key, or as the default shard's.
+    pub fn reroute(&self) -> Reroute {
         match self.why {
-            Some(Why::Key { id, .. }) => Some(id),
-            _ => None,
+            Some(Why::Key { id, .. }) => Reroute::Key(id),
+            Some(Why::Unsharded | Why::Unparsed) => Reroute::DefaultShard,
+            _ => Reroute::No,
         }
     }
 
@@ -73,6 +75,29 @@ pub enum Dest {
     ExplainRoute,
     /// Not run: the error the client gets.
     Refused(SqlError),
+}
+
+/// What routes a statement again when its shard was split under it ([`Target::reroute`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reroute {
+    /// Nothing that says which half (several keys, a pinned shard): it fails, to be run again.
+    #[default]
+    No,
+    /// The half that owns this keyspace ID.
+    Key(KeyspaceId),
+    /// The new map's default shard (tables the map does not shard).
+    DefaultShard,
+}
+
+impl Reroute {
+    /// The shard of `map` this statement goes to, if it can tell.
+    pub fn shard(self, map: &ShardMap) -> Option<usize> {
+        match self {
+            Reroute::No => None,
+            Reroute::Key(id) => Some(map.shard_for(id)),
+            Reroute::DefaultShard => Some(map.default_shard()),
+        }
+    }
 }
 
 /// Why a statement runs on one shard.
@@ -248,5 +273,40 @@ impl fmt::Display for KeyText<'_, '_> {
                 Ok(())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod reroute_tests {
+    use super::*;
+    use shardmap::{KeyRange, Table};
+
+    #[test]
+    fn a_split_shard_is_found_again_by_key_or_as_the_default() {
+        let map = ShardMap::even_split(
+            &["postgres://h:1/a".into(), "postgres://h:1/b".into()],
+            vec![Table::new("kv", "id", KeyType::BigInt)],
+        )
+        .unwrap();
+        let range: KeyRange = map.shards()[0].range;
+        let split = map
+            .split_shard(&range, "postgres://h:2/c", "postgres://h:3/d")
+            .unwrap();
+        // A key of the upper half of shard 0 goes to the new shard 1; the default shard
+        // (shard 0, split) is the lower half.
+        let key = (1i64..)
+            .map(Key::Int)
+            .find(|k| map.shard_for_key(k) == 0 && split.shard_for_key(k) == 1)
+            .unwrap();
+        assert_eq!(Reroute::Key(key.keyspace_id()).shard(&split), Some(1));
+        assert_eq!(
+            Reroute::DefaultShard.shard(&split),
+            Some(split.default_shard())
+        );
+        assert_eq!(
+            split.shards()[split.default_shard()].range,
+            range.halves().unwrap().0
+        );
+        assert_eq!(Reroute::No.shard(&split), None);
     }
 }

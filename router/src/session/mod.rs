@@ -61,7 +61,7 @@ use crate::planner::NormalizeBuf;
 use crate::protocol::frontend::Bind;
 use crate::protocol::frontend::Malformed;
 use crate::protocol::reply::SqlError;
-use crate::resolver::{self, Context, Dest, Target};
+use crate::resolver::{self, Context, Dest, Reroute, Target};
 use crate::server::clients::ClientSlot;
 use crate::server::lifecycle::Phase;
 use crate::server::{Routing, Shared};
@@ -123,9 +123,9 @@ pub struct Session<S> {
     nbuf: NormalizeBuf,
     /// The text of the statement being run (for the slow-statement log and settings changes).
     sql: String,
-    /// The keyspace ID that routed the statement being attached, if one key did: a statement
-    /// held for a paused shard that a reload then split goes to the half that owns its key.
-    routed_key: Option<shardmap::KeyspaceId>,
+    /// How the statement being attached finds its shard if a reload splits the paused shard
+    /// it waits for: the half owning its key, or the new default shard.
+    reroute: Reroute,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
@@ -154,7 +154,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             changes: Default::default(),
             nbuf: NormalizeBuf::new(),
             sql: String::new(),
-            routed_key: None,
+            reroute: Reroute::No,
         }
     }
 
@@ -311,7 +311,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             self.pinned_shard(),
             &resolved,
         );
-        self.routed_key = target.key_id();
+        self.reroute = target.reroute();
         target.dest
     }
 

@@ -134,7 +134,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             .iter()
             .position(|s| s.range == range);
         let shard = same
-            .or_else(|| self.routed_key.map(|id| self.routing.map.shard_for(id)))
+            .or_else(|| self.reroute.shard(&self.routing.map))
             .ok_or_else(gone)?;
         self.client
             .meter

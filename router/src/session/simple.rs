@@ -10,7 +10,7 @@ use super::state::Tx;
 use super::{Session, SessionError};
 use crate::protocol::reply::{self, SqlError, TxStatus};
 use crate::protocol::{frontend, LONG};
-use crate::resolver::{self, Dest};
+use crate::resolver::{self, Dest, Reroute};
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     pub(super) async fn query(&mut self, frame: BytesMut) -> Result<(), SessionError> {
@@ -31,7 +31,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             let target = Self::resolve(&self.routing, &self.settings, &self.state, pinned, &stmt);
             // Several statements may hold several keys of the shard: after a split they could
             // need both halves, so only a single statement's key re-routes a held Query.
-            self.routed_key = target.key_id().filter(|_| planned.statements.len() == 1);
+            self.reroute = if planned.statements.len() == 1 {
+                target.reroute()
+            } else {
+                Reroute::No
+            };
             target.dest
         };
         // A text the normalizer gave up on (too long to plan) may still be routed by hand

@@ -14,8 +14,8 @@ output "client_subnets" {
 }
 
 output "primary_url_template" {
-  description = "The --primary template of `shardgate shardmap split --shards N`, which renders the shard map before any primary exists (USER and PASSWORD are filled in by the operator)."
-  value       = format("postgres://USER:PASSWORD@shard-{index:3}.%s:%d/%s", var.dns_zone, var.port, var.database)
+  description = "The --primary template of `shardgate shardmap split --shards N`, which renders the shard map before any primary exists. No login: routers log in with their [backend] user and password."
+  value       = format("postgres://shard-{index:3}.%s:%d/%s", var.dns_zone, var.port, var.database)
 }
 
 output "backend_connections_per_primary" {

@@ -32,7 +32,7 @@ run "the_record_layout" {
     error_message = "per-thread pools: routers x workers connections per primary, plus the reserve"
   }
   assert {
-    condition     = output.primary_url_template == "postgres://USER:PASSWORD@shard-{index:3}.db.internal:5432/shard"
+    condition     = output.primary_url_template == "postgres://shard-{index:3}.db.internal:5432/shard"
     error_message = "the shard map template names the private DNS names"
   }
 }
