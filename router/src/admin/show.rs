@@ -401,6 +401,8 @@ pub fn config(shared: &Shared) -> Table {
         ("pool.checkout_timeout_ms", ms(c.pool.checkout_timeout)),
         ("pool.idle_timeout_ms", opt_ms(c.pool.idle_timeout)),
         ("pool.pause_timeout_ms", ms(c.pool.pause_timeout)),
+        ("pool.warm_connections", c.pool.warm_connections.to_string()),
+        ("pool.warm_timeout_ms", ms(c.pool.warm_timeout)),
         ("limits.max_clients", c.limits.max_clients.to_string()),
         (
             "limits.statement_timeout_ms",

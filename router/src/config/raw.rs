@@ -69,6 +69,8 @@ pub(super) struct RawPool {
     pub(super) checkout_timeout_ms: Option<Spanned<i64>>,
     pub(super) idle_timeout_ms: Option<Spanned<i64>>,
     pub(super) pause_timeout_ms: Option<Spanned<i64>>,
+    pub(super) warm_connections: Option<Spanned<i64>>,
+    pub(super) warm_timeout_ms: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize, Default)]

@@ -419,9 +419,22 @@ pub(super) fn pool(p: &RawPool, check: &mut Checker<'_>) -> Pool {
             format!("pool.min_idle is {min_idle}, more than pool.max_size ({max_size}); it can be at most max_size"),
         );
     }
+    let warm_connections = check.count(&p.warm_connections, "pool.warm_connections", 1, 0);
+    if warm_connections > max_size {
+        let line = p
+            .warm_connections
+            .as_ref()
+            .map_or(0, |m| check.line(m.span()));
+        check.add(
+            line,
+            format!("pool.warm_connections is {warm_connections}, more than pool.max_size ({max_size}); it can be at most max_size"),
+        );
+    }
     Pool {
         max_size,
         min_idle,
+        warm_connections,
+        warm_timeout: check.timeout(&p.warm_timeout_ms, "pool.warm_timeout_ms", 10_000),
         connect_timeout: check.timeout(&p.connect_timeout_ms, "pool.connect_timeout_ms", 2000),
         checkout_timeout: check.timeout(&p.checkout_timeout_ms, "pool.checkout_timeout_ms", 5000),
         idle_timeout: check.optional_ms(&p.idle_timeout_ms, "pool.idle_timeout_ms", 600_000),

@@ -64,6 +64,8 @@ connect_timeout_ms = 1500
 checkout_timeout_ms = 3000
 idle_timeout_ms = 0
 pause_timeout_ms = 9000
+warm_connections = 2
+warm_timeout_ms = 4000
 
 [limits]
 max_clients = 500
@@ -109,6 +111,8 @@ listen = "127.0.0.1:9930"
             checkout_timeout: Duration::from_secs(3),
             idle_timeout: None,
             pause_timeout: Duration::from_secs(9),
+            warm_connections: 2,
+            warm_timeout: Duration::from_secs(4),
         }
     );
     assert_eq!(
@@ -179,6 +183,8 @@ fn defaults() {
             checkout_timeout: Duration::from_secs(5),
             idle_timeout: Some(Duration::from_secs(600)),
             pause_timeout: Duration::from_secs(60),
+            warm_connections: 1,
+            warm_timeout: Duration::from_secs(10),
         }
     );
     assert_eq!(
@@ -377,6 +383,11 @@ fn bad_pool() {
         &format!("{MINIMAL}[pool]\nmax_size = 2\nmin_idle = 3\n"),
         8,
         "more than pool.max_size (2)",
+    );
+    one_problem(
+        &format!("{MINIMAL}[pool]\nmax_size = 2\nwarm_connections = 3\n"),
+        8,
+        "pool.warm_connections is 3, more than pool.max_size (2)",
     );
     one_problem(
         &format!("{MINIMAL}[pool]\nconnect_timeout_ms = 0\n"),

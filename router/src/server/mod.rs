@@ -24,6 +24,7 @@ pub mod pause;
 mod probe;
 mod routing;
 mod shared;
+pub mod warm;
 
 pub use routing::{pool_settings, Board, Checkout, Routing};
 pub use shared::{set_worker, worker, Reloaded, Shared};
@@ -125,6 +126,12 @@ pub fn run(shared: Shared) -> Result<(), String> {
     );
     drop(routing);
     rt.block_on(async move {
+        let warming = shared.clone();
+        tokio::spawn(async move {
+            let routing = warming.routing();
+            warming.warmer.warm(&routing).await;
+            warming.set_warmed();
+        });
         tokio::spawn(probe::run(shared.clone()));
         if let Some(listener) = http {
             tokio::spawn(http::serve(listener, shared.clone()));
@@ -162,6 +169,8 @@ fn worker_main(
         };
         let counted = shared.clone();
         tokio::spawn(async move { counted.stats.worker().await });
+        let warming = shared.clone();
+        tokio::spawn(async move { warming.warmer.worker(worker).await });
         let maintained = shared.clone();
         tokio::spawn(async move {
             // Every pool of this worker within its idle limits, in the current routing.

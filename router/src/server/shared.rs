@@ -65,6 +65,10 @@ pub struct Shared {
     pub pauses: Arc<super::pause::Pauses>,
     /// Every shard of the map has answered once since the start (`/ready`).
     ready: AtomicBool,
+    /// The start's warming of the pools is over ([`super::warm`]).
+    warmed: AtomicBool,
+    /// The channel to every worker for warming pools.
+    pub warmer: super::warm::Warmer,
     /// Connections accepted that have not finished logging in (`[limits] max_logins`).
     pub logins: AtomicUsize,
 }
@@ -107,6 +111,8 @@ impl Shared {
             health,
             pauses,
             ready: AtomicBool::new(false),
+            warmed: AtomicBool::new(false),
+            warmer: super::warm::Warmer::new(workers.max(1)),
             logins: AtomicUsize::new(0),
         }
     }
@@ -116,6 +122,17 @@ impl Shared {
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
             && self.lifecycle.phase() == super::lifecycle::Phase::Serving
+    }
+
+    /// The start's warming is over (every worker opened its connections, or the warm timeout
+    /// passed): readiness may follow.
+    pub fn set_warmed(&self) {
+        self.warmed.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the start's warming is over.
+    pub fn is_warmed(&self) -> bool {
+        self.warmed.load(Ordering::Relaxed)
     }
 
     /// Every shard of the current map has answered once: the router is ready (for good; a
@@ -226,8 +243,10 @@ impl Shared {
         ));
         self.stats.retire_planner(current.planner.cache_stats());
         drop(current);
-        // What the router knows of the shards' catalog is learned for the new map first.
+        // What the router knows of the shards' catalog is learned for the new map first, and
+        // the primaries it brings get their first connections on every worker.
         crate::backend::catalog::learn(&next).await;
+        self.warmer.warm(&next).await;
         {
             let mut routings = self.routings.lock().unwrap_or_else(|p| p.into_inner());
             routings.retain(|w| w.strong_count() > 0);

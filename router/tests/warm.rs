@@ -1,0 +1,136 @@
+//! Warm start, seen from the shards: a router opens `[pool] warm_connections` per worker to
+//! every primary before any client asks, says ready only after that, and a reload that brings
+//! a new primary has opened its connections by the time RELOAD returns.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Env, Router, SCHEMA};
+
+const WORKERS: usize = 2;
+
+fn config(warm: usize) -> String {
+    format!(
+        "[[users]]\nname = \"ops\"\npassword = \"ops-secret\"\nadmin = true\n\
+         [pool]\nmax_size = 4\nwarm_connections = {warm}\nconnect_timeout_ms = 1000\ncheckout_timeout_ms = 3000\n\
+         [http]\nlisten = \"127.0.0.1:{}\"\n",
+        common::free_port()
+    )
+}
+
+/// The router's idle backend connections to a database of `server`. (A connection that
+/// learns the catalog at start, or a probe's, may come and go beside them: hence "at least".)
+fn router_connections(env: &Env, server: usize, database: &str) -> usize {
+    let sql = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'shardgate' \
+         AND datname = '{database}' AND state = 'idle'"
+    );
+    env.cluster.servers()[server]
+        .psql("postgres", &sql)
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .trim()
+        .parse()
+        .expect("a count")
+}
+
+/// Waits up to 10 s for `want` connections to `database` (fewer is a failure at the end).
+fn wait_for(env: &Env, server: usize, database: &str, want: usize) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let n = router_connections(env, server, database);
+        if n >= want || Instant::now() > deadline {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn http_port(router: &Router) -> u16 {
+    let text = std::fs::read_to_string(router.config_path()).expect("config");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("listen = \"127.0.0.1:") && !l.contains(&router.port.to_string()))
+        .expect("the http listen line");
+    line.trim_end_matches('"')
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("a port")
+}
+
+#[test]
+fn every_worker_opens_its_connections_to_every_primary_before_clients_come() {
+    let env = Env::start_threads(4, 2, &config(2), WORKERS);
+    let (status, _) = {
+        let port = http_port(&env.router);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let got = common::http_get(port, "/ready");
+            if got.0 == 200 || Instant::now() > deadline {
+                break got;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    assert_eq!(status, 200, "/ready once warmed");
+    // Ready means warmed: every shard database already has 2 per worker, no client has come
+    // (on demand, there would be at most the one that learned the catalog).
+    for shard in env.cluster.shards() {
+        let n = router_connections(&env, shard.server, &shard.database);
+        assert!(
+            n >= 2 * WORKERS,
+            "{n} idle router connections to {} at ready, want {}",
+            shard.database,
+            2 * WORKERS
+        );
+    }
+    let log = env.router.log_text();
+    assert!(log.contains("warmed the backend pools"), "{log}");
+    assert!(log.contains("failed=0"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_warms_the_primaries_it_brings_before_it_returns() {
+    let env = Env::start_threads(2, 1, &config(1), WORKERS);
+    for shard in env.cluster.shards() {
+        assert!(wait_for(&env, shard.server, &shard.database, WORKERS) >= WORKERS);
+    }
+    // A new database takes the upper half of shard 1.
+    let server = &env.cluster.servers()[0];
+    server
+        .create_databases(&["warm_extra".to_string()])
+        .expect("new database");
+    server.psql("warm_extra", SCHEMA).expect("schema");
+    let range = env.map.shards()[1].range;
+    let low = env.map.shards()[1].primary.url().to_string();
+    let split = env
+        .map
+        .split_shard(&range, &low, &server.url("warm_extra"))
+        .expect("split map");
+    std::fs::write(env.router.dir.join("shardmap.toml"), split.to_toml()).expect("new map");
+    assert_eq!(router_connections(&env, 0, "warm_extra"), 0);
+    let admin = common::connect(&env.router.url_as("ops", "ops-secret", "shardgate"))
+        .await
+        .expect("admin console");
+    admin.simple_query("RELOAD").await.expect("reload");
+    // No waiting: the reload returned after the new primary's connections were open.
+    let n = router_connections(&env, 0, "warm_extra");
+    assert!(
+        n >= WORKERS,
+        "{n} connections to the new primary when RELOAD returns, want one per worker"
+    );
+    // And statements for it use them.
+    let key = (1i64..)
+        .find(|k| split.shard_for_key(&shardmap::Key::Int(*k)) == 2)
+        .expect("a key of the new shard");
+    let client = env.router.connect().await;
+    client
+        .execute("INSERT INTO kv VALUES ($1, 'x')", &[&key])
+        .await
+        .expect("insert on the new shard");
+    let on_new = server
+        .psql("warm_extra", &format!("SELECT v FROM kv WHERE id = {key}"))
+        .expect("read back");
+    assert_eq!(on_new.trim(), "x");
+}
