@@ -24,7 +24,8 @@ Everything it starts is stopped and deleted on exit, also on Ctrl-C.
 
 Options:
   -T, --duration SECONDS  measured seconds per run                       [default: 10]
-  -c, --clients N         pgbench clients (connections)                  [default: 4]
+  -c, --clients N         pgbench clients (connections)                  [default: 16]
+      --also-clients N    then everything again with N clients (0: not)  [default: 200]
   -j, --jobs N            pgbench threads                                [default: min(clients, 2)]
   -r, --rows N            rows in kv (ids 1..N)                          [default: 100000]
   -m, --modes LIST        pgbench -M modes, comma-separated:
@@ -41,6 +42,9 @@ Options:
       --router-threads N  worker threads of shardgate (--threads)        [default: its own, 1 per core]
       --pool-size N       backend connections per pool, for shardgate and PgBouncer alike
                                                                          [default: 20]
+      --syscalls SECONDS  after each mode's runs, count the proxies' system calls per statement
+                          over a SECONDS run under `strace -c -f` (0: not; needs strace)
+                                                                         [default: 5]
       --keep              keep the temp dir (logs, configs) and print its path; the cluster
                           and PgBouncer are still stopped
   -h, --help              this text
@@ -50,20 +54,25 @@ pgbouncer (installed with `apt-get install -y pgbouncer` when missing; this need
 
 Reading the output: TPS is pgbench's "tps" (without connection time). "user us/stmt" and
 "sys us/stmt" are the proxy process's CPU time over the measured run divided by the statements
-pgbench completed; "direct" has no proxy. "busy" is the whole machine's CPU use during the run:
-near 100% means the machine, not the proxy, is the limit. The machine is shared and noisy:
-compare ratios within one run, and repeat before believing a small difference.
+pgbench completed; "direct" has no proxy. "backends" is the number of the target's connections to
+the shard's server halfway through the run (pgbench's own for direct, the proxy's otherwise).
+"syscalls per statement" counts every system call of the proxy process (all threads) over a
+short extra run under strace. "busy" is the whole machine's CPU use during the run: near 100%
+means the machine, not the proxy, is the limit. The machine is shared and noisy: compare
+ratios within one run, and repeat before believing a small difference.
 EOF
 }
 
 die() { echo "compare.sh: $*" >&2; exit 1; }
 
-duration=10 clients=4 jobs="" rows=100000 modes="simple,extended,prepared"
-targets="" warmup=2 router_threads="" pool_size=20 keep=0 baseline_rev="" baseline_bin=""
+duration=10 clients=16 also_clients=200 jobs="" rows=100000 modes="simple,extended,prepared"
+targets="" warmup=2 router_threads="" pool_size=20 keep=0 baseline_rev="" baseline_bin="" syscall_seconds=5
 while [[ $# -gt 0 ]]; do
     case "$1" in
         -T|--duration) duration="${2:?}"; shift 2 ;;
         -c|--clients) clients="${2:?}"; shift 2 ;;
+        --also-clients) also_clients="${2:?}"; shift 2 ;;
+        --syscalls) syscall_seconds="${2:?}"; shift 2 ;;
         -j|--jobs) jobs="${2:?}"; shift 2 ;;
         -r|--rows) rows="${2:?}"; shift 2 ;;
         -m|--modes) modes="${2:?}"; shift 2 ;;
@@ -78,11 +87,16 @@ while [[ $# -gt 0 ]]; do
         *) usage >&2; die "unknown option: $1" ;;
     esac
 done
-for n in duration clients rows warmup pool_size ${jobs:+jobs} ${router_threads:+router_threads}; do
+for n in duration clients also_clients syscall_seconds rows warmup pool_size ${jobs:+jobs} ${router_threads:+router_threads}; do
     [[ "${!n}" =~ ^[0-9]+$ ]] || die "--${n//_/-} must be a whole number, not '${!n}'"
 done
 ((duration > 0 && clients > 0 && rows > 0 && pool_size > 0)) || die "--duration, --clients, --rows and --pool-size must be more than 0"
-jobs="${jobs:-$((clients < 2 ? clients : 2))}"
+jobs_given="$jobs"
+jobs="${jobs_given:-$((clients < 2 ? clients : 2))}"
+if ((syscall_seconds > 0)) && ! command -v strace >/dev/null; then
+    echo "compare.sh: strace is not installed: no system call counts (apt-get install strace)" >&2
+    syscall_seconds=0
+fi
 [[ -z "$baseline_rev" || -z "$baseline_bin" ]] || die "--baseline and --baseline-bin exclude each other"
 if [[ -z "$targets" ]]; then
     targets="direct,shardgate,pgbouncer"
@@ -196,6 +210,7 @@ if [[ -n "$router_threads" ]]; then
 fi
 "$root/deploy/local/cluster" up --shards 1 --servers 1 --dir "$tmp/cluster" \
     --base-port "$pg_port" --router-port "$router_port" --user app --password app \
+    --max-connections "$(( (clients > also_clients ? clients : also_clients) + 100 ))" \
     >"$tmp/cluster-up.log" 2>&1 || { cat "$tmp/cluster-up.log" >&2; die "cluster up failed"; }
 # The router's pid: the first "pid" after "router" in the state file (servers have pids too).
 router_pid="$(awk '/"router": *\{/ { r = 1 } r && /"pid":/ { gsub(/[^0-9]/, ""); print; exit }' "$tmp/cluster/cluster.json")"
@@ -316,80 +331,143 @@ if ((warmup > 0)); then
 fi
 
 router_log_lines_before="$(wc -l <"$router_log")"
-declare -A tps user_us sys_us
 results="$tmp/results.txt"
 : >"$results"
-printf '\n%s, %s, %d cores, %s; pgbench -c %d -j %d -T %d, %d rows, %s\n' \
-    "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(uname -m)" "$(nproc)" "$(psql --version | head -1)" \
-    "$clients" "$jobs" "$duration" "$rows" "${pgbouncer_bin:+PgBouncer $pgbouncer_version}" | tee -a "$results"
-header="$(printf '%-9s %-10s %10s %8s %13s %12s %14s %6s' mode target TPS failed 'user us/stmt' 'sys us/stmt' 'total us/stmt' busy)"
-echo "$header" | tee -a "$results"
 
-for mode in "${mode_list[@]}"; do
-    for t in "${target_list[@]}"; do
-        key="$mode/$t"
-        if [[ "$t" == pgbouncer && "$mode" == prepared ]] && ((!pgbouncer_prepared)); then
-            printf '%-9s %-10s %10s   (PgBouncer %s has no prepared statements in transaction mode; needs 1.21+)\n' \
-                "$mode" "$t" - "$pgbouncer_version" | tee -a "$results"
-            continue
-        fi
-        pid="$(pid_of "$t")"
-        [[ -z "$pid" ]] || kill -0 "$pid" 2>/dev/null || die "$t (pid $pid) is not running any more"
-        [[ -z "$pid" ]] || read -r u0 s0 < <(cpu_ticks "$pid")
-        read -r busy0 total0 < <(machine_ticks)
-        out="$tmp/pgbench-$mode-$t.log"
-        ok=1
-        run_pgbench "$t" "$mode" "$duration" "$out" || ok=0
-        read -r busy1 total1 < <(machine_ticks)
-        [[ -z "$pid" ]] || read -r u1 s1 < <(cpu_ticks "$pid")
-        busy="$(awk -v b=$((busy1 - busy0)) -v t=$((total1 - total0)) 'BEGIN { printf "%.0f%%", t ? 100 * b / t : 0 }')"
-        n="$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$out")"
-        failed="$(sed -n 's/^number of failed transactions: \([0-9]*\).*/\1/p' "$out")"
-        t_tps="$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time)/\1/p' "$out")"
-        if ((!ok)) || [[ -z "$n" || -z "$t_tps" ]]; then
-            printf '%-9s %-10s %10s   pgbench failed; its output ends:\n' "$mode" "$t" FAILED | tee -a "$results"
-            tail -5 "$out" | sed 's/^/    /' | tee -a "$results"
-            continue
-        fi
-        tps[$key]="$t_tps"
-        if [[ -n "$pid" && "$n" -gt 0 ]]; then
-            user_us[$key]="$(awk -v d=$((u1 - u0)) -v n="$n" -v hz="$clk_tck" 'BEGIN { printf "%.2f", d * 1e6 / hz / n }')"
-            sys_us[$key]="$(awk -v d=$((s1 - s0)) -v n="$n" -v hz="$clk_tck" 'BEGIN { printf "%.2f", d * 1e6 / hz / n }')"
-            total="$(awk -v a="${user_us[$key]}" -v b="${sys_us[$key]}" 'BEGIN { printf "%.2f", a + b }')"
-        else
-            user_us[$key]="-" sys_us[$key]="-" total="-"
-        fi
-        printf '%-9s %-10s %10.0f %8s %13s %12s %14s %6s\n' "$mode" "$t" "$t_tps" "${failed:-0}" \
-            "${user_us[$key]}" "${sys_us[$key]}" "$total" "$busy" | tee -a "$results"
-    done
-done
+# backends TARGET: the target's open TCP connections to the shard's server now (pgbench's own
+# for direct, the proxy's pool otherwise), from `ss -p`.
+backends() {
+    local who
+    case "$1" in
+        direct) who='(("pgbench",' ;;
+        *) who="pid=$(pid_of "$1")," ;;
+    esac
+    ss -Htnp state established "( dport = :$pg_port )" | grep -cF "$who" || true
+}
 
-# Ratios, per mode, where both sides ran.
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || a == "-" || b == "-" || b + 0 == 0) print "-"; else printf "%.2f", a / b }'; }
-sum() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || a == "-" || b == "-") print "-"; else printf "%.2f", a + b }'; }
-echo | tee -a "$results"
-printf '%-9s %16s %16s %16s %17s %16s\n' ratios 'TPS sg/pgb' 'user/stmt sg/pgb' 'sys/stmt sg/pgb' 'total/stmt sg/pgb' 'TPS sg/direct' | tee -a "$results"
-for mode in "${mode_list[@]}"; do
-    sg="$mode/shardgate" pb="$mode/pgbouncer" dr="$mode/direct"
-    printf '%-9s %16s %16s %16s %17s %16s\n' "$mode" \
-        "$(ratio "${tps[$sg]:-}" "${tps[$pb]:-}")" \
-        "$(ratio "${user_us[$sg]:-}" "${user_us[$pb]:-}")" \
-        "$(ratio "${sys_us[$sg]:-}" "${sys_us[$pb]:-}")" \
-        "$(ratio "$(sum "${user_us[$sg]:-}" "${sys_us[$sg]:-}")" "$(sum "${user_us[$pb]:-}" "${sys_us[$pb]:-}")")" \
-        "$(ratio "${tps[$sg]:-}" "${tps[$dr]:-}")" | tee -a "$results"
-done
-if wants baseline; then
-    echo | tee -a "$results"
-    printf '%-9s %16s %16s %16s %17s\n' ratios 'TPS sg/base' 'user/stmt sg/base' 'sys/stmt sg/base' 'total/stmt sg/base' | tee -a "$results"
+# syscalls_per_stmt TARGET MODE: system calls of the proxy per statement, over a short run
+# under `strace -c -f` (strace slows the proxy; the count per statement is what is kept).
+syscalls_per_stmt() {
+    local pid out n calls
+    pid="$(pid_of "$1")"
+    [[ -n "$pid" ]] || { echo "-"; return; }
+    out="$tmp/strace-$1-$2-$clients.txt"
+    strace -c -f -q -p "$pid" -o "$out" &
+    local strace_pid=$!
+    sleep 0.5
+    run_pgbench "$1" "$2" "$syscall_seconds" "$out.pgbench" || true
+    kill -INT "$strace_pid" 2>/dev/null || true
+    wait "$strace_pid" 2>/dev/null || true
+    n="$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$out.pgbench")"
+    calls="$(awk '$NF == "total" { print $4 }' "$out" 2>/dev/null)"
+    if [[ -n "$n" && "$n" -gt 0 && -n "$calls" ]]; then
+        awk -v c="$calls" -v n="$n" 'BEGIN { printf "%.2f", c / n }'
+    else
+        echo "-"
+    fi
+}
+
+declare -A tps user_us sys_us conns syscalls
+# measure CLIENTS: every mode through every target with CLIENTS pgbench clients, then ratios.
+measure() {
+    clients="$1"
+    jobs="${jobs_given:-$((clients < 2 ? clients : 2))}"
+    printf '\n%s, %s, %d cores, %s; pgbench -c %d -j %d -T %d, %d rows, %s\n' \
+        "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(uname -m)" "$(nproc)" "$(psql --version | head -1)" \
+        "$clients" "$jobs" "$duration" "$rows" "${pgbouncer_bin:+PgBouncer $pgbouncer_version}" | tee -a "$results"
+    header="$(printf '%-9s %-10s %10s %8s %13s %12s %14s %6s %9s' mode target TPS failed 'user us/stmt' 'sys us/stmt' 'total us/stmt' busy backends)"
+    echo "$header" | tee -a "$results"
+
     for mode in "${mode_list[@]}"; do
-        sg="$mode/shardgate" bs="$mode/baseline"
-        printf '%-9s %16s %16s %16s %17s\n' "$mode" \
-            "$(ratio "${tps[$sg]:-}" "${tps[$bs]:-}")" \
-            "$(ratio "${user_us[$sg]:-}" "${user_us[$bs]:-}")" \
-            "$(ratio "${sys_us[$sg]:-}" "${sys_us[$bs]:-}")" \
-            "$(ratio "$(sum "${user_us[$sg]:-}" "${sys_us[$sg]:-}")" "$(sum "${user_us[$bs]:-}" "${sys_us[$bs]:-}")")" | tee -a "$results"
+        for t in "${target_list[@]}"; do
+            key="$clients/$mode/$t"
+            if [[ "$t" == pgbouncer && "$mode" == prepared ]] && ((!pgbouncer_prepared)); then
+                printf '%-9s %-10s %10s   (PgBouncer %s has no prepared statements in transaction mode; needs 1.21+)\n' \
+                    "$mode" "$t" - "$pgbouncer_version" | tee -a "$results"
+                continue
+            fi
+            pid="$(pid_of "$t")"
+            [[ -z "$pid" ]] || kill -0 "$pid" 2>/dev/null || die "$t (pid $pid) is not running any more"
+            [[ -z "$pid" ]] || read -r u0 s0 < <(cpu_ticks "$pid")
+            read -r busy0 total0 < <(machine_ticks)
+            out="$tmp/pgbench-$mode-$t-$clients.log"
+            ok=1
+            (sleep "$(awk -v d="$duration" 'BEGIN { print d / 2 }')"; backends "$t" >"$out.backends" 2>/dev/null) &
+            sampler=$!
+            run_pgbench "$t" "$mode" "$duration" "$out" || ok=0
+            wait "$sampler" 2>/dev/null || true
+            conns[$key]="$(cat "$out.backends" 2>/dev/null || echo -)"
+            read -r busy1 total1 < <(machine_ticks)
+            [[ -z "$pid" ]] || read -r u1 s1 < <(cpu_ticks "$pid")
+            busy="$(awk -v b=$((busy1 - busy0)) -v t=$((total1 - total0)) 'BEGIN { printf "%.0f%%", t ? 100 * b / t : 0 }')"
+            n="$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$out")"
+            failed="$(sed -n 's/^number of failed transactions: \([0-9]*\).*/\1/p' "$out")"
+            t_tps="$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time)/\1/p' "$out")"
+            if ((!ok)) || [[ -z "$n" || -z "$t_tps" ]]; then
+                printf '%-9s %-10s %10s   pgbench failed; its output ends:\n' "$mode" "$t" FAILED | tee -a "$results"
+                tail -5 "$out" | sed 's/^/    /' | tee -a "$results"
+                continue
+            fi
+            tps[$key]="$t_tps"
+            if [[ -n "$pid" && "$n" -gt 0 ]]; then
+                user_us[$key]="$(awk -v d=$((u1 - u0)) -v n="$n" -v hz="$clk_tck" 'BEGIN { printf "%.2f", d * 1e6 / hz / n }')"
+                sys_us[$key]="$(awk -v d=$((s1 - s0)) -v n="$n" -v hz="$clk_tck" 'BEGIN { printf "%.2f", d * 1e6 / hz / n }')"
+                total="$(awk -v a="${user_us[$key]}" -v b="${sys_us[$key]}" 'BEGIN { printf "%.2f", a + b }')"
+            else
+                user_us[$key]="-" sys_us[$key]="-" total="-"
+            fi
+            printf '%-9s %-10s %10.0f %8s %13s %12s %14s %6s %9s\n' "$mode" "$t" "$t_tps" "${failed:-0}" \
+                "${user_us[$key]}" "${sys_us[$key]}" "$total" "$busy" "${conns[$key]}" | tee -a "$results"
+        done
+        if ((syscall_seconds > 0)); then
+            for t in "${target_list[@]}"; do
+                [[ -n "$(pid_of "$t")" ]] || continue
+                [[ "$t" == pgbouncer && "$mode" == prepared ]] && ((!pgbouncer_prepared)) && continue
+                syscalls["$clients/$mode/$t"]="$(syscalls_per_stmt "$t" "$mode")"
+            done
+        fi
     done
-fi
+
+    # Ratios, per mode, where both sides ran.
+    ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || a == "-" || b == "-" || b + 0 == 0) print "-"; else printf "%.2f", a / b }'; }
+    sum() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || a == "-" || b == "-") print "-"; else printf "%.2f", a + b }'; }
+    echo | tee -a "$results"
+    printf '%-9s %16s %16s %16s %17s %16s\n' ratios 'TPS sg/pgb' 'user/stmt sg/pgb' 'sys/stmt sg/pgb' 'total/stmt sg/pgb' 'TPS sg/direct' | tee -a "$results"
+    for mode in "${mode_list[@]}"; do
+        sg="$clients/$mode/shardgate" pb="$clients/$mode/pgbouncer" dr="$clients/$mode/direct"
+        printf '%-9s %16s %16s %16s %17s %16s\n' "$mode" \
+            "$(ratio "${tps[$sg]:-}" "${tps[$pb]:-}")" \
+            "$(ratio "${user_us[$sg]:-}" "${user_us[$pb]:-}")" \
+            "$(ratio "${sys_us[$sg]:-}" "${sys_us[$pb]:-}")" \
+            "$(ratio "$(sum "${user_us[$sg]:-}" "${sys_us[$sg]:-}")" "$(sum "${user_us[$pb]:-}" "${sys_us[$pb]:-}")")" \
+            "$(ratio "${tps[$sg]:-}" "${tps[$dr]:-}")" | tee -a "$results"
+    done
+    if wants baseline; then
+        echo | tee -a "$results"
+        printf '%-9s %16s %16s %16s %17s\n' ratios 'TPS sg/base' 'user/stmt sg/base' 'sys/stmt sg/base' 'total/stmt sg/base' | tee -a "$results"
+        for mode in "${mode_list[@]}"; do
+            sg="$clients/$mode/shardgate" bs="$clients/$mode/baseline"
+            printf '%-9s %16s %16s %16s %17s\n' "$mode" \
+                "$(ratio "${tps[$sg]:-}" "${tps[$bs]:-}")" \
+                "$(ratio "${user_us[$sg]:-}" "${user_us[$bs]:-}")" \
+                "$(ratio "${sys_us[$sg]:-}" "${sys_us[$bs]:-}")" \
+                "$(ratio "$(sum "${user_us[$sg]:-}" "${sys_us[$sg]:-}")" "$(sum "${user_us[$bs]:-}" "${sys_us[$bs]:-}")")" | tee -a "$results"
+        done
+    fi
+    if ((syscall_seconds > 0)); then
+        echo | tee -a "$results"
+        printf '%-9s %-10s %22s\n' syscalls target "per statement (strace -c)" | tee -a "$results"
+        for mode in "${mode_list[@]}"; do
+            for t in "${target_list[@]}"; do
+                [[ -n "${syscalls["$clients/$mode/$t"]:-}" ]] || continue
+                printf '%-9s %-10s %22s\n' "$mode" "$t" "${syscalls["$clients/$mode/$t"]}" | tee -a "$results"
+            done
+        done
+    fi
+}
+
+measure "$clients"
+((also_clients > 0)) && measure "$also_clients"
 
 # Anything the router complained about during the measured runs is worth a look.
 if wants shardgate; then

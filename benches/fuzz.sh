@@ -5,6 +5,18 @@
 # Prints each target's count and time; a failure prints the seed and case to replay with
 # SHARDGATE_FUZZ_SEED=S SHARDGATE_FUZZ_CASE=N cargo test -p shardgate --lib fuzz::  (SHARDGATE_FUZZ_PROFILE=release for an optimized build)
 set -euo pipefail
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then
+    cat <<'EOF'
+Usage: benches/fuzz.sh [CASES_PER_TARGET] [SEED]
+
+The long mode of the router's randomized parser tests (router/src/fuzz): CASES_PER_TARGET cases
+for each target (default 1120000; 10.08M inputs over the 9 targets), from SEED when given.
+SHARDGATE_FUZZ_PROFILE=release runs an optimized build. A failure prints the seed and case to
+replay with SHARDGATE_FUZZ_SEED=S SHARDGATE_FUZZ_CASE=N cargo test -p shardgate --lib fuzz::
+EOF
+    exit 0
+fi
+[[ -z "${1:-}" || "$1" =~ ^[0-9]+$ ]] || { echo "fuzz.sh: CASES_PER_TARGET must be a number, not '$1' (see --help)" >&2; exit 2; }
 cd "$(dirname "$0")/.."
 export SHARDGATE_FUZZ_CASES="${1:-1120000}"
 [ -n "${2:-}" ] && export SHARDGATE_FUZZ_SEED="$2"

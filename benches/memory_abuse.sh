@@ -16,6 +16,19 @@
 #     -c "INSERT INTO kv (id, v) SELECT g, lpad(g::text, 1000, 'x')
 #         FROM generate_series($((i*50000+1)), $(((i+1)*50000))) g"; done
 set -euo pipefail
+if [[ $# -lt 2 || "$1" == -h || "$1" == --help ]]; then
+    cat <<'EOF'
+Usage: benches/memory_abuse.sh BIN CASE [LIMITS]
+
+The memory abuse cases against one router binary: its VmRSS after a warm-up (base), VmHWM
+(peak) and VmRSS 2 s after the case (retained), in MB, and the first client error.
+BIN: a shardgate binary; CASE: group1 | group3 | cache | query100 | query60; LIMITS: extra
+[limits] lines. Needs a cluster on ports 25433.. with 200k wide rows: see the comment at the
+top of this script and docs/benchmarks.md, "Memory under abuse and the allocator".
+EOF
+    [[ "${1:-}" == -h || "${1:-}" == --help ]] && exit 0
+    exit 2
+fi
 BIN=$1; CASE=$2; EXTRA=${3:-}
 DIR=${DIR:-/tmp/sgc-mem}
 W=$DIR/abuse; mkdir -p "$W/big5"; cp "$DIR/shardmap.toml" "$W/"

@@ -68,16 +68,19 @@ pub fn pool_size(max_connections: u32, shards: usize, servers: usize, workers: u
     (budget / per_server).clamp(1, 20)
 }
 
-/// `max_connections` each server needs so that every router worker can hold one connection to
-/// each of its shard databases with a quarter to spare: `requested`, or more when that is short.
+/// `max_connections` each server needs so that every router worker holds one connection to
+/// each of its shard databases (the router opens them at start: `[pool] warm_connections`) and
+/// as many again are left for clients straight to the shards (`loadgen prepare`, a direct
+/// run): `requested`, or more when that is short.
 pub fn max_connections_needed(
     requested: u32,
     shards: usize,
     servers: usize,
     workers: usize,
 ) -> u32 {
-    let per_server = shards.div_ceil(servers.max(1)).max(1) * workers.max(1);
-    requested.max((per_server * 4 / 3 + 10) as u32)
+    let shards_per_server = shards.div_ceil(servers.max(1)).max(1);
+    let per_server = shards_per_server * workers.max(1);
+    requested.max((per_server + shards_per_server.max(per_server) + 20) as u32)
 }
 
 /// Worker threads the router will run (its default: one per core).
@@ -320,8 +323,9 @@ mod tests {
         assert_eq!(pool_size(200, 64, 4, 2), 4);
         // Never 0, even when the servers are too small for one connection per shard.
         assert_eq!(pool_size(10, 4096, 1, 2), 1);
-        // 512 shards on 4 servers with 2 workers need more than the default 200 connections.
-        assert_eq!(max_connections_needed(200, 512, 4, 2), 351);
+        // 512 shards on 4 servers with 2 workers: 256 warm router connections per server and as
+        // many for direct clients, more than the default 200.
+        assert_eq!(max_connections_needed(200, 512, 4, 2), 532);
         assert_eq!(max_connections_needed(200, 4, 4, 2), 200);
     }
 
