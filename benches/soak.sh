@@ -8,7 +8,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 usage() {
     cat <<'EOF'
-benches/soak.sh [options]
+Usage: benches/soak.sh [options]
 
 Starts its own local cluster (shardgate-cluster up, N shards on N servers, free ports, a private
 dir) with a shardgate router, loads kv with `loadgen prepare`, and for DURATION runs:
