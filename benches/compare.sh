@@ -210,7 +210,7 @@ if [[ -n "$router_threads" ]]; then
 fi
 "$root/deploy/local/cluster" up --shards 1 --servers 1 --dir "$tmp/cluster" \
     --base-port "$pg_port" --router-port "$router_port" --user app --password app \
-    --max-connections "$(( (clients > also_clients ? clients : also_clients) + 100 ))" \
+    --max-connections "$(( (clients > also_clients ? clients : also_clients) + pool_size * (2 * ${router_threads:-$(nproc)} + 1) + 50 ))" \
     >"$tmp/cluster-up.log" 2>&1 || { cat "$tmp/cluster-up.log" >&2; die "cluster up failed"; }
 # The router's pid: the first "pid" after "router" in the state file (servers have pids too).
 router_pid="$(awk '/"router": *\{/ { r = 1 } r && /"pid":/ { gsub(/[^0-9]/, ""); print; exit }' "$tmp/cluster/cluster.json")"

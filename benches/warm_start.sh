@@ -53,7 +53,9 @@ trap 'exit 130' INT TERM
 
 echo "building (release) ..." >&2
 (cd "$root" && cargo build --release -q -p loadgen -p shardgate -p shardgate-cluster)
-bin="${CARGO_TARGET_DIR:-$root/target}/release"
+bin="${CARGO_TARGET_DIR:-$root/target}"
+case "$bin" in /*) ;; *) bin="$root/$bin" ;; esac
+bin="$bin/release"
 http_port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
 echo "cluster up: $shards shards on 4 servers ..." >&2
 "$root/deploy/local/cluster" up --shards "$shards" --servers 4 --http-port "$http_port" --dir "$dir" \
@@ -80,6 +82,8 @@ for warm in "${warms[@]}"; do
         kill -0 "$router_pid" 2>/dev/null || die "the router exited: $(tail -5 "$tmp/router-$warm.log")"
         sleep 0.05
     done
+    [[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$http_port/ready")" == 200 ]] ||
+        die "the router was not ready after 30 s: $(tail -5 "$tmp/router-$warm.log")"
     ready="$(date +%s.%N)"
     conns="$(for p in $(python3 -c 'import json,sys; print(" ".join(str(s["port"]) for s in json.load(open(sys.argv[1]))["servers"]))' "$dir/cluster.json"); do
         psql "postgres://postgres:postgres@127.0.0.1:$p/postgres" -qAtc "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'shardgate'"

@@ -13,18 +13,18 @@ const WORKERS: usize = 2;
 fn config(warm: usize) -> String {
     format!(
         "[[users]]\nname = \"ops\"\npassword = \"ops-secret\"\nadmin = true\n\
-         [pool]\nmax_size = 4\nwarm_connections = {warm}\nconnect_timeout_ms = 1000\ncheckout_timeout_ms = 3000\n\
+         [pool]\nmax_size = 4\nwarm_connections = {warm}\nconnect_timeout_ms = 5000\ncheckout_timeout_ms = 5000\n\
          [http]\nlisten = \"127.0.0.1:{}\"\n",
         common::free_port()
     )
 }
 
-/// The router's idle backend connections to a database of `server`. (A connection that
-/// learns the catalog at start, or a probe's, may come and go beside them: hence "at least".)
+/// The router's backend connections to a database of `server`, idle or busy (the one that
+/// learns the catalog at start may be at work; a probe's may come and go: hence "at least").
 fn router_connections(env: &Env, server: usize, database: &str) -> usize {
     let sql = format!(
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'shardgate' \
-         AND datname = '{database}' AND state = 'idle'"
+         AND datname = '{database}' AND backend_type = 'client backend'"
     );
     env.cluster.servers()[server]
         .psql("postgres", &sql)
@@ -80,7 +80,7 @@ fn every_worker_opens_its_connections_to_every_primary_before_clients_come() {
         let n = router_connections(&env, shard.server, &shard.database);
         assert!(
             n >= 2 * WORKERS,
-            "{n} idle router connections to {} at ready, want {}",
+            "{n} router connections to {} at ready, want {}",
             shard.database,
             2 * WORKERS
         );

@@ -78,6 +78,11 @@ impl Endpoint {
     }
 }
 
+/// Whether a connection just checked out was opened for this checkout (never used before).
+pub fn opened_for_this(conn: &PooledConn) -> bool {
+    Object::metrics(conn).recycled.is_none()
+}
+
 /// Closes a connection instead of returning it to its pool: it may hold state another client
 /// must not see (an open transaction, a half-read reply), or it broke.
 pub fn discard(conn: PooledConn) {
@@ -91,6 +96,8 @@ pub struct ShardPool {
     checkout_timeout: Duration,
     min_idle: usize,
     idle_timeout: Option<Duration>,
+    /// Made for this routing, not kept through a reload ([`ShardPool::is_new`]).
+    new: bool,
 }
 
 impl Endpoint {
@@ -146,6 +153,7 @@ impl ShardPool {
             checkout_timeout: s.checkout_timeout,
             min_idle: s.min_idle.min(s.max_size),
             idle_timeout: s.idle_timeout,
+            new: true,
         }
     }
 
@@ -194,32 +202,16 @@ impl ShardPool {
     /// [`ShardPool::get`], and how long the caller waited for the connection (to open it, or
     /// for a busy pool). The common case, a free connection at once, reads no clock.
     pub async fn get_timed(&self) -> Result<(PooledConn, Duration), CheckoutError> {
-        // Most checkouts find a free connection: try that without arming a timer (a zero wait
-        // makes deadpool try the semaphore once), and only then wait with the timeout.
-        let immediate = Timeouts {
-            wait: Some(Duration::ZERO),
-            create: None,
-            recycle: None,
-        };
-        match self.pool.timeout_get(&immediate).await {
-            Ok(conn) => {
-                // A connection handed out for the first time was opened for this checkout.
-                let fresh = Object::metrics(&conn).recycled.is_none();
-                let waited = if fresh {
-                    conn.connect_time
-                } else {
-                    Duration::ZERO
-                };
-                return Ok((conn, waited));
-            }
-            Err(PoolError::Timeout(_)) => {}
-            Err(PoolError::Backend(e)) => return Err(CheckoutError::Unreachable(e)),
-            Err(other) => {
-                return Err(CheckoutError::Unreachable(BackendError::Protocol {
-                    endpoint: self.endpoint.name(),
-                    why: other.to_string(),
-                }))
-            }
+        // Most checkouts find a free connection: try that without arming a timer, and only
+        // then wait with the timeout.
+        if let Some(conn) = self.get_now().await? {
+            // A connection handed out for the first time was opened for this checkout.
+            let waited = if opened_for_this(&conn) {
+                conn.connect_time
+            } else {
+                Duration::ZERO
+            };
+            return Ok((conn, waited));
         }
         let timeouts = Timeouts {
             wait: Some(self.checkout_timeout),
@@ -239,6 +231,31 @@ impl ShardPool {
                 why: other.to_string(),
             })),
         }
+    }
+
+    /// An idle connection, or a new one if the pool has room; `None` at once when every
+    /// connection is busy (a zero wait makes deadpool try its semaphore once, no timer).
+    pub async fn get_now(&self) -> Result<Option<PooledConn>, CheckoutError> {
+        let immediate = Timeouts {
+            wait: Some(Duration::ZERO),
+            create: None,
+            recycle: None,
+        };
+        match self.pool.timeout_get(&immediate).await {
+            Ok(conn) => Ok(Some(conn)),
+            Err(PoolError::Timeout(_)) => Ok(None),
+            Err(PoolError::Backend(e)) => Err(CheckoutError::Unreachable(e)),
+            Err(other) => Err(CheckoutError::Unreachable(BackendError::Protocol {
+                endpoint: self.endpoint.name(),
+                why: other.to_string(),
+            })),
+        }
+    }
+
+    /// Whether this pool was made for the current routing rather than kept from the one
+    /// before a reload (with its connections).
+    pub fn is_new(&self) -> bool {
+        self.new
     }
 
     pub fn status(&self) -> deadpool::Status {
@@ -266,6 +283,7 @@ impl ShardPool {
             checkout_timeout: s.checkout_timeout,
             min_idle: s.min_idle.min(s.max_size),
             idle_timeout: s.idle_timeout,
+            new: false,
         }
     }
 }

@@ -106,14 +106,18 @@ pub async fn control(shared: Arc<Shared>, signals: Signals) {
         tokio::select! {
             _ = hup.recv() => {
                 tracing::info!("SIGHUP: reloading");
-                reload(&shared).await;
+                if reload_unless_stopped(&shared, &mut term).await {
+                    break;
+                }
                 watched = files(&shared);
             }
             _ = tick.tick(), if shared.routing().config.reload.watch => {
                 let now = files(&shared);
                 if now != watched {
                     tracing::info!("the config or the shard map changed: reloading");
-                    reload(&shared).await;
+                    if reload_unless_stopped(&shared, &mut term).await {
+                        break;
+                    }
                     watched = files(&shared);
                 }
             }
@@ -129,9 +133,19 @@ pub async fn control(shared: Arc<Shared>, signals: Signals) {
     drain(&shared, &mut term).await;
 }
 
-async fn reload(shared: &Shared) {
-    if let Err(e) = shared.reload().await {
-        tracing::error!("reload refused, the running config and shard map stay: {e}");
+/// Reloads, unless SIGTERM or Ctrl-C comes first (a reload may wait for the warming of new
+/// pools, up to `[pool] warm_timeout_ms`): true when the router must stop. A reload given up
+/// before its new routing was stored changes nothing.
+async fn reload_unless_stopped(shared: &Shared, term: &mut tokio::signal::unix::Signal) -> bool {
+    tokio::select! {
+        reloaded = shared.reload() => {
+            if let Err(e) = reloaded {
+                tracing::error!("reload refused, the running config and shard map stay: {e}");
+            }
+            false
+        }
+        _ = term.recv() => true,
+        _ = tokio::signal::ctrl_c() => true,
     }
 }
 

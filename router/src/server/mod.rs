@@ -129,7 +129,7 @@ pub fn run(shared: Shared) -> Result<(), String> {
         let warming = shared.clone();
         tokio::spawn(async move {
             let routing = warming.routing();
-            warming.warmer.warm(&routing).await;
+            warming.warmer.warm(&routing, false).await;
             warming.set_warmed();
         });
         tokio::spawn(probe::run(shared.clone()));

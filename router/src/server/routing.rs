@@ -277,7 +277,7 @@ impl Routing {
                     }
                 }
             };
-            if deadpool::managed::Object::metrics(&conn).recycled.is_none() {
+            if crate::backend::pool::opened_for_this(&conn) {
                 // A connection opened just now: the primary answers (reusing an idle one says
                 // nothing new about it).
                 self.health[shard].up(|| pool.endpoint.name());

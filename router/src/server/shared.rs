@@ -246,7 +246,7 @@ impl Shared {
         // What the router knows of the shards' catalog is learned for the new map first, and
         // the primaries it brings get their first connections on every worker.
         crate::backend::catalog::learn(&next).await;
-        self.warmer.warm(&next).await;
+        self.warmer.warm(&next, true).await;
         {
             let mut routings = self.routings.lock().unwrap_or_else(|p| p.into_inner());
             routings.retain(|w| w.strong_count() > 0);

@@ -10,14 +10,14 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use futures_util::future::join_all;
 use futures_util::stream::{self, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 
 use super::Routing;
-use crate::backend::pool::CheckoutError;
-use deadpool::managed::Object;
+use crate::backend::pool::{opened_for_this, CheckoutError};
 
-/// Logins in flight at once per worker while warming.
+/// Pools warmed at once per worker (each with its `warm_connections` logins).
 const PARALLEL: usize = 32;
 
 /// What a warming did, over every worker.
@@ -41,6 +41,10 @@ impl Warmed {
 
 struct Job {
     routing: Arc<Routing>,
+    /// Only the pools made for this routing (a reload), or all (the start).
+    only_new: bool,
+    /// The asker stops waiting then; the worker stops warming then too.
+    deadline: tokio::time::Instant,
     done: oneshot::Sender<Warmed>,
 }
 
@@ -77,19 +81,27 @@ impl Warmer {
             return;
         };
         while let Some(job) = jobs.recv().await {
-            let warmed = warm(&job.routing, worker).await;
+            let warming = warm(&job.routing, worker, job.only_new);
+            let warmed = tokio::time::timeout_at(job.deadline, warming)
+                .await
+                .unwrap_or(Warmed {
+                    late: 1,
+                    ..Warmed::default()
+                });
             let _ = job.done.send(warmed);
         }
     }
 
     /// Asks every worker to open `[pool] warm_connections` to each primary of `routing` that
-    /// has fewer, and waits for all of them, at most `[pool] warm_timeout_ms`.
-    pub async fn warm(&self, routing: &Arc<Routing>) -> Warmed {
+    /// has fewer idle (with `only_new`, of the pools a reload made, not those it kept), and
+    /// waits for all of them, at most `[pool] warm_timeout_ms`.
+    pub async fn warm(&self, routing: &Arc<Routing>, only_new: bool) -> Warmed {
         let mut total = Warmed::default();
         if routing.config.pool.warm_connections == 0 {
             return total;
         }
         let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + routing.config.pool.warm_timeout;
         let replies: Vec<oneshot::Receiver<Warmed>> = self
             .senders
             .iter()
@@ -97,15 +109,17 @@ impl Warmer {
                 let (done, reply) = oneshot::channel();
                 let job = Job {
                     routing: routing.clone(),
+                    only_new,
+                    deadline,
                     done,
                 };
                 tx.send(job).ok().map(|()| reply)
             })
             .collect();
-        let limit = routing.config.pool.warm_timeout;
         for reply in replies {
-            let left = limit.saturating_sub(started.elapsed());
-            match tokio::time::timeout(left, reply).await {
+            // The worker answers by the deadline itself; a little more for its reply.
+            let grace = deadline + std::time::Duration::from_millis(100);
+            match tokio::time::timeout_at(grace, reply).await {
                 Ok(Ok(w)) => total.add(w),
                 _ => total.late += 1,
             }
@@ -121,60 +135,55 @@ impl Warmer {
     }
 }
 
-/// Opens connections until each distinct pool of worker `worker` has `[pool]
-/// warm_connections` idle (or is full), `PARALLEL` logins at a time; the connections go back to
-/// their pools idle, and each primary's health learns whether it answered.
-async fn warm(routing: &Routing, worker: usize) -> Warmed {
+/// Opens connections until each distinct pool of worker `worker` (with `only_new`, each pool
+/// the routing made rather than kept) has `[pool] warm_connections` idle, as far as the pool
+/// has room, `PARALLEL` pools at a time. A pool's connections go back to it idle as soon as
+/// its own logins are done; a primary known to be down is left to the prober; a new
+/// connection tells the primary's health it answered.
+async fn warm(routing: &Routing, worker: usize, only_new: bool) -> Warmed {
     let per_pool = routing.config.pool.warm_connections;
     let pools = routing.pools_of(worker);
     let mut seen = std::collections::HashSet::new();
     let mut wanted = Vec::new();
     for shard in 0..pools.len() {
         let pool = pools.for_shard(shard);
-        if !seen.insert(pool.endpoint.name()) {
+        let health = routing.health(shard);
+        let down = health.answered() && !health.is_up();
+        if !seen.insert(pool.endpoint.name()) || (only_new && !pool.is_new()) || down {
             continue;
         }
-        // Holding `per_pool` checkouts at once leaves the pool with that many idle ones after
-        // (idle ones are reused, the rest opened), as far as the connections busy elsewhere
-        // leave room.
-        let status = pool.status();
-        if status.available >= per_pool {
-            continue;
-        }
-        let busy = status.size.saturating_sub(status.available);
-        let held = per_pool.min(status.max_size.saturating_sub(busy));
-        for _ in 0..held {
-            wanted.push((pool.clone(), routing.health(shard).clone()));
+        if pool.status().available < per_pool {
+            wanted.push((pool.clone(), health.clone()));
         }
     }
-    // Held until every login is done, so each checkout opens a new connection rather than
-    // reusing the one just opened.
-    let opened: Vec<_> = stream::iter(wanted)
+    let counts: Vec<Warmed> = stream::iter(wanted)
         .map(|(pool, health)| async move {
-            let got = pool.get().await;
-            match &got {
-                Ok(_) => health.up(|| pool.endpoint.name()),
-                Err(CheckoutError::Unreachable(e)) => {
-                    health.down(&pool.endpoint.name(), &e.to_string())
+            // Held together, so the idle ones are taken and the rest opened; none waits for a
+            // busy pool (clients come first).
+            let got = join_all((0..per_pool).map(|_| pool.get_now())).await;
+            let mut w = Warmed::default();
+            for g in &got {
+                match g {
+                    Ok(Some(conn)) if opened_for_this(conn) => {
+                        w.opened += 1;
+                        health.up(|| pool.endpoint.name());
+                    }
+                    Ok(_) => {}
+                    Err(CheckoutError::Unreachable(e)) => {
+                        w.failed += 1;
+                        health.down(&pool.endpoint.name(), &e.to_string());
+                    }
+                    Err(CheckoutError::Exhausted { .. }) => {}
                 }
-                // Busy with clients already: up, and warm enough.
-                Err(CheckoutError::Exhausted { .. }) => {}
             }
-            got
+            w
         })
         .buffer_unordered(PARALLEL)
         .collect()
         .await;
-    let fresh = opened
-        .iter()
-        .filter(|r| {
-            r.as_ref()
-                .is_ok_and(|c| Object::metrics(c).recycled.is_none())
-        })
-        .count();
-    Warmed {
-        opened: fresh,
-        failed: opened.iter().filter(|r| r.is_err()).count(),
-        late: 0,
+    let mut total = Warmed::default();
+    for w in counts {
+        total.add(w);
     }
+    total
 }

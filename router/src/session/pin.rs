@@ -12,6 +12,7 @@ use super::Session;
 use crate::backend::pool::PooledConn;
 use crate::errors;
 use crate::protocol::reply::SqlError;
+use crate::resolver::Reroute;
 use crate::server::clients::CancelTarget;
 use crate::server::Checkout;
 use crate::stats::{RouteKind, Stats};
@@ -173,6 +174,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let mut attempt = 0;
         // The shard's index in the session's current map (a reload while it waited moves it).
         let mut target = old.shard;
+        // A request sent again may hold several statements: a split of their shard must not
+        // send them all to the half of one of their keys (nothing of it ran: 57P03, run again).
+        self.reroute = Reroute::No;
         let (conn, shard) = loop {
             attempt += 1;
             let (mut conn, _, shard) = match self.routing.checkout_timed(target).await {
