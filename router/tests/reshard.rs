@@ -43,6 +43,18 @@ fn target_server(names: &[&str]) -> pgharness::Server {
     server
 }
 
+/// `shardgate reshard cutover` of `plan` through every admin console, rewriting `maps`.
+fn cutover(plan: &str, admin: &[String], maps: &[&PathBuf]) -> (bool, String) {
+    let mut args = vec!["cutover", "--plan", plan];
+    for a in admin {
+        args.extend(["--router", a.as_str()]);
+    }
+    for m in maps {
+        args.extend(["--shardmap", path(m)]);
+    }
+    reshard(&args)
+}
+
 /// `shardgate reshard ARGS`: success, and everything it printed.
 fn reshard(args: &[&str]) -> (bool, String) {
     let out = Command::new(common::shardgate_bin())
@@ -316,17 +328,7 @@ async fn a_shard_splits_under_load_with_nothing_lost_and_nothing_failed() {
     tokio::time::sleep(Duration::from_millis(800)).await;
 
     // A cut-over one router cannot follow (its map file is not rewritten) rolls back.
-    let (ok, text) = reshard(&[
-        "cutover",
-        "--plan",
-        plan,
-        "--router",
-        &admin[0],
-        "--router",
-        &admin[1],
-        "--shardmap",
-        path(&map_files[0]),
-    ]);
+    let (ok, text) = cutover(plan, &admin, &[&map_files[0]]);
     assert!(
         !ok && text.contains("does not show shard") && text.contains("rolled back"),
         "{text}"
@@ -360,19 +362,7 @@ async fn a_shard_splits_under_load_with_nothing_lost_and_nothing_failed() {
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     // The real cut-over, both maps rewritten.
-    let (ok, text) = reshard(&[
-        "cutover",
-        "--plan",
-        plan,
-        "--router",
-        &admin[0],
-        "--router",
-        &admin[1],
-        "--shardmap",
-        path(&map_files[0]),
-        "--shardmap",
-        path(&map_files[1]),
-    ]);
+    let (ok, text) = cutover(plan, &admin, &[&map_files[0], &map_files[1]]);
     assert!(ok && text.contains("cut over: shard"), "{text}");
     tokio::time::sleep(Duration::from_millis(800)).await;
     let outcome = load.finish().await;
@@ -520,15 +510,7 @@ async fn a_split_abandoned_after_its_target_died_leaves_the_source_serving_and_n
     tokio::time::sleep(Duration::from_millis(500)).await;
     // A cut-over now refuses before pausing anything.
     let admin = router.url_as("ops", "ops-secret", "shardgate");
-    let (ok, text) = reshard(&[
-        "cutover",
-        "--plan",
-        plan,
-        "--router",
-        &admin,
-        "--shardmap",
-        path(&map_file),
-    ]);
+    let (ok, text) = cutover(plan, &[admin], &[&map_file]);
     assert!(!ok, "{text}");
     let (ok, text) = reshard(&["cleanup", "--plan", plan]);
     assert!(ok && text.contains("not cut over"), "{text}");

@@ -525,19 +525,21 @@ mod tests {
         vec![a.into(), b.into()]
     }
 
-    #[test]
-    fn plans_a_split_and_reads_its_file_back() {
+    /// The map, and shard 1 of it split onto two new databases.
+    fn split_of_shard_1() -> (ShardMap, Plan) {
         let map = map();
         let range = map.shards()[1].range;
-        let plan = Plan::new(
-            &map,
-            &range,
-            &into(
-                "postgres://u:p@127.0.0.1:6000/a",
-                "postgres://u:p@127.0.0.1:6001/b",
-            ),
-        )
-        .unwrap();
+        let into = into(
+            "postgres://u:p@127.0.0.1:6000/a",
+            "postgres://u:p@127.0.0.1:6001/b",
+        );
+        let plan = Plan::new(&map, &range, &into).unwrap();
+        (map, plan)
+    }
+
+    #[test]
+    fn plans_a_split_and_reads_its_file_back() {
+        let (map, plan) = split_of_shard_1();
         assert!(!plan.parts[0].stays && !plan.parts[1].stays);
         // Shard 0 is the default: neither half of shard 1 gets the unsharded tables.
         assert!(!plan.parts[0].gets_unsharded && !plan.parts[1].gets_unsharded);
@@ -593,17 +595,7 @@ mod tests {
 
     #[test]
     fn sql_filters_by_range_and_quotes() {
-        let map = map();
-        let range = map.shards()[1].range;
-        let plan = Plan::new(
-            &map,
-            &range,
-            &into(
-                "postgres://u:p@127.0.0.1:6000/a",
-                "postgres://u:p@127.0.0.1:6001/b",
-            ),
-        )
-        .unwrap();
+        let (_, plan) = split_of_shard_1();
         let tables = vec![
             CatalogTable {
                 schema: "public".into(),
@@ -649,17 +641,7 @@ mod tests {
         )
         .contains("format 2"));
         assert!(err("nonsense").starts_with("p.toml: not a reshard plan"));
-        let map = map();
-        let range = map.shards()[1].range;
-        let plan = Plan::new(
-            &map,
-            &range,
-            &into(
-                "postgres://u:p@127.0.0.1:6000/a",
-                "postgres://u:p@127.0.0.1:6001/b",
-            ),
-        )
-        .unwrap();
+        let (_, plan) = split_of_shard_1();
         let swapped = plan
             .to_toml()
             .replacen("range = \"80-c0\"", "range = \"80-90\"", 1);
