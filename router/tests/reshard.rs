@@ -505,11 +505,20 @@ async fn a_split_abandoned_after_its_target_died_leaves_the_source_serving_and_n
     assert!(ok, "{text}");
     let load = Load::start(&[router.url()], &keys);
     tokio::time::sleep(Duration::from_millis(500)).await;
+    // A pause the routers would not hold statements through is refused before anything pauses.
+    let admin = router.url_as("ops", "ops-secret", "shardgate");
+    wait_ready(plan);
+    let mut long = vec!["cutover", "--plan", plan, "--router", admin.as_str()];
+    long.extend(["--shardmap", path(&map_file), "--max-pause", "40s"]);
+    let (ok, text) = reshard(&long);
+    assert!(
+        !ok && text.contains("pause_timeout_ms is 30000 ms"),
+        "{text}"
+    );
 
     targets.stop().expect("kill the targets");
     tokio::time::sleep(Duration::from_millis(500)).await;
     // A cut-over now refuses before pausing anything.
-    let admin = router.url_as("ops", "ops-secret", "shardgate");
     let (ok, text) = cutover(plan, &[admin], &[&map_file]);
     assert!(!ok, "{text}");
     let (ok, text) = reshard(&["cleanup", "--plan", plan]);

@@ -93,6 +93,29 @@ async fn within<T>(
         .map_err(|_| format!("{what} took the pause past --max-pause"))?
 }
 
+/// Every router must hold paused statements longer than the cut-over may pause: past its
+/// `[pool] pause_timeout_ms` they fail with 57P03, which is what the pause is there to avoid.
+async fn check_pause_timeouts(routers: &[Db], max_pause: Duration) -> Result<(), String> {
+    for r in routers {
+        let rows = r.rows("SHOW CONFIG").await?;
+        let timeout = rows
+            .iter()
+            .find(|row| row.first().cloned().flatten().as_deref() == Some("pool.pause_timeout_ms"))
+            .and_then(|row| row.get(1).cloned().flatten())
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(Duration::from_millis)
+            .ok_or_else(|| format!("{}: SHOW CONFIG has no pool.pause_timeout_ms", r.name))?;
+        if max_pause >= timeout {
+            return Err(format!(
+                "{}: its [pool] pause_timeout_ms is {} ms, not more than --max-pause {max_pause:?}: statements held by the pause would fail before it ends; give a shorter --max-pause or raise pause_timeout_ms",
+                r.name,
+                timeout.as_millis()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Reads the map every file holds; they must all hold the same one.
 fn current_map(files: &[PathBuf]) -> Result<(ShardMap, String), String> {
     let first = files
@@ -175,6 +198,7 @@ pub async fn cutover(c: &Cutover<'_>) -> Result<Report, String> {
         .await
         .into_iter()
         .collect::<Result<_, _>>()?;
+    check_pause_timeouts(&routers, c.max_pause).await?;
     let tables = source_tables(&source).await?;
     for f in c.shardmaps {
         let backup = f.with_extension(format!("toml.before-split-{}", plan.tag()));

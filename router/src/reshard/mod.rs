@@ -120,8 +120,8 @@ pub struct CutoverArgs {
     /// on a rollback), to carry it to the routers' hosts; $SHARDGATE_SHARDMAP names the file.
     #[arg(long, value_name = "CMD")]
     publish_command: Option<String>,
-    /// The longest the shard may stay paused; past it the cut-over rolls back. Keep it well
-    /// below the routers' [pool] pause_timeout_ms, after which held statements fail.
+    /// The longest the shard may stay paused; past it the cut-over rolls back. Must be below
+    /// every router's [pool] pause_timeout_ms (after which held statements fail): checked first.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
     max_pause: Duration,
     /// Skip the comparison of counts and checksums while paused (a shorter pause).
