@@ -23,11 +23,7 @@ pub struct Cleanup {
 pub async fn cleanup(plan: &Plan, opts: &Cleanup) -> Result<(), String> {
     let source = connect(&plan.source, "the source").await?;
     let fenced = source.value(&plan.fenced_sql()).await?.as_deref() == Some("t");
-    let has_marker = source
-        .value(&format!("SELECT to_regclass({})", quote_literal(MARKER)))
-        .await?
-        .is_some();
-    let cut_over = has_marker
+    let cut_over = source.has_table(MARKER).await?
         && source
             .value(&format!(
                 "SELECT count(*) FROM {MARKER} WHERE token = {}",
@@ -56,14 +52,7 @@ pub async fn cleanup(plan: &Plan, opts: &Cleanup) -> Result<(), String> {
         return Err("--delete-moved after a split that was not cut over would delete the only copy: refused".into());
     }
     let names: Vec<String> = plan.moving().map(|(i, _)| plan.part_name(i)).collect();
-    let has_record = source
-        .value(&format!(
-            "SELECT to_regclass({})",
-            quote_literal(SUBSCRIPTIONS)
-        ))
-        .await?
-        .is_some();
-    let oids: Vec<String> = if has_record {
+    let oids: Vec<String> = if source.has_table(SUBSCRIPTIONS).await? {
         source
             .rows(&format!("SELECT target_oid FROM {SUBSCRIPTIONS}"))
             .await?
@@ -88,13 +77,7 @@ pub async fn cleanup(plan: &Plan, opts: &Cleanup) -> Result<(), String> {
                 continue;
             }
         };
-        let exists = target
-            .value(&format!(
-                "SELECT count(*) FROM pg_subscription WHERE subname = {}",
-                quote_literal(&name)
-            ))
-            .await?;
-        if exists.as_deref() == Some("1") {
+        if target.subscription_oid(&name).await?.is_some() {
             target
                 .exec(&format!(
                     "ALTER SUBSCRIPTION {name} DISABLE; ALTER SUBSCRIPTION {name} SET (slot_name = NONE); DROP SUBSCRIPTION {name}"

@@ -149,18 +149,9 @@ pub async fn check(plan: &Plan) -> Result<(Vec<String>, Vec<String>), String> {
         }
         let count = target.value(&user_tables).await?.unwrap_or_default();
         if count != "0" {
-            let started = target
-                .value(&format!(
-                    "SELECT count(*) FROM pg_subscription WHERE subname = {}",
-                    quote_literal(&plan.part_name(i))
-                ))
-                .await?;
             // Started before (the schema copied, perhaps the subscription refused): go on.
-            let copied = target
-                .value(&format!("SELECT to_regclass({})", quote_literal(MARKER)))
-                .await?
-                .is_some();
-            if started.as_deref() == Some("1") || copied {
+            let started = target.subscription_oid(&plan.part_name(i)).await?.is_some();
+            if started || target.has_table(MARKER).await? {
                 notes.push(format!(
                     "{}: the split was already started there",
                     target.name
@@ -201,21 +192,11 @@ pub async fn start(plan: &Plan, pg_bin: Option<&Path>) -> Result<(), String> {
     for (i, part) in plan.moving() {
         let name = plan.part_name(i);
         let target = connect(&part.primary, &format!("target {}", part.range)).await?;
-        let subscribed = target
-            .value(&format!(
-                "SELECT oid FROM pg_subscription WHERE subname = {}",
-                quote_literal(&name)
-            ))
-            .await?;
-        if subscribed.is_some() {
+        if target.subscription_oid(&name).await?.is_some() {
             println!("{}: already subscribed ({name})", target.name);
             continue;
         }
-        if target
-            .value(&format!("SELECT to_regclass({})", quote_literal(MARKER)))
-            .await?
-            .is_none()
-        {
+        if !target.has_table(MARKER).await? {
             println!("{}: copying the schema", target.name);
             copy_schema(&plan.source, &part.primary, pg_bin)?;
         }
@@ -241,18 +222,12 @@ pub async fn start(plan: &Plan, pg_bin: Option<&Path>) -> Result<(), String> {
                 db::describe(&e)
             )
         })?;
-        let oid = target
-            .value(&format!(
-                "SELECT oid FROM pg_subscription WHERE subname = {}",
-                quote_literal(&name)
-            ))
-            .await?
-            .ok_or_else(|| {
-                format!(
-                    "{}: subscription {name} is not there after CREATE",
-                    target.name
-                )
-            })?;
+        let oid = target.subscription_oid(&name).await?.ok_or_else(|| {
+            format!(
+                "{}: subscription {name} is not there after CREATE",
+                target.name
+            )
+        })?;
         source
             .exec(&format!(
                 "INSERT INTO {SUBSCRIPTIONS} VALUES ({}, {oid}) ON CONFLICT (name) DO UPDATE SET target_oid = EXCLUDED.target_oid",

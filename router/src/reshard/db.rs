@@ -22,23 +22,32 @@ fn default_user() -> String {
     std::env::var("PGUSER").unwrap_or_else(|_| "postgres".into())
 }
 
-/// The login for `primary`: the URL's user and password, else `$PGUSER` and `$PGPASSWORD`.
+/// The login for `primary`: the URL's user and password, else `$PGUSER` (default `postgres`)
+/// and `$PGPASSWORD`.
+fn login_of(primary: &Primary) -> (String, Option<String>) {
+    (
+        primary.user.clone().unwrap_or_else(default_user),
+        primary
+            .password
+            .clone()
+            .or_else(|| std::env::var("PGPASSWORD").ok()),
+    )
+}
+
+/// How to connect to `primary`, with [`login_of`]'s login.
 fn config_of(primary: &Primary) -> tokio_postgres::Config {
+    let (user, password) = login_of(primary);
     let mut config = tokio_postgres::Config::new();
     config
         .host(&primary.host)
         .port(primary.port)
         .dbname(&primary.database)
-        .user(primary.user.clone().unwrap_or_else(default_user))
+        .user(user)
         .application_name("shardgate reshard")
         // verify's checksum hashes rows as text: the same text on every server.
         .options("-c TimeZone=UTC -c DateStyle=ISO -c IntervalStyle=postgres -c extra_float_digits=3 -c bytea_output=hex")
         .connect_timeout(CONNECT_TIMEOUT);
-    if let Some(p) = primary
-        .password
-        .clone()
-        .or_else(|| std::env::var("PGPASSWORD").ok())
-    {
+    if let Some(p) = password {
         config.password(p);
     }
     config
@@ -57,18 +66,15 @@ pub fn conninfo(primary: &Primary) -> String {
             format!("'{}'", v.replace('\\', "\\\\").replace('\'', "\\'"))
         }
     };
+    let (user, password) = login_of(primary);
     let mut out = format!(
         "host={} port={} dbname={} user={}",
         value(&primary.host),
         primary.port,
         value(&primary.database),
-        value(&primary.user.clone().unwrap_or_else(default_user))
+        value(&user)
     );
-    if let Some(p) = primary
-        .password
-        .clone()
-        .or_else(|| std::env::var("PGPASSWORD").ok())
-    {
+    if let Some(p) = password {
         out.push_str(&format!(" password={}", value(&p)));
     }
     out
@@ -76,17 +82,11 @@ pub fn conninfo(primary: &Primary) -> String {
 
 /// Connects to a primary; `role` says which one in errors ("the source", "target 60-80").
 pub async fn connect(primary: &Primary, role: impl std::fmt::Display) -> Result<Db, String> {
-    let name = format!("{role} ({})", primary.endpoint());
-    let config = config_of(primary);
-    let connecting = config.connect(NoTls);
-    let (client, connection) = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
-        .await
-        .map_err(|_| format!("{name}: no answer in {CONNECT_TIMEOUT:?}"))?
-        .map_err(|e| format!("{name}: cannot connect: {}", describe(&e)))?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    Ok(Db { client, name })
+    open(
+        &config_of(primary),
+        format!("{role} ({})", primary.endpoint()),
+    )
+    .await
 }
 
 /// Connects to a router's admin console (`postgres://USER:PASSWORD@HOST:PORT/shardgate`).
@@ -95,6 +95,11 @@ pub async fn connect_admin(url: &str) -> Result<Db, String> {
     let config: tokio_postgres::Config = url
         .parse()
         .map_err(|e| format!("{name}: not a postgres:// URL: {e}"))?;
+    open(&config, name).await
+}
+
+/// Connects with `config` within [`CONNECT_TIMEOUT`]; the connection runs on its own task.
+async fn open(config: &tokio_postgres::Config, name: String) -> Result<Db, String> {
     let (client, connection) = tokio::time::timeout(CONNECT_TIMEOUT, config.connect(NoTls))
         .await
         .map_err(|_| format!("{name}: no answer in {CONNECT_TIMEOUT:?}"))?
@@ -145,6 +150,21 @@ impl Db {
                 _ => None,
             })
             .collect())
+    }
+
+    /// Whether the table (or other relation) `name` exists.
+    pub async fn has_table(&self, name: &str) -> Result<bool, String> {
+        let sql = format!("SELECT to_regclass({})", super::plan::quote_literal(name));
+        Ok(self.value(&sql).await?.is_some())
+    }
+
+    /// The oid of subscription `name` here, if there is one.
+    pub async fn subscription_oid(&self, name: &str) -> Result<Option<String>, String> {
+        let sql = format!(
+            "SELECT oid FROM pg_subscription WHERE subname = {}",
+            super::plan::quote_literal(name)
+        );
+        self.value(&sql).await
     }
 
     /// The first value of the first row (`None` for no row or NULL).

@@ -36,15 +36,12 @@ pub async fn run(shared: Arc<Shared>) {
         while probes.join_next().await.is_some() {}
         let answered =
             (0..routing.map.shards().len()).all(|shard| routing.health(shard).answered());
-        if answered && shared.is_warmed() {
+        let ready = answered && shared.is_warmed();
+        if ready {
             shared.set_ready();
         }
         drop(routing);
-        let pause = if answered && shared.is_warmed() {
-            WHEN_READY
-        } else {
-            UNTIL_READY
-        };
+        let pause = if ready { WHEN_READY } else { UNTIL_READY };
         tokio::time::sleep(pause).await;
     }
 }
