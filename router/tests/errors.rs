@@ -125,9 +125,10 @@ async fn statement_error_inside_a_transaction() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_transaction_stays_on_its_shard() {
+async fn with_cross_shard_refused_a_transaction_stays_on_its_shard() {
     let env = shared_env();
-    let mut client = env.router.connect().await;
+    let router = Router::start_with(&env.map, "[transactions]\ncross_shard = \"refuse\"\n");
+    let mut client = router.connect().await;
     let a = env.key_on(0, 6_200_000);
     let b = env.key_on(1, 6_200_000);
 

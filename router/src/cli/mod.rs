@@ -123,6 +123,7 @@ fn explain(config: &std::path::Path, sql: &str) -> Result<(), String> {
         transaction: Transaction::None,
         manual: None,
         allow_scatter_writes: config.limits.allow_scatter_writes,
+        cross_shard: false,
     };
     let target = resolver::resolve(&stmt, &cx);
     let rows: Vec<Vec<String>> = explain::rows(&target, inner)

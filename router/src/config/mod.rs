@@ -60,6 +60,8 @@ pub struct Config {
     pub reload: Reload,
     /// `[failover]`: how statements for a shard that cannot be reached are held.
     pub failover: Failover,
+    /// `[transactions]`: transactions that touch several shards.
+    pub transactions: Transactions,
     /// `[http] listen`: the address of the HTTP side port (`/metrics`, `/health`, `/ready`).
     /// Off when absent.
     pub http: Option<SocketAddr>,
@@ -341,6 +343,29 @@ pub struct Failover {
     pub hold_max_statements: usize,
 }
 
+/// `[transactions]`: what a transaction may do once it needs a second shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transactions {
+    /// `cross_shard`: `"multi"` (default) lets a transaction, or an extended-protocol batch,
+    /// run statements on several shards, each shard joining with a transaction of its own, all
+    /// committed at the client's COMMIT (or Sync) once every statement succeeded, one after
+    /// another: not atomic if a shard fails between those COMMITs. `"refuse"` keeps a
+    /// transaction on the shard of its first statement (0A000 for another).
+    pub cross_shard: CrossShard,
+    /// `lock_timeout_ms`: the `lock_timeout` a transaction gets on every shard once it spans
+    /// several (unless the client set its own), so that a deadlock across shards, which no
+    /// single Postgres can see, ends with an error (55P03) instead of hanging. Default 10000;
+    /// 0 leaves `lock_timeout` alone.
+    pub lock_timeout: Option<Duration>,
+}
+
+/// `[transactions] cross_shard`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrossShard {
+    Multi,
+    Refuse,
+}
+
 /// Every problem found in one config file; shown as `FILE:LINE: sentence`, one per line
 /// (just `FILE: sentence` when the problem has no line, e.g. a missing setting).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -400,6 +425,7 @@ pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
     let reload = sections::reload(&raw.reload, &mut check);
     let http = sections::http(&raw.http, &mut check);
     let failover = sections::failover(&raw.failover, &mut check);
+    let transactions = sections::transactions(&raw.transactions, &mut check);
     if !check.problems.is_empty() {
         return check.finish(origin, None);
     }
@@ -426,6 +452,7 @@ pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
         shutdown,
         reload,
         failover,
+        transactions,
         http,
         tls,
         router_id,

@@ -28,6 +28,8 @@ pub(super) struct RawConfig {
     pub(super) http: RawHttp,
     #[serde(default)]
     pub(super) failover: RawFailover,
+    #[serde(default)]
+    pub(super) transactions: RawTransactions,
     pub(super) tls: Option<Spanned<RawTls>>,
     pub(super) router_id: Option<Spanned<i64>>,
     #[serde(default)]
@@ -110,6 +112,13 @@ pub(super) struct RawReload {
 pub(super) struct RawFailover {
     pub(super) hold_ms: Option<Spanned<i64>>,
     pub(super) hold_max_statements: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTransactions {
+    pub(super) cross_shard: Option<Spanned<String>>,
+    pub(super) lock_timeout_ms: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize, Default)]

@@ -10,11 +10,12 @@ use toml::Spanned;
 
 use super::check::Checker;
 use super::raw::{
-    RawBackend, RawConfig, RawFailover, RawHttp, RawLimits, RawPool, RawReload, RawShutdown, RawTls,
+    RawBackend, RawConfig, RawFailover, RawHttp, RawLimits, RawPool, RawReload, RawShutdown,
+    RawTls, RawTransactions,
 };
 use super::{
-    AuthMethod, Backend, Failover, FileSetting, Limits, Peer, Pool, Reload, Shutdown, SslMode, Tls,
-    TlsMode, User, DEFAULT_LISTEN, MAX_ROUTER_ID,
+    AuthMethod, Backend, CrossShard, Failover, FileSetting, Limits, Peer, Pool, Reload, Shutdown,
+    SslMode, Tls, TlsMode, Transactions, User, DEFAULT_LISTEN, MAX_ROUTER_ID,
 };
 use crate::auth::Secret;
 
@@ -505,5 +506,31 @@ pub(super) fn failover(f: &RawFailover, check: &mut Checker<'_>) -> Failover {
             1000,
             1,
         ),
+    }
+}
+
+/// `[transactions]`.
+pub(super) fn transactions(t: &RawTransactions, check: &mut Checker<'_>) -> Transactions {
+    let cross_shard = match &t.cross_shard {
+        None => CrossShard::Multi,
+        Some(v) => match v.get_ref().trim() {
+            "multi" => CrossShard::Multi,
+            "refuse" => CrossShard::Refuse,
+            other => {
+                let line = check.line(v.span());
+                let why = if other == "two_phase" {
+                    "transactions.cross_shard \"two_phase\" is not built yet; use \"multi\" (commits shard after shard) or \"refuse\""
+                        .to_string()
+                } else {
+                    format!("transactions.cross_shard {other:?} is not supported; use \"multi\" or \"refuse\"")
+                };
+                check.add(line, why);
+                CrossShard::Multi
+            }
+        },
+    };
+    Transactions {
+        cross_shard,
+        lock_timeout: check.optional_ms(&t.lock_timeout_ms, "transactions.lock_timeout_ms", 10_000),
     }
 }

@@ -141,37 +141,116 @@ impl<'s> Parts<'s> {
     pub async fn commit(self) -> Result<(), SqlError> {
         let shards: Vec<usize> = self.open.iter().map(|(s, _)| *s).collect();
         let results = end_all(self.open, true).await;
-        let mut first = String::new();
-        let mut failed = Vec::new();
-        for (i, r) in results.into_iter().enumerate() {
-            if let Err(why) = r {
-                if first.is_empty() {
-                    first = why;
-                }
-                failed.push(i);
-            }
-        }
-        if failed.is_empty() {
-            return Ok(());
-        }
-        let names = |pick: &dyn Fn(usize) -> bool| -> String {
-            (0..shards.len())
-                .filter(|&i| pick(i))
-                .map(|i| self.routing.map.shards()[shards[i]].range.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        Err(SqlError::new(
-            errors::CONNECTION_FAILURE,
-            format!(
-                "{} committed on shards {} but its COMMIT failed on {}: {first}",
-                self.what,
-                names(&|i| !failed.contains(&i)),
-                names(&|i| failed.contains(&i)),
-            ),
-        )
-        .with_hint("the failed shards' part of the write may be missing: check those rows by key and run it there again"))
+        outcome(self.routing, self.what, &shards, results)
     }
+}
+
+/// Ends a transaction that ran on several shards: `open` holds its connections, each at rest
+/// inside it. A ROLLBACK rolls every one back. A COMMIT first makes every deferred constraint
+/// check now (`SET CONSTRAINTS ALL IMMEDIATE` on each, so that a violation rolls everything
+/// back instead of failing one shard's COMMIT after others passed theirs), then commits them
+/// all; the error names the shards that committed and those that did not. The connections go
+/// back to their pools (or are discarded when broken).
+pub async fn finish(
+    routing: &Routing,
+    mut open: Vec<(usize, PooledConn)>,
+    commit: bool,
+    what: &'static str,
+) -> Result<(), SqlError> {
+    if commit && open.len() > 1 {
+        let checks = open
+            .iter_mut()
+            .map(|(_, conn)| run(conn, "SET CONSTRAINTS ALL IMMEDIATE"));
+        let checked = futures_util::future::join_all(checks).await;
+        if let Some((i, (code, why))) = checked
+            .into_iter()
+            .enumerate()
+            .find_map(|(i, r)| r.err().map(|e| (i, e)))
+        {
+            let shard = routing.map.shards()[open[i].0].range.to_string();
+            end_all(open, false).await;
+            let mut err = SqlError::new(
+                errors::TRANSACTION_ROLLBACK,
+                format!("{what} was rolled back on every shard: on shard {shard}, {why}"),
+            );
+            // The client sees Postgres's own SQLSTATE (23505, 23503, ...), as for the same
+            // check at a COMMIT on one Postgres.
+            err.code = std::borrow::Cow::Owned(code);
+            return Err(err);
+        }
+    }
+    let shards: Vec<usize> = open.iter().map(|(s, _)| *s).collect();
+    let results = end_all(open, commit).await;
+    if !commit {
+        return Ok(());
+    }
+    outcome(routing, what, &shards, results)
+}
+
+/// The error, if any, of COMMITs on `shards` (`results` in the same order).
+fn outcome(
+    routing: &Routing,
+    what: &str,
+    shards: &[usize],
+    results: Vec<Result<(), String>>,
+) -> Result<(), SqlError> {
+    let mut first = String::new();
+    let mut failed = Vec::new();
+    for (i, r) in results.into_iter().enumerate() {
+        if let Err(why) = r {
+            if first.is_empty() {
+                first = why;
+            }
+            failed.push(i);
+        }
+    }
+    if failed.is_empty() {
+        return Ok(());
+    }
+    let names = |pick: &dyn Fn(usize) -> bool| -> String {
+        (0..shards.len())
+            .filter(|&i| pick(i))
+            .map(|i| routing.map.shards()[shards[i]].range.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if failed.len() == shards.len() {
+        return Err(SqlError::new(
+            errors::TRANSACTION_ROLLBACK,
+            format!(
+                "{what} was not committed: its COMMIT failed on every shard ({}): {first}",
+                names(&|_| true)
+            ),
+        ));
+    }
+    Err(SqlError::new(
+        errors::CONNECTION_FAILURE,
+        format!(
+            "{what} committed on shards {} but its COMMIT failed on {}: {first}",
+            names(&|i| !failed.contains(&i)),
+            names(&|i| failed.contains(&i)),
+        ),
+    )
+    .with_hint(
+        "the failed shards' part may be missing: check those rows by key and run it there again",
+    ))
+}
+
+/// Runs one statement on a connection at rest inside a transaction; `Err` with Postgres's
+/// SQLSTATE and message when it failed (the transaction is then aborted there).
+async fn run(conn: &mut PooledConn, sql: &str) -> Result<(), (String, String)> {
+    let lost = |e: &dyn std::fmt::Display| (errors::CONNECTION_FAILURE.to_string(), e.to_string());
+    let mut out = BytesMut::with_capacity(sql.len() + 8);
+    request::query(&mut out, sql).map_err(|e| lost(&e))?;
+    let mut error = None;
+    conn.round_trip(&out, 1, |frame| {
+        if frame[0] == b'E' {
+            error = Some(error_fields(frame));
+        }
+    })
+    .await
+    .map_err(|e| lost(&e))?;
+    error.map_or(Ok(()), Err)
 }
 
 /// Ends every part at once; the outcomes are in the parts' order.

@@ -3,14 +3,21 @@
 //! bounded channel. A big scan never sits in memory: a shard whose rows are not yet wanted
 //! simply waits. Connections whose replies were not read to the end are discarded, never
 //! reused.
+//!
+//! Inside a transaction that spans shards ([`start_in_transaction`]) each shard's part runs on
+//! the transaction's own connection for that shard (or one that begins the transaction there),
+//! and the task gives the connection back when its reply is read to the end, which it then is
+//! even when the session stops reading early (a LIMIT, an error elsewhere).
 
 use std::sync::Arc;
 
 use bytes::BytesMut;
 use tokio::sync::mpsc;
 
+use crate::backend::pool::PooledConn;
 use crate::errors;
 use crate::protocol::reply::SqlError;
+use crate::protocol::request;
 use crate::server::Routing;
 use crate::session::Settings;
 
@@ -59,7 +66,15 @@ async fn on_shard(
     let settings_sent = settings
         .write_apply(pooled.settings_fp, &mut head)
         .map_err(errors::internal)?;
-    let result = relay(&mut pooled, &head, request, usize::from(settings_sent), tx).await;
+    let result = relay(
+        &mut pooled,
+        &head,
+        request,
+        usize::from(settings_sent),
+        tx,
+        false,
+    )
+    .await;
     match result {
         Ok(()) => {
             pooled.settings_fp = settings.fingerprint();
@@ -68,6 +83,87 @@ async fn on_shard(
         Err(e) => {
             crate::backend::pool::discard(pooled);
             Err(e.into_sql(routing, shard))
+        }
+    }
+}
+
+/// One shard's part of a statement inside the client's transaction.
+pub struct Member {
+    pub shard: usize,
+    /// The transaction's connection to the shard; `None`: the shard joins the transaction now,
+    /// on a connection checked out and given the client's settings.
+    pub conn: Option<PooledConn>,
+    /// What the router runs there first, in the same write (the `BEGIN` of a joining shard,
+    /// `SET LOCAL lock_timeout`); empty for nothing. Its errors are the statement's.
+    pub prelude: String,
+}
+
+/// What a task of [`start_in_transaction`] gives back: the shard and its connection, at rest
+/// inside the transaction, or `None` when it broke (the receiver had the error).
+pub type Returned = (usize, Option<PooledConn>);
+
+/// Like [`start`], on the connections of the client's transaction (see the module's
+/// documentation); the handles give the connections back, in the same order.
+pub fn start_in_transaction(
+    routing: &Arc<Routing>,
+    members: Vec<Member>,
+    request: Vec<u8>,
+    settings: &Settings,
+) -> (
+    Vec<mpsc::Receiver<Chunk>>,
+    Vec<tokio::task::JoinHandle<Returned>>,
+) {
+    let request = Arc::new(request);
+    members
+        .into_iter()
+        .map(|member| {
+            let (tx, rx) = mpsc::channel(8);
+            let routing = routing.clone();
+            let request = request.clone();
+            let settings = settings.clone();
+            let task = tokio::spawn(async move {
+                let shard = member.shard;
+                match in_transaction(&routing, member, &request, &settings, &tx).await {
+                    Ok(conn) => (shard, Some(conn)),
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        (shard, None)
+                    }
+                }
+            });
+            (rx, task)
+        })
+        .unzip()
+}
+
+async fn in_transaction(
+    routing: &Routing,
+    member: Member,
+    request: &[u8],
+    settings: &Settings,
+    tx: &mpsc::Sender<Chunk>,
+) -> Result<PooledConn, SqlError> {
+    let mut conn = match member.conn {
+        Some(conn) => conn,
+        None => routing.checkout(member.shard).await?,
+    };
+    let mut head = BytesMut::new();
+    let settings_sent = settings
+        .write_apply(conn.settings_fp, &mut head)
+        .map_err(errors::internal)?;
+    let mut skip = usize::from(settings_sent);
+    if !member.prelude.is_empty() {
+        request::query(&mut head, &member.prelude).map_err(errors::internal)?;
+        skip += 1;
+    }
+    match relay(&mut conn, &head, request, skip, tx, true).await {
+        Ok(()) => {
+            conn.settings_fp = settings.fingerprint();
+            Ok(conn)
+        }
+        Err(e) => {
+            crate::backend::pool::discard(conn);
+            Err(e.into_sql(routing, member.shard))
         }
     }
 }
@@ -95,13 +191,16 @@ impl Stopped {
 }
 
 /// Writes `head` and `request` and hands the request's reply frames to the session, skipping
-/// the replies of the `skip` settings queries in `head` (those are the router's business).
+/// the replies of the `skip` queries in `head` (those are the router's business, but for their
+/// errors). With `drain`, replies the session no longer wants are read to the end anyway, so
+/// that the connection stays usable.
 async fn relay(
     conn: &mut crate::backend::BackendConn,
     head: &[u8],
     request: &[u8],
     skip: usize,
     tx: &mpsc::Sender<Chunk>,
+    drain: bool,
 ) -> Result<(), Stopped> {
     let mut replies = conn
         .request_parts(head, request, skip + 1)
@@ -112,12 +211,18 @@ async fn relay(
     while let Some(frame) = replies.next().await.map_err(Stopped::Lost)? {
         if skipped < skip {
             skipped += usize::from(frame[0] == b'Z');
-            continue;
+            if frame[0] != b'E' {
+                continue;
+            }
         }
         chunk.extend_from_slice(frame);
         let full = frame[0] == b'Z' || chunk.len() >= CHUNK;
         if full && tx.send(Ok(std::mem::take(&mut chunk))).await.is_err() {
-            return Err(Stopped::Abandoned);
+            if !drain {
+                return Err(Stopped::Abandoned);
+            }
+            while replies.next().await.map_err(Stopped::Lost)?.is_some() {}
+            return Ok(());
         }
     }
     Ok(())

@@ -77,6 +77,9 @@ pub struct Context<'a> {
     pub manual: Option<&'a str>,
     /// UPDATE/DELETE without a key may run on every shard (config or session opt-in).
     pub allow_scatter_writes: bool,
+    /// A transaction may go on to other shards (`[transactions] cross_shard = "multi"`): a
+    /// statement for another shard goes there, and the session makes that shard a participant.
+    pub cross_shard: bool,
 }
 
 /// Resolves one statement (all statements of a simple Query, which must agree on a shard).
@@ -120,21 +123,24 @@ pub fn transaction_control(plan: &Plan) -> Option<Dest> {
     }
 }
 
-/// The rules of an open transaction: it stays on one shard, and work on several shards (each
-/// part in a transaction of its own) cannot join it.
+/// The rules of an open transaction: it stays on one shard unless the config lets it go on to
+/// others (each statement still names one shard), and work on several shards at once (each part
+/// in a transaction of its own) cannot join it.
 fn in_transaction<'a>(resolved: Resolved<'a>, cx: &Context<'a>) -> Result<Resolved<'a>, SqlError> {
     let Transaction::Open { shard: pinned } = cx.transaction else {
         return Ok(resolved);
     };
     match &resolved.0 {
         Dest::Shard(shard) => match pinned {
-            Some(p) if p != *shard => Err(errors::cross_shard_transaction(
+            Some(p) if p != *shard && !cx.cross_shard => Err(errors::cross_shard_transaction(
                 &range(cx.map, p),
                 &range(cx.map, *shard),
             )),
             _ => Ok(resolved),
         },
         Dest::Broadcast => Err(errors::ddl_in_transaction()),
+        // Each shard joins the transaction, and the whole commits or rolls back together.
+        Dest::Read(_) | Dest::Write(_) if cx.cross_shard => Ok(resolved),
         Dest::Read(_) | Dest::Write(_) => Err(errors::scatter_in_transaction()),
         Dest::CopyIn { .. } => Err(SqlError::new(
             errors::FEATURE_NOT_SUPPORTED,
@@ -142,9 +148,9 @@ fn in_transaction<'a>(resolved: Resolved<'a>, cx: &Context<'a>) -> Result<Resolv
         )),
         Dest::SplitInsert(_) => Err(SqlError::new(
             errors::FEATURE_NOT_SUPPORTED,
-            "the rows of this INSERT fall on several shards, and a transaction runs on one shard",
+            "the rows of this INSERT fall on several shards, which an INSERT inside a transaction cannot do yet",
         )
-        .with_hint("insert the rows of each shard in their own transaction, or run the INSERT outside a transaction")),
+        .with_hint("insert the rows of each shard with an INSERT of their own, or run the INSERT outside a transaction")),
         _ => Ok(resolved),
     }
 }

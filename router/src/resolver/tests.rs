@@ -58,6 +58,21 @@ impl Fixture {
         allow_scatter_writes: bool,
         check: impl FnOnce(&Target<'_>, String) -> T,
     ) -> T {
+        self.in_mode(sql, bind, tx, manual, allow_scatter_writes, false, check)
+    }
+
+    /// [`Fixture::with`], and `cross_shard`: whether transactions may span shards.
+    #[allow(clippy::too_many_arguments)]
+    fn in_mode<T>(
+        &self,
+        sql: &str,
+        bind: Option<&[u8]>,
+        tx: Transaction,
+        manual: Option<&str>,
+        allow_scatter_writes: bool,
+        cross_shard: bool,
+        check: impl FnOnce(&Target<'_>, String) -> T,
+    ) -> T {
         let mut buf = NormalizeBuf::new();
         let planned = self.planner.plan(sql, &mut buf);
         let decoded: Option<Bind<'_>> = bind.map(|b| frontend::bind(b).expect("a valid Bind"));
@@ -75,6 +90,7 @@ impl Fixture {
             transaction: tx,
             manual,
             allow_scatter_writes,
+            cross_shard,
         };
         let target = resolve(&stmt, &cx);
         let text = target.to_string();
@@ -438,7 +454,7 @@ fn a_transaction_stays_on_its_shard_and_multi_shard_work_stays_out() {
     let split = format!("INSERT INTO kv (id, v) VALUES ({a}, 'a'), ({b}, 'b')");
     assert!(refused(&f.in_tx(&split, pending))
         .1
-        .contains("a transaction runs on one shard"));
+        .contains("an INSERT inside a transaction cannot do yet"));
     // A failed transaction accepts only its end.
     assert_eq!(
         refused(&f.in_tx("SELECT 1", Transaction::Failed)).0,
@@ -452,6 +468,47 @@ fn a_transaction_stays_on_its_shard_and_multi_shard_work_stays_out() {
         f.in_tx("COMMIT", Transaction::Failed),
         Dest::Commit
     ));
+}
+
+#[test]
+fn with_cross_shard_transactions_a_transaction_goes_where_its_statements_go() {
+    let f = Fixture::new();
+    let (a, b) = f.keys_on_two_shards();
+    let on_a = Transaction::Open {
+        shard: Some(f.shard_of(a)),
+    };
+    let multi = |sql: &str| f.in_mode(sql, None, on_a, None, false, true, take).0;
+    let to_b = multi(&format!("SELECT * FROM kv WHERE id = {b}"));
+    assert!(
+        matches!(to_b, Dest::Shard(s) if s == f.shard_of(b)),
+        "{to_b:?}"
+    );
+    assert!(matches!(multi("SELECT count(*) FROM kv"), Dest::Read(_)));
+    assert!(matches!(
+        multi(&format!("DELETE FROM kv WHERE id IN ({a}, {b})")),
+        Dest::Write(_)
+    ));
+    // DDL, COPY and split INSERTs still run outside transactions only.
+    for sql in [
+        "CREATE INDEX ON kv (v)".to_string(),
+        "COPY kv (id, v) FROM STDIN".to_string(),
+        format!("INSERT INTO kv (id, v) VALUES ({a}, 'a'), ({b}, 'b')"),
+    ] {
+        assert_eq!(refused(&multi(&sql)).0, "0A000", "{sql}");
+    }
+    // A failed transaction still accepts only its end.
+    let failed = f
+        .in_mode(
+            "SELECT 1",
+            None,
+            Transaction::Failed,
+            None,
+            false,
+            true,
+            take,
+        )
+        .0;
+    assert_eq!(refused(&failed).0, "25P02");
 }
 
 #[test]

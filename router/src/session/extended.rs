@@ -14,6 +14,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::held::Msg;
 use super::outbox::{synthetic, ConnStatements};
+use super::participants::Joined;
 use super::replies::{Audience, Kind};
 use super::state::{Batch, Tx};
 use super::statements::{ClientStatement, Duplicate};
@@ -133,16 +134,22 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         match dest {
             Dest::Refused(err) => self.batch_error(&err).await,
             Dest::Shard(shard) => {
-                if let Err(err) = self.attach(Some(shard), true).await {
-                    return self.batch_error(&err).await;
+                match self.reach(Some(shard)).await? {
+                    Joined::Ready => {}
+                    Joined::Refused(err) => return self.batch_error(&err).await,
+                    // Skipping to Sync: this message too.
+                    Joined::Failed => return Ok(()),
                 }
                 self.route_or_hold(msg).await
             }
             Dest::Broadcast | Dest::Read(_) | Dest::Write(_) => {
-                let mixed = matches!(self.state.batch, Batch::Held)
-                    && self.state.held().iter().any(|m| {
-                        matches!(m, Msg::Bind { .. } | Msg::Forward { executes: true, .. })
-                    });
+                // (Inside a transaction the statement may follow others of the transaction,
+                // but not others of its own batch.)
+                let mixed = matches!(self.state.batch, Batch::OnBackend { executed: true })
+                    || matches!(self.state.batch, Batch::Held)
+                        && self.state.held().iter().any(|m| {
+                            matches!(m, Msg::Bind { .. } | Msg::Forward { executes: true, .. })
+                        });
                 if mixed {
                     let err = SqlError::new(
                         errors::FEATURE_NOT_SUPPORTED,
@@ -153,9 +160,24 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 }
                 self.begin_multi_batch(dest, &b, &stmt)
             }
-            Dest::Any | Dest::Begin | Dest::Commit | Dest::Rollback => {
+            Dest::Commit | Dest::Rollback if !self.parts.is_empty() => {
+                // A transaction on several shards ends on all of them, here; the rest of the
+                // batch is answered by the router (`router_batch`) with no connection held.
+                if !self.bring_in_step().await? {
+                    return Ok(());
+                }
+                let ended = self.end_participants(matches!(dest, Dest::Commit)).await;
+                if let Err(err) = ended {
+                    self.state.end_unsent(false);
+                    return self.batch_error(&err).await;
+                }
                 self.route_or_hold(msg).await
             }
+            Dest::Begin => {
+                self.parts.batch_began = true;
+                self.route_or_hold(msg).await
+            }
+            Dest::Any | Dest::Commit | Dest::Rollback => self.route_or_hold(msg).await,
             // Refused by the resolver in the extended protocol.
             Dest::PreparedSql | Dest::ExplainRoute | Dest::SplitInsert(_) | Dest::CopyIn { .. } => {
                 self.batch_error(&errors::internal("a simple-protocol statement in a Bind"))
@@ -241,6 +263,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     }
 
     async fn sync(&mut self) -> Result<(), SessionError> {
+        self.parts.batch_began = false;
+        if self.parts.implicit && !self.parts.is_empty() {
+            return self.sync_on_every_shard().await;
+        }
         if self.state.skipping() {
             self.state.synced();
             if self.pin.is_some() {
@@ -283,6 +309,30 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             self.state.synced();
             self.answer_ready();
         }
+        Ok(())
+    }
+
+    /// The Sync of a batch that ran on several shards outside a transaction: as on one
+    /// Postgres, everything it did commits, on every shard, or nothing does when any of its
+    /// messages failed.
+    async fn sync_on_every_shard(&mut self) -> Result<(), SessionError> {
+        self.release_held()?;
+        let mut failed = self.state.skipping();
+        // Its ReadyForQuery is the router's to answer (the shard is inside the block the
+        // batch became), its errors the client's.
+        self.out.sync(Audience::Router);
+        self.exchange().await?;
+        failed |= self.out.replies.take_error() || self.pin.is_none();
+        let ended = self.end_participants(!failed).await;
+        self.state.synced();
+        if let Err(err) = ended {
+            if !failed {
+                let mut out = Vec::new();
+                err.write(&mut out);
+                self.out.replies.push_synthetic(out);
+            }
+        }
+        self.answer_ready();
         Ok(())
     }
 

@@ -23,6 +23,7 @@
 //! | [`pin`] | checking a connection out for the client and returning it |
 //! | [`settings`] | the client's session settings (sans-IO) |
 //! | [`multi`] | statements that run on several shards |
+//! | [`participants`] | a transaction that goes on to other shards |
 //! | [`prepared_sql`] | SQL-level PREPARE / EXECUTE / DEALLOCATE |
 //! | [`explain`] | `EXPLAIN (ROUTE)`, answered by the router |
 //!
@@ -35,6 +36,7 @@ mod extended;
 mod held;
 mod multi;
 mod outbox;
+mod participants;
 mod pin;
 mod prepared_sql;
 mod relay;
@@ -113,6 +115,8 @@ pub struct Session<S> {
     state: State,
     /// The backend connection the client holds, if any.
     pin: Option<Pinned>,
+    /// The other shards of a transaction that went on to several.
+    parts: participants::Participants,
     /// What goes to the pinned connection next.
     out: Outbox,
     statements: Statements,
@@ -148,6 +152,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             slot,
             state: State::default(),
             pin: None,
+            parts: Default::default(),
             out: Outbox::default(),
             statements: Statements::default(),
             settings,
@@ -233,7 +238,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// No transaction, no batch, no connection held, nothing owed: the session may switch to a
     /// reloaded routing, or end for a drain.
     fn at_rest(&self) -> bool {
-        self.pin.is_none() && self.state.at_rest() && self.out.replies.is_empty()
+        self.pin.is_none()
+            && self.parts.is_empty()
+            && self.state.at_rest()
+            && self.out.replies.is_empty()
     }
 
     /// Gives back the memory a long message made the session's buffers grow to (see
@@ -274,17 +282,25 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             .replan(&self.routing.planner, &mut self.nbuf);
     }
 
-    /// Resolves one statement of the client against the current transaction.
+    /// Resolves one statement of the client against the current transaction; `spread` when
+    /// the transaction runs on several shards.
     fn resolve<'a>(
         routing: &'a Routing,
         settings: &'a Settings,
         state: &State,
-        pinned: Option<usize>,
+        (pinned, spread): (Option<usize>, bool),
         stmt: &resolver::Statement<'a>,
     ) -> Target<'a> {
+        let transaction = match state.tx {
+            // On one shard, the backend decides what a failed transaction accepts (ROLLBACK
+            // TO SAVEPOINT too); across shards, the router does: any shard but the one that
+            // failed would accept anything.
+            state::Tx::Failed if spread => resolver::Transaction::Failed,
+            _ => state.transaction(pinned),
+        };
         let cx = Context {
             map: &routing.map,
-            transaction: state.transaction(pinned),
+            transaction,
             manual: settings.get(resolver::manual::SETTING),
             allow_scatter_writes: match settings.get("shardgate.allow_scatter_writes") {
                 Some(v) => matches!(
@@ -293,6 +309,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 ),
                 None => routing.config.limits.allow_scatter_writes,
             },
+            cross_shard: routing.config.transactions.cross_shard
+                == crate::config::CrossShard::Multi,
         };
         resolver::resolve(stmt, &cx)
     }
@@ -308,11 +326,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             &self.routing,
             &self.settings,
             &self.state,
-            self.pinned_shard(),
+            self.pinned(),
             &resolved,
         );
         self.reroute = target.reroute();
         target.dest
+    }
+
+    /// The shard of the pinned connection, and whether the transaction spans several shards.
+    fn pinned(&self) -> (Option<usize>, bool) {
+        (self.pinned_shard(), !self.parts.is_empty())
     }
 
     fn shard_name(&self, shard: usize) -> String {

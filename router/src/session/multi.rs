@@ -1,7 +1,9 @@
 //! The session's side of statements that run on several shards (`crate::multishard` does the
 //! work): DDL on every shard, reads merged from several shards, writes on several shards,
-//! split INSERTs and COPY. They run outside any transaction and answer without
-//! ReadyForQuery (the caller adds it).
+//! split INSERTs and COPY. They answer without ReadyForQuery (the caller adds it). Outside a
+//! transaction each runs in transactions of its own; reads and writes inside a transaction
+//! (`[transactions] cross_shard = "multi"`) run on the transaction's connections, each shard
+//! joining it as it is first touched ([`super::participants`]).
 //!
 //! In the extended protocol such a statement must be the only one of its batch: from its Bind
 //! to its Sync the router answers the batch's messages itself, and its Execute runs it.
@@ -12,11 +14,12 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::extended::no_data_description;
-use super::state::Batch;
+use super::state::{Batch, Tx};
 use super::statements::ClientStatement;
 use super::{Session, SessionError};
 use crate::errors;
 use crate::merge::Out;
+use crate::multishard::fanout::{self, Returned};
 use crate::multishard::{self, broadcast, copy_in, split_insert};
 use crate::protocol::frame::{begin_frame, end_frame};
 use crate::protocol::frontend::{self, Bind};
@@ -24,6 +27,9 @@ use crate::protocol::reply::{self, SqlError, TxStatus};
 use crate::protocol::request;
 use crate::resolver::{Dest, Read, SplitInsert};
 use crate::stats::{RouteKind, NO_SHARD};
+
+type Receiver = tokio::sync::mpsc::Receiver<fanout::Chunk>;
+type Handle = tokio::task::JoinHandle<Returned>;
 
 /// A statement on several shards in an extended batch, run at its Execute.
 #[derive(Debug)]
@@ -82,8 +88,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         asked: &[u8],
     ) -> Result<bool, SessionError> {
         self.client.meter.route(RouteKind::Scatter, NO_SHARD);
-        let receivers =
-            multishard::fanout::start(&self.routing, &read.shards, request, &self.settings);
+        let (receivers, members) = self.fan_out(&read.shards, request);
         let failed = match &read.merge {
             Some(plan) => {
                 let m = multishard::merged::Merging {
@@ -118,7 +123,31 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 .await
             }
         };
+        self.fanned_in(members, &failed).await;
         failed.map_err(SessionError::Client)
+    }
+
+    /// Sends `request` to each of `shards`: in the client's transaction when one is open (the
+    /// handles give its connections back), else each on a pooled connection of its own.
+    fn fan_out(&mut self, shards: &[usize], request: Vec<u8>) -> (Vec<Receiver>, Vec<Handle>) {
+        if self.state.tx == Tx::Idle {
+            let receivers = fanout::start(&self.routing, shards, request, &self.settings);
+            return (receivers, Vec::new());
+        }
+        let members = self.enlist(shards);
+        fanout::start_in_transaction(&self.routing, members, request, &self.settings)
+    }
+
+    /// The transaction's connections back from [`Session::fan_out`]; a statement that failed,
+    /// or a connection that broke, fails the transaction, as an error does on Postgres.
+    async fn fanned_in(&mut self, members: Vec<Handle>, failed: &std::io::Result<bool>) {
+        if members.is_empty() {
+            return;
+        }
+        let all_back = self.rejoin(members).await;
+        if !all_back || !matches!(failed, Ok(false)) {
+            self.state.refused();
+        }
     }
 
     /// A write on several shards; `Ok(true)` when it ended with an error.
@@ -131,6 +160,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         self.client
             .meter
             .route(RouteKind::MultiShardWrite, NO_SHARD);
+        if self.state.tx != Tx::Idle {
+            // Inside the client's transaction, which commits or rolls back as a whole.
+            let (receivers, members) = self.fan_out(&shards, request);
+            let failed =
+                multishard::read::concatenated(&mut self.client, receivers, asked, None, None)
+                    .await;
+            self.fanned_in(members, &failed).await;
+            return failed.map_err(SessionError::Client);
+        }
         multishard::write::run(
             &self.routing,
             &self.settings,
@@ -322,7 +360,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     multishard::gather::answer_asked(&mut self.client.out, &asked, &[], &[]);
                 }
                 self.state.synced();
-                reply::ready_for_query(&mut self.client.out, TxStatus::Idle);
+                reply::ready_for_query(&mut self.client.out, self.state.status());
             }
             b'H' => {}
             _ => {

@@ -145,6 +145,12 @@ impl Outbox {
         Ok(())
     }
 
+    /// A Flush of the router's: the backend answers what was sent so far, and nothing more is
+    /// owed for the Flush itself.
+    pub fn flush(&mut self) {
+        self.bytes.extend_from_slice(&[b'H', 0, 0, 0, 4]);
+    }
+
     /// The client's Sync.
     pub fn sync(&mut self, audience: Audience) {
         request::sync(&mut self.bytes);

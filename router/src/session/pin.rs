@@ -37,7 +37,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         wanted: Option<usize>,
         with_begin: bool,
     ) -> Result<(), SqlError> {
-        if self.pin.is_some() {
+        if let Some(pin) = &self.pin {
+            if wanted.is_some_and(|s| s != pin.shard) {
+                // Never run a statement on a shard it was not routed to.
+                return Err(errors::internal(
+                    "a statement for another shard than the connection held",
+                ));
+            }
             return Ok(());
         }
         let (mut conn, waited, shard) = match wanted {
@@ -84,6 +90,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.out
                     .query(&begin, Audience::Router)
                     .map_err(errors::internal)?;
+                // Other shards the transaction goes on to begin it the same way.
+                self.parts.begin = begin;
             }
         }
         Ok(())
@@ -234,13 +242,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// Returns the connection to its pool once the client is at rest between transactions. It
     /// keeps the client's settings; the next client with other settings resets them.
     pub(super) fn release_if_idle(&mut self) {
-        if self.state.at_rest() && self.out.replies.is_empty() {
+        if self.state.at_rest() && self.out.replies.is_empty() && self.parts.is_empty() {
             self.release();
         }
     }
 
     /// Returns the pinned connection to its pool.
     pub(super) fn release(&mut self) {
+        self.parts.begin.clear();
         if self.pin.take().is_some() {
             self.slot.set_running(None);
         }
@@ -249,6 +258,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// At the end of the session: a connection that is not at rest (an open transaction, a
     /// half-read reply) is closed, never handed to another client.
     pub(super) fn release_at_exit(&mut self) {
+        self.abandon_participants();
         if let Some(pin) = self.pin.take() {
             if !(self.state.at_rest() && self.out.replies.is_empty()) {
                 crate::backend::pool::discard(pin.conn);

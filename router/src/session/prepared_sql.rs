@@ -11,6 +11,7 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::outbox::{synthetic, ConnStatements};
+use super::participants::Joined;
 use super::replies::{Audience, Kind};
 use super::state::Tx;
 use super::statements::{Duplicate, Text};
@@ -175,10 +176,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 return self.refuse_query(&err).await;
             }
         };
-        if let Err(err) = self.attach(wanted, true).await {
-            self.refuse_here(&err);
-            self.ready();
-            return Ok(());
+        match self.reach(wanted).await? {
+            Joined::Ready => {}
+            Joined::Refused(err) => return self.refuse_query(&err).await,
+            Joined::Failed => {
+                self.ready();
+                return Ok(());
+            }
         }
         let Some(pin) = self.pin.as_mut() else {
             return Err(SessionError::Protocol(

@@ -72,6 +72,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     pub(super) async fn exchange_failed(&mut self, mut err: SqlError) -> Result<(), SessionError> {
         let owed_ready = self.out.replies.owes_client_ready();
         self.out.clear();
+        // The transaction's other shards cannot go on without this one.
+        self.abandon_participants();
         let in_transaction = self.state.tx != Tx::Idle;
         self.state.lost();
         if in_transaction {

@@ -131,6 +131,9 @@ pub struct Replies {
     /// ([`Replies::rewind`]).
     journal: Vec<Expect>,
     recording: bool,
+    /// An extended-protocol message failed since [`Replies::take_error`] last asked: the
+    /// backend skips to the next Sync.
+    errored: bool,
 }
 
 impl Replies {
@@ -208,6 +211,11 @@ impl Replies {
             }
             _ => false,
         })
+    }
+
+    /// Whether an extended-protocol message failed since the last call.
+    pub fn take_error(&mut self) -> bool {
+        std::mem::take(&mut self.errored)
     }
 
     /// Statements whose Parse turned out not to happen since the last call.
@@ -292,6 +300,7 @@ impl Replies {
                 // so drop the expectations (and synthetic replies) in between. What failed is
                 // forgotten below: the request can no longer be sent again as it was.
                 self.stop_recording();
+                self.errored = true;
                 if stmt != 0 {
                     self.failed.push((stmt, audience == Audience::Client));
                 }
@@ -340,6 +349,8 @@ impl Replies {
                 // transaction) do not.
                 if audience == Audience::Client {
                     step.ready = body.first().copied().and_then(TxStatus::from_byte);
+                    // The client's batch is over, and its errors with it.
+                    self.errored = false;
                 }
                 true
             }

@@ -162,6 +162,11 @@ impl Changes {
         self.0.push(parse_change(sql));
     }
 
+    /// Nothing changed so far.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// The transaction rolled back: its changes are undone.
     pub fn rollback(&mut self) {
         self.0.clear();

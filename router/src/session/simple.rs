@@ -5,10 +5,11 @@
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use super::participants::Joined;
 use super::replies::{Audience, Kind};
 use super::state::Tx;
 use super::{Session, SessionError};
-use crate::protocol::reply::{self, SqlError, TxStatus};
+use crate::protocol::reply::{self, SqlError};
 use crate::protocol::{frontend, LONG};
 use crate::resolver::{self, Dest, Reroute};
 
@@ -24,7 +25,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             // that there, so the Query is routed on its own.
             self.finish_preparation().await?;
         }
-        let pinned = self.pinned_shard();
+        let pinned = self.pinned();
         let dest = {
             let planned = self.routing.planner.plan(sql, &mut self.nbuf);
             let stmt = resolver::Statement::from_text(sql, &planned);
@@ -67,6 +68,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.ready();
                 return Ok(());
             }
+            Dest::Commit | Dest::Rollback if !self.parts.is_empty() => {
+                // A transaction on several shards ends on all of them, here.
+                let commit = matches!(dest, Dest::Commit);
+                let ended = self.end_participants(commit).await;
+                let tag = self.state.end_unsent(commit);
+                match ended {
+                    Ok(()) => reply::command_complete(&mut self.client.out, tag),
+                    Err(err) => err.write(&mut self.client.out),
+                }
+                self.ready();
+                return Ok(());
+            }
             Dest::Broadcast => {
                 let answer = self.run_broadcast(sql).await;
                 self.client.out.extend_from_slice(&answer);
@@ -93,10 +106,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     Dest::Shard(s) => Some(s),
                     _ => None,
                 };
-                if let Err(err) = self.attach(wanted, true).await {
-                    self.refuse_here(&err);
-                    self.ready();
-                    return Ok(());
+                match self.reach(wanted).await? {
+                    Joined::Ready => {}
+                    Joined::Refused(err) => return self.refuse_query(&err).await,
+                    Joined::Failed => {
+                        self.ready();
+                        return Ok(());
+                    }
                 }
                 self.out.push_frame(frame);
                 self.out.replies.push(Kind::Query, Audience::Client);
@@ -105,8 +121,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 return Ok(());
             }
         }
-        // Statements on several shards run outside any transaction.
-        reply::ready_for_query(&mut self.client.out, TxStatus::Idle);
+        self.ready();
         Ok(())
     }
 

@@ -1,0 +1,304 @@
+//! A transaction on several shards (`[transactions] cross_shard = "multi"`): the shards it
+//! touched besides the one of its current statement, each a connection with a transaction of
+//! its own open on it, and how the transaction moves between them and ends on all of them.
+//!
+//! The pinned connection ([`super::pin`]) stays the one the client's messages go to; when a
+//! statement names another shard, the pinned connection is brought in step (everything sent
+//! on it answered) and joins [`Participants`], and the statement's shard becomes the pinned one:
+//! a connection it already has, or a new one that begins the same transaction (the client's
+//! `BEGIN`, so its isolation level and read-only mode). An extended-protocol batch that
+//! touches a second shard before its Sync is an implicit transaction in Postgres: its first
+//! shard's part is turned into a transaction block there (`BEGIN` in the middle of the batch
+//! does exactly that), and the client's Sync commits every shard, or rolls every shard back
+//! when anything failed. COMMIT and ROLLBACK end every shard's part at once
+//! ([`crate::multishard::commit::finish`]).
+//!
+//! A transaction that stays on one shard never gets here: it costs what it cost before.
+
+use std::fmt::Write as _;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::task::JoinHandle;
+
+use super::pin::Pinned;
+use super::replies::Audience;
+use super::state::Tx;
+use super::{Session, SessionError};
+use crate::multishard::{commit, fanout};
+use crate::protocol::reply::SqlError;
+use crate::server::clients::CancelTarget;
+
+/// The other shards of a transaction that spans several.
+#[derive(Default)]
+pub struct Participants {
+    /// Their connections, each at rest inside the transaction.
+    pub others: Vec<Pinned>,
+    /// The transaction is an extended-protocol batch's (the client never said BEGIN): it ends
+    /// at the client's Sync.
+    pub implicit: bool,
+    /// How each joining shard begins: the client's `BEGIN` (empty: a plain `BEGIN`).
+    pub begin: String,
+    /// The current batch has bound a `BEGIN`: the batch is not an implicit transaction even
+    /// though no ReadyForQuery has said so yet.
+    pub batch_began: bool,
+}
+
+impl Participants {
+    pub fn is_empty(&self) -> bool {
+        self.others.is_empty()
+    }
+}
+
+/// What came of moving a transaction's next statement to another shard.
+pub enum Joined {
+    /// The statement's shard is the pinned connection now.
+    Ready,
+    /// The shard cannot be had: the statement fails with this error.
+    Refused(SqlError),
+    /// Something already sent failed (the client has its error): the batch skips to its Sync.
+    Failed,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
+    /// Whether a statement for `shard` needs the transaction to move there.
+    fn moves_to(&self, shard: usize) -> bool {
+        self.pin.as_ref().is_some_and(|p| p.shard != shard)
+    }
+
+    /// The pinned connection for a statement that needs `wanted` (`None`: any shard): the one
+    /// held, the connection of another shard of the transaction, or a new one (with the
+    /// client's pending `BEGIN` in front of the statement).
+    pub(super) async fn reach(&mut self, wanted: Option<usize>) -> Result<Joined, SessionError> {
+        match wanted {
+            Some(shard) if self.moves_to(shard) => self.join(shard).await,
+            _ => Ok(match self.attach(wanted, true).await {
+                Ok(()) => Joined::Ready,
+                Err(err) => Joined::Refused(err),
+            }),
+        }
+    }
+
+    /// Makes `shard` the pinned connection of the transaction under way (see the module
+    /// documentation).
+    pub(super) async fn join(&mut self, shard: usize) -> Result<Joined, SessionError> {
+        if !self.bring_in_step().await? {
+            return Ok(Joined::Failed);
+        }
+        if self.parts.is_empty() {
+            // The first shard of the transaction: a batch's implicit transaction becomes a
+            // block there, and the transaction gets its lock timeout.
+            let implicit = self.state.tx == Tx::Idle && !self.parts.batch_began;
+            let mut sql = String::new();
+            if implicit {
+                sql.push_str("BEGIN");
+            }
+            self.push_lock_timeout(&mut sql);
+            if !sql.is_empty() {
+                self.out.query(&sql, Audience::Router)?;
+                self.exchange().await?;
+                match self.pin.as_mut() {
+                    // A simple Query drops the unnamed statement.
+                    Some(pin) => pin.unnamed = 0,
+                    None => {
+                        self.abandon_participants();
+                        return Ok(Joined::Failed);
+                    }
+                }
+            }
+            self.parts.implicit = implicit;
+        }
+        let Some(current) = self.pin.take() else {
+            return Ok(Joined::Failed);
+        };
+        self.parts.others.push(current);
+        if let Some(i) = self.parts.others.iter().position(|p| p.shard == shard) {
+            self.pin = Some(self.parts.others.swap_remove(i));
+            self.point_cancel_at_pin();
+            return Ok(Joined::Ready);
+        }
+        if let Err(err) = self.attach(Some(shard), false).await {
+            // The transaction stays where it was.
+            self.pin = self.parts.others.pop();
+            self.point_cancel_at_pin();
+            return Ok(Joined::Refused(err));
+        }
+        let mut begin = self.begin_text().to_string();
+        self.push_lock_timeout(&mut begin);
+        if let Some(pin) = self.pin.as_mut() {
+            // Inside a transaction: never sent again elsewhere.
+            pin.fresh = false;
+        }
+        // In the same write as the statement; its error, if any, is the client's.
+        self.out.query(&begin, Audience::Router)?;
+        Ok(Joined::Ready)
+    }
+
+    /// Reads the replies to every message sent on the pinned connection so far (extended
+    /// messages before their Sync: a Flush of the router's asks for them). `false` when one of
+    /// them failed or the connection was lost: the client has the error, and the batch skips
+    /// to its Sync.
+    pub(super) async fn bring_in_step(&mut self) -> Result<bool, SessionError> {
+        if !self.out.bytes.is_empty() || self.out.replies.awaits_backend() {
+            self.out.flush();
+            self.exchange().await?;
+        }
+        if self.pin.is_none() {
+            // Lost: the client was told, and the transaction's other shards roll back.
+            self.abandon_participants();
+            return Ok(false);
+        }
+        if self.out.replies.take_error() {
+            self.state.skip_to_sync();
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// Ends the transaction on every shard it touched, the pinned one included (each at rest:
+    /// nothing owed), and gives the connections back. A COMMIT of a failed transaction rolls
+    /// back, as on Postgres.
+    pub(super) async fn end_participants(&mut self, commit: bool) -> Result<(), SqlError> {
+        let commit = commit && self.state.tx != Tx::Failed;
+        let mut open: Vec<_> = self
+            .parts
+            .others
+            .drain(..)
+            .map(|p| (p.shard, p.conn))
+            .collect();
+        if let Some(pin) = self.pin.take() {
+            open.push((pin.shard, pin.conn));
+        }
+        self.slot.set_running(None);
+        if !self.changes.is_empty() {
+            // A SET ran on some of them, and which is not known: the next client of each
+            // gets its settings applied afresh.
+            for (_, conn) in &mut open {
+                conn.settings_fp = super::settings::UNKNOWN;
+            }
+        }
+        open.sort_by_key(|(shard, _)| *shard);
+        self.parts = Participants::default();
+        let ended = commit::finish(&self.routing, open, commit, "the transaction").await;
+        if commit && ended.is_ok() {
+            self.changes.settle(&mut self.settings);
+        } else {
+            self.changes.rollback();
+        }
+        ended
+    }
+
+    /// The connections of a transaction that cannot go on (its pinned connection was lost, the
+    /// client left): closed, which rolls each back.
+    pub(super) fn abandon_participants(&mut self) {
+        for p in self.parts.others.drain(..) {
+            crate::backend::pool::discard(p.conn);
+        }
+        self.parts = Participants::default();
+    }
+
+    /// The transaction's part on each of `shards` for a statement that runs on all of them:
+    /// the connections it has there (taken out of the session until [`Session::rejoin`]), and
+    /// for the others a `BEGIN` like the client's. A pending `BEGIN` is taken now: the
+    /// transaction starts with this statement.
+    pub(super) fn enlist(&mut self, shards: &[usize]) -> Vec<fanout::Member> {
+        if let Some(begin) = self.state.take_begin() {
+            self.parts.begin = begin;
+        }
+        let spans = shards.len() > 1 || self.pin.as_ref().is_some_and(|p| p.shard != shards[0]);
+        let first_spread = spans && self.parts.is_empty();
+        let mut held: Vec<Pinned> = self.pin.take().into_iter().collect();
+        held.append(&mut self.parts.others);
+        let mut members = Vec::with_capacity(shards.len());
+        for &shard in shards {
+            let mut prelude = String::new();
+            let conn = match held.iter().position(|p| p.shard == shard) {
+                Some(i) => {
+                    if first_spread {
+                        // The transaction spans shards from now on.
+                        self.push_lock_timeout(&mut prelude);
+                    }
+                    Some(held.swap_remove(i).conn)
+                }
+                None => {
+                    prelude.push_str(self.begin_text());
+                    if spans {
+                        self.push_lock_timeout(&mut prelude);
+                    }
+                    None
+                }
+            };
+            members.push(fanout::Member {
+                shard,
+                conn,
+                prelude,
+            });
+        }
+        // Shards of the transaction the statement does not touch stay as they are.
+        self.parts.others = held;
+        members
+    }
+
+    /// The connections [`Session::enlist`] lent, back in the transaction; `false` when one
+    /// broke (its shard's part is gone: the transaction cannot commit).
+    pub(super) async fn rejoin(&mut self, handles: Vec<JoinHandle<fanout::Returned>>) -> bool {
+        let mut all_back = true;
+        for handle in handles {
+            match handle.await {
+                Ok((shard, Some(conn))) => self.parts.others.push(Pinned {
+                    shard,
+                    conn,
+                    // The statement replaced the unnamed statement there.
+                    unnamed: 0,
+                    fresh: false,
+                }),
+                Ok((_, None)) => all_back = false,
+                Err(e) => {
+                    tracing::error!("a task of a statement on several shards failed: {e}");
+                    all_back = false;
+                }
+            }
+        }
+        if self.pin.is_none() {
+            self.pin = self.parts.others.pop();
+        }
+        self.point_cancel_at_pin();
+        all_back
+    }
+
+    /// How a shard joining the transaction begins it.
+    fn begin_text(&self) -> &str {
+        if self.parts.begin.is_empty() {
+            "BEGIN"
+        } else {
+            &self.parts.begin
+        }
+    }
+
+    /// Appends the transaction's `SET LOCAL lock_timeout` (config `[transactions]
+    /// lock_timeout_ms`) to `sql`, unless the client chose its own lock timeout.
+    fn push_lock_timeout(&self, sql: &mut String) {
+        let Some(timeout) = self.routing.config.transactions.lock_timeout else {
+            return;
+        };
+        if self.settings.get("lock_timeout").is_some() {
+            return;
+        }
+        if !sql.is_empty() {
+            sql.push_str(";\n");
+        }
+        let _ = write!(sql, "SET LOCAL lock_timeout = {}", timeout.as_millis());
+    }
+
+    /// A cancel request of the client goes to the pinned connection's statement.
+    fn point_cancel_at_pin(&self) {
+        match &self.pin {
+            Some(pin) => self.slot.set_running(Some(CancelTarget {
+                generation: self.routing.generation,
+                shard: pin.shard,
+                pid: pin.conn.pid,
+                secret: pin.conn.secret,
+            })),
+            None => self.slot.set_running(None),
+        }
+    }
+}

@@ -1,0 +1,552 @@
+//! Transactions that span shards (`[transactions] cross_shard = "multi"`, the default), through
+//! a real router in front of a 4-shard cluster: explicit transactions in both protocols commit
+//! or roll back on every shard they touched; an extended-protocol batch over several shards is
+//! one transaction, as on one Postgres (all of it or nothing at its Sync); a deferred check that
+//! fails at COMMIT rolls every shard back; a deadlock across shards ends with the lock timeout;
+//! a cancel hits only the statement running; a client gone mid-transaction leaves nothing.
+//! Each outcome is checked on the shards directly, and no shard is left with a connection
+//! idle in a transaction.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::raw::{bind, execute, parse, sync, Raw};
+use common::{rows, shared_env, sqlstate, Env, Router};
+use shardmap::Key;
+use tokio_postgres::SimpleQueryMessage;
+
+/// One key of kv on each shard, from `from` upwards.
+fn keys(env: &Env, from: i64) -> Vec<i64> {
+    (0..env.map.shards().len())
+        .map(|s| env.key_on(s, from))
+        .collect()
+}
+
+/// How many rows of kv with these keys each shard holds, read on the shards directly.
+fn present(env: &Env, keys: &[i64]) -> Vec<usize> {
+    let list = keys
+        .iter()
+        .map(i64::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    (0..env.map.shards().len())
+        .map(|s| {
+            env.on_shard(s, &format!("SELECT count(*) FROM kv WHERE id IN ({list})"))
+                .trim()
+                .parse()
+                .expect("a count")
+        })
+        .collect()
+}
+
+/// Waits until no shard has a connection of the router idle inside a transaction (a leaked
+/// participant), and fails if one stays.
+fn no_transaction_left_open(env: &Env) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let open: Vec<String> = (0..env.map.shards().len())
+            .map(|s| {
+                env.on_shard(
+                    s,
+                    "SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%' AND usename = 'app'",
+                )
+                .trim()
+                .to_string()
+            })
+            .collect();
+        if open.iter().all(|n| n == "0") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "connections idle in a transaction per shard: {open:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn trust_router() -> &'static Router {
+    static R: std::sync::OnceLock<Router> = std::sync::OnceLock::new();
+    R.get_or_init(|| Router::start_with(&shared_env().map, "auth = \"trust\"\n"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_on_every_shard_commits_on_every_shard() {
+    let env = shared_env();
+    let client = env.router.connect().await;
+    let ks = keys(env, 71_000_000);
+
+    client
+        .simple_query("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .await
+        .expect("begin");
+    for (i, k) in ks.iter().enumerate() {
+        client
+            .simple_query(&format!(
+                "INSERT INTO kv (id, v) VALUES ({k}, 'simple {i}')"
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("insert on shard {i}: {e}"));
+        // The shard joined with the client's own BEGIN.
+        let got = rows(
+            &client
+                .simple_query(&format!(
+                    "SELECT current_setting('transaction_isolation') FROM kv WHERE id = {k}"
+                ))
+                .await
+                .expect("isolation"),
+        );
+        assert_eq!(got, [["repeatable read"]], "shard {i}");
+    }
+    // Each shard's part sees its own writes; nobody else sees any before the COMMIT.
+    for (i, k) in ks.iter().enumerate() {
+        let got = rows(
+            &client
+                .simple_query(&format!("SELECT v FROM kv WHERE id = {k}"))
+                .await
+                .expect("read back"),
+        );
+        assert_eq!(got, [[format!("simple {i}")]]);
+    }
+    assert_eq!(
+        present(env, &ks),
+        [0, 0, 0, 0],
+        "nothing visible before COMMIT"
+    );
+    client.simple_query("COMMIT").await.expect("commit");
+    assert_eq!(present(env, &ks), [1, 1, 1, 1]);
+
+    // The same through a driver's transaction API (extended protocol), back and forth.
+    let mut client = client;
+    let tx = client.transaction().await.expect("begin");
+    for _ in 0..2 {
+        for k in &ks {
+            tx.execute("UPDATE kv SET v = v || '+' WHERE id = $1", &[k])
+                .await
+                .expect("update");
+        }
+    }
+    tx.commit().await.expect("commit");
+    for (i, k) in ks.iter().enumerate() {
+        let row = client
+            .query_one("SELECT v FROM kv WHERE id = $1", &[k])
+            .await
+            .expect("after commit");
+        assert_eq!(row.get::<_, String>(0), format!("simple {i}++"));
+    }
+    no_transaction_left_open(env);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_or_a_failure_leaves_nothing_on_any_shard() {
+    let env = shared_env();
+    let mut client = env.router.connect().await;
+    let ks = keys(env, 72_000_000);
+
+    // ROLLBACK after writes on three shards.
+    let tx = client.transaction().await.expect("begin");
+    for k in &ks[..3] {
+        tx.execute("INSERT INTO kv (id, v) VALUES ($1, 'rolled back')", &[k])
+            .await
+            .expect("insert");
+    }
+    tx.rollback().await.expect("rollback");
+    assert_eq!(present(env, &ks), [0, 0, 0, 0]);
+
+    // A unique violation on the third shard fails the whole transaction, as on one Postgres.
+    client
+        .execute("INSERT INTO kv (id, v) VALUES ($1, 'exists')", &[&ks[2]])
+        .await
+        .expect("autocommit insert");
+    let tx = client.transaction().await.expect("begin");
+    for k in &ks[..2] {
+        tx.execute("INSERT INTO kv (id, v) VALUES ($1, 'doomed')", &[k])
+            .await
+            .expect("insert");
+    }
+    let err = tx
+        .execute("INSERT INTO kv (id, v) VALUES ($1, 'dup')", &[&ks[2]])
+        .await
+        .expect_err("duplicate key");
+    assert_eq!(sqlstate(&err), "23505");
+    let err = tx
+        .execute("INSERT INTO kv (id, v) VALUES ($1, 'after')", &[&ks[3]])
+        .await
+        .expect_err("aborted transaction");
+    assert_eq!(sqlstate(&err), "25P02");
+    tx.rollback().await.expect("rollback");
+    assert_eq!(present(env, &ks), [0, 0, 1, 0]);
+
+    // COMMIT of a failed transaction rolls back everywhere (the simple protocol's way).
+    client.simple_query("BEGIN").await.expect("begin");
+    client
+        .simple_query(&format!(
+            "INSERT INTO kv (id, v) VALUES ({}, 'doomed')",
+            ks[0]
+        ))
+        .await
+        .expect("insert");
+    let err = client
+        .simple_query(&format!("INSERT INTO kv (id, v) VALUES ({}, 'dup')", ks[2]))
+        .await
+        .expect_err("duplicate");
+    assert_eq!(sqlstate(&err), "23505");
+    client.simple_query("COMMIT").await.expect("commit answers");
+    assert_eq!(present(env, &ks), [0, 0, 1, 0]);
+    client
+        .simple_query("SELECT 1")
+        .await
+        .expect("the session goes on");
+    no_transaction_left_open(env);
+}
+
+/// Several Bind/Execute pairs for keys of every shard before one Sync, as asyncpg's
+/// `executemany`, pgjdbc's `executeBatch` and libpq's pipeline mode send them.
+#[test]
+fn a_batch_over_several_shards_is_one_transaction() {
+    let env = shared_env();
+    let mut c = Raw::connect(trust_router());
+    let ks = keys(env, 73_000_000);
+    let insert = "INSERT INTO kv (id, v) VALUES ($1, $2)";
+
+    // All of it commits at the Sync.
+    let mut batch = parse("", insert);
+    for k in &ks {
+        batch.extend(bind("", &[&k.to_string(), "batched"]));
+        batch.extend(execute());
+    }
+    batch.extend(sync());
+    c.send(&batch);
+    assert_eq!(c.read_until(b'Z'), b"12C2C2C2CZ");
+    assert_eq!(c.status, b'I', "no transaction left open for the client");
+    assert_eq!(present(env, &ks), [1, 1, 1, 1]);
+
+    // One failing row (a key that exists, on the third shard): the client gets its error, the
+    // rest of the batch is skipped, and nothing of the batch remains on any shard.
+    let fresh = keys(env, 73_500_000);
+    let mut batch = parse("", insert);
+    for k in [fresh[0], fresh[1], ks[2], fresh[3]] {
+        batch.extend(bind("", &[&k.to_string(), "second"]));
+        batch.extend(execute());
+    }
+    batch.extend(sync());
+    c.send(&batch);
+    assert_eq!(c.read_until(b'Z'), b"12C2C2EZ");
+    assert_eq!(c.status, b'I');
+    assert_eq!(present(env, &fresh), [0, 0, 0, 0]);
+
+    // A read in the batch sees the batch's own earlier write on its shard.
+    let mut batch = parse("", insert);
+    batch.extend(bind("", &[&fresh[0].to_string(), "mine"]));
+    batch.extend(execute());
+    batch.extend(bind("", &[&fresh[1].to_string(), "mine"]));
+    batch.extend(execute());
+    batch.extend(parse("", "SELECT v FROM kv WHERE id = $1"));
+    batch.extend(bind("", &[&fresh[0].to_string()]));
+    batch.extend(execute());
+    batch.extend(sync());
+    c.send(&batch);
+    assert_eq!(c.read_until(b'Z'), b"12C2C12DCZ");
+    assert_eq!(present(env, &fresh), [1, 1, 0, 0]);
+
+    // The connections went back clean: a one-shard batch and a plain query go on normally.
+    let mut batch = parse("", "SELECT v FROM kv WHERE id = $1");
+    batch.extend(bind("", &[&ks[3].to_string()]));
+    batch.extend(execute());
+    batch.extend(sync());
+    c.send(&batch);
+    assert_eq!(c.read_until(b'Z'), b"12DCZ");
+    no_transaction_left_open(env);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferred_check_that_fails_at_commit_rolls_back_every_shard() {
+    let env = shared_env();
+    let client = env.router.connect().await;
+    // Only this test writes `names`: a deferred unique check on n.
+    client
+        .simple_query(
+            "ALTER TABLE names ADD CONSTRAINT names_n_deferred UNIQUE (n) DEFERRABLE INITIALLY DEFERRED",
+        )
+        .await
+        .expect("add a deferred constraint on every shard");
+    let shard = |name: &str| env.map.shard_for_key(&Key::Text(name));
+    let mut names = (0..).map(|i| format!("deferred-{i}"));
+    let first = names.next().expect("a name");
+    let other = names
+        .by_ref()
+        .find(|n| shard(n) != shard(&first))
+        .expect("a name on another shard");
+    let twin = names
+        .find(|n| shard(n) == shard(&other))
+        .expect("a second name on that shard");
+
+    client.simple_query("BEGIN").await.expect("begin");
+    for (name, n) in [(&first, 1), (&other, 2), (&twin, 2)] {
+        client
+            .simple_query(&format!(
+                "INSERT INTO names (name, n) VALUES ('{name}', {n})"
+            ))
+            .await
+            .expect("deferred: accepted for now");
+    }
+    let err = client
+        .simple_query("COMMIT")
+        .await
+        .expect_err("the deferred check fails");
+    assert_eq!(sqlstate(&err), "23505", "{err}");
+    let message = err.as_db_error().map(|e| e.message().to_string());
+    assert!(
+        message
+            .as_deref()
+            .is_some_and(|m| m.contains("rolled back on every shard")),
+        "{message:?}"
+    );
+    for s in 0..env.map.shards().len() {
+        assert_eq!(
+            env.on_shard(s, "SELECT count(*) FROM names WHERE name LIKE 'deferred-%'"),
+            "0",
+            "shard {s}"
+        );
+    }
+    client
+        .simple_query("SELECT 1")
+        .await
+        .expect("the session goes on");
+    no_transaction_left_open(env);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadlock_across_shards_ends_with_the_lock_timeout() {
+    let env = shared_env();
+    let router = Router::start_with(&env.map, "[transactions]\nlock_timeout_ms = 300\n");
+    let ks = keys(env, 74_000_000);
+    let (a, b) = (ks[0], ks[1]);
+    let setup = router.connect().await;
+    for k in [a, b] {
+        setup
+            .execute("INSERT INTO kv (id, v) VALUES ($1, 'lock me')", &[&k])
+            .await
+            .expect("insert");
+    }
+    // x holds a's row and wants b's; y holds b's row and wants a's: a cycle across two
+    // Postgres servers, which neither can see.
+    let x = router.connect().await;
+    let y = router.connect().await;
+    for (c, k) in [(&x, a), (&y, b)] {
+        c.simple_query("BEGIN").await.expect("begin");
+        c.simple_query(&format!("UPDATE kv SET v = 'held' WHERE id = {k}"))
+            .await
+            .expect("first lock");
+    }
+    let started = Instant::now();
+    let (to_b, to_a) = (
+        format!("UPDATE kv SET v = 'x' WHERE id = {b}"),
+        format!("UPDATE kv SET v = 'y' WHERE id = {a}"),
+    );
+    let (rx, ry) = tokio::join!(x.simple_query(&to_b), y.simple_query(&to_a));
+    let codes: Vec<String> = [&rx, &ry]
+        .iter()
+        .filter_map(|r| r.as_ref().err().map(sqlstate))
+        .collect();
+    assert!(
+        !codes.is_empty() && codes.iter().all(|c| c == "55P03"),
+        "one of them ends with lock_not_available: {codes:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "ended by the timeout, not hanging"
+    );
+    x.simple_query("ROLLBACK").await.expect("rollback x");
+    y.simple_query("ROLLBACK").await.expect("rollback y");
+    // A client's own lock_timeout wins over the router's.
+    x.simple_query("SET lock_timeout = '4s'")
+        .await
+        .expect("set");
+    x.simple_query("BEGIN").await.expect("begin");
+    for k in [a, b] {
+        x.simple_query(&format!("SELECT v FROM kv WHERE id = {k}"))
+            .await
+            .expect("read");
+    }
+    let got = rows(
+        &x.simple_query("SHOW lock_timeout")
+            .await
+            .expect("show lock_timeout"),
+    );
+    assert_eq!(got, [["4s"]]);
+    x.simple_query("ROLLBACK").await.expect("rollback");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_hits_the_statement_running_on_the_shard_the_transaction_moved_to() {
+    let env = shared_env();
+    let client = env.router.connect().await;
+    let ks = keys(env, 75_000_000);
+    client
+        .execute("INSERT INTO kv (id, v) VALUES ($1, 'sleeper')", &[&ks[1]])
+        .await
+        .expect("a row to sleep on");
+    client.simple_query("BEGIN").await.expect("begin");
+    client
+        .simple_query(&format!("INSERT INTO kv (id, v) VALUES ({}, 'c')", ks[0]))
+        .await
+        .expect("insert");
+    let token = client.cancel_token();
+    let canceller = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        token
+            .cancel_query(tokio_postgres::NoTls)
+            .await
+            .expect("send cancel");
+    });
+    let started = Instant::now();
+    let err = client
+        .simple_query(&format!("SELECT pg_sleep(20) FROM kv WHERE id = {}", ks[1]))
+        .await
+        .expect_err("cancelled");
+    canceller.await.expect("canceller");
+    assert_eq!(sqlstate(&err), "57014");
+    assert!(started.elapsed() < Duration::from_secs(15));
+    client.simple_query("ROLLBACK").await.expect("rollback");
+    assert_eq!(present(env, &ks), [0, 1, 0, 0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_mid_transaction_commits_nothing() {
+    let env = shared_env();
+    let ks = keys(env, 76_000_000);
+    {
+        let client = env.router.connect().await;
+        client.simple_query("BEGIN").await.expect("begin");
+        for k in &ks {
+            let done = client
+                .simple_query(&format!("INSERT INTO kv (id, v) VALUES ({k}, 'gone')"))
+                .await
+                .expect("insert");
+            assert!(done
+                .iter()
+                .any(|m| matches!(m, SimpleQueryMessage::CommandComplete(1))));
+        }
+    }
+    no_transaction_left_open(env);
+    assert_eq!(present(env, &ks), [0, 0, 0, 0]);
+    let client = env.router.connect().await;
+    let got = rows(
+        &client
+            .simple_query(&format!("SELECT count(*) FROM kv WHERE id = {}", ks[0]))
+            .await
+            .expect("the router goes on"),
+    );
+    assert_eq!(got, [["0"]]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_and_writes_on_several_shards_join_the_transaction() {
+    let env = shared_env();
+    let mut client = env.router.connect().await;
+    let (lo, hi) = (77_000_000i64, 77_999_999i64);
+    let ks = keys(env, lo);
+    let list = ks.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+    let count = format!("SELECT count(*) FROM kv WHERE id BETWEEN {lo} AND {hi}");
+
+    // A read across shards first: it begins the transaction on every shard.
+    client.simple_query("BEGIN").await.expect("begin");
+    assert_eq!(
+        rows(&client.simple_query(&count).await.expect("count")),
+        [["0"]]
+    );
+    for k in &ks {
+        client
+            .simple_query(&format!("INSERT INTO kv (id, v) VALUES ({k}, 'own')"))
+            .await
+            .expect("insert");
+    }
+    // Reads without a key see the transaction's own writes on every shard, merged.
+    assert_eq!(
+        rows(&client.simple_query(&count).await.expect("count")),
+        [["4"]]
+    );
+    let mut top: Vec<i64> = ks.clone();
+    top.sort_unstable_by(|a, b| b.cmp(a));
+    let got = rows(
+        &client
+            .simple_query(&format!(
+                "SELECT id FROM kv WHERE id BETWEEN {lo} AND {hi} ORDER BY id DESC LIMIT 3"
+            ))
+            .await
+            .expect("ordered limit"),
+    );
+    let want: Vec<Vec<String>> = top[..3].iter().map(|k| vec![k.to_string()]).collect();
+    assert_eq!(got, want);
+    // A write on several shards at once, in the same transaction.
+    let done = client
+        .simple_query(&format!("UPDATE kv SET v = 'bulk' WHERE id IN ({list})"))
+        .await
+        .expect("multi-shard update");
+    assert!(
+        done.iter()
+            .any(|m| matches!(m, SimpleQueryMessage::CommandComplete(4))),
+        "{done:?}"
+    );
+    assert_eq!(present(env, &ks), [0, 0, 0, 0], "nothing visible yet");
+    client.simple_query("ROLLBACK").await.expect("rollback");
+    assert_eq!(present(env, &ks), [0, 0, 0, 0]);
+
+    // The same through the extended protocol, committed.
+    let tx = client.transaction().await.expect("begin");
+    for k in &ks {
+        tx.execute("INSERT INTO kv (id, v) VALUES ($1, 'own')", &[k])
+            .await
+            .expect("insert");
+    }
+    let n: i64 = tx
+        .query_one(
+            "SELECT count(*) FROM kv WHERE id BETWEEN $1 AND $2",
+            &[&lo, &hi],
+        )
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(n, 4);
+    let updated = tx
+        .execute("UPDATE kv SET v = 'bulk' WHERE id = ANY($1)", &[&ks])
+        .await
+        .expect("multi-shard update");
+    assert_eq!(updated, 4);
+    tx.commit().await.expect("commit");
+    for s in 0..env.map.shards().len() {
+        assert_eq!(
+            env.on_shard(
+                s,
+                &format!("SELECT count(*) FROM kv WHERE id IN ({list}) AND v = 'bulk'")
+            ),
+            "1",
+            "shard {s}"
+        );
+    }
+
+    // An error on one shard of a read fails the transaction; its ROLLBACK undoes every shard.
+    client.simple_query("BEGIN").await.expect("begin");
+    client
+        .simple_query(&format!("UPDATE kv SET v = 'doomed' WHERE id = {}", ks[0]))
+        .await
+        .expect("update");
+    let err = client
+        .simple_query(&format!(
+            "SELECT 1 / (id - {}) FROM kv WHERE id BETWEEN {lo} AND {hi}",
+            ks[2]
+        ))
+        .await
+        .expect_err("division by zero on one shard");
+    assert_eq!(sqlstate(&err), "22012");
+    let err = client.simple_query("SELECT 1").await.expect_err("aborted");
+    assert_eq!(sqlstate(&err), "25P02");
+    client.simple_query("ROLLBACK").await.expect("rollback");
+    assert_eq!(
+        env.on_shard(0, &format!("SELECT v FROM kv WHERE id = {}", ks[0])),
+        "bulk"
+    );
+    no_transaction_left_open(env);
+}
