@@ -528,31 +528,30 @@ async fn multi_row_inserts_split_across_shards() {
             "0"
         );
     }
-    // In a transaction (which stays on one shard), and with bound parameters: refused.
+    // In a transaction it joins the transaction on both shards; the ROLLBACK undoes it.
     client.simple_query("BEGIN").await.expect("begin");
-    let err = client
-        .simple_query(&format!(
-            "INSERT INTO kv (id, v) VALUES ({x}, 'x'), ({y}, 'y')"
-        ))
-        .await
-        .expect_err("in a transaction");
-    assert_eq!(sqlstate(&err), "0A000");
-    client.simple_query("ROLLBACK").await.expect("rollback");
-    let err = client
-        .execute(
-            "INSERT INTO kv (id, v) VALUES ($1, 'x'), ($2, 'y')",
-            &[&x, &y],
-        )
-        .await
-        .expect_err("bound parameters");
-    assert_eq!(sqlstate(&err), "0A000");
-    // The client goes on.
     client
         .simple_query(&format!(
             "INSERT INTO kv (id, v) VALUES ({x}, 'x'), ({y}, 'y')"
         ))
         .await
-        .expect("after the refusals");
+        .expect("in a transaction");
+    client.simple_query("ROLLBACK").await.expect("rollback");
+    for (shard, k) in [(2, x), (3, y)] {
+        assert_eq!(
+            env.on_shard(shard, &format!("SELECT count(*) FROM kv WHERE id = {k}")),
+            "0"
+        );
+    }
+    // With bound parameters it is split the same way.
+    let n = client
+        .execute(
+            "INSERT INTO kv (id, v) VALUES ($1, 'x'), ($2, 'y')",
+            &[&x, &y],
+        )
+        .await
+        .expect("bound parameters");
+    assert_eq!(n, 2);
     assert_eq!(
         env.on_shard(3, &format!("SELECT v FROM kv WHERE id = {y}")),
         "y"

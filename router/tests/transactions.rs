@@ -550,3 +550,74 @@ async fn reads_and_writes_on_several_shards_join_the_transaction() {
     );
     no_transaction_left_open(env);
 }
+
+/// A multi-row INSERT with bound parameters over every shard, as pgjdbc's
+/// `reWriteBatchedInserts`, SQLAlchemy's insertmanyvalues and sqlx's `push_values` send it
+/// (tokio-postgres sends the values and asks for the rows in binary).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_row_insert_with_bound_parameters_is_split_by_shard() {
+    let env = shared_env();
+    let mut client = env.router.connect().await;
+    let ks: Vec<i64> = (0..12)
+        .map(|i| env.key_on(i % 4, 78_000_000 + 1000 * i as i64))
+        .collect();
+    let sql = |n: usize| {
+        let rows: Vec<String> = (0..n)
+            .map(|i| format!("(${}, ${})", 2 * i + 1, 2 * i + 2))
+            .collect();
+        format!(
+            "INSERT INTO kv (id, v) VALUES {} RETURNING id, v",
+            rows.join(", ")
+        )
+    };
+    let values: Vec<String> = ks.iter().map(|k| format!("bound {k}")).collect();
+    let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = Vec::new();
+    for (k, v) in ks.iter().zip(&values) {
+        params.push(k);
+        params.push(v);
+    }
+    let got = client
+        .query(&sql(ks.len()), &params)
+        .await
+        .expect("split insert");
+    let returned: Vec<(i64, String)> = got.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let want: Vec<(i64, String)> = ks.iter().cloned().zip(values.iter().cloned()).collect();
+    assert_eq!(
+        returned, want,
+        "RETURNING rows in the order of the input rows"
+    );
+    assert_eq!(present(env, &ks), [3, 3, 3, 3]);
+
+    // One row failing (an existing key): nothing of the INSERT anywhere.
+    let fresh: Vec<i64> = (0..4).map(|s| env.key_on(s, 78_500_000)).collect();
+    let (f0, f1, f3) = (fresh[0], fresh[1], fresh[3]);
+    let err = client
+        .execute(
+            "INSERT INTO kv (id, v) VALUES ($1, 'a'), ($2, 'b'), ($3, 'c'), ($4, 'd')",
+            &[&f0, &f1, &ks[2], &f3],
+        )
+        .await
+        .expect_err("duplicate key");
+    assert_eq!(sqlstate(&err), "23505");
+    assert_eq!(present(env, &fresh), [0, 0, 0, 0]);
+
+    // Inside a transaction: part of it, and gone with its ROLLBACK.
+    let tx = client.transaction().await.expect("begin");
+    let n = tx
+        .execute(
+            "INSERT INTO kv (id, v) VALUES ($1, 'a'), ($2, 'b'), ($3, 'c'), ($4, 'd')",
+            &[&fresh[0], &fresh[1], &fresh[2], &fresh[3]],
+        )
+        .await
+        .expect("in a transaction");
+    assert_eq!(n, 4);
+    let seen: i64 = tx
+        .query_one("SELECT count(*) FROM kv WHERE id = ANY($1)", &[&fresh])
+        .await
+        .expect("read back")
+        .get(0);
+    assert_eq!(seen, 4);
+    tx.rollback().await.expect("rollback");
+    assert_eq!(present(env, &fresh), [0, 0, 0, 0]);
+    no_transaction_left_open(env);
+}

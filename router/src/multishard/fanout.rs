@@ -96,6 +96,8 @@ pub struct Member {
     /// What the router runs there first, in the same write (the `BEGIN` of a joining shard,
     /// `SET LOCAL lock_timeout`); empty for nothing. Its errors are the statement's.
     pub prelude: String,
+    /// The statement's messages for this shard (a Query, or extended messages ending in Sync).
+    pub request: Arc<Vec<u8>>,
 }
 
 /// What a task of [`start_in_transaction`] gives back: the shard and its connection, at rest
@@ -107,23 +109,20 @@ pub type Returned = (usize, Option<PooledConn>);
 pub fn start_in_transaction(
     routing: &Arc<Routing>,
     members: Vec<Member>,
-    request: Vec<u8>,
     settings: &Settings,
 ) -> (
     Vec<mpsc::Receiver<Chunk>>,
     Vec<tokio::task::JoinHandle<Returned>>,
 ) {
-    let request = Arc::new(request);
     members
         .into_iter()
         .map(|member| {
             let (tx, rx) = mpsc::channel(8);
             let routing = routing.clone();
-            let request = request.clone();
             let settings = settings.clone();
             let task = tokio::spawn(async move {
                 let shard = member.shard;
-                match in_transaction(&routing, member, &request, &settings, &tx).await {
+                match in_transaction(&routing, member, &settings, &tx).await {
                     Ok(conn) => (shard, Some(conn)),
                     Err(e) => {
                         let _ = tx.send(Err(e)).await;
@@ -139,7 +138,6 @@ pub fn start_in_transaction(
 async fn in_transaction(
     routing: &Routing,
     member: Member,
-    request: &[u8],
     settings: &Settings,
     tx: &mpsc::Sender<Chunk>,
 ) -> Result<PooledConn, SqlError> {
@@ -156,7 +154,7 @@ async fn in_transaction(
         request::query(&mut head, &member.prelude).map_err(errors::internal)?;
         skip += 1;
     }
-    match relay(&mut conn, &head, request, skip, tx, true).await {
+    match relay(&mut conn, &head, &member.request, skip, tx, true).await {
         Ok(()) => {
             conn.settings_fp = settings.fingerprint();
             Ok(conn)

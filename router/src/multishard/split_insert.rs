@@ -1,20 +1,101 @@
 //! A multi-row INSERT whose rows belong to several shards: each shard gets an INSERT of its own
-//! rows (cut from the client's text by the resolver), run as the parts of one write
-//! ([`super::commit`]): one shard after another in shard order, committed only when every
-//! shard's INSERT succeeded, rolled back everywhere otherwise. So a failing row (a duplicate
-//! key, a bad value) leaves no row anywhere, as with one Postgres.
+//! rows (cut from the client's text by the resolver; with bound parameters, renumbered and sent
+//! the client's values for them), run as the parts of one write ([`super::commit`]): one shard
+//! after another in shard order, committed only when every shard's INSERT succeeded, rolled
+//! back everywhere otherwise. So a failing row (a duplicate key, a bad value) leaves no row
+//! anywhere, as with one Postgres. Inside a transaction the parts run on the transaction's
+//! connections instead, and commit with it.
 //!
 //! The client gets one answer ([`combine`]): one command tag with the total, and RETURNING rows
-//! given back in VALUES order.
+//! given back in VALUES order; in the extended protocol also the descriptions its batch asked
+//! for ([`descriptions`]), put together from the parts'.
 
 use bytes::BytesMut;
 
 use super::commit::Parts;
 use crate::errors;
+use crate::protocol::frame::{frames, put_frame};
+use crate::protocol::frontend::Bind;
 use crate::protocol::reply::SqlError;
 use crate::protocol::request;
+use crate::resolver::SplitInsert;
 use crate::server::Routing;
 use crate::session::Settings;
+
+/// What each part sends its shard, in the order of `split.parts`: a Query of its INSERT, or,
+/// with the client's Bind (and its statement's parameter types), Parse, Bind of the part's
+/// parameters with the client's formats, Describe of the portal and of the statement, Execute
+/// and Sync.
+pub fn requests(
+    split: &SplitInsert,
+    bound: Option<(&Bind<'_>, &[u8])>,
+) -> Result<Vec<(usize, Vec<u8>)>, SqlError> {
+    let mut out = Vec::with_capacity(split.parts.len());
+    for (p, (shard, sql)) in split.parts.iter().enumerate() {
+        let mut buf = BytesMut::with_capacity(sql.len() + 64);
+        match bound {
+            None => request::query(&mut buf, sql).map_err(errors::internal)?,
+            Some((bind, param_types)) => {
+                let picked = split.params.get(p).map_or(&[][..], Vec::as_slice);
+                extended_part(&mut buf, sql, picked, bind, param_types)?;
+            }
+        }
+        out.push((*shard, buf.to_vec()));
+    }
+    Ok(out)
+}
+
+fn extended_part(
+    buf: &mut BytesMut,
+    sql: &str,
+    picked: &[usize],
+    bind: &Bind<'_>,
+    param_types: &[u8],
+) -> Result<(), SqlError> {
+    let oid = |i: usize| -> [u8; 4] {
+        param_types
+            .get(2 + 4 * i..6 + 4 * i)
+            .and_then(|b| b.try_into().ok())
+            .unwrap_or([0; 4])
+    };
+    let mut types = Vec::with_capacity(2 + 4 * picked.len());
+    types.extend_from_slice(&(picked.len() as i16).to_be_bytes());
+    for &i in picked {
+        types.extend_from_slice(&oid(i));
+    }
+    request::parse(buf, "", sql, &types).map_err(errors::internal)?;
+    let mut body = Vec::with_capacity(64);
+    body.extend_from_slice(b"\0\0");
+    body.extend_from_slice(&(picked.len() as i16).to_be_bytes());
+    let mut values = Vec::new();
+    for &i in picked {
+        let Some((format, value)) = bind.param(i) else {
+            return Err(errors::internal("a split INSERT's parameter is missing"));
+        };
+        let code: i16 = if format == crate::protocol::frontend::Format::Binary {
+            1
+        } else {
+            0
+        };
+        body.extend_from_slice(&code.to_be_bytes());
+        match value {
+            Some(v) => {
+                values.extend_from_slice(&(v.len() as i32).to_be_bytes());
+                values.extend_from_slice(v);
+            }
+            None => values.extend_from_slice(&(-1i32).to_be_bytes()),
+        }
+    }
+    body.extend_from_slice(&(picked.len() as i16).to_be_bytes());
+    body.extend_from_slice(&values);
+    body.extend_from_slice(bind.result_formats());
+    put_frame(buf, b'B', &body);
+    request::describe_portal(buf);
+    request::describe_statement(buf, "").map_err(errors::internal)?;
+    request::execute(buf);
+    request::sync(buf);
+    Ok(())
+}
 
 /// How the whole INSERT ended.
 pub enum Outcome {
@@ -28,17 +109,12 @@ pub enum Outcome {
     Failed(SqlError),
 }
 
-/// Runs `parts` (shard, INSERT text), in shard order, as the module doc says.
-pub async fn run(routing: &Routing, parts: &[(usize, String)], settings: &Settings) -> Outcome {
+/// Runs the parts' `requests` (from [`requests`]), in shard order, as the module doc says.
+pub async fn run(routing: &Routing, requests: &[(usize, Vec<u8>)], settings: &Settings) -> Outcome {
     let mut open = Parts::new(routing, settings, "the INSERT");
-    let mut replies = Vec::with_capacity(parts.len());
-    for (shard, sql) in parts {
-        let mut request = BytesMut::with_capacity(sql.len() + 6);
-        if let Err(e) = request::query(&mut request, sql) {
-            open.rollback().await;
-            return Outcome::Failed(errors::internal(e));
-        }
-        if let Err(e) = open.begin(*shard, &request).await {
+    let mut replies = Vec::with_capacity(requests.len());
+    for (shard, request) in requests {
+        if let Err(e) = open.begin(*shard, request).await {
             open.rollback().await;
             return Outcome::Failed(e);
         }
@@ -50,7 +126,7 @@ pub async fn run(routing: &Routing, parts: &[(usize, String)], settings: &Settin
                 match part.next().await {
                     Ok(Some(frame)) => match frame[0] {
                         b'E' if error.is_none() => error = Some(frame.to_vec()),
-                        b'T' | b'D' | b'C' => frames.extend_from_slice(frame),
+                        b'T' | b'D' | b'C' | b't' | b'n' => frames.extend_from_slice(frame),
                         _ => {}
                     },
                     Ok(None) => break,
@@ -81,10 +157,15 @@ pub async fn run(routing: &Routing, parts: &[(usize, String)], settings: &Settin
 }
 
 /// The client's answer from every part's reply frames (without ReadyForQuery): the first
-/// RowDescription, RETURNING rows in VALUES order (`part_of_row[i]` is the part that inserted
-/// row i; each part returns its rows in its own order) and `INSERT 0 <total>`.
-pub fn combine(replies: &[Vec<u8>], part_of_row: &[usize], out: &mut Vec<u8>) {
-    use crate::protocol::frame::frames;
+/// RowDescription (`with_description`: a simple query's; in the extended protocol it answers
+/// the Describe instead), RETURNING rows in VALUES order (`part_of_row[i]` is the part that
+/// inserted row i; each part returns its rows in its own order) and `INSERT 0 <total>`.
+pub fn combine(
+    replies: &[Vec<u8>],
+    part_of_row: &[usize],
+    with_description: bool,
+    out: &mut Vec<u8>,
+) {
     let mut description: Option<&[u8]> = None;
     let mut rows: Vec<std::collections::VecDeque<&[u8]>> = vec![Default::default(); replies.len()];
     let mut total = 0;
@@ -100,7 +181,7 @@ pub fn combine(replies: &[Vec<u8>], part_of_row: &[usize], out: &mut Vec<u8>) {
             }
         }
     }
-    if let Some(d) = description {
+    if let (true, Some(d)) = (with_description, description) {
         out.extend_from_slice(d);
     }
     for &p in part_of_row {
@@ -109,6 +190,57 @@ pub fn combine(replies: &[Vec<u8>], part_of_row: &[usize], out: &mut Vec<u8>) {
         }
     }
     crate::protocol::reply::command_complete(out, &format!("INSERT 0 {total}"));
+}
+
+/// The descriptions of the client's statement and portal from the parts' extended replies:
+/// (ParameterDescription of every client parameter, each typed as the part that uses it was,
+/// followed by the statement's RowDescription or NoData; the portal's RowDescription or NoData).
+pub fn descriptions(
+    replies: &[Vec<u8>],
+    split: &SplitInsert,
+    client_params: usize,
+) -> (Vec<u8>, Vec<u8>) {
+    let mut oids = vec![[0u8; 4]; client_params];
+    let mut portal: Option<&[u8]> = None;
+    let mut statement_rows: Option<&[u8]> = None;
+    for (p, reply) in replies.iter().enumerate() {
+        let mut after_params = false;
+        for frame in frames(reply).map_while(Result::ok) {
+            match frame[0] {
+                b'T' | b'n' if !after_params => {
+                    portal.get_or_insert(frame);
+                }
+                b'T' | b'n' => {
+                    statement_rows.get_or_insert(frame);
+                }
+                b't' => {
+                    after_params = true;
+                    let picked = split.params.get(p).map_or(&[][..], Vec::as_slice);
+                    for (j, &old) in picked.iter().enumerate() {
+                        if let (Some(slot), Some(oid)) =
+                            (oids.get_mut(old), frame.get(7 + 4 * j..11 + 4 * j))
+                        {
+                            slot.copy_from_slice(oid);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    let no_data = || {
+        let mut n = Vec::new();
+        put_frame(&mut n, b'n', &[]);
+        n
+    };
+    let mut statement = Vec::new();
+    let mut body = (client_params as i16).to_be_bytes().to_vec();
+    for oid in &oids {
+        body.extend_from_slice(oid);
+    }
+    put_frame(&mut statement, b't', &body);
+    statement.extend_from_slice(&statement_rows.map_or_else(no_data, <[u8]>::to_vec));
+    (statement, portal.map_or_else(no_data, <[u8]>::to_vec))
 }
 
 #[cfg(test)]
@@ -130,7 +262,7 @@ mod tests {
         // Rows 0, 2, 3 went to part 0 and rows 1, 4 to part 1.
         let replies = [part(&["r0", "r2", "r3"]), part(&["r1", "r4"])];
         let mut out = Vec::new();
-        combine(&replies, &[0, 1, 0, 0, 1], &mut out);
+        combine(&replies, &[0, 1, 0, 0, 1], true, &mut out);
         let got: Vec<(u8, &[u8])> = crate::protocol::frame::frames(&out)
             .map_while(Result::ok)
             .map(|f| (f[0], &f[5..]))

@@ -93,6 +93,41 @@ pub fn values_rows(sql: &str) -> Option<ValuesRows> {
     })
 }
 
+/// `sql` with its parameters numbered afresh from `$1` in the order they first appear, and for
+/// each new number the old one (0-based): what a part of a split INSERT with bound parameters
+/// sends, with the client's values picked in that order. `None` when the text does not
+/// tokenize or numbers a parameter oddly.
+pub fn renumber_params(sql: &str) -> Option<(String, Vec<usize>)> {
+    let tokens = Tokenizer::new(&PostgreSqlDialect {}, sql)
+        .tokenize_with_location()
+        .ok()?;
+    let mut out = String::with_capacity(sql.len());
+    let mut old: Vec<usize> = Vec::new();
+    let mut copied = 0;
+    for t in &tokens {
+        let Token::Placeholder(p) = &t.token else {
+            continue;
+        };
+        let n: usize = p.strip_prefix('$')?.parse().ok()?;
+        let index = n.checked_sub(1)?;
+        let start = byte_offset(sql, t.span.start.line, t.span.start.column)?;
+        let end = byte_offset(sql, t.span.end.line, t.span.end.column)?;
+        let new = match old.iter().position(|&o| o == index) {
+            Some(i) => i + 1,
+            None => {
+                old.push(index);
+                old.len()
+            }
+        };
+        out.push_str(sql.get(copied..start)?);
+        out.push('$');
+        out.push_str(&new.to_string());
+        copied = end;
+    }
+    out.push_str(sql.get(copied..)?);
+    Some((out, old))
+}
+
 /// The byte offset of a tokenizer location (1-based line and character column).
 pub(crate) fn byte_offset(sql: &str, line: u64, column: u64) -> Option<usize> {
     let mut line_start = 0;
@@ -107,6 +142,23 @@ pub(crate) fn byte_offset(sql: &str, line: u64, column: u64) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parameters_are_numbered_afresh_in_order_of_appearance() {
+        let (sql, old) =
+            renumber_params("INSERT INTO kv (id, v) VALUES ($5, $6), ($11, '$2') RETURNING $6")
+                .expect("renumbered");
+        assert_eq!(
+            sql,
+            "INSERT INTO kv (id, v) VALUES ($1, $2), ($3, '$2') RETURNING $2"
+        );
+        assert_eq!(old, [4, 5, 10]);
+        assert_eq!(
+            renumber_params("SELECT 1").expect("none"),
+            ("SELECT 1".into(), vec![])
+        );
+        assert_eq!(renumber_params("SELECT $0"), None);
+    }
 
     #[test]
     fn cuts_rows_as_written() {

@@ -208,6 +208,11 @@ impl<'a> Bind<'a> {
         &self.tail[..self.tail.len() - self.result_formats.len()]
     }
 
+    /// The result format section (count and codes), as the client sent it.
+    pub fn result_formats(&self) -> &'a [u8] {
+        self.result_formats
+    }
+
     /// How many result format codes the Bind gives: 0 (all text), 1 (one for all columns), or
     /// one per column.
     pub fn result_format_count(&self) -> usize {

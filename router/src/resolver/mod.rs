@@ -146,6 +146,7 @@ fn in_transaction<'a>(resolved: Resolved<'a>, cx: &Context<'a>) -> Result<Resolv
             errors::FEATURE_NOT_SUPPORTED,
             "COPY into a sharded table cannot run inside a transaction, which stays on one shard",
         )),
+        Dest::SplitInsert(_) if cx.cross_shard => Ok(resolved),
         Dest::SplitInsert(_) => Err(SqlError::new(
             errors::FEATURE_NOT_SUPPORTED,
             "the rows of this INSERT fall on several shards, which an INSERT inside a transaction cannot do yet",
@@ -394,12 +395,7 @@ fn spread<'a>(
         Some(source) => stmt.params.count(source),
     };
     match merge {
-        Merge::SplitRows if stmt.params.bind.is_none() => split_insert(stmt, map),
-        Merge::SplitRows => Err(SqlError::new(
-            errors::FEATURE_NOT_SUPPORTED,
-            "the rows of this INSERT fall on several shards; with bound parameters each INSERT must give rows of one shard",
-        )
-        .with_hint("send one INSERT per shard (or single-row INSERTs), or send the multi-row INSERT with literal values as a simple query")),
+        Merge::SplitRows => split_insert(stmt, map),
         Merge::Write => Ok(Dest::Write(Write { shards, keyed })),
         Merge::Concat { limit } => Ok(Dest::Read(Read {
             shards,
@@ -456,9 +452,10 @@ fn keyed_shards(stmt: &Statement<'_>, map: &ShardMap) -> Result<Vec<usize>, SqlE
     Ok(shards)
 }
 
-/// A multi-row INSERT (simple protocol, literal values) cut into one INSERT per shard, each
-/// with that shard's rows as the client wrote them. A NULL key (which Postgres refuses for a
-/// primary key) goes to the default shard, which says so.
+/// A multi-row INSERT cut into one INSERT per shard, each with that shard's rows as the client
+/// wrote them; with bound parameters each part's parameters are numbered afresh (and the part
+/// is sent the client's values for them). A NULL key (which Postgres refuses for a primary key)
+/// goes to the default shard, which says so.
 fn split_insert(stmt: &Statement<'_>, map: &ShardMap) -> Result<Dest, SqlError> {
     let cannot = || {
         SqlError::new(
@@ -479,9 +476,19 @@ fn split_insert(stmt: &Statement<'_>, map: &ShardMap) -> Result<Dest, SqlError> 
                 .map_or(map.default_shard(), |key| map.shard_for_key(&key)))
         })
         .collect::<Result<Vec<usize>, SqlError>>()?;
-    split_rows(stmt.sql, &shard_of_row)
-        .map(Dest::SplitInsert)
-        .ok_or_else(cannot)
+    let mut split = split_rows(stmt.sql, &shard_of_row).ok_or_else(cannot)?;
+    if let Some(bind) = stmt.params.bind {
+        for (_, sql) in &mut split.parts {
+            let (renumbered, old) =
+                crate::planner::values::renumber_params(sql).ok_or_else(cannot)?;
+            if old.iter().any(|&i| i >= bind.param_count) {
+                return Err(cannot());
+            }
+            *sql = renumbered;
+            split.params.push(old);
+        }
+    }
+    Ok(Dest::SplitInsert(split))
 }
 
 /// The parts of a split INSERT: rows grouped by shard, in shard order.
@@ -504,5 +511,9 @@ fn split_rows(sql: &str, shard_of_row: &[usize]) -> Option<SplitInsert> {
         .iter()
         .map(|s| part_of_shard.get(s).copied().unwrap_or(0))
         .collect();
-    Some(SplitInsert { parts, part_of_row })
+    Some(SplitInsert {
+        parts,
+        part_of_row,
+        params: Vec::new(),
+    })
 }

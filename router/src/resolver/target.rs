@@ -160,6 +160,9 @@ pub struct SplitInsert {
     pub parts: Vec<(usize, String)>,
     /// For each VALUES row of the client's statement, the part that inserts it.
     pub part_of_row: Vec<usize>,
+    /// With bound parameters: for each part, the client's parameters (0-based) its `$1`, `$2`,
+    /// ... stand for. Empty for literal values (a simple query).
+    pub params: Vec<Vec<usize>>,
 }
 
 impl fmt::Display for Target<'_> {

@@ -358,7 +358,7 @@ fn writes_without_a_key_need_an_opt_in() {
 }
 
 #[test]
-fn multi_row_inserts_split_by_row_in_the_simple_protocol_only() {
+fn multi_row_inserts_split_by_row() {
     let f = Fixture::new();
     let (a, b) = f.keys_on_two_shards();
     let sql =
@@ -380,11 +380,42 @@ fn multi_row_inserts_split_by_row_in_the_simple_protocol_only() {
         format!("INSERT INTO kv (id, v) VALUES ({a}, 'a'), ({a}, 'c') RETURNING id")
     );
     assert!(text.contains("INSERT of 3 rows split by key"), "{text}");
-    let bind = bind_body(&[Some(b"1"), Some(b"2")], false);
-    let (dest, _) = f.bound("INSERT INTO kv (id, v) VALUES ($1, 'a'), ($2, 'b')", &bind);
-    if f.shard_of(1) != f.shard_of(2) {
-        assert!(refused(&dest).1.contains("bound parameters"));
-    }
+    // With bound parameters each part numbers its own from $1 and says which are the client's.
+    let (sa, sb) = (a.to_string(), b.to_string());
+    let bind = bind_body(
+        &[
+            Some(sa.as_bytes()),
+            Some(b"x"),
+            Some(sb.as_bytes()),
+            Some(b"y"),
+            Some(sa.as_bytes()),
+        ],
+        false,
+    );
+    let (dest, _) = f.bound(
+        "INSERT INTO kv (id, v) VALUES ($1, $2), ($3, $4), ($5, $2) RETURNING id, $4::text",
+        &bind,
+    );
+    let Dest::SplitInsert(split) = dest else {
+        panic!("{dest:?}")
+    };
+    let part_a = split
+        .parts
+        .iter()
+        .position(|p| p.0 == f.shard_of(a))
+        .unwrap();
+    let part_b = 1 - part_a;
+    assert_eq!(
+        split.parts[part_a].1,
+        "INSERT INTO kv (id, v) VALUES ($1, $2), ($3, $2) RETURNING id, $4::text"
+    );
+    assert_eq!(split.params[part_a], [0, 1, 4, 3]);
+    assert_eq!(
+        split.parts[part_b].1,
+        "INSERT INTO kv (id, v) VALUES ($1, $2) RETURNING id, $2::text"
+    );
+    assert_eq!(split.params[part_b], [2, 3]);
+    assert_eq!(split.part_of_row, [part_a, part_b, part_a]);
 }
 
 #[test]
@@ -488,13 +519,15 @@ fn with_cross_shard_transactions_a_transaction_goes_where_its_statements_go() {
         multi(&format!("DELETE FROM kv WHERE id IN ({a}, {b})")),
         Dest::Write(_)
     ));
-    // DDL, COPY and split INSERTs still run outside transactions only.
-    for sql in [
-        "CREATE INDEX ON kv (v)".to_string(),
-        "COPY kv (id, v) FROM STDIN".to_string(),
-        format!("INSERT INTO kv (id, v) VALUES ({a}, 'a'), ({b}, 'b')"),
-    ] {
-        assert_eq!(refused(&multi(&sql)).0, "0A000", "{sql}");
+    assert!(matches!(
+        multi(&format!(
+            "INSERT INTO kv (id, v) VALUES ({a}, 'a'), ({b}, 'b')"
+        )),
+        Dest::SplitInsert(_)
+    ));
+    // DDL and COPY still run outside transactions only.
+    for sql in ["CREATE INDEX ON kv (v)", "COPY kv (id, v) FROM STDIN"] {
+        assert_eq!(refused(&multi(sql)).0, "0A000", "{sql}");
     }
     // A failed transaction still accepts only its end.
     let failed = f

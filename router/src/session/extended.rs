@@ -142,7 +142,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 }
                 self.route_or_hold(msg).await
             }
-            Dest::Broadcast | Dest::Read(_) | Dest::Write(_) => {
+            Dest::Broadcast | Dest::Read(_) | Dest::Write(_) | Dest::SplitInsert(_) => {
                 // (Inside a transaction the statement may follow others of the transaction,
                 // but not others of its own batch.)
                 let mixed = matches!(self.state.batch, Batch::OnBackend { executed: true })
@@ -179,7 +179,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             }
             Dest::Any | Dest::Commit | Dest::Rollback => self.route_or_hold(msg).await,
             // Refused by the resolver in the extended protocol.
-            Dest::PreparedSql | Dest::ExplainRoute | Dest::SplitInsert(_) | Dest::CopyIn { .. } => {
+            Dest::PreparedSql | Dest::ExplainRoute | Dest::CopyIn { .. } => {
                 self.batch_error(&errors::internal("a simple-protocol statement in a Bind"))
                     .await
             }

@@ -14,6 +14,7 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::extended::no_data_description;
+use super::participants::Requests;
 use super::state::{Batch, Tx};
 use super::statements::ClientStatement;
 use super::{Session, SessionError};
@@ -48,6 +49,13 @@ pub struct ScatterBatch {
 enum Spread {
     Read(Read),
     Write(Vec<usize>),
+    /// A multi-row INSERT split by shard, with each part's messages (made at the Bind) and the
+    /// client's parameter count.
+    Split {
+        split: SplitInsert,
+        requests: Result<Vec<(usize, Vec<u8>)>, SqlError>,
+        params: usize,
+    },
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
@@ -134,8 +142,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             let receivers = fanout::start(&self.routing, shards, request, &self.settings);
             return (receivers, Vec::new());
         }
-        let members = self.enlist(shards);
-        fanout::start_in_transaction(&self.routing, members, request, &self.settings)
+        let members = self.enlist(shards, Requests::Same(Arc::new(request)));
+        fanout::start_in_transaction(&self.routing, members, &self.settings)
     }
 
     /// The transaction's connections back from [`Session::fan_out`]; a statement that failed,
@@ -181,18 +189,99 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         .map_err(SessionError::Client)
     }
 
-    pub(super) async fn run_split_insert(&mut self, split: SplitInsert) {
+    /// A multi-row INSERT split by shard, its parts' `requests` from
+    /// [`split_insert::requests`]; `Ok(true)` when it failed. In the extended protocol
+    /// (`extended`: the client's parameter count) the batch's `asked` messages are answered.
+    pub(super) async fn run_split_insert(
+        &mut self,
+        split: &SplitInsert,
+        requests: Result<Vec<(usize, Vec<u8>)>, SqlError>,
+        extended: Option<usize>,
+        asked: &[u8],
+    ) -> Result<bool, SessionError> {
         self.client
             .meter
             .route(RouteKind::MultiShardWrite, NO_SHARD);
-        let out = &mut self.client.out;
-        match split_insert::run(&self.routing, &split.parts, &self.settings).await {
-            split_insert::Outcome::Committed(replies) => {
-                split_insert::combine(&replies, &split.part_of_row, out)
+        let outcome = match requests {
+            Err(err) => split_insert::Outcome::Failed(err),
+            Ok(requests) if self.state.tx != Tx::Idle => {
+                self.split_in_transaction(requests).await?
             }
-            split_insert::Outcome::RolledBack(frame) => out.extend_from_slice(&frame),
-            split_insert::Outcome::Failed(err) => err.write(out),
+            Ok(requests) => split_insert::run(&self.routing, &requests, &self.settings).await,
+        };
+        let out = &mut self.client.out;
+        let answered_to = |out: &mut Vec<u8>| {
+            // Before an error, what the batch asked that needs no description.
+            for &k in asked {
+                match k {
+                    b'P' => reply::parse_complete(out),
+                    b'B' => reply::bind_complete(out),
+                    _ => break,
+                }
+            }
+        };
+        match outcome {
+            split_insert::Outcome::Committed(replies) => {
+                if let Some(params) = extended {
+                    let (statement, portal) = split_insert::descriptions(&replies, split, params);
+                    multishard::gather::answer_asked(out, asked, &statement, &portal);
+                }
+                split_insert::combine(&replies, &split.part_of_row, extended.is_none(), out);
+                Ok(false)
+            }
+            split_insert::Outcome::RolledBack(frame) => {
+                answered_to(out);
+                out.extend_from_slice(&frame);
+                Ok(true)
+            }
+            split_insert::Outcome::Failed(err) => {
+                answered_to(out);
+                err.write(out);
+                Ok(true)
+            }
         }
+    }
+
+    /// The parts of a split INSERT inside the client's transaction, on its connections: each
+    /// part's reply frames, or the first error (which fails the transaction).
+    async fn split_in_transaction(
+        &mut self,
+        requests: Vec<(usize, Vec<u8>)>,
+    ) -> Result<split_insert::Outcome, SessionError> {
+        let shards: Vec<usize> = requests.iter().map(|(s, _)| *s).collect();
+        let each = requests.into_iter().map(|(_, r)| Arc::new(r)).collect();
+        let members = self.enlist(&shards, Requests::Each(each));
+        let (receivers, handles) =
+            fanout::start_in_transaction(&self.routing, members, &self.settings);
+        let mut replies = Vec::with_capacity(receivers.len());
+        let mut failed: Option<split_insert::Outcome> = None;
+        for mut rx in receivers {
+            let mut frames_of_part = Vec::new();
+            'part: while let Some(chunk) = rx.recv().await {
+                let chunk = match chunk {
+                    Ok(chunk) => chunk,
+                    Err(err) => {
+                        failed.get_or_insert(split_insert::Outcome::Failed(err));
+                        break;
+                    }
+                };
+                for frame in crate::protocol::frame::frames(&chunk).map_while(Result::ok) {
+                    match frame[0] {
+                        b'E' => {
+                            failed.get_or_insert(split_insert::Outcome::RolledBack(frame.to_vec()));
+                        }
+                        b'T' | b'D' | b'C' | b't' | b'n' => frames_of_part.extend_from_slice(frame),
+                        b'Z' => break 'part,
+                        _ => {}
+                    }
+                }
+            }
+            replies.push(frames_of_part);
+        }
+        let outcome = failed.unwrap_or(split_insert::Outcome::Committed(replies));
+        let ok = matches!(outcome, split_insert::Outcome::Committed(_));
+        self.fanned_in(handles, &Ok(!ok)).await;
+        Ok(outcome)
     }
 
     pub(super) async fn run_copy_in(
@@ -252,6 +341,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             }
             Dest::Read(read) => Spread::Read(read),
             Dest::Write(write) => Spread::Write(write.shards),
+            Dest::SplitInsert(split) => {
+                let requests = split_insert::requests(&split, Some((bind, stmt.param_types())));
+                self.state.set_batch(Batch::Scatter(Box::new(ScatterBatch {
+                    request: Vec::new(),
+                    run: Spread::Split {
+                        split,
+                        requests,
+                        params: bind.param_count,
+                    },
+                    asked,
+                    executed: false,
+                })));
+                return Ok(());
+            }
             _ => {
                 return Err(SessionError::Protocol(
                     "internal: not a multi-shard batch".into(),
@@ -263,7 +366,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 r.shard_sql.as_deref().unwrap_or(stmt.sql()),
                 r.merge.as_ref().and_then(|m| m.group.as_deref()),
             ),
-            Spread::Write(_) => (stmt.sql(), None),
+            Spread::Write(_) | Spread::Split { .. } => (stmt.sql(), None),
         };
         let request = shard_request(sql, stmt.param_types(), bind, group)?;
         self.state.set_batch(Batch::Scatter(Box::new(ScatterBatch {
@@ -344,6 +447,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 let failed = match run {
                     Spread::Read(read) => self.run_read(read, request, &asked).await?,
                     Spread::Write(shards) => self.run_write(shards, request, &asked).await?,
+                    Spread::Split {
+                        split,
+                        requests,
+                        params,
+                    } => {
+                        self.run_split_insert(&split, requests, Some(params), &asked)
+                            .await?
+                    }
                 };
                 if failed {
                     self.state.skip_to_sync();

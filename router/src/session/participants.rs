@@ -49,6 +49,13 @@ impl Participants {
     }
 }
 
+/// What a statement on several shards sends each: the same messages, or each its own (in the
+/// order of the shards).
+pub enum Requests {
+    Same(std::sync::Arc<Vec<u8>>),
+    Each(Vec<std::sync::Arc<Vec<u8>>>),
+}
+
 /// What came of moving a transaction's next statement to another shard.
 pub enum Joined {
     /// The statement's shard is the pinned connection now.
@@ -200,7 +207,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// the connections it has there (taken out of the session until [`Session::rejoin`]), and
     /// for the others a `BEGIN` like the client's. A pending `BEGIN` is taken now: the
     /// transaction starts with this statement.
-    pub(super) fn enlist(&mut self, shards: &[usize]) -> Vec<fanout::Member> {
+    pub(super) fn enlist(&mut self, shards: &[usize], requests: Requests) -> Vec<fanout::Member> {
         if let Some(begin) = self.state.take_begin() {
             self.parts.begin = begin;
         }
@@ -209,7 +216,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let mut held: Vec<Pinned> = self.pin.take().into_iter().collect();
         held.append(&mut self.parts.others);
         let mut members = Vec::with_capacity(shards.len());
-        for &shard in shards {
+        for (i, &shard) in shards.iter().enumerate() {
             let mut prelude = String::new();
             let conn = match held.iter().position(|p| p.shard == shard) {
                 Some(i) => {
@@ -227,10 +234,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     None
                 }
             };
+            let request = match &requests {
+                Requests::Same(r) => r.clone(),
+                Requests::Each(each) => each[i].clone(),
+            };
             members.push(fanout::Member {
                 shard,
                 conn,
                 prelude,
+                request,
             });
         }
         // Shards of the transaction the statement does not touch stay as they are.

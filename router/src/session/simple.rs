@@ -99,7 +99,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.run_write(write.shards, frame[..].to_vec(), &[])
                     .await?;
             }
-            Dest::SplitInsert(split) => self.run_split_insert(split).await,
+            Dest::SplitInsert(split) => {
+                let requests = crate::multishard::split_insert::requests(&split, None);
+                self.run_split_insert(&split, requests, None, &[]).await?;
+            }
             Dest::CopyIn { key_type, format } => self.run_copy_in(sql, key_type, format).await?,
             Dest::Shard(_) | Dest::Any | Dest::Begin | Dest::Commit | Dest::Rollback => {
                 let wanted = match dest {
