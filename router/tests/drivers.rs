@@ -827,6 +827,38 @@ fn a_bad_shard_never_reaches_the_clients_of_the_others() {
         .expect("start server 1");
 }
 
+/// Batches and transactions over several shards as applications make them (asyncpg and
+/// psycopg `executemany`, psycopg pipeline mode, SQLAlchemy ORM sessions with default
+/// settings), each step compared with the same step run directly on one Postgres
+/// (`python/transactions.py`).
+#[test]
+fn batches_and_orm_sessions_over_several_shards_match_one_postgres() {
+    let env = shared_env();
+    let python = python("transactions.py");
+    let ok = Command::new(venv_dir().join("bin/python"))
+        .args(["-c", "import sqlalchemy"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    require(ok, "sqlalchemy in the Python venv");
+    let server = &env.cluster.servers()[0];
+    server
+        .psql("postgres", "CREATE DATABASE direct_transactions")
+        .expect("a database for the direct run");
+    server
+        .psql("direct_transactions", common::SCHEMA)
+        .expect("the schema, directly");
+    run_program(
+        env,
+        "transactions",
+        python,
+        &[
+            ("SHARDGATE_KEY_BASE", "36000000".to_string()),
+            ("SHARDGATE_DIRECT_URL", server.url("direct_transactions")),
+        ],
+    );
+}
+
 /// Not part of the matrix: keeps a cluster and router up for running a driver program by hand
 /// (`cargo test -p shardgate --test drivers -- --ignored --nocapture serve`, then e.g.
 /// `SHARDGATE_URL=... SHARDGATE_KEY_BASE=29000000 node router/tests/drivers/node/driver.js`).

@@ -454,6 +454,8 @@ fn count_source(e: &Expr) -> Option<KeySource> {
                 .map(KeySource::Param),
             _ => None,
         },
+        // `LIMIT $3::integer`, as SQLAlchemy writes it: the cast changes nothing of the count.
+        Expr::Cast { expr, .. } | Expr::Nested(expr) => count_source(expr),
         _ => None,
     }
 }

@@ -325,6 +325,13 @@ fn reads_without_a_key_are_merged_or_refused() {
         matches!(&dest, Dest::Read(r) if r.limit == Some(5)),
         "{dest:?}"
     );
+    // Cast, as SQLAlchemy writes it, and sent as a binary int2.
+    let bind = bind_body(&[Some(&3i16.to_be_bytes())], true);
+    let (dest, _) = f.bound("SELECT id FROM kv ORDER BY id LIMIT $1::INTEGER", &bind);
+    assert!(
+        matches!(&dest, Dest::Read(r) if r.limit == Some(3)),
+        "{dest:?}"
+    );
     let bad = bind_body(&[Some(b"-1")], false);
     let (dest, _) = f.bound("SELECT id FROM kv ORDER BY id LIMIT $1", &bad);
     assert_eq!(refused(&dest).0, "22P02");

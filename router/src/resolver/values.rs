@@ -147,6 +147,7 @@ impl<'a> Params<'a> {
                 let n = match *v {
                     [a, b, c, d, e, f, g, h] => i64::from_be_bytes([a, b, c, d, e, f, g, h]),
                     [a, b, c, d] => i64::from(i32::from_be_bytes([a, b, c, d])),
+                    [a, b] => i64::from(i16::from_be_bytes([a, b])),
                     _ => return Err(bad()),
                 };
                 return u64::try_from(n).map(Some).map_err(|_| bad());
