@@ -357,12 +357,17 @@ async fn lists_and_multi_statement_queries() {
 }
 
 /// A sharded table without a pinned key, where the read cannot be merged exactly or the
-/// statement writes, is refused with 0A000 naming the table, and the client's connection
-/// keeps working.
+/// statement writes (in a session that refuses writes on every shard), is refused with 0A000
+/// naming the table, and the client's connection keeps working.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unroutable_statements_are_refused_clearly() {
     let env = shared_env();
     let client = env.router.connect().await;
+    // Writes without a key run on every shard by default; this session refuses them.
+    client
+        .simple_query("SET shardgate.allow_scatter_writes = off")
+        .await
+        .expect("opt out");
     for sql in [
         "SELECT * FROM kv ORDER BY lower(v)",
         "SELECT string_agg(v, ',') FROM kv WHERE v = 'x'",

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{rows, shared_env, sqlstate};
+use common::{rows, shared_env, sqlstate, Router};
 use tokio_postgres::SimpleQueryMessage;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -164,14 +164,27 @@ async fn writes_on_every_shard_only_when_asked() {
     for id in 15_000_000i64..15_000_100 {
         client.execute(&insert, &[&id]).await.expect("insert");
     }
+    // A session may refuse them for itself, and a router for everyone.
+    client
+        .simple_query("SET shardgate.allow_scatter_writes = off")
+        .await
+        .expect("opt out");
     let err = client
         .execute("UPDATE kv SET v = 'sw-new' WHERE v = 'sw-old'", &[])
         .await
-        .expect_err("refused by default");
+        .expect_err("refused in this session");
     assert_eq!(sqlstate(&err), "0A000");
     assert!(err
         .as_db_error()
         .is_some_and(|e| e.message().contains("allow_scatter_writes")));
+    let refusing = Router::start_with(&env.map, "[transactions]\nscatter_writes = \"refuse\"\n");
+    let err = refusing
+        .connect()
+        .await
+        .execute("UPDATE kv SET v = 'sw-new' WHERE v = 'sw-old'", &[])
+        .await
+        .expect_err("refused by that router");
+    assert_eq!(sqlstate(&err), "0A000");
 
     client
         .simple_query("SET shardgate.allow_scatter_writes = on")
@@ -229,15 +242,16 @@ async fn writes_on_every_shard_only_when_asked() {
     assert!(msgs
         .iter()
         .any(|m| matches!(m, SimpleQueryMessage::CommandComplete(100))));
+    // The default ([transactions] scatter_writes = "allow") runs them, as one Postgres would.
     client
         .simple_query("RESET shardgate.allow_scatter_writes")
         .await
-        .expect("opt out");
-    let err = client
+        .expect("back to the default");
+    let n = client
         .execute("DELETE FROM kv WHERE v = 'sw-new'", &[])
         .await
-        .expect_err("refused again");
-    assert_eq!(sqlstate(&err), "0A000");
+        .expect("allowed by default");
+    assert_eq!(n, 0);
 }
 
 /// count, sum, min and max over all shards merge exactly, in text and in binary results.

@@ -414,10 +414,6 @@ pub fn config(shared: &Shared) -> Table {
         ),
         ("limits.slow_statement_ms", opt_ms(c.limits.slow_statement)),
         (
-            "limits.allow_scatter_writes",
-            c.limits.allow_scatter_writes.to_string(),
-        ),
-        (
             "limits.max_merge_groups",
             c.limits.max_merge_groups.to_string(),
         ),
@@ -448,6 +444,27 @@ pub fn config(shared: &Shared) -> Table {
         (
             "failover.hold_max_statements",
             c.failover.hold_max_statements.to_string(),
+        ),
+        (
+            "transactions.cross_shard",
+            match c.transactions.cross_shard {
+                crate::config::CrossShard::Multi => "multi",
+                crate::config::CrossShard::Refuse => "refuse",
+            }
+            .to_string(),
+        ),
+        (
+            "transactions.lock_timeout_ms",
+            opt_ms(c.transactions.lock_timeout),
+        ),
+        (
+            "transactions.scatter_writes",
+            if c.transactions.scatter_writes {
+                "allow"
+            } else {
+                "refuse"
+            }
+            .to_string(),
         ),
         (
             "peers",

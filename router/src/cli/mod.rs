@@ -122,7 +122,7 @@ fn explain(config: &std::path::Path, sql: &str) -> Result<(), String> {
         map: &map,
         transaction: Transaction::None,
         manual: None,
-        allow_scatter_writes: config.limits.allow_scatter_writes,
+        allow_scatter_writes: config.transactions.scatter_writes,
         cross_shard: false,
     };
     let target = resolver::resolve(&stmt, &cx);

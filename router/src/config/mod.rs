@@ -266,11 +266,6 @@ pub struct Limits {
     /// `slow_statement_ms`: statements slower than this are logged with their shard and
     /// timings. Default 1000; 0 = no slow-statement log.
     pub slow_statement: Option<Duration>,
-    /// `allow_scatter_writes`: let UPDATE and DELETE of a sharded table without a key run on
-    /// every shard. Off by default: such a write touches every shard, and its transactions
-    /// commit one after the other (all or none, except when a shard fails between the COMMITs);
-    /// clients can also opt in per session with `SET shardgate.allow_scatter_writes = on`.
-    pub allow_scatter_writes: bool,
     /// `max_merge_groups`: how many groups (of a GROUP BY, DISTINCT or aggregate read across
     /// shards) the router may hold while it combines them; more is refused with `54000`, so
     /// one read cannot take the router's memory. Default 1000000.
@@ -357,6 +352,13 @@ pub struct Transactions {
     /// single Postgres can see, ends with an error (55P03) instead of hanging. Default 10000;
     /// 0 leaves `lock_timeout` alone.
     pub lock_timeout: Option<Duration>,
+    /// `scatter_writes`: `"allow"` (default) runs UPDATE and DELETE of a sharded table without
+    /// a key on every shard, as one Postgres would run them: all or nothing, except when a
+    /// shard fails between the COMMITs (the error then names the shards on each side).
+    /// `"refuse"` answers them with 0A000. A session chooses for itself with `SET
+    /// shardgate.allow_scatter_writes = on | off`. (`[limits] allow_scatter_writes = true |
+    /// false`, the older spelling, is still read when this is not set.)
+    pub scatter_writes: bool,
 }
 
 /// `[transactions] cross_shard`.
@@ -425,7 +427,11 @@ pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
     let reload = sections::reload(&raw.reload, &mut check);
     let http = sections::http(&raw.http, &mut check);
     let failover = sections::failover(&raw.failover, &mut check);
-    let transactions = sections::transactions(&raw.transactions, &mut check);
+    let transactions = sections::transactions(
+        &raw.transactions,
+        raw.limits.allow_scatter_writes,
+        &mut check,
+    );
     if !check.problems.is_empty() {
         return check.finish(origin, None);
     }

@@ -119,6 +119,7 @@ pub(super) struct RawFailover {
 pub(super) struct RawTransactions {
     pub(super) cross_shard: Option<Spanned<String>>,
     pub(super) lock_timeout_ms: Option<Spanned<i64>>,
+    pub(super) scatter_writes: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]

@@ -454,7 +454,6 @@ pub(super) fn limits(l: &RawLimits, check: &mut Checker<'_>) -> Limits {
         ),
         plan_cache_size: check.count(&l.plan_cache_size, "limits.plan_cache_size", 10_000, 0),
         slow_statement: check.optional_ms(&l.slow_statement_ms, "limits.slow_statement_ms", 1000),
-        allow_scatter_writes: l.allow_scatter_writes.unwrap_or(false),
         max_merge_groups: check.count(&l.max_merge_groups, "limits.max_merge_groups", 1_000_000, 1),
         max_logins: check.count(&l.max_logins, "limits.max_logins", 1000, 1),
         login_timeout: check.timeout(&l.login_timeout_ms, "limits.login_timeout_ms", 10_000),
@@ -509,8 +508,27 @@ pub(super) fn failover(f: &RawFailover, check: &mut Checker<'_>) -> Failover {
     }
 }
 
-/// `[transactions]`.
-pub(super) fn transactions(t: &RawTransactions, check: &mut Checker<'_>) -> Transactions {
+/// `[transactions]`; `legacy_scatter` is `[limits] allow_scatter_writes`.
+pub(super) fn transactions(
+    t: &RawTransactions,
+    legacy_scatter: Option<bool>,
+    check: &mut Checker<'_>,
+) -> Transactions {
+    let scatter_writes = match &t.scatter_writes {
+        None => legacy_scatter.unwrap_or(true),
+        Some(v) => match v.get_ref().trim() {
+            "allow" => true,
+            "refuse" => false,
+            other => {
+                let line = check.line(v.span());
+                check.add(
+                    line,
+                    format!("transactions.scatter_writes {other:?} is not supported; use \"allow\" or \"refuse\""),
+                );
+                true
+            }
+        },
+    };
     let cross_shard = match &t.cross_shard {
         None => CrossShard::Multi,
         Some(v) => match v.get_ref().trim() {
@@ -532,5 +550,6 @@ pub(super) fn transactions(t: &RawTransactions, check: &mut Checker<'_>) -> Tran
     Transactions {
         cross_shard,
         lock_timeout: check.optional_ms(&t.lock_timeout_ms, "transactions.lock_timeout_ms", 10_000),
+        scatter_writes,
     }
 }

@@ -122,7 +122,6 @@ listen = "127.0.0.1:9930"
             statement_timeout: Some(Duration::from_secs(30)),
             plan_cache_size: 0,
             slow_statement: Some(Duration::from_millis(250)),
-            allow_scatter_writes: false,
             max_merge_groups: 1_000_000,
             max_logins: 1000,
             login_timeout: Duration::from_secs(10),
@@ -194,7 +193,6 @@ fn defaults() {
             statement_timeout: None,
             plan_cache_size: 10_000,
             slow_statement: Some(Duration::from_secs(1)),
-            allow_scatter_writes: false,
             max_merge_groups: 1_000_000,
             max_logins: 1000,
             login_timeout: Duration::from_secs(10),
@@ -658,5 +656,41 @@ fn front_door_settings() {
     assert!(
         err.contains("limits.login_timeout_ms is 0; it must be more than 0"),
         "{err}"
+    );
+}
+
+#[test]
+fn transactions_across_shards() {
+    let c = parse_str(MINIMAL).expect("minimal");
+    assert_eq!(c.transactions.cross_shard, CrossShard::Multi);
+    assert_eq!(c.transactions.lock_timeout, Some(Duration::from_secs(10)));
+    assert!(c.transactions.scatter_writes, "allowed by default");
+    let c = parse_str(&format!(
+        "{MINIMAL}[transactions]\ncross_shard = \"refuse\"\nlock_timeout_ms = 0\nscatter_writes = \"refuse\"\n"
+    ))
+    .expect("refuse");
+    assert_eq!(c.transactions.cross_shard, CrossShard::Refuse);
+    assert_eq!(c.transactions.lock_timeout, None);
+    assert!(!c.transactions.scatter_writes);
+    // The older spelling is still read.
+    let c = parse_str(&format!(
+        "{MINIMAL}[limits]\nallow_scatter_writes = false\n"
+    ))
+    .expect("legacy");
+    assert!(!c.transactions.scatter_writes);
+    one_problem(
+        &format!("{MINIMAL}[transactions]\ncross_shard = \"two_phase\"\n"),
+        7,
+        "not built yet",
+    );
+    one_problem(
+        &format!("{MINIMAL}[transactions]\nscatter_writes = \"sometimes\"\n"),
+        7,
+        "\"allow\" or \"refuse\"",
+    );
+    one_problem(
+        &format!("{MINIMAL}[transactions]\nlock_timeout_ms = -5\n"),
+        7,
+        "transactions.lock_timeout_ms",
     );
 }

@@ -387,7 +387,7 @@ fn data(stmt: &Statement, map: &ShardMap, positions: &KeyPositions) -> Route {
         return Route::ScatterWrite {
             table: name.clone(),
             message: format!(
-                "{name} is sharded by {key}, and this write does not fix {key} to one value: add `WHERE {key} = <value>`, or opt in to writes on every shard (one transaction per shard, committed together) with SET shardgate.allow_scatter_writes = on"
+                "{name} is sharded by {key}, and this write does not fix {key} to one value: add `WHERE {key} = <value>`; writes on every shard are refused here ([transactions] scatter_writes = \"refuse\", or SET shardgate.allow_scatter_writes = off), SET shardgate.allow_scatter_writes = on allows them"
             ),
         };
     }

@@ -307,7 +307,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     v.trim().trim_matches('\'').to_ascii_lowercase().as_str(),
                     "on" | "true" | "1" | "yes"
                 ),
-                None => routing.config.limits.allow_scatter_writes,
+                None => routing.config.transactions.scatter_writes,
             },
             cross_shard: routing.config.transactions.cross_shard
                 == crate::config::CrossShard::Multi,
