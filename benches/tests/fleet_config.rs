@@ -196,6 +196,10 @@ fn the_rendered_postgresql_conf_starts_a_real_postgres() {
     let seen = start_with_conf(&conf);
     assert_eq!(seen.get("wal_level").map(String::as_str), Some("logical"));
     assert_eq!(seen.get("max_connections").map(String::as_str), Some("60"));
+    assert_eq!(
+        seen.get("max_prepared_transactions").map(String::as_str),
+        Some("60")
+    );
     assert_eq!(seen.get("shared_buffers").map(String::as_str), Some("64MB"));
     assert_eq!(
         seen.get("shared_preload_libraries").map(String::as_str),

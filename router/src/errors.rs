@@ -32,6 +32,7 @@ pub const UNDEFINED_OBJECT: &str = "42704";
 pub const OBJECT_NOT_IN_PREREQUISITE_STATE: &str = "55000";
 pub const INTERNAL_ERROR: &str = "XX000";
 pub const TRANSACTION_ROLLBACK: &str = "40000";
+pub const TRANSACTION_RESOLUTION_UNKNOWN: &str = "08007";
 
 /// A shard's pool had no free connection for the whole checkout timeout.
 pub fn pool_exhausted(shard: &str, endpoint: &str, waited: Duration) -> SqlError {

@@ -449,6 +449,7 @@ pub fn config(shared: &Shared) -> Table {
             "transactions.cross_shard",
             match c.transactions.cross_shard {
                 crate::config::CrossShard::Multi => "multi",
+                crate::config::CrossShard::TwoPhase => "two_phase",
                 crate::config::CrossShard::Refuse => "refuse",
             }
             .to_string(),

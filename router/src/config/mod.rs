@@ -343,10 +343,22 @@ pub struct Failover {
 pub struct Transactions {
     /// `cross_shard`: `"multi"` (default) lets a transaction, or an extended-protocol batch,
     /// run statements on several shards, each shard joining with a transaction of its own, all
-    /// committed at the client's COMMIT (or Sync) once every statement succeeded, one after
-    /// another: not atomic if a shard fails between those COMMITs. `"refuse"` keeps a
+    /// committed at the client's COMMIT (or Sync) once every statement succeeded: not atomic if
+    /// a shard fails (or the router stops) between those COMMITs. `"two_phase"` is the same,
+    /// committed atomically with two-phase commit (every shard needs
+    /// `max_prepared_transactions` > 0; the router refuses to start otherwise), and every
+    /// router resolves prepared transactions a stopped router left behind. `"refuse"` keeps a
     /// transaction on the shard of its first statement (0A000 for another).
     pub cross_shard: CrossShard,
+    /// `recovery_interval_ms`: how often a router in two-phase mode looks for prepared
+    /// transactions left in doubt (also once at start). Default 10000.
+    pub recovery_interval: Duration,
+    /// `recovery_grace_ms`: how old a prepared transaction must be before recovery resolves
+    /// it (its own router finishes it within milliseconds). Default 5000.
+    pub recovery_grace: Duration,
+    /// `test_fault`: for tests only: `"after_prepare"` or `"after_decision"` stops the router
+    /// (as a crash) at that point of every two-phase commit.
+    pub test_fault: Option<crate::multishard::two_phase::Fault>,
     /// `lock_timeout_ms`: the `lock_timeout` a transaction gets on every shard once it spans
     /// several (unless the client set its own), so that a deadlock across shards, which no
     /// single Postgres can see, ends with an error (55P03) instead of hanging. Default 10000;
@@ -365,6 +377,7 @@ pub struct Transactions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CrossShard {
     Multi,
+    TwoPhase,
     Refuse,
 }
 

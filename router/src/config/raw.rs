@@ -120,6 +120,9 @@ pub(super) struct RawTransactions {
     pub(super) cross_shard: Option<Spanned<String>>,
     pub(super) lock_timeout_ms: Option<Spanned<i64>>,
     pub(super) scatter_writes: Option<Spanned<String>>,
+    pub(super) recovery_interval_ms: Option<Spanned<i64>>,
+    pub(super) recovery_grace_ms: Option<Spanned<i64>>,
+    pub(super) test_fault: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]

@@ -18,6 +18,7 @@ use super::{
     SslMode, Tls, TlsMode, Transactions, User, DEFAULT_LISTEN, MAX_ROUTER_ID,
 };
 use crate::auth::Secret;
+use crate::multishard::two_phase::Fault;
 
 /// `listen`.
 pub(super) fn listen(raw: &RawConfig, check: &mut Checker<'_>) -> SocketAddr {
@@ -533,16 +534,14 @@ pub(super) fn transactions(
         None => CrossShard::Multi,
         Some(v) => match v.get_ref().trim() {
             "multi" => CrossShard::Multi,
+            "two_phase" => CrossShard::TwoPhase,
             "refuse" => CrossShard::Refuse,
             other => {
                 let line = check.line(v.span());
-                let why = if other == "two_phase" {
-                    "transactions.cross_shard \"two_phase\" is not built yet; use \"multi\" (commits shard after shard) or \"refuse\""
-                        .to_string()
-                } else {
-                    format!("transactions.cross_shard {other:?} is not supported; use \"multi\" or \"refuse\"")
-                };
-                check.add(line, why);
+                check.add(
+                    line,
+                    format!("transactions.cross_shard {other:?} is not supported; use \"multi\", \"two_phase\" or \"refuse\""),
+                );
                 CrossShard::Multi
             }
         },
@@ -551,5 +550,28 @@ pub(super) fn transactions(
         cross_shard,
         lock_timeout: check.optional_ms(&t.lock_timeout_ms, "transactions.lock_timeout_ms", 10_000),
         scatter_writes,
+        recovery_interval: check.timeout(
+            &t.recovery_interval_ms,
+            "transactions.recovery_interval_ms",
+            10_000,
+        ),
+        recovery_grace: check
+            .optional_ms(&t.recovery_grace_ms, "transactions.recovery_grace_ms", 5000)
+            .unwrap_or_default(),
+        test_fault: match &t.test_fault {
+            None => None,
+            Some(v) => match v.get_ref().as_str() {
+                "after_prepare" => Some(Fault::AfterPrepare),
+                "after_decision" => Some(Fault::AfterDecision),
+                other => {
+                    let line = check.line(v.span());
+                    check.add(
+                        line,
+                        format!("transactions.test_fault {other:?} is not one of \"after_prepare\", \"after_decision\""),
+                    );
+                    None
+                }
+            },
+        },
     }
 }

@@ -678,10 +678,17 @@ fn transactions_across_shards() {
     ))
     .expect("legacy");
     assert!(!c.transactions.scatter_writes);
+    let c = parse_str(&format!(
+        "{MINIMAL}[transactions]\ncross_shard = \"two_phase\"\n"
+    ))
+    .expect("two_phase");
+    assert_eq!(c.transactions.cross_shard, CrossShard::TwoPhase);
+    assert_eq!(c.transactions.recovery_interval, Duration::from_secs(10));
+    assert_eq!(c.transactions.test_fault, None);
     one_problem(
-        &format!("{MINIMAL}[transactions]\ncross_shard = \"two_phase\"\n"),
+        &format!("{MINIMAL}[transactions]\ncross_shard = \"xa\"\n"),
         7,
-        "not built yet",
+        "\"two_phase\"",
     );
     one_problem(
         &format!("{MINIMAL}[transactions]\nscatter_writes = \"sometimes\"\n"),

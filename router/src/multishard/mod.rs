@@ -1,4 +1,5 @@
-//! Statements that run on several shards, outside any transaction. The session resolves them
+//! Statements that run on several shards, in transactions of their own or inside the client's
+//! transaction, and the end of a transaction that spans shards. The session resolves them
 //! (`crate::resolver`) and hands them here; each path writes one answer for the client.
 //!
 //! | module | what |
@@ -8,7 +9,8 @@
 //! | [`gather`] | concatenating shard answers into one (sans-IO) |
 //! | [`read`] | a read whose rows are concatenated in shard order |
 //! | [`merged`] | a read merged by `crate::merge`: sorted streams, combined groups |
-//! | [`commit`] | the one ordered multi-shard write: parts begun in shard order, committed together |
+//! | [`commit`] | the one ordered multi-shard write: parts begun in shard order, committed together; the end of a transaction on several shards |
+//! | [`two_phase`] | two-phase commit of a transaction on several shards, and recovery of those left in doubt |
 //! | [`write`] | UPDATE/DELETE on several shards, through [`commit`] |
 //! | [`split_insert`] | a multi-row INSERT split by key, through [`commit`] |
 //! | [`copy_in`] | COPY FROM STDIN split by key |
@@ -22,4 +24,5 @@ pub mod gather;
 pub mod merged;
 pub mod read;
 pub mod split_insert;
+pub mod two_phase;
 pub mod write;

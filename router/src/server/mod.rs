@@ -22,6 +22,7 @@ mod negotiate;
 mod nofile;
 pub mod pause;
 mod probe;
+mod recovery;
 mod routing;
 mod shared;
 pub mod warm;
@@ -96,6 +97,9 @@ pub fn run(shared: Shared) -> Result<(), String> {
         .and_then(|()| (0..workers).map(|_| listener(listen)).collect())
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     let http = routing.config.http.map(http::bind).transpose()?;
+    if routing.config.transactions.cross_shard == crate::config::CrossShard::TwoPhase {
+        rt.block_on(recovery::check_shards(&routing))?;
+    }
     let shared = Arc::new(shared);
     // Worker 0 says when it has asked a shard for what the router learns at start.
     let (warmed, warm) = std::sync::mpsc::channel();
@@ -181,6 +185,10 @@ fn worker_main(
                 maintained.routing().pools().maintain().await;
             }
         });
+        if warmed.is_some() {
+            // Worker 0 resolves prepared transactions left in doubt, with its own pools.
+            tokio::spawn(recovery::run(shared.clone()));
+        }
         if let Some(warmed) = warmed {
             // Learn a real server's ParameterStatus values before the first client asks.
             let warm = shared.clone();

@@ -310,7 +310,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 None => routing.config.transactions.scatter_writes,
             },
             cross_shard: routing.config.transactions.cross_shard
-                == crate::config::CrossShard::Multi,
+                != crate::config::CrossShard::Refuse,
         };
         resolver::resolve(stmt, &cx)
     }

@@ -24,7 +24,7 @@ use super::pin::Pinned;
 use super::replies::Audience;
 use super::state::Tx;
 use super::{Session, SessionError};
-use crate::multishard::{commit, fanout};
+use crate::multishard::{commit, fanout, two_phase};
 use crate::protocol::reply::SqlError;
 use crate::server::clients::CancelTarget;
 
@@ -185,7 +185,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         }
         open.sort_by_key(|(shard, _)| *shard);
         self.parts = Participants::default();
-        let ended = commit::finish(&self.routing, open, commit, "the transaction").await;
+        let transactions = &self.routing.config.transactions;
+        let ended = if commit
+            && open.len() > 1
+            && transactions.cross_shard == crate::config::CrossShard::TwoPhase
+        {
+            two_phase::commit(&self.routing, open, transactions.test_fault).await
+        } else {
+            commit::finish(&self.routing, open, commit, "the transaction").await
+        };
         if commit && ended.is_ok() {
             self.changes.settle(&mut self.settings);
         } else {

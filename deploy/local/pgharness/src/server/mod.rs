@@ -454,6 +454,12 @@ impl Server {
             ("full_page_writes".into(), "off".into()),
             ("shared_buffers".into(), opts.shared_buffers.clone()),
             ("max_connections".into(), opts.max_connections.to_string()),
+            // Two-phase commit across shards (shardgate's `cross_shard = "two_phase"`): as many
+            // prepared transactions as sessions, as the Postgres documentation advises.
+            (
+                "max_prepared_transactions".into(),
+                opts.max_connections.to_string(),
+            ),
             ("logging_collector".into(), "off".into()),
             ("log_destination".into(), "stderr".into()),
             ("log_line_prefix".into(), "%m [%p] %q%u@%d ".into()),
