@@ -134,6 +134,28 @@ pub fn cross_shard_transaction(first: &str, second: &str) -> SqlError {
     .with_hint("a transaction must stay on one shard: keep the keys of one transaction on one shard, or commit before touching the other shard")
 }
 
+pub fn savepoint_across_shards() -> SqlError {
+    SqlError::new(
+        FEATURE_NOT_SUPPORTED,
+        "savepoints are not supported in a transaction that spans shards",
+    )
+    .with_hint("keep a transaction that uses savepoints on one shard")
+}
+
+/// A transaction with a savepoint (or an open portal) on its shard cannot go on to another.
+pub fn held_to_its_shard(savepoint: bool) -> SqlError {
+    let what = if savepoint {
+        "a savepoint"
+    } else {
+        "an open portal (cursor)"
+    };
+    SqlError::new(
+        FEATURE_NOT_SUPPORTED,
+        format!("this transaction has {what} on its shard, so it cannot go on to another shard"),
+    )
+    .with_hint("keep a transaction that uses savepoints or cursors on one shard")
+}
+
 pub fn in_failed_transaction() -> SqlError {
     SqlError::new(
         IN_FAILED_TRANSACTION,

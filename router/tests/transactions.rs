@@ -621,3 +621,190 @@ async fn a_multi_row_insert_with_bound_parameters_is_split_by_shard() {
     assert_eq!(present(env, &fresh), [0, 0, 0, 0]);
     no_transaction_left_open(env);
 }
+
+/// What keeps a transaction on its shard, and what must not leak between its shards: a
+/// savepoint, a failed statement, an open portal; settings changed inside it reach the shards
+/// it goes on to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn savepoints_failures_portals_and_settings_in_a_transaction_across_shards() {
+    let env = shared_env();
+    let mut client = env.router.connect().await;
+    let ks = keys(env, 79_000_000);
+
+    // A savepoint on one shard works as on Postgres, and keeps the transaction there.
+    client.simple_query("BEGIN").await.expect("begin");
+    client
+        .simple_query(&format!(
+            "INSERT INTO kv (id, v) VALUES ({}, 'kept')",
+            ks[0]
+        ))
+        .await
+        .expect("insert");
+    client
+        .simple_query("SAVEPOINT sp")
+        .await
+        .expect("savepoint");
+    let err = client
+        .simple_query(&format!(
+            "INSERT INTO kv (id, v) VALUES ({}, 'moved')",
+            ks[1]
+        ))
+        .await
+        .expect_err("held by the savepoint");
+    assert_eq!(sqlstate(&err), "0A000");
+    client
+        .simple_query("ROLLBACK TO SAVEPOINT sp")
+        .await
+        .expect("rollback to savepoint");
+    client.simple_query("COMMIT").await.expect("commit");
+    assert_eq!(present(env, &ks), [1, 0, 0, 0]);
+
+    // A savepoint in a transaction that already spans shards is refused.
+    client.simple_query("BEGIN").await.expect("begin");
+    for k in &ks[1..3] {
+        client
+            .simple_query(&format!("INSERT INTO kv (id, v) VALUES ({k}, 'x')"))
+            .await
+            .expect("insert");
+    }
+    let err = client
+        .simple_query("SAVEPOINT sp")
+        .await
+        .expect_err("savepoint across shards");
+    assert_eq!(sqlstate(&err), "0A000");
+    client.simple_query("ROLLBACK").await.expect("rollback");
+    assert_eq!(present(env, &ks), [1, 0, 0, 0]);
+
+    // After an error on one shard, a statement for another shard does not run anywhere.
+    client.simple_query("BEGIN").await.expect("begin");
+    let err = client
+        .simple_query(&format!("SELECT 1 / 0 FROM kv WHERE id = {}", ks[0]))
+        .await
+        .expect_err("division by zero");
+    assert_eq!(sqlstate(&err), "22012");
+    let err = client
+        .simple_query(&format!(
+            "INSERT INTO kv (id, v) VALUES ({}, 'after')",
+            ks[1]
+        ))
+        .await
+        .expect_err("aborted");
+    assert_eq!(sqlstate(&err), "25P02");
+    client.simple_query("COMMIT").await.expect("commit answers");
+    assert_eq!(present(env, &ks), [1, 0, 0, 0]);
+
+    // A SET inside the transaction reaches the shards it goes on to.
+    client.simple_query("BEGIN").await.expect("begin");
+    client
+        .simple_query(&format!("SELECT v FROM kv WHERE id = {}", ks[0]))
+        .await
+        .expect("first shard");
+    client
+        .simple_query("SET LOCAL TimeZone = 'Asia/Tokyo'")
+        .await
+        .expect("set local");
+    let got = rows(
+        &client
+            .simple_query(&format!(
+                "SELECT current_setting('TimeZone') FROM kv WHERE id = {}",
+                ks[0]
+            ))
+            .await
+            .expect("read"),
+    );
+    assert_eq!(got, [["Asia/Tokyo"]]);
+    client
+        .simple_query(&format!(
+            "INSERT INTO kv (id, v) VALUES ({}, current_setting('TimeZone'))",
+            ks[3]
+        ))
+        .await
+        .expect("another shard");
+    let got = rows(
+        &client
+            .simple_query(&format!("SELECT v FROM kv WHERE id = {}", ks[3]))
+            .await
+            .expect("read back"),
+    );
+    assert_eq!(
+        got,
+        [["Asia/Tokyo"]],
+        "the joining shard got the transaction's SET"
+    );
+    client.simple_query("ROLLBACK").await.expect("rollback");
+
+    // An open portal keeps the transaction on its shard.
+    let tx = client.transaction().await.expect("begin");
+    let select = tx
+        .prepare("SELECT v FROM kv WHERE id = $1")
+        .await
+        .expect("prepare");
+    let portal = tx.bind(&select, &[&ks[0]]).await.expect("bind a portal");
+    let got = tx.query_portal(&portal, 1).await.expect("fetch");
+    assert_eq!(got.len(), 1);
+    let err = tx
+        .execute("INSERT INTO kv (id, v) VALUES ($1, 'p')", &[&ks[2]])
+        .await
+        .expect_err("held by the portal");
+    assert_eq!(sqlstate(&err), "0A000");
+    tx.rollback().await.expect("rollback");
+    assert_eq!(present(env, &ks), [1, 0, 0, 0]);
+    no_transaction_left_open(env);
+}
+
+/// Extended-protocol sequences around a transaction that moves: an error in an earlier batch
+/// does not spill into the next; a Parse before a read across shards is answered in order; a
+/// Query COMMIT in the middle of a batch sends what came before it first.
+#[test]
+fn extended_batches_around_a_moving_transaction() {
+    let env = shared_env();
+    let mut c = Raw::connect(trust_router());
+    let ks = keys(env, 79_500_000);
+    let insert = "INSERT INTO kv (id, v) VALUES ($1, 'raw')";
+    let query = |sql: &str| {
+        let mut body = sql.as_bytes().to_vec();
+        body.push(0);
+        common::raw::msg(b'Q', &body)
+    };
+
+    c.send(&query("BEGIN"));
+    assert_eq!(c.read_until(b'Z'), b"CZ");
+    // A batch that fails on its own (a bad Parse), then one over two shards.
+    c.send(&[parse("bad", "SELEC 1"), sync()].concat());
+    assert_eq!(c.read_until(b'Z'), b"EZ");
+    let mut batch = parse("", insert);
+    for k in &ks[..2] {
+        batch.extend(bind("", &[&k.to_string()]));
+        batch.extend(execute());
+    }
+    batch.extend(sync());
+    c.send(&batch);
+    assert_eq!(c.read_until(b'Z'), b"12C2CZ");
+    assert_eq!(c.status, b'T');
+    // A Parse before a read across shards, in the same batch, inside the transaction.
+    c.send(
+        &[
+            parse(
+                "",
+                "SELECT count(*) FROM kv WHERE id >= 79500000 AND id < 79600000",
+            ),
+            bind("", &[]),
+            execute(),
+            sync(),
+        ]
+        .concat(),
+    );
+    assert_eq!(c.read_until(b'Z'), b"12DCZ");
+    // Bind/Execute for a third shard without a Sync, then a Query COMMIT.
+    let mut batch = parse("", insert);
+    batch.extend(bind("", &[&ks[2].to_string()]));
+    batch.extend(execute());
+    batch.extend(query("COMMIT"));
+    c.send(&batch);
+    assert_eq!(c.read_until(b'Z'), b"12CCZ");
+    assert_eq!(c.status, b'I');
+    c.send(&sync());
+    assert_eq!(c.read_until(b'Z'), b"Z");
+    assert_eq!(present(env, &ks), [1, 1, 1, 0]);
+    no_transaction_left_open(env);
+}

@@ -146,14 +146,22 @@ async fn in_transaction(
         None => routing.checkout(member.shard).await?,
     };
     let mut head = BytesMut::new();
-    let settings_sent = settings
+    let written = settings
         .write_apply(conn.settings_fp, &mut head)
-        .map_err(errors::internal)?;
-    let mut skip = usize::from(settings_sent);
-    if !member.prelude.is_empty() {
-        request::query(&mut head, &member.prelude).map_err(errors::internal)?;
-        skip += 1;
-    }
+        .and_then(|sent| {
+            if member.prelude.is_empty() {
+                return Ok(usize::from(sent));
+            }
+            request::query(&mut head, &member.prelude).map(|()| usize::from(sent) + 1)
+        });
+    let skip = match written {
+        Ok(skip) => skip,
+        Err(e) => {
+            // Inside the transaction: never back to the pool.
+            crate::backend::pool::discard(conn);
+            return Err(errors::internal(e));
+        }
+    };
     match relay(&mut conn, &head, &member.request, skip, tx, true).await {
         Ok(()) => {
             conn.settings_fp = settings.fingerprint();

@@ -107,6 +107,8 @@ pub enum Outcome {
     /// Nothing (or, when the COMMITs failed midway, not everything) was committed, for a reason
     /// the router found.
     Failed(SqlError),
+    /// It did not run, and the client has been told why already.
+    Answered,
 }
 
 /// Runs the parts' `requests` (from [`requests`]), in shard order, as the module doc says.

@@ -112,6 +112,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         self.sql.clear();
         self.sql.push_str(stmt.sql());
         let dest = self.resolve_bound(&stmt, &b);
+        self.parts
+            .note_savepoint(&stmt.plan, &dest, self.state.tx != Tx::Idle);
+        if !b.portal.is_empty() && self.state.tx != Tx::Idle && !matches!(dest, Dest::Refused(_)) {
+            // A named portal lives on its shard until the transaction ends.
+            self.parts.portal = true;
+        }
         let msg = Msg::Bind {
             portal: b.portal.as_bytes(),
             tail: b.tail,
@@ -175,6 +181,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             }
             Dest::Begin => {
                 self.parts.batch_began = true;
+                // Other shards the transaction goes on to begin it the same way.
+                self.parts.begin = stmt.sql().to_string();
                 self.route_or_hold(msg).await
             }
             Dest::Any | Dest::Commit | Dest::Rollback => self.route_or_hold(msg).await,
@@ -263,8 +271,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     }
 
     async fn sync(&mut self) -> Result<(), SessionError> {
+        let synced = self.sync_batch().await;
+        // The batch is over, and what failed in it with it.
+        self.out.replies.take_error();
         self.parts.batch_began = false;
-        if self.parts.implicit && !self.parts.is_empty() {
+        synced
+    }
+
+    async fn sync_batch(&mut self) -> Result<(), SessionError> {
+        if self.parts.implicit {
             return self.sync_on_every_shard().await;
         }
         if self.state.skipping() {
@@ -316,15 +331,22 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// Postgres, everything it did commits, on every shard, or nothing does when any of its
     /// messages failed.
     async fn sync_on_every_shard(&mut self) -> Result<(), SessionError> {
-        self.release_held()?;
-        let mut failed = self.state.skipping();
-        // Its ReadyForQuery is the router's to answer (the shard is inside the block the
-        // batch became), its errors the client's.
-        self.out.sync(Audience::Router);
-        self.exchange().await?;
+        let mut failed = self.state.skipping() || self.pin.is_none();
+        if self.pin.is_none() {
+            let held = self.state.take_held();
+            self.state.keep_held(held);
+        } else {
+            self.release_held()?;
+            // Its ReadyForQuery is the router's to answer (the shard is inside the block the
+            // batch became), its errors the client's.
+            self.out.sync(Audience::Router);
+            self.exchange().await?;
+        }
         failed |= self.out.replies.take_error() || self.pin.is_none();
         let ended = self.end_participants(!failed).await;
         self.state.synced();
+        // Whatever the shards' blocks said, the client's batch was no transaction of its own.
+        self.state.ready(crate::protocol::reply::TxStatus::Idle);
         if let Err(err) = ended {
             if !failed {
                 let mut out = Vec::new();

@@ -282,13 +282,27 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             .replan(&self.routing.planner, &mut self.nbuf);
     }
 
-    /// Resolves one statement of the client against the current transaction; `spread` when
-    /// the transaction runs on several shards.
+    /// Resolves one statement of the client against the current transaction (`tx`: where it
+    /// is, and what keeps it there).
     fn resolve<'a>(
         routing: &'a Routing,
         settings: &'a Settings,
         state: &State,
-        (pinned, spread): (Option<usize>, bool),
+        tx: TxView,
+        stmt: &resolver::Statement<'a>,
+    ) -> Target<'a> {
+        let mut target = Self::resolve_plain(routing, settings, state, tx, stmt);
+        if let Some(err) = tx.keeps_from(&target.dest, state, stmt.plan) {
+            target.dest = Dest::Refused(err);
+        }
+        target
+    }
+
+    fn resolve_plain<'a>(
+        routing: &'a Routing,
+        settings: &'a Settings,
+        state: &State,
+        TxView { pinned, spread, .. }: TxView,
         stmt: &resolver::Statement<'a>,
     ) -> Target<'a> {
         let transaction = match state.tx {
@@ -333,9 +347,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         target.dest
     }
 
-    /// The shard of the pinned connection, and whether the transaction spans several shards.
-    fn pinned(&self) -> (Option<usize>, bool) {
-        (self.pinned_shard(), !self.parts.is_empty())
+    /// Where the client's transaction is, for the resolver.
+    fn pinned(&self) -> TxView {
+        TxView {
+            pinned: self.pinned_shard(),
+            spread: !self.parts.is_empty(),
+            savepoint: self.parts.savepoint,
+            portal: self.parts.portal,
+        }
     }
 
     fn shard_name(&self, shard: usize) -> String {
@@ -347,6 +366,54 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     fn refuse_here(&mut self, err: &SqlError) {
         err.write(&mut self.client.out);
         self.state.refused();
+    }
+}
+
+/// Where the client's transaction is, as resolving a statement needs it.
+#[derive(Clone, Copy)]
+struct TxView {
+    /// The shard of the pinned connection.
+    pinned: Option<usize>,
+    /// The transaction spans shards.
+    spread: bool,
+    /// It made a savepoint, or bound a named portal, on the pinned shard.
+    savepoint: bool,
+    portal: bool,
+}
+
+impl TxView {
+    /// Why a statement with this destination cannot run in the transaction, if it cannot: it
+    /// would take a transaction that failed, or one held to its shard by a savepoint or a
+    /// portal, to other shards; or it makes a savepoint in a transaction that spans shards.
+    fn keeps_from(
+        &self,
+        dest: &Dest,
+        state: &State,
+        plan: &crate::planner::Plan,
+    ) -> Option<crate::protocol::reply::SqlError> {
+        let pinned = self.pinned?;
+        let leaves = match dest {
+            Dest::Shard(s) => *s != pinned,
+            Dest::Read(_) | Dest::Write(_) | Dest::SplitInsert(_) => true,
+            _ => false,
+        };
+        let savepoint = plan
+            .statements
+            .iter()
+            .any(|r| matches!(r, crate::planner::Route::Savepoint));
+        if savepoint && self.spread {
+            return Some(errors::savepoint_across_shards());
+        }
+        if !leaves {
+            return None;
+        }
+        if state.tx == state::Tx::Failed {
+            return Some(errors::in_failed_transaction());
+        }
+        if self.savepoint || self.portal {
+            return Some(errors::held_to_its_shard(self.savepoint));
+        }
+        None
     }
 }
 

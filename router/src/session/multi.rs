@@ -96,7 +96,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         asked: &[u8],
     ) -> Result<bool, SessionError> {
         self.client.meter.route(RouteKind::Scatter, NO_SHARD);
-        let (receivers, members) = self.fan_out(&read.shards, request);
+        let Some((receivers, members)) = self.fan_out(&read.shards, request).await? else {
+            return Ok(true);
+        };
         let failed = match &read.merge {
             Some(plan) => {
                 let m = multishard::merged::Merging {
@@ -137,13 +139,45 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
 
     /// Sends `request` to each of `shards`: in the client's transaction when one is open (the
     /// handles give its connections back), else each on a pooled connection of its own.
-    fn fan_out(&mut self, shards: &[usize], request: Vec<u8>) -> (Vec<Receiver>, Vec<Handle>) {
+    /// `None` when it cannot run: the client has the error.
+    async fn fan_out(
+        &mut self,
+        shards: &[usize],
+        request: Vec<u8>,
+    ) -> Result<Option<(Vec<Receiver>, Vec<Handle>)>, SessionError> {
         if self.state.tx == Tx::Idle {
             let receivers = fanout::start(&self.routing, shards, request, &self.settings);
-            return (receivers, Vec::new());
+            return Ok(Some((receivers, Vec::new())));
         }
-        let members = self.enlist(shards, Requests::Same(Arc::new(request)));
-        fanout::start_in_transaction(&self.routing, members, &self.settings)
+        match self.lend(shards, Requests::Same(Arc::new(request))).await? {
+            Some(members) => Ok(Some(fanout::start_in_transaction(
+                &self.routing,
+                members,
+                &self.settings,
+            ))),
+            None => Ok(None),
+        }
+    }
+
+    /// The transaction's part on each of `shards` ([`Session::enlist`]), once what was sent on
+    /// the pinned connection has its answers; `None` when something failed (the client has the
+    /// error, and the transaction failed).
+    async fn lend(
+        &mut self,
+        shards: &[usize],
+        requests: Requests,
+    ) -> Result<Option<Vec<fanout::Member>>, SessionError> {
+        if !self.bring_in_step().await? {
+            return Ok(None);
+        }
+        match self.enlist(shards, requests) {
+            Ok(members) => Ok(Some(members)),
+            Err(err) => {
+                err.write(&mut self.client.out);
+                self.state.refused();
+                Ok(None)
+            }
+        }
     }
 
     /// The transaction's connections back from [`Session::fan_out`]; a statement that failed,
@@ -170,7 +204,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             .route(RouteKind::MultiShardWrite, NO_SHARD);
         if self.state.tx != Tx::Idle {
             // Inside the client's transaction, which commits or rolls back as a whole.
-            let (receivers, members) = self.fan_out(&shards, request);
+            let Some((receivers, members)) = self.fan_out(&shards, request).await? else {
+                return Ok(true);
+            };
             let failed =
                 multishard::read::concatenated(&mut self.client, receivers, asked, None, None)
                     .await;
@@ -239,6 +275,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 err.write(out);
                 Ok(true)
             }
+            split_insert::Outcome::Answered => Ok(true),
         }
     }
 
@@ -250,7 +287,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     ) -> Result<split_insert::Outcome, SessionError> {
         let shards: Vec<usize> = requests.iter().map(|(s, _)| *s).collect();
         let each = requests.into_iter().map(|(_, r)| Arc::new(r)).collect();
-        let members = self.enlist(&shards, Requests::Each(each));
+        let Some(members) = self.lend(&shards, Requests::Each(each)).await? else {
+            return Ok(split_insert::Outcome::Answered);
+        };
         let (receivers, handles) =
             fanout::start_in_transaction(&self.routing, members, &self.settings);
         let mut replies = Vec::with_capacity(receivers.len());

@@ -41,11 +41,44 @@ pub struct Participants {
     /// The current batch has bound a `BEGIN`: the batch is not an implicit transaction even
     /// though no ReadyForQuery has said so yet.
     pub batch_began: bool,
+    /// The transaction has spanned shards, even if a shard's part is gone since (a broken
+    /// connection): it can only end, and it ends here, on all of them.
+    pub spanned: bool,
+    /// The transaction made a savepoint (on the shard of that statement), or bound a named
+    /// portal there: it cannot go on to other shards, which the savepoint would not cover and
+    /// where the portal does not exist.
+    pub savepoint: bool,
+    pub portal: bool,
 }
 
 impl Participants {
+    /// The transaction (if any) runs on one shard only, as it would without this module.
     pub fn is_empty(&self) -> bool {
-        self.others.is_empty()
+        self.others.is_empty() && !self.spanned && !self.implicit
+    }
+
+    /// Remembers that the transaction (`in_transaction`) makes a savepoint (`plan` is one,
+    /// and runs at `dest`): from then on it stays on its shard.
+    pub fn note_savepoint(
+        &mut self,
+        plan: &crate::planner::Plan,
+        dest: &crate::resolver::Dest,
+        in_transaction: bool,
+    ) {
+        let makes = plan
+            .statements
+            .iter()
+            .any(|r| matches!(r, crate::planner::Route::Savepoint));
+        if makes && in_transaction && !matches!(dest, crate::resolver::Dest::Refused(_)) {
+            self.savepoint = true;
+        }
+    }
+
+    /// What a transaction on one shard leaves here, forgotten when it ends.
+    pub fn forget_transaction(&mut self) {
+        self.begin.clear();
+        self.savepoint = false;
+        self.portal = false;
     }
 }
 
@@ -88,6 +121,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// Makes `shard` the pinned connection of the transaction under way (see the module
     /// documentation).
     pub(super) async fn join(&mut self, shard: usize) -> Result<Joined, SessionError> {
+        let replay = match self.changes_to_replay() {
+            Ok(replay) => replay,
+            Err(err) => return Ok(Joined::Refused(err)),
+        };
         if !self.bring_in_step().await? {
             return Ok(Joined::Failed);
         }
@@ -112,6 +149,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     }
                 }
             }
+            // From here on the batch ends on every shard at its Sync, even if the move fails.
             self.parts.implicit = implicit;
         }
         let Some(current) = self.pin.take() else {
@@ -120,6 +158,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         self.parts.others.push(current);
         if let Some(i) = self.parts.others.iter().position(|p| p.shard == shard) {
             self.pin = Some(self.parts.others.swap_remove(i));
+            self.parts.spanned = true;
             self.point_cancel_at_pin();
             return Ok(Joined::Ready);
         }
@@ -129,7 +168,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             self.point_cancel_at_pin();
             return Ok(Joined::Refused(err));
         }
+        self.parts.spanned = true;
         let mut begin = self.begin_text().to_string();
+        for text in &replay {
+            begin.push_str(";\n");
+            begin.push_str(text);
+        }
         self.push_lock_timeout(&mut begin);
         if let Some(pin) = self.pin.as_mut() {
             // Inside a transaction: never sent again elsewhere.
@@ -145,14 +189,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// them failed or the connection was lost: the client has the error, and the batch skips
     /// to its Sync.
     pub(super) async fn bring_in_step(&mut self) -> Result<bool, SessionError> {
+        if self.pin.is_none() {
+            // Nothing was sent anywhere.
+            return Ok(true);
+        }
         if !self.out.bytes.is_empty() || self.out.replies.awaits_backend() {
             self.out.flush();
             self.exchange().await?;
-        }
-        if self.pin.is_none() {
-            // Lost: the client was told, and the transaction's other shards roll back.
-            self.abandon_participants();
-            return Ok(false);
+            if self.pin.is_none() {
+                // Lost: the client was told, and the transaction's other shards roll back.
+                self.abandon_participants();
+                return Ok(false);
+            }
         }
         if self.out.replies.take_error() {
             self.state.skip_to_sync();
@@ -215,12 +263,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// the connections it has there (taken out of the session until [`Session::rejoin`]), and
     /// for the others a `BEGIN` like the client's. A pending `BEGIN` is taken now: the
     /// transaction starts with this statement.
-    pub(super) fn enlist(&mut self, shards: &[usize], requests: Requests) -> Vec<fanout::Member> {
+    pub(super) fn enlist(
+        &mut self,
+        shards: &[usize],
+        requests: Requests,
+    ) -> Result<Vec<fanout::Member>, SqlError> {
+        let replay = self.changes_to_replay()?;
         if let Some(begin) = self.state.take_begin() {
             self.parts.begin = begin;
         }
         let spans = shards.len() > 1 || self.pin.as_ref().is_some_and(|p| p.shard != shards[0]);
         let first_spread = spans && self.parts.is_empty();
+        self.parts.spanned |= spans;
         let mut held: Vec<Pinned> = self.pin.take().into_iter().collect();
         held.append(&mut self.parts.others);
         let mut members = Vec::with_capacity(shards.len());
@@ -236,6 +290,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 }
                 None => {
                     prelude.push_str(self.begin_text());
+                    for text in &replay {
+                        prelude.push_str(";\n");
+                        prelude.push_str(text);
+                    }
                     if spans {
                         self.push_lock_timeout(&mut prelude);
                     }
@@ -255,7 +313,28 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         }
         // Shards of the transaction the statement does not touch stay as they are.
         self.parts.others = held;
-        members
+        Ok(members)
+    }
+
+    /// The settings statements the transaction ran so far (`SET`, `SET LOCAL`, `SET
+    /// TRANSACTION ...`), for a shard that joins it: the transaction's settings are the same on
+    /// every shard. Refused when one of them cannot be repeated on its own.
+    fn changes_to_replay(&self) -> Result<Vec<String>, SqlError> {
+        let texts = self.changes.texts();
+        if texts
+            .iter()
+            .any(|t| t.trim().trim_end_matches(';').contains(';'))
+        {
+            return Err(SqlError::new(
+                crate::errors::FEATURE_NOT_SUPPORTED,
+                "this transaction changed settings in a query of several statements, which the router cannot repeat on another shard",
+            )
+            .with_hint("send each SET as a query of its own, or keep the transaction on one shard"));
+        }
+        Ok(texts
+            .iter()
+            .map(|t| t.trim().trim_end_matches(';').to_string())
+            .collect())
     }
 
     /// The connections [`Session::enlist`] lent, back in the transaction; `false` when one

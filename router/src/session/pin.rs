@@ -55,6 +55,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 match self.routing.checkout_timed(shard).await {
                     Ok((conn, waited)) => (conn, waited, shard),
                     Err(Checkout::Refused(err)) => return Err(err),
+                    // Shards of the transaction are held under the map it started with.
+                    Err(Checkout::MapChanged) if !self.parts.is_empty() => {
+                        return Err(errors::map_changed_while_paused(&self.shard_name(shard)))
+                    }
                     Err(Checkout::MapChanged) => self.checkout_after_reload(shard).await?,
                 }
             }
@@ -249,7 +253,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
 
     /// Returns the pinned connection to its pool.
     pub(super) fn release(&mut self) {
-        self.parts.begin.clear();
+        self.parts.forget_transaction();
         if self.pin.take().is_some() {
             self.slot.set_running(None);
         }

@@ -154,12 +154,13 @@ impl Settings {
 /// The settings changes of the statement or transaction under way: kept when it ends well (at
 /// ReadyForQuery idle), dropped at ROLLBACK.
 #[derive(Debug, Default)]
-pub struct Changes(Vec<Change>);
+pub struct Changes(Vec<Change>, Vec<String>);
 
 impl Changes {
     /// A SET, RESET or DISCARD completed; `sql` is the statement's text.
     pub fn push(&mut self, sql: &str) {
         self.0.push(parse_change(sql));
+        self.1.push(sql.to_string());
     }
 
     /// Nothing changed so far.
@@ -167,9 +168,16 @@ impl Changes {
         self.0.is_empty()
     }
 
+    /// The texts of the statements that made the changes, in order (for another shard of the
+    /// same transaction).
+    pub fn texts(&self) -> &[String] {
+        &self.1
+    }
+
     /// The transaction rolled back: its changes are undone.
     pub fn rollback(&mut self) {
         self.0.clear();
+        self.1.clear();
     }
 
     /// The statement or transaction is over: applies its changes to `settings` and returns the
@@ -183,6 +191,7 @@ impl Changes {
         for change in self.0.drain(..) {
             known &= settings.apply(&change);
         }
+        self.1.clear();
         Some(if known {
             settings.fingerprint()
         } else {

@@ -16,6 +16,8 @@ use crate::resolver::{self, Dest, Reroute};
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     pub(super) async fn query(&mut self, frame: BytesMut) -> Result<(), SessionError> {
         let sql = frontend::query(&frame[5..])?;
+        // A Query ends what came before it, as a Sync does.
+        self.out.replies.take_error();
         // Kept for the settings a statement changes and for the logs; a long text only as its
         // start, unless it may change settings (below).
         self.sql.clear();
@@ -37,6 +39,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             } else {
                 Reroute::No
             };
+            self.parts
+                .note_savepoint(&planned, &target.dest, self.state.tx != Tx::Idle);
             target.dest
         };
         // A text the normalizer gave up on (too long to plan) may still be routed by hand
@@ -69,8 +73,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 return Ok(());
             }
             Dest::Commit | Dest::Rollback if !self.parts.is_empty() => {
-                // A transaction on several shards ends on all of them, here.
-                let commit = matches!(dest, Dest::Commit);
+                // A transaction on several shards ends on all of them, here, once what an
+                // extended batch sent before this Query is answered.
+                let in_step = self.bring_in_step().await?;
+                let commit = matches!(dest, Dest::Commit) && in_step;
                 let ended = self.end_participants(commit).await;
                 let tag = self.state.end_unsent(commit);
                 match ended {
