@@ -676,6 +676,11 @@ impl Drop for RemoveOnDrop {
 /// The pgjdbc program, compiled into a directory of its own (`tag` names it) that lives as
 /// long as the guard.
 fn jdbc_command(tag: &str) -> (Command, RemoveOnDrop) {
+    jdbc_program(tag, "DriverMatrix")
+}
+
+/// The pgjdbc program `class` (`java/<class>.java`), compiled as [`jdbc_command`] does.
+fn jdbc_program(tag: &str, class: &str) -> (Command, RemoveOnDrop) {
     let jar = Path::new("/usr/share/java/postgresql.jar");
     require(
         jar.exists(),
@@ -693,19 +698,19 @@ fn jdbc_command(tag: &str) -> (Command, RemoveOnDrop) {
         .arg(jar)
         .arg("-d")
         .arg(&classes)
-        .arg(drivers_dir().join("java/DriverMatrix.java"))
+        .arg(drivers_dir().join(format!("java/{class}.java")))
         .output()
         .expect("run javac");
     assert!(
         out.status.success(),
-        "javac DriverMatrix.java failed:\n{}{}",
+        "javac {class}.java failed:\n{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     let mut cmd = Command::new("java");
     cmd.arg("-cp")
         .arg(format!("{}:{}", classes.display(), jar.display()))
-        .arg("DriverMatrix");
+        .arg(class);
     (cmd, cleanup)
 }
 
@@ -855,6 +860,30 @@ fn batches_and_orm_sessions_over_several_shards_match_one_postgres() {
         &[
             ("SHARDGATE_KEY_BASE", "36000000".to_string()),
             ("SHARDGATE_DIRECT_URL", server.url("direct_transactions")),
+        ],
+    );
+}
+
+/// pgjdbc `executeBatch` over several shards, with and without `reWriteBatchedInserts`, with
+/// autocommit on and off (`java/Batches.java`), compared step by step with one Postgres.
+#[test]
+fn pgjdbc_batches_over_several_shards_match_one_postgres() {
+    let env = shared_env();
+    let (cmd, _cleanup) = jdbc_program("batches", "Batches");
+    let server = &env.cluster.servers()[1];
+    server
+        .psql("postgres", "CREATE DATABASE direct_jdbc")
+        .expect("a database for the direct run");
+    server
+        .psql("direct_jdbc", common::SCHEMA)
+        .expect("the schema, directly");
+    run_program(
+        env,
+        "jdbc-batches",
+        cmd,
+        &[
+            ("SHARDGATE_KEY_BASE", "37000000".to_string()),
+            ("SHARDGATE_DIRECT_URL", server.url("direct_jdbc")),
         ],
     );
 }

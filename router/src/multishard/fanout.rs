@@ -105,30 +105,46 @@ pub struct Member {
 pub type Returned = (usize, Option<PooledConn>);
 
 /// Like [`start`], on the connections of the client's transaction (see the module's
-/// documentation); the handles give the connections back, in the same order.
+/// documentation); the handles give the connections back, in the same order. With `ordered`
+/// (writes) each shard's part starts only when the one before it has answered, so that two
+/// writes on the same shards take their row locks in the same (shard) order and cannot wait for
+/// each other in a cycle across shards; reads run on every shard at once.
 pub fn start_in_transaction(
     routing: &Arc<Routing>,
     members: Vec<Member>,
     settings: &Settings,
+    ordered: bool,
 ) -> (
     Vec<mpsc::Receiver<Chunk>>,
     Vec<tokio::task::JoinHandle<Returned>>,
 ) {
+    let mut previous: Option<tokio::sync::oneshot::Receiver<()>> = None;
     members
         .into_iter()
         .map(|member| {
             let (tx, rx) = mpsc::channel(8);
             let routing = routing.clone();
             let settings = settings.clone();
+            let after = if ordered { previous.take() } else { None };
+            let (done, next) = tokio::sync::oneshot::channel();
+            if ordered {
+                previous = Some(next);
+            }
             let task = tokio::spawn(async move {
+                if let Some(after) = after {
+                    // Whatever became of the part before (an error ends the statement anyway).
+                    let _ = after.await;
+                }
                 let shard = member.shard;
-                match in_transaction(&routing, member, &settings, &tx).await {
+                let returned = match in_transaction(&routing, member, &settings, &tx).await {
                     Ok(conn) => (shard, Some(conn)),
                     Err(e) => {
                         let _ = tx.send(Err(e)).await;
                         (shard, None)
                     }
-                }
+                };
+                let _ = done.send(());
+                returned
             });
             (rx, task)
         })

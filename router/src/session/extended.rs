@@ -149,9 +149,34 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.route_or_hold(msg).await
             }
             Dest::Broadcast | Dest::Read(_) | Dest::Write(_) | Dest::SplitInsert(_) => {
-                // (Inside a transaction the statement may follow others of the transaction,
-                // but not others of its own batch.)
+                if !matches!(dest, Dest::Broadcast) {
+                    // Inside a transaction it may follow other statements of its batch (a
+                    // driver's BEGIN in front of it, earlier statements on the pinned shard):
+                    // those run first, and it joins the transaction.
+                    self.absorb_held_begin();
+                    if self.parts.batch_began
+                        && matches!(self.state.batch, Batch::OnBackend { executed: true })
+                    {
+                        // The batch's BEGIN ran on the pinned connection.
+                        self.state
+                            .ready(crate::protocol::reply::TxStatus::InTransaction);
+                    }
+                }
+                let spanning = self.routing.config.transactions.cross_shard
+                    != crate::config::CrossShard::Refuse;
+                if spanning
+                    && self.state.tx == Tx::Idle
+                    && matches!(dest, Dest::Write(_) | Dest::SplitInsert(_))
+                {
+                    // A write on several shards in a batch: the batch is one transaction over
+                    // them, which later statements of the batch join, committed at its Sync.
+                    if !self.bring_in_step().await? || !self.open_on_first_shard(false).await? {
+                        return Ok(());
+                    }
+                }
+                let in_transaction = self.in_transaction();
                 let mixed = matches!(self.state.batch, Batch::OnBackend { executed: true })
+                    && !in_transaction
                     || matches!(self.state.batch, Batch::Held)
                         && self.state.held().iter().any(|m| {
                             matches!(m, Msg::Bind { .. } | Msg::Forward { executes: true, .. })
@@ -330,7 +355,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// The Sync of a batch that ran on several shards outside a transaction: as on one
     /// Postgres, everything it did commits, on every shard, or nothing does when any of its
     /// messages failed.
-    async fn sync_on_every_shard(&mut self) -> Result<(), SessionError> {
+    pub(super) async fn sync_on_every_shard(&mut self) -> Result<(), SessionError> {
         let mut failed = self.state.skipping() || self.pin.is_none();
         if self.pin.is_none() {
             let held = self.state.take_held();
@@ -356,6 +381,73 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         }
         self.answer_ready();
         Ok(())
+    }
+
+    /// When the batch so far holds a `BEGIN` (Parse, Bind, Describe, Execute of it, as pgjdbc
+    /// sends it in front of a transaction's first statement) followed only by messages that
+    /// prepare, answers the `BEGIN` as the router answers a lone one: the transaction is
+    /// pending, and the statement that follows may begin it on every shard it needs. The
+    /// preparing messages stay held.
+    fn absorb_held_begin(&mut self) {
+        if !matches!(self.state.batch, Batch::Held) || self.state.tx != Tx::Idle {
+            return;
+        }
+        let mut begin: Option<Arc<ClientStatement>> = None;
+        let mut executed = false;
+        let mut out = Vec::new();
+        let mut prefix = 0;
+        for m in self.state.held().iter() {
+            let of_begin = !executed
+                && match m {
+                    Msg::Parse(s) | Msg::DescribeStatement(s) => is_begin(&s.plan),
+                    Msg::Bind { stmt, .. } => begin.is_none() && is_begin(&stmt.plan),
+                    Msg::Forward {
+                        kind: Kind::DescribePortal | Kind::Execute,
+                        ..
+                    } => begin.is_some(),
+                    _ => false,
+                };
+            if of_begin {
+                match m {
+                    Msg::Parse(_) => reply::parse_complete(&mut out),
+                    Msg::DescribeStatement(_) => no_data_description(&mut out, b'S'),
+                    Msg::Bind { stmt, .. } => {
+                        begin = Some(stmt.clone());
+                        reply::bind_complete(&mut out);
+                    }
+                    Msg::Forward {
+                        kind: Kind::DescribePortal,
+                        ..
+                    } => no_data_description(&mut out, b'P'),
+                    _ => {
+                        executed = true;
+                        reply::command_complete(&mut out, "BEGIN");
+                    }
+                }
+                prefix += 1;
+                continue;
+            }
+            // After the BEGIN, only messages that prepare.
+            if !executed || !matches!(m, Msg::Parse(_) | Msg::DescribeStatement(_)) {
+                return;
+            }
+        }
+        let (Some(stmt), true) = (begin, executed) else {
+            return;
+        };
+        let mut held = self.state.take_held();
+        let mut i = 0;
+        let _ = held.drain(|msg| -> Result<(), ()> {
+            if i >= prefix {
+                self.state.held_mut().push(msg);
+            }
+            i += 1;
+            Ok(())
+        });
+        self.state.keep_held(held);
+        self.state.begin(stmt.sql());
+        self.parts.begin = stmt.sql().to_string();
+        self.out.replies.push_synthetic(out);
     }
 
     /// A ReadyForQuery the router answers, in its place among the replies.
@@ -489,6 +581,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             }
         }
     }
+}
+
+fn is_begin(plan: &crate::planner::Plan) -> bool {
+    matches!(resolver::transaction_control(plan), Some(Dest::Begin))
 }
 
 /// The answer to Describe of a statement without rows or parameters (DDL, BEGIN): `t` with no

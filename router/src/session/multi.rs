@@ -96,7 +96,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         asked: &[u8],
     ) -> Result<bool, SessionError> {
         self.client.meter.route(RouteKind::Scatter, NO_SHARD);
-        let Some((receivers, members)) = self.fan_out(&read.shards, request).await? else {
+        let Some((receivers, members)) = self.fan_out(&read.shards, request, false).await? else {
             return Ok(true);
         };
         let failed = match &read.merge {
@@ -137,6 +137,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         failed.map_err(SessionError::Client)
     }
 
+    /// A transaction is open: the client's, or an extended batch's that spans shards.
+    pub(super) fn in_transaction(&self) -> bool {
+        self.state.tx != Tx::Idle || self.parts.implicit
+    }
+
     /// Sends `request` to each of `shards`: in the client's transaction when one is open (the
     /// handles give its connections back), else each on a pooled connection of its own.
     /// `None` when it cannot run: the client has the error.
@@ -144,8 +149,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         &mut self,
         shards: &[usize],
         request: Vec<u8>,
+        ordered: bool,
     ) -> Result<Option<(Vec<Receiver>, Vec<Handle>)>, SessionError> {
-        if self.state.tx == Tx::Idle {
+        if !self.in_transaction() {
             let receivers = fanout::start(&self.routing, shards, request, &self.settings);
             return Ok(Some((receivers, Vec::new())));
         }
@@ -154,6 +160,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 &self.routing,
                 members,
                 &self.settings,
+                ordered,
             ))),
             None => Ok(None),
         }
@@ -202,9 +209,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         self.client
             .meter
             .route(RouteKind::MultiShardWrite, NO_SHARD);
-        if self.state.tx != Tx::Idle {
+        if self.in_transaction() {
             // Inside the client's transaction, which commits or rolls back as a whole.
-            let Some((receivers, members)) = self.fan_out(&shards, request).await? else {
+            let Some((receivers, members)) = self.fan_out(&shards, request, true).await? else {
                 return Ok(true);
             };
             let failed =
@@ -240,9 +247,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             .route(RouteKind::MultiShardWrite, NO_SHARD);
         let outcome = match requests {
             Err(err) => split_insert::Outcome::Failed(err),
-            Ok(requests) if self.state.tx != Tx::Idle => {
-                self.split_in_transaction(requests).await?
-            }
+            Ok(requests) if self.in_transaction() => self.split_in_transaction(requests).await?,
             Ok(requests) => split_insert::run(&self.routing, &requests, &self.settings).await,
         };
         let out = &mut self.client.out;
@@ -291,7 +296,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             return Ok(split_insert::Outcome::Answered);
         };
         let (receivers, handles) =
-            fanout::start_in_transaction(&self.routing, members, &self.settings);
+            fanout::start_in_transaction(&self.routing, members, &self.settings, true);
         let mut replies = Vec::with_capacity(receivers.len());
         let mut failed: Option<split_insert::Outcome> = None;
         for mut rx in receivers {
@@ -483,6 +488,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 let asked = std::mem::take(&mut batch.asked);
                 let run = std::mem::replace(&mut batch.run, Spread::Write(Vec::new()));
                 self.out.replies.drain_synthetic(&mut self.client.out);
+                let in_transaction = self.in_transaction();
                 let failed = match run {
                     Spread::Read(read) => self.run_read(read, request, &asked).await?,
                     Spread::Write(shards) => self.run_write(shards, request, &asked).await?,
@@ -497,6 +503,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 };
                 if failed {
                     self.state.skip_to_sync();
+                } else if in_transaction && self.pin.is_some() {
+                    // Part of a transaction: the batch goes on, on the transaction's shards.
+                    self.state.set_batch(Batch::OnBackend { executed: true });
                 }
             }
             b'E' => {
@@ -508,6 +517,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     // A batch that never executed: answer what it asked.
                     let asked = std::mem::take(&mut batch.asked);
                     multishard::gather::answer_asked(&mut self.client.out, &asked, &[], &[]);
+                }
+                if self.parts.implicit {
+                    return self.sync_on_every_shard().await;
                 }
                 self.state.synced();
                 reply::ready_for_query(&mut self.client.out, self.state.status());

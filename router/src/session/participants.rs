@@ -128,29 +128,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         if !self.bring_in_step().await? {
             return Ok(Joined::Failed);
         }
-        if self.parts.is_empty() {
-            // The first shard of the transaction: a batch's implicit transaction becomes a
-            // block there, and the transaction gets its lock timeout.
-            let implicit = self.state.tx == Tx::Idle && !self.parts.batch_began;
-            let mut sql = String::new();
-            if implicit {
-                sql.push_str("BEGIN");
-            }
-            self.push_lock_timeout(&mut sql);
-            if !sql.is_empty() {
-                self.out.query(&sql, Audience::Router)?;
-                self.exchange().await?;
-                match self.pin.as_mut() {
-                    // A simple Query drops the unnamed statement.
-                    Some(pin) => pin.unnamed = 0,
-                    None => {
-                        self.abandon_participants();
-                        return Ok(Joined::Failed);
-                    }
-                }
-            }
-            // From here on the batch ends on every shard at its Sync, even if the move fails.
-            self.parts.implicit = implicit;
+        if self.parts.is_empty() && !self.open_on_first_shard(true).await? {
+            return Ok(Joined::Failed);
         }
         let Some(current) = self.pin.take() else {
             return Ok(Joined::Failed);
@@ -182,6 +161,41 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         // In the same write as the statement; its error, if any, is the client's.
         self.out.query(&begin, Audience::Router)?;
         Ok(Joined::Ready)
+    }
+
+    /// Makes the pinned connection ready to be one shard of several (it is in step): an
+    /// extended batch's implicit transaction becomes a block there (`BEGIN`, which Postgres
+    /// allows in the middle of a batch), and, with `lock_timeout`, the transaction gets its lock
+    /// timeout. From then on the batch ends on every shard at its Sync. `false` when the
+    /// connection was lost (the client has the error).
+    pub(super) async fn open_on_first_shard(
+        &mut self,
+        lock_timeout: bool,
+    ) -> Result<bool, SessionError> {
+        let implicit = self.state.tx == Tx::Idle && !self.parts.batch_began;
+        if self.pin.is_some() {
+            let mut sql = String::new();
+            if implicit {
+                sql.push_str("BEGIN");
+            }
+            if lock_timeout {
+                self.push_lock_timeout(&mut sql);
+            }
+            if !sql.is_empty() {
+                self.out.query(&sql, Audience::Router)?;
+                self.exchange().await?;
+                match self.pin.as_mut() {
+                    // A simple Query drops the unnamed statement.
+                    Some(pin) => pin.unnamed = 0,
+                    None => {
+                        self.abandon_participants();
+                        return Ok(false);
+                    }
+                }
+            }
+        }
+        self.parts.implicit |= implicit;
+        Ok(true)
     }
 
     /// Reads the replies to every message sent on the pinned connection so far (extended
