@@ -274,6 +274,16 @@ impl Failed {
 
 /// Runs one simple query; its command tag, or why it failed.
 async fn run(conn: &mut BackendConn, sql: &str) -> Result<String, Failed> {
+    simple(conn, sql).await.map(|(tag, _)| tag)
+}
+
+/// The first column of each row of a simple query, as text.
+async fn rows(conn: &mut BackendConn, sql: &str) -> Result<Vec<String>, Failed> {
+    simple(conn, sql).await.map(|(_, rows)| rows)
+}
+
+/// One simple query: its last command tag and the first column of its rows, or why it failed.
+async fn simple(conn: &mut BackendConn, sql: &str) -> Result<(String, Vec<String>), Failed> {
     let lost = |e: &dyn std::fmt::Display| Failed {
         code: errors::CONNECTION_FAILURE.to_string(),
         message: e.to_string(),
@@ -283,44 +293,18 @@ async fn run(conn: &mut BackendConn, sql: &str) -> Result<String, Failed> {
     request::query(&mut out, sql).map_err(|e| lost(&e))?;
     let mut error = None;
     let mut tag = String::new();
+    let mut values = Vec::new();
     conn.round_trip(&out, 1, |frame| match frame[0] {
         b'E' => error = Some(error_fields(frame)),
         b'C' => {
             tag = String::from_utf8_lossy(frame.get(5..frame.len() - 1).unwrap_or_default())
                 .into_owned();
         }
-        _ => {}
-    })
-    .await
-    .map_err(|e| lost(&e))?;
-    match error {
-        Some((code, message)) => Err(Failed {
-            code,
-            message,
-            connection_lost: false,
-        }),
-        None => Ok(tag),
-    }
-}
-
-/// The first column of each row of a simple query, as text.
-async fn rows(conn: &mut BackendConn, sql: &str) -> Result<Vec<String>, Failed> {
-    let mut out = BytesMut::with_capacity(sql.len() + 8);
-    let lost = |e: &dyn std::fmt::Display| Failed {
-        code: errors::CONNECTION_FAILURE.to_string(),
-        message: e.to_string(),
-        connection_lost: true,
-    };
-    request::query(&mut out, sql).map_err(|e| lost(&e))?;
-    let mut values = Vec::new();
-    let mut error = None;
-    conn.round_trip(&out, 1, |frame| match frame[0] {
         b'D' => {
             if let Ok(Some(v)) = crate::merge::row::nth_field(&frame[5..], 0) {
                 values.push(String::from_utf8_lossy(v).into_owned());
             }
         }
-        b'E' => error = Some(error_fields(frame)),
         _ => {}
     })
     .await
@@ -331,7 +315,7 @@ async fn rows(conn: &mut BackendConn, sql: &str) -> Result<Vec<String>, Failed> 
             message,
             connection_lost: false,
         }),
-        None => Ok(values),
+        None => Ok((tag, values)),
     }
 }
 

@@ -105,6 +105,22 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         self.pin.as_ref().is_some_and(|p| p.shard != shard)
     }
 
+    /// [`Session::reach`] for a simple Query: `false` when it cannot run there (the client
+    /// has its error and ReadyForQuery).
+    pub(super) async fn reach_for_query(
+        &mut self,
+        wanted: Option<usize>,
+    ) -> Result<bool, SessionError> {
+        match self.reach(wanted).await? {
+            Joined::Ready => Ok(true),
+            Joined::Refused(err) => self.refuse_query(&err).await.map(|()| false),
+            Joined::Failed => {
+                self.ready();
+                Ok(false)
+            }
+        }
+    }
+
     /// The pinned connection for a statement that needs `wanted` (`None`: any shard): the one
     /// held, the connection of another shard of the transaction, or a new one (with the
     /// client's pending `BEGIN` in front of the statement).

@@ -11,7 +11,6 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::outbox::{synthetic, ConnStatements};
-use super::participants::Joined;
 use super::replies::{Audience, Kind};
 use super::state::Tx;
 use super::statements::{Duplicate, Text};
@@ -176,13 +175,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 return self.refuse_query(&err).await;
             }
         };
-        match self.reach(wanted).await? {
-            Joined::Ready => {}
-            Joined::Refused(err) => return self.refuse_query(&err).await,
-            Joined::Failed => {
-                self.ready();
-                return Ok(());
-            }
+        if !self.reach_for_query(wanted).await? {
+            return Ok(());
         }
         let Some(pin) = self.pin.as_mut() else {
             return Err(SessionError::Protocol(

@@ -5,7 +5,6 @@
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::participants::Joined;
 use super::replies::{Audience, Kind};
 use super::state::Tx;
 use super::{Session, SessionError};
@@ -115,13 +114,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     Dest::Shard(s) => Some(s),
                     _ => None,
                 };
-                match self.reach(wanted).await? {
-                    Joined::Ready => {}
-                    Joined::Refused(err) => return self.refuse_query(&err).await,
-                    Joined::Failed => {
-                        self.ready();
-                        return Ok(());
-                    }
+                if !self.reach_for_query(wanted).await? {
+                    return Ok(());
                 }
                 self.out.push_frame(frame);
                 self.out.replies.push(Kind::Query, Audience::Client);
