@@ -26,7 +26,6 @@ use super::state::Tx;
 use super::{Session, SessionError};
 use crate::multishard::{commit, fanout, two_phase};
 use crate::protocol::reply::SqlError;
-use crate::server::clients::CancelTarget;
 
 /// The other shards of a transaction that spans several.
 #[derive(Default)]
@@ -164,12 +163,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             return Ok(Joined::Refused(err));
         }
         self.parts.spanned = true;
-        let mut begin = self.begin_text().to_string();
-        for text in &replay {
-            begin.push_str(";\n");
-            begin.push_str(text);
-        }
-        self.push_lock_timeout(&mut begin);
+        let begin = self.joining_prelude(&replay, true);
         if let Some(pin) = self.pin.as_mut() {
             // Inside a transaction: never sent again elsewhere.
             pin.fresh = false;
@@ -319,14 +313,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     Some(held.swap_remove(i).conn)
                 }
                 None => {
-                    prelude.push_str(self.begin_text());
-                    for text in &replay {
-                        prelude.push_str(";\n");
-                        prelude.push_str(text);
-                    }
-                    if spans {
-                        self.push_lock_timeout(&mut prelude);
-                    }
+                    prelude = self.joining_prelude(&replay, spans);
                     None
                 }
             };
@@ -394,13 +381,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         all_back
     }
 
-    /// How a shard joining the transaction begins it.
-    fn begin_text(&self) -> &str {
-        if self.parts.begin.is_empty() {
-            "BEGIN"
+    /// How a shard joining the transaction begins it: the client's `BEGIN` (or a plain one),
+    /// the settings statements the transaction ran so far (`replay`), and, when it spans
+    /// shards, its lock timeout.
+    fn joining_prelude(&self, replay: &[String], spans: bool) -> String {
+        let mut sql = if self.parts.begin.is_empty() {
+            "BEGIN".to_string()
         } else {
-            &self.parts.begin
+            self.parts.begin.clone()
+        };
+        for text in replay {
+            sql.push_str(";\n");
+            sql.push_str(text);
         }
+        if spans {
+            self.push_lock_timeout(&mut sql);
+        }
+        sql
     }
 
     /// Appends the transaction's `SET LOCAL lock_timeout` (config `[transactions]
@@ -416,18 +413,5 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             sql.push_str(";\n");
         }
         let _ = write!(sql, "SET LOCAL lock_timeout = {}", timeout.as_millis());
-    }
-
-    /// A cancel request of the client goes to the pinned connection's statement.
-    fn point_cancel_at_pin(&self) {
-        match &self.pin {
-            Some(pin) => self.slot.set_running(Some(CancelTarget {
-                generation: self.routing.generation,
-                shard: pin.shard,
-                pid: pin.conn.pid,
-                secret: pin.conn.secret,
-            })),
-            None => self.slot.set_running(None),
-        }
     }
 }

@@ -68,12 +68,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         if !self.shared.server_params_learned() {
             self.shared.learn_server_params(&conn.params);
         }
-        self.slot.set_running(Some(CancelTarget {
-            generation: self.routing.generation,
-            shard,
-            pid: conn.pid,
-            secret: conn.secret,
-        }));
         let fp = self.settings.fingerprint();
         if conn.settings_fp != fp {
             // The client's settings go out in the same write as its statement.
@@ -88,6 +82,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             unnamed: 0,
             fresh: true,
         });
+        self.point_cancel_at_pin();
         if with_begin {
             if let Some(begin) = self.state.take_begin() {
                 // Its error, if any, is the client's; its ReadyForQuery is not.
@@ -228,19 +223,27 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             }
             break (conn, shard);
         };
-        self.slot.set_running(Some(CancelTarget {
-            generation: self.routing.generation,
-            shard,
-            pid: conn.pid,
-            secret: conn.secret,
-        }));
         self.pin = Some(Pinned {
             shard,
             conn,
             unnamed: old.unnamed,
             fresh: true,
         });
+        self.point_cancel_at_pin();
         Ok(())
+    }
+
+    /// A cancel request of the client goes to the pinned connection's statement.
+    pub(super) fn point_cancel_at_pin(&self) {
+        match &self.pin {
+            Some(pin) => self.slot.set_running(Some(CancelTarget {
+                generation: self.routing.generation,
+                shard: pin.shard,
+                pid: pin.conn.pid,
+                secret: pin.conn.secret,
+            })),
+            None => self.slot.set_running(None),
+        }
     }
 
     /// Returns the connection to its pool once the client is at rest between transactions. It
