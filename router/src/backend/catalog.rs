@@ -7,10 +7,7 @@
 
 use std::collections::HashMap;
 
-use bytes::BytesMut;
-
 use super::BackendConn;
-use crate::protocol::request;
 use crate::server::Routing;
 use crate::session::settings::quote_literal;
 
@@ -76,22 +73,10 @@ async fn first_column(
     conn: &mut crate::backend::BackendConn,
     sql: &str,
 ) -> std::io::Result<Vec<String>> {
-    let mut out = BytesMut::new();
-    request::query(&mut out, sql).map_err(std::io::Error::other)?;
-    let mut values = Vec::new();
-    let mut failed = false;
-    conn.round_trip(&out, 1, |frame| match frame[0] {
-        b'D' => {
-            if let Ok(Some(v)) = crate::merge::row::nth_field(&frame[5..], 0) {
-                values.push(String::from_utf8_lossy(v).into_owned());
-            }
-        }
-        b'E' => failed = true,
-        _ => {}
+    let answer = conn.simple_query(sql).await?;
+    Ok(if answer.error.is_some() {
+        Vec::new()
+    } else {
+        answer.first_column
     })
-    .await?;
-    if failed {
-        values.clear();
-    }
-    Ok(values)
 }

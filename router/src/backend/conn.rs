@@ -25,6 +25,19 @@ use tokio::net::TcpStream;
 use super::stream::{BackendStream, TlsFailure};
 use crate::tls::BackendTls;
 
+/// What a simple query of [`BackendConn::simple_query`] answered.
+#[derive(Debug, Default)]
+pub struct Answer {
+    /// The command tag of its (last) CommandComplete.
+    pub tag: String,
+    /// The first column of every row, as text (NULLs left out).
+    pub first_column: Vec<String>,
+    /// Its first error: SQLSTATE and message.
+    pub error: Option<(String, String)>,
+    /// The transaction status its ReadyForQuery reported.
+    pub status: Option<crate::protocol::reply::TxStatus>,
+}
+
 /// Where and as whom to log in; one per pool.
 #[derive(Clone, Debug)]
 pub struct Endpoint {
@@ -145,6 +158,37 @@ impl BackendConn {
             on_frame(frame);
         }
         Ok(())
+    }
+
+    /// Runs one simple query of the router's own (one statement, nothing streamed) and
+    /// gathers what it answered.
+    pub async fn simple_query(&mut self, sql: &str) -> std::io::Result<Answer> {
+        let mut out = BytesMut::with_capacity(sql.len() + 8);
+        crate::protocol::request::query(&mut out, sql).map_err(std::io::Error::other)?;
+        let mut answer = Answer::default();
+        self.round_trip(&out, 1, |frame| match frame[0] {
+            b'E' => {
+                answer
+                    .error
+                    .get_or_insert_with(|| crate::protocol::backend::error_fields(frame));
+            }
+            b'C' => {
+                answer.tag =
+                    String::from_utf8_lossy(frame.get(5..frame.len() - 1).unwrap_or_default())
+                        .into_owned();
+            }
+            b'D' => {
+                if let Ok(Some(v)) = crate::merge::row::nth_field(&frame[5..], 0) {
+                    answer
+                        .first_column
+                        .push(String::from_utf8_lossy(v).into_owned());
+                }
+            }
+            b'Z' => answer.status = crate::protocol::backend::ready_status(frame),
+            _ => {}
+        })
+        .await?;
+        Ok(answer)
     }
 
     /// The header of the next whole frame in the read buffer, reading from the socket until

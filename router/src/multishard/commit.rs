@@ -14,7 +14,6 @@ use bytes::BytesMut;
 use crate::backend::conn::Replies;
 use crate::backend::pool::{discard, PooledConn};
 use crate::errors;
-use crate::protocol::backend::{error_fields, ready_status};
 use crate::protocol::reply::{SqlError, TxStatus};
 use crate::protocol::request;
 use crate::server::Routing;
@@ -239,18 +238,11 @@ fn outcome(
 /// Runs one statement on a connection at rest inside a transaction; `Err` with Postgres's
 /// SQLSTATE and message when it failed (the transaction is then aborted there).
 async fn run(conn: &mut PooledConn, sql: &str) -> Result<(), (String, String)> {
-    let lost = |e: &dyn std::fmt::Display| (errors::CONNECTION_FAILURE.to_string(), e.to_string());
-    let mut out = BytesMut::with_capacity(sql.len() + 8);
-    request::query(&mut out, sql).map_err(|e| lost(&e))?;
-    let mut error = None;
-    conn.round_trip(&out, 1, |frame| {
-        if frame[0] == b'E' {
-            error = Some(error_fields(frame));
-        }
-    })
-    .await
-    .map_err(|e| lost(&e))?;
-    error.map_or(Ok(()), Err)
+    let answer = conn
+        .simple_query(sql)
+        .await
+        .map_err(|e| (errors::CONNECTION_FAILURE.to_string(), e.to_string()))?;
+    answer.error.map_or(Ok(()), Err)
 }
 
 /// Ends every part at once; the outcomes are in the parts' order.
@@ -275,31 +267,23 @@ async fn end_all(open: Vec<(usize, PooledConn)>, commit: bool) -> Vec<Result<(),
 /// COMMIT or ROLLBACK on a connection left in a transaction; `Err` with Postgres's message
 /// (or the connection's failure) if it did not end as asked. A broken connection is discarded.
 pub async fn end(mut conn: PooledConn, commit: bool) -> Result<(), String> {
-    let mut out = BytesMut::with_capacity(16);
-    if let Err(e) = request::query(&mut out, if commit { "COMMIT" } else { "ROLLBACK" }) {
-        discard(conn);
-        return Err(e.to_string());
-    }
-    let mut error = None;
-    let mut status = None;
-    let result = conn
-        .round_trip(&out, 1, |frame| match frame[0] {
-            b'E' => error = Some(error_fields(frame).1),
-            b'Z' => status = ready_status(frame),
-            _ => {}
-        })
-        .await;
-    match (result, error) {
-        (Err(e), _) => {
+    let answer = match conn
+        .simple_query(if commit { "COMMIT" } else { "ROLLBACK" })
+        .await
+    {
+        Ok(answer) => answer,
+        Err(e) => {
             discard(conn);
-            Err(e.to_string())
+            return Err(e.to_string());
         }
-        (Ok(()), Some(message)) => Err(message),
+    };
+    match answer.error {
+        Some((_, message)) => Err(message),
         // A COMMIT of an aborted transaction answers ROLLBACK without an error.
-        (Ok(()), None) if status != Some(TxStatus::Idle) => {
+        None if answer.status != Some(TxStatus::Idle) => {
             discard(conn);
             Err("the connection stayed in a transaction".into())
         }
-        (Ok(()), None) => Ok(()),
+        None => Ok(()),
     }
 }

@@ -23,14 +23,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use bytes::BytesMut;
-
 use crate::backend::pool::PooledConn;
 use crate::backend::BackendConn;
 use crate::errors;
-use crate::protocol::backend::error_fields;
 use crate::protocol::reply::SqlError;
-use crate::protocol::request;
 use crate::server::Routing;
 use crate::session::settings::quote_literal;
 
@@ -282,40 +278,20 @@ async fn rows(conn: &mut BackendConn, sql: &str) -> Result<Vec<String>, Failed> 
     simple(conn, sql).await.map(|(_, rows)| rows)
 }
 
-/// One simple query: its last command tag and the first column of its rows, or why it failed.
+/// One simple query: its command tag and the first column of its rows, or why it failed.
 async fn simple(conn: &mut BackendConn, sql: &str) -> Result<(String, Vec<String>), Failed> {
-    let lost = |e: &dyn std::fmt::Display| Failed {
+    let answer = conn.simple_query(sql).await.map_err(|e| Failed {
         code: errors::CONNECTION_FAILURE.to_string(),
         message: e.to_string(),
         connection_lost: true,
-    };
-    let mut out = BytesMut::with_capacity(sql.len() + 8);
-    request::query(&mut out, sql).map_err(|e| lost(&e))?;
-    let mut error = None;
-    let mut tag = String::new();
-    let mut values = Vec::new();
-    conn.round_trip(&out, 1, |frame| match frame[0] {
-        b'E' => error = Some(error_fields(frame)),
-        b'C' => {
-            tag = String::from_utf8_lossy(frame.get(5..frame.len() - 1).unwrap_or_default())
-                .into_owned();
-        }
-        b'D' => {
-            if let Ok(Some(v)) = crate::merge::row::nth_field(&frame[5..], 0) {
-                values.push(String::from_utf8_lossy(v).into_owned());
-            }
-        }
-        _ => {}
-    })
-    .await
-    .map_err(|e| lost(&e))?;
-    match error {
+    })?;
+    match answer.error {
         Some((code, message)) => Err(Failed {
             code,
             message,
             connection_lost: false,
         }),
-        None => Ok((tag, values)),
+        None => Ok((answer.tag, answer.first_column)),
     }
 }
 
