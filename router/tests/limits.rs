@@ -6,11 +6,10 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::sync::OnceLock;
-use std::time::Duration;
 
+use common::raw::{msg, Raw};
 use common::{rows, sqlstate, Env, Router};
 
 /// `max_message_bytes` in these tests: 1 MiB.
@@ -207,62 +206,6 @@ async fn a_message_over_max_message_bytes_ends_only_its_connection() {
     // New connections are served too.
     let again = env.router.connect().await;
     again.simple_query("SELECT 1").await.expect("a new client");
-}
-
-/// A raw protocol client logged in with trust authentication.
-struct Raw {
-    s: TcpStream,
-    buf: Vec<u8>,
-}
-
-fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
-    let mut m = vec![tag];
-    m.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
-    m.extend_from_slice(body);
-    m
-}
-
-impl Raw {
-    fn connect(router: &Router) -> Raw {
-        let mut s = TcpStream::connect(("127.0.0.1", router.port)).expect("connect");
-        s.set_read_timeout(Some(Duration::from_secs(30)))
-            .expect("timeout");
-        let params = b"user\0app\0database\0app\0\0";
-        let mut startup = ((8 + params.len()) as i32).to_be_bytes().to_vec();
-        startup.extend_from_slice(&196_608i32.to_be_bytes());
-        startup.extend_from_slice(params);
-        s.write_all(&startup).expect("startup");
-        let mut raw = Raw { s, buf: Vec::new() };
-        raw.until_ready();
-        raw
-    }
-
-    /// Reads until ReadyForQuery: the tags, and the text of every ErrorResponse.
-    fn until_ready(&mut self) -> (Vec<u8>, String) {
-        let (mut tags, mut errors) = (Vec::new(), String::new());
-        loop {
-            while self.buf.len() >= 5 {
-                let len = i32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]])
-                    as usize;
-                if self.buf.len() < len + 1 {
-                    break;
-                }
-                let t = self.buf[0];
-                tags.push(t);
-                if t == b'E' {
-                    errors.push_str(&String::from_utf8_lossy(&self.buf[5..len + 1]));
-                }
-                self.buf.drain(..len + 1);
-                if t == b'Z' {
-                    return (tags, errors);
-                }
-            }
-            let mut chunk = [0u8; 8192];
-            let n = self.s.read(&mut chunk).expect("read");
-            assert!(n > 0, "the router closed the connection; got {tags:?}");
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
-    }
 }
 
 #[test]

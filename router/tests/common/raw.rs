@@ -37,7 +37,18 @@ impl Raw {
 
     /// Reads whole messages until one with `tag`, returning all their tags in order.
     pub fn read_until(&mut self, tag: u8) -> Vec<u8> {
-        let mut tags = Vec::new();
+        self.read_until_with_errors(tag).0
+    }
+
+    /// Reads until ReadyForQuery: the tags, and the text of every ErrorResponse.
+    pub fn until_ready(&mut self) -> (Vec<u8>, String) {
+        self.read_until_with_errors(b'Z')
+    }
+
+    /// Reads whole messages until one with `tag`: all their tags in order, and the text of
+    /// every ErrorResponse among them.
+    pub fn read_until_with_errors(&mut self, tag: u8) -> (Vec<u8>, String) {
+        let (mut tags, mut errors) = (Vec::new(), String::new());
         loop {
             while self.buf.len() >= 5 {
                 let len = i32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]])
@@ -50,9 +61,12 @@ impl Raw {
                 if t == b'Z' {
                     self.status = self.buf[5];
                 }
+                if t == b'E' {
+                    errors.push_str(&String::from_utf8_lossy(&self.buf[5..len + 1]));
+                }
                 self.buf.drain(..len + 1);
                 if t == tag {
-                    return tags;
+                    return (tags, errors);
                 }
             }
             let mut chunk = [0u8; 8192];
