@@ -33,6 +33,8 @@ pub const OBJECT_NOT_IN_PREREQUISITE_STATE: &str = "55000";
 pub const INTERNAL_ERROR: &str = "XX000";
 pub const TRANSACTION_ROLLBACK: &str = "40000";
 pub const TRANSACTION_RESOLUTION_UNKNOWN: &str = "08007";
+pub const NO_ACTIVE_SQL_TRANSACTION: &str = "25P01";
+pub const DUPLICATE_CURSOR: &str = "42P03";
 
 /// A shard's pool had no free connection for the whole checkout timeout.
 pub fn pool_exhausted(shard: &str, endpoint: &str, waited: Duration) -> SqlError {
@@ -254,6 +256,16 @@ pub fn too_long_to_plan(limit: usize) -> SqlError {
         format!("this statement is longer without its literals than the router parses to route it ({limit} bytes, limits.max_plan_bytes)"),
     )
     .with_hint("pass long lists as one array parameter (WHERE id = ANY($1)), load bulk data with COPY, or split the statement")
+}
+
+/// `54000`: the rows of a cursor the router holds (its query read several shards, or it is
+/// `WITH HOLD`) passed `limits.max_merge_bytes`, counted over all such cursors of the session.
+pub fn cursor_too_big(limit: usize) -> SqlError {
+    SqlError::new(
+        PROGRAM_LIMIT_EXCEEDED,
+        format!("the rows of this cursor do not fit in what the router holds for a session's cursors ({limit} bytes, limits.max_merge_bytes)"),
+    )
+    .with_hint("give the cursor's query a key (its cursor then lives on the key's shard), a LIMIT, or fewer columns; or close other cursors")
 }
 
 /// `54000`: the extended-protocol messages held for one batch (until a Bind names a shard)

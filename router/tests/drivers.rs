@@ -864,6 +864,38 @@ fn batches_and_orm_sessions_over_several_shards_match_one_postgres() {
     );
 }
 
+/// Django's ORM over psycopg 3, with client-side and with server-side binding: bulk_create
+/// (`INSERT ... SELECT * FROM UNNEST(...)`), filter/delete by key lists, atomic blocks over
+/// several shards, and `.iterator()` (server-side cursors, WITH HOLD in autocommit), compared
+/// step by step with one Postgres (`python/django_orm.py`).
+#[test]
+fn django_orm_over_several_shards_matches_one_postgres() {
+    let env = shared_env();
+    let python = python("django_orm.py");
+    let ok = Command::new(venv_dir().join("bin/python"))
+        .args(["-c", "import django"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    require(ok, "django in the Python venv");
+    let server = &env.cluster.servers()[0];
+    server
+        .psql("postgres", "CREATE DATABASE direct_django")
+        .expect("a database for the direct run");
+    server
+        .psql("direct_django", common::SCHEMA)
+        .expect("the schema, directly");
+    run_program(
+        env,
+        "django",
+        python,
+        &[
+            ("SHARDGATE_KEY_BASE", "38000000".to_string()),
+            ("SHARDGATE_DIRECT_URL", server.url("direct_django")),
+        ],
+    );
+}
+
 /// pgjdbc `executeBatch` over several shards, with and without `reWriteBatchedInserts`, with
 /// autocommit on and off (`java/Batches.java`), compared step by step with one Postgres.
 #[test]

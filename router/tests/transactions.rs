@@ -808,3 +808,259 @@ fn extended_batches_around_a_moving_transaction() {
     assert_eq!(present(env, &ks), [1, 1, 1, 0]);
     no_transaction_left_open(env);
 }
+
+/// `INSERT ... SELECT * FROM UNNEST(arrays)` (Django's bulk_create, by hand too) whose keys
+/// fall on several shards is split by shard: bound arrays in binary (tokio-postgres), literal
+/// arrays with quoting in the simple protocol; RETURNING in input order; a failing row leaves
+/// nothing; arrays of different lengths are refused rather than padded differently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_insert_from_unnest_is_split_by_shard() {
+    let env = shared_env();
+    let client = env.router.connect().await;
+    let ks: Vec<i64> = (0..8)
+        .map(|i| env.key_on(i % 4, 83_000_000 + 1000 * i as i64))
+        .collect();
+    let vs: Vec<String> = ks.iter().map(|k| format!("u{k}")).collect();
+    let got = client
+        .query(
+            "INSERT INTO kv (id, v) SELECT * FROM UNNEST($1::bigint[], $2::text[]) RETURNING id, v",
+            &[&ks, &vs],
+        )
+        .await
+        .expect("split unnest");
+    let returned: Vec<(i64, String)> = got.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let want: Vec<(i64, String)> = ks.iter().cloned().zip(vs.iter().cloned()).collect();
+    assert_eq!(returned, want, "RETURNING in the order of the arrays");
+    assert_eq!(present(env, &ks), [2, 2, 2, 2]);
+    for (k, v) in ks.iter().zip(&vs) {
+        let row = client
+            .query_one("SELECT v FROM kv WHERE id = $1", &[k])
+            .await
+            .expect("each row on its key's shard");
+        assert_eq!(&row.get::<_, String>(0), v);
+    }
+
+    // Literal arrays, quoted elements, E-strings: each shard's part written in the text.
+    let lit: Vec<i64> = (0..4).map(|s| env.key_on(s, 83_100_000)).collect();
+    let sql = format!(
+        "INSERT INTO kv (id, v) SELECT * FROM UNNEST(('{{{},{},{},{}}}'::int8[])::bigint[], (E'{{\"a,b\",\"c\\\\\"d\",e'' f,NULL}}')::text[]) AS t(id, v) WHERE true",
+        lit[0], lit[1], lit[2], lit[3]
+    );
+    // With a WHERE the rows are not the arrays' elements: refused, nothing written.
+    let err = client
+        .simple_query(&sql)
+        .await
+        .expect_err("not plain UNNEST");
+    assert_eq!(sqlstate(&err), "0A000");
+    let sql = sql.replace(" WHERE true", "").replace(",NULL", ",g");
+    client.simple_query(&sql).await.expect("literal arrays");
+    let vals: Vec<String> = rows(
+        &client
+            .simple_query(&format!(
+                "SELECT v FROM kv WHERE id IN ({},{},{},{}) ORDER BY v",
+                lit[0], lit[1], lit[2], lit[3]
+            ))
+            .await
+            .expect("read"),
+    )
+    .into_iter()
+    .map(|r| r[0].clone())
+    .collect();
+    assert_eq!(vals, ["a,b", "c\"d", "e' f", "g"]);
+    assert_eq!(present(env, &lit), [1, 1, 1, 1]);
+
+    // A failing row (an existing key): nothing of the INSERT anywhere.
+    let fresh: Vec<i64> = (0..4).map(|s| env.key_on(s, 83_200_000)).collect();
+    let dup = vec![fresh[0], fresh[1], ks[2], fresh[3]];
+    let err = client
+        .execute(
+            "INSERT INTO kv (id, v) SELECT * FROM unnest($1::int8[], $2::text[])",
+            &[&dup, &vec!["a", "b", "c", "d"]],
+        )
+        .await
+        .expect_err("duplicate key");
+    assert_eq!(sqlstate(&err), "23505");
+    assert_eq!(present(env, &fresh), [0, 0, 0, 0]);
+
+    // Arrays of different lengths: UNNEST pads with NULLs row by row, which a split would not.
+    let err = client
+        .execute(
+            "INSERT INTO kv (id, v) SELECT * FROM unnest($1::int8[], $2::text[])",
+            &[&fresh, &vec!["a", "b"]],
+        )
+        .await
+        .expect_err("lengths differ");
+    assert_eq!(sqlstate(&err), "0A000");
+    assert_eq!(present(env, &fresh), [0, 0, 0, 0]);
+
+    // Inside a transaction: part of it, gone with its ROLLBACK.
+    client.batch_execute("BEGIN").await.expect("begin");
+    client
+        .execute(
+            "INSERT INTO kv (id, v) SELECT * FROM unnest($1::int8[], $2::text[])",
+            &[&fresh, &vec!["a", "b", "c", "d"]],
+        )
+        .await
+        .expect("in a transaction");
+    client.batch_execute("ROLLBACK").await.expect("rollback");
+    assert_eq!(present(env, &fresh), [0, 0, 0, 0]);
+    no_transaction_left_open(env);
+}
+
+/// SQL cursors: one whose query names one shard lives there (and scrolls, as Postgres's do);
+/// one that reads every shard, or WITH HOLD, is held by the router, which merges its rows
+/// once at DECLARE and serves FETCH, MOVE and CLOSE from them, forward only. Each answer is
+/// compared with what one Postgres gives for the same rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cursors_on_one_shard_and_across_shards() {
+    let env = shared_env();
+    let client = env.router.connect().await;
+    let ks: Vec<i64> = (0..12)
+        .map(|i| env.key_on(i % 4, 83_300_000 + 1000 * i as i64))
+        .collect();
+    let mut sorted = ks.clone();
+    sorted.sort_unstable();
+    let (lo, hi) = (sorted[0], sorted[11]);
+    client
+        .execute(
+            "INSERT INTO kv (id, v) SELECT k, 'c' || k FROM unnest($1::int8[]) AS k",
+            &[&ks],
+        )
+        .await
+        .expect_err("a computed key is not split");
+    client
+        .execute(
+            "INSERT INTO kv (id, v) SELECT * FROM unnest($1::int8[], $2::text[])",
+            &[&ks, &ks.iter().map(|k| format!("c{k}")).collect::<Vec<_>>()],
+        )
+        .await
+        .expect("rows");
+    let ids = |msgs: &[SimpleQueryMessage]| -> Vec<i64> {
+        rows(msgs)
+            .into_iter()
+            .map(|r| r[0].parse().expect("an id"))
+            .collect()
+    };
+    let tag = |msgs: &[SimpleQueryMessage]| -> u64 {
+        msgs.iter()
+            .find_map(|m| match m {
+                SimpleQueryMessage::CommandComplete(n) => Some(*n),
+                _ => None,
+            })
+            .expect("a command tag")
+    };
+
+    // Across shards, inside a transaction: merged in order, fetched in steps.
+    client.batch_execute("BEGIN").await.expect("begin");
+    client
+        .simple_query(&format!("DECLARE c CURSOR FOR SELECT id, v FROM kv WHERE id BETWEEN {lo} AND {hi} ORDER BY id DESC"))
+        .await
+        .expect("declare across shards");
+    let first = client
+        .simple_query("FETCH 5 FROM c")
+        .await
+        .expect("fetch 5");
+    let desc: Vec<i64> = sorted.iter().rev().cloned().collect();
+    assert_eq!(ids(&first), desc[..5]);
+    assert_eq!(tag(&first), 5);
+    let moved = client
+        .simple_query("MOVE FORWARD 2 IN c")
+        .await
+        .expect("move");
+    assert_eq!(tag(&moved), 2);
+    assert_eq!(
+        ids(&client
+            .simple_query("FETCH NEXT FROM c")
+            .await
+            .expect("next")),
+        desc[7..8]
+    );
+    let rest = client.simple_query("FETCH ALL FROM c").await.expect("all");
+    assert_eq!(ids(&rest), desc[8..]);
+    assert_eq!(
+        tag(&client.simple_query("FETCH c").await.expect("past the end")),
+        0
+    );
+    let err = client
+        .simple_query("FETCH PRIOR FROM c")
+        .await
+        .expect_err("backward");
+    assert_eq!(sqlstate(&err), "0A000");
+    client.batch_execute("ROLLBACK").await.expect("rollback");
+    // Gone with its transaction, as in Postgres.
+    let err = client
+        .simple_query("FETCH 1 FROM c")
+        .await
+        .expect_err("closed");
+    assert_eq!(sqlstate(&err), "34000");
+
+    // Without a transaction and without HOLD: refused as Postgres refuses it.
+    let err = client
+        .simple_query("DECLARE c CURSOR FOR SELECT id FROM kv")
+        .await
+        .expect_err("outside a transaction");
+    assert_eq!(sqlstate(&err), "25P01");
+
+    // WITH HOLD in autocommit (Django's .iterator()): the router keeps it after the read.
+    client
+        .simple_query(&format!("DECLARE h NO SCROLL CURSOR WITH HOLD FOR SELECT count(*), min(id) FROM kv WHERE id BETWEEN {lo} AND {hi}"))
+        .await
+        .expect("declare with hold");
+    let row = rows(
+        &client
+            .simple_query("FETCH ALL FROM h")
+            .await
+            .expect("fetch"),
+    );
+    assert_eq!(row, [["12".to_string(), lo.to_string()]]);
+    client.simple_query("CLOSE h").await.expect("close");
+    let err = client.simple_query("FETCH h").await.expect_err("closed");
+    assert_eq!(sqlstate(&err), "34000");
+
+    // One key: the cursor lives on that shard, and scrolls there.
+    client.batch_execute("BEGIN").await.expect("begin");
+    client
+        .simple_query(&format!(
+            "DECLARE one SCROLL CURSOR FOR SELECT id FROM kv WHERE id IN ({}, {}) ORDER BY id",
+            ks[0], ks[4]
+        ))
+        .await
+        .expect("declare on one shard");
+    // The transaction goes on to another shard, and comes back for the cursor.
+    client
+        .simple_query(&format!("SELECT v FROM kv WHERE id = {}", ks[1]))
+        .await
+        .expect("another shard");
+    let mut pair = [ks[0], ks[4]];
+    pair.sort_unstable();
+    assert_eq!(
+        ids(&client
+            .simple_query("FETCH LAST FROM one")
+            .await
+            .expect("last")),
+        [pair[1]]
+    );
+    assert_eq!(
+        ids(&client
+            .simple_query("FETCH PRIOR FROM one")
+            .await
+            .expect("prior")),
+        [pair[0]]
+    );
+    client.simple_query("CLOSE one").await.expect("close");
+    client.batch_execute("COMMIT").await.expect("commit");
+
+    // A second DECLARE of a held name is refused, as Postgres refuses it.
+    client.batch_execute("BEGIN").await.expect("begin");
+    client
+        .simple_query("DECLARE d CURSOR FOR SELECT id FROM kv ORDER BY id LIMIT 1")
+        .await
+        .expect("declare");
+    let err = client
+        .simple_query("DECLARE d CURSOR FOR SELECT id FROM kv")
+        .await
+        .expect_err("duplicate");
+    assert_eq!(sqlstate(&err), "42P03");
+    client.batch_execute("ROLLBACK").await.expect("rollback");
+    no_transaction_left_open(env);
+}

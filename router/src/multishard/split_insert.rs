@@ -37,7 +37,8 @@ pub fn requests(
             None => request::query(&mut buf, sql).map_err(errors::internal)?,
             Some((bind, param_types)) => {
                 let picked = split.params.get(p).map_or(&[][..], Vec::as_slice);
-                extended_part(&mut buf, sql, picked, bind, param_types)?;
+                let values = split.values.get(p).map_or(&[][..], Vec::as_slice);
+                extended_part(&mut buf, sql, picked, values, bind, param_types)?;
             }
         }
         out.push((*shard, buf.to_vec()));
@@ -49,6 +50,7 @@ fn extended_part(
     buf: &mut BytesMut,
     sql: &str,
     picked: &[usize],
+    values_of: &[(usize, Vec<u8>)],
     bind: &Bind<'_>,
     param_types: &[u8],
 ) -> Result<(), SqlError> {
@@ -71,6 +73,10 @@ fn extended_part(
     for &i in picked {
         let Some((format, value)) = bind.param(i) else {
             return Err(errors::internal("a split INSERT's parameter is missing"));
+        };
+        let value = match values_of.iter().find(|(j, _)| *j == i) {
+            Some((_, own)) => Some(&own[..]),
+            None => value,
         };
         let code: i16 = if format == crate::protocol::frontend::Format::Binary {
             1

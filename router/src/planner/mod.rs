@@ -16,7 +16,9 @@
 //!
 //! Sans-IO: nothing here touches a socket, a file or a clock.
 
+pub mod arrays;
 pub mod cache;
+pub mod cursor;
 pub mod keys;
 mod local;
 pub mod normalize;
@@ -98,6 +100,18 @@ pub enum Route {
     /// `EXPLAIN (ROUTE) statement`: the router answers where the statement (routed as the
     /// inner route) would run, without running it.
     ExplainRoute(Box<Route>),
+    /// `DECLARE name CURSOR FOR query`: where `query` would run decides where the cursor lives
+    /// (its shard, or the router when the query reads several shards or the cursor is
+    /// `WITH HOLD`).
+    Declare {
+        /// Folded as Postgres folds identifiers.
+        name: String,
+        hold: bool,
+        query: Box<Route>,
+    },
+    /// `FETCH`, `MOVE` or `CLOSE` of a cursor (`name` is `None` for `CLOSE ALL`): it runs
+    /// where the session's cursor of that name is.
+    Cursor { name: Option<String> },
     /// Text that does not parse and names no sharded table: send it to the default shard for
     /// Postgres to judge. (Unparseable text that names a sharded table is `Unroutable`: if
     /// Postgres accepted it, the default shard would answer with only its part of the table.)
@@ -368,6 +382,13 @@ impl Planner {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
+        if let Some(command) = cursor::command(text) {
+            return Plan {
+                statements: vec![Route::Cursor { name: command.name }],
+                normalized,
+                use_original: false,
+            };
+        }
         match Parser::parse_sql(&PostgreSqlDialect {}, text) {
             // `ORDER BY 1` / `GROUP BY 1` name columns by position, which normalization turned
             // into `$n`: only the original text says which column.

@@ -142,10 +142,7 @@ pub(crate) fn key_source(expr: &Expr, key_type: KeyType) -> Option<KeySource> {
     match expr {
         Expr::Nested(inner) => key_source(inner, key_type),
         Expr::Value(v) => match &v.value {
-            Value::Placeholder(p) => {
-                let n: usize = p.strip_prefix('$')?.parse().ok()?;
-                n.checked_sub(1).map(KeySource::Param)
-            }
+            Value::Placeholder(p) => placeholder(p),
             Value::Number(n, _) => Some(KeySource::Literal(n.clone())),
             Value::SingleQuotedString(s) | Value::EscapedStringLiteral(s) => {
                 Some(KeySource::Literal(s.clone()))
@@ -176,7 +173,7 @@ pub(crate) fn key_source(expr: &Expr, key_type: KeyType) -> Option<KeySource> {
 
 /// The keys of the array in `key = ANY(array)`: an `ARRAY[...]` of key values, or one array
 /// value (a parameter, or a literal such as `'{1,2}'`) whose elements are read at Bind.
-fn array_keys(expr: &Expr, key_type: KeyType) -> Option<Vec<KeySource>> {
+pub(crate) fn array_keys(expr: &Expr, key_type: KeyType) -> Option<Vec<KeySource>> {
     match expr {
         Expr::Nested(inner) => array_keys(inner, key_type),
         Expr::Array(a) if !a.elem.is_empty() => {
@@ -199,6 +196,35 @@ fn array_keys(expr: &Expr, key_type: KeyType) -> Option<Vec<KeySource>> {
         Expr::Value(_) => match key_source(expr, key_type)? {
             KeySource::Array(_) => None,
             one => Some(vec![KeySource::Array(Box::new(one))]),
+        },
+        _ => None,
+    }
+}
+
+/// `$n` as a 0-based parameter index.
+fn placeholder(p: &str) -> Option<KeySource> {
+    let n: usize = p.strip_prefix('$')?.parse().ok()?;
+    n.checked_sub(1).map(KeySource::Param)
+}
+
+/// Where an array value comes from when it is one parameter or one literal, however it is
+/// cast or parenthesized (`($1)::text[]`, `'{a,b}'::varchar[]`): the rows of a split UNNEST
+/// cut it by element, and casts apply to each part alike.
+pub(crate) fn array_value(expr: &Expr) -> Option<KeySource> {
+    match expr {
+        Expr::Nested(inner) => array_value(inner),
+        Expr::Cast {
+            kind: CastKind::Cast | CastKind::DoubleColon,
+            expr,
+            format: None,
+            ..
+        } => array_value(expr),
+        Expr::Value(v) => match &v.value {
+            Value::Placeholder(p) => placeholder(p),
+            Value::SingleQuotedString(s) | Value::EscapedStringLiteral(s) => {
+                Some(KeySource::Literal(s.clone()))
+            }
+            _ => None,
         },
         _ => None,
     }

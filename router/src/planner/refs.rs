@@ -63,6 +63,9 @@ pub(crate) struct Refs<'m> {
     pub calls_functions: bool,
     /// `SELECT ... INTO new_table`.
     pub select_into: bool,
+    /// `INSERT ... SELECT * FROM UNNEST(...)` into a sharded table: where each UNNEST array
+    /// comes from, and which of them holds the keys.
+    pub unnest: Option<(Vec<KeySource>, usize)>,
     frames: Vec<Frame>,
     /// Table-function names in `FROM` (`generate_series(...)`): not tables.
     skip: Vec<*const ObjectName>,
@@ -88,6 +91,7 @@ impl<'m> Refs<'m> {
             problem: None,
             calls_functions: false,
             select_into: false,
+            unnest: None,
             frames: Vec::new(),
             skip: Vec::new(),
         }
@@ -269,6 +273,9 @@ impl<'m> Refs<'m> {
         }
         let rows = match ins.source.as_deref().map(|q| &*q.body) {
             Some(SetExpr::Values(values)) => &values.rows,
+            _ if ins.source.as_deref().and_then(unnest_arrays).is_some() => {
+                return self.insert_unnest(ins, table, position)
+            }
             _ => {
                 return self.refuse(format!(
                     "INSERT INTO the sharded table {tname} can only take VALUES rows for now, not a query or DEFAULT VALUES"
@@ -288,6 +295,81 @@ impl<'m> Refs<'m> {
             }
         }
         self.pins.push(Pin { table, keys });
+    }
+}
+
+impl<'m> Refs<'m> {
+    /// `INSERT INTO t (cols) SELECT * FROM UNNEST(a1, a2, ...)`: the rows are the arrays'
+    /// elements, so the key array pins the rows (element by element, like `= ANY`) and every
+    /// array must be a value the router can cut by element.
+    fn insert_unnest(&mut self, ins: &sqlparser::ast::Insert, table: &'m Table, position: usize) {
+        let tname = table.qualified_name();
+        let Some(arrays) = ins.source.as_deref().and_then(unnest_arrays) else {
+            return;
+        };
+        let Some(key_array) = arrays.get(position) else {
+            return self.refuse(format!(
+                "this INSERT INTO {tname} takes its rows from UNNEST, which has no array for the sharding key {}",
+                table.key
+            ));
+        };
+        let key = match super::pins::array_keys(key_array, table.key_type).as_deref() {
+            Some([one @ KeySource::Array(_)]) => one.clone(),
+            _ => {
+                return self.refuse(format!(
+                    "the sharding key {} of this INSERT INTO {tname} ... SELECT * FROM UNNEST(...) must come from one array parameter or literal (as in UNNEST($1::bigint[], ...))",
+                    table.key
+                ))
+            }
+        };
+        let Some(sources) = arrays
+            .iter()
+            .map(super::pins::array_value)
+            .collect::<Option<Vec<_>>>()
+        else {
+            return self.refuse(format!(
+                "every array of this INSERT INTO {tname} ... SELECT * FROM UNNEST(...) must be a parameter or a literal (optionally cast), so that its rows can be split by shard"
+            ));
+        };
+        self.pins.push(Pin {
+            table,
+            keys: vec![key],
+        });
+        self.unnest = Some((sources, position));
+    }
+}
+
+/// The arrays of `SELECT * FROM UNNEST(a1, a2, ...)`, when the query is exactly that (an alias
+/// allowed, nothing else: no filter, order, limit or ordinality, which would make the rows
+/// something other than the arrays' elements).
+fn unnest_arrays(q: &Query) -> Option<&[Expr]> {
+    if q.with.is_some() || q.order_by.is_some() || q.limit_clause.is_some() || q.fetch.is_some() {
+        return None;
+    }
+    let SetExpr::Select(select) = &*q.body else {
+        return None;
+    };
+    let plain = select.distinct.is_none()
+        && select.selection.is_none()
+        && select.having.is_none()
+        && select.into.is_none()
+        && matches!(&select.group_by, sqlparser::ast::GroupByExpr::Expressions(g, _) if g.is_empty())
+        && matches!(
+            select.projection.as_slice(),
+            [sqlparser::ast::SelectItem::Wildcard(_)]
+        );
+    match select.from.as_slice() {
+        [TableWithJoins {
+            relation:
+                TableFactor::UNNEST {
+                    array_exprs,
+                    with_offset: false,
+                    with_ordinality: false,
+                    ..
+                },
+            joins,
+        }] if plain && joins.is_empty() => Some(array_exprs),
+        _ => None,
     }
 }
 

@@ -47,6 +47,21 @@ pub(crate) fn route(stmt: &Statement, map: &ShardMap, positions: &KeyPositions) 
             ..
         } => explain(route(statement, map, positions), *analyze, options.as_deref()),
 
+        Statement::Declare { stmts, .. } => match stmts.as_slice() {
+            [d] if d.names.len() == 1 && d.for_query.is_some() => {
+                let query = d.for_query.as_deref().map_or(Route::Any, |q| {
+                    route(&Statement::Query(Box::new(q.clone())), map, positions)
+                });
+                Route::Declare {
+                    name: super::pins::fold(&d.names[0]),
+                    hold: d.hold == Some(true),
+                    query: Box::new(query),
+                }
+            }
+            _ => Route::Unroutable {
+                message: "DECLARE must declare one cursor FOR a query".into(),
+            },
+        },
         Statement::StartTransaction { .. } => Route::Begin,
         Statement::Commit { .. } => Route::Commit,
         Statement::Rollback { savepoint: None, .. } => Route::Rollback,
@@ -156,7 +171,12 @@ fn explain(
         return Route::ExplainRoute(Box::new(inner));
     }
     let analyze = analyze || option("analyze");
-    let writes = |merge: &Merge| matches!(merge, Merge::Write | Merge::SplitRows);
+    let writes = |merge: &Merge| {
+        matches!(
+            merge,
+            Merge::Write | Merge::SplitRows | Merge::SplitUnnest { .. }
+        )
+    };
     let refuse_write = || {
         Route::Unroutable {
         message: "EXPLAIN ANALYZE runs the statement, and a write on several shards would then be applied on each without the all-or-nothing commit: EXPLAIN it without ANALYZE, or on one shard with /* shard: RANGE */".into(),
@@ -355,7 +375,7 @@ fn drop(map: &ShardMap, object_type: ObjectType, names: &[ObjectName]) -> Route 
 }
 
 fn data(stmt: &Statement, map: &ShardMap, positions: &KeyPositions) -> Route {
-    let refs = Refs::collect(stmt, map, positions);
+    let mut refs = Refs::collect(stmt, map, positions);
     if let Some(message) = refs.problem {
         return Route::Unroutable { message };
     }
@@ -445,6 +465,7 @@ fn data(stmt: &Statement, map: &ShardMap, positions: &KeyPositions) -> Route {
             ),
         };
     }
+    let unnest = refs.unnest.take();
     let keys: Vec<_> = refs.pins.into_iter().flat_map(|p| p.keys).collect();
     let one_key = keys.len() == 1 && !matches!(keys[0], KeySource::Array(_));
     let spread = if one_key {
@@ -454,7 +475,11 @@ fn data(stmt: &Statement, map: &ShardMap, positions: &KeyPositions) -> Route {
         // and all committed only if all succeeded. With RETURNING, each row must return one
         // row (to give them back in VALUES order), which ON CONFLICT may not do.
         let one_table = refs.sharded.len() == 1;
-        (one_table && (ins.returning.is_none() || ins.on.is_none())).then_some(Merge::SplitRows)
+        let merge = match unnest {
+            Some((arrays, key)) => Merge::SplitUnnest { arrays, key },
+            None => Merge::SplitRows,
+        };
+        (one_table && (ins.returning.is_none() || ins.on.is_none())).then_some(merge)
     } else if matches!(stmt, Statement::Update(_) | Statement::Delete(_)) {
         // Each key's rows live on its shard only, so the same statement on each shard of its
         // keys does exactly the work (with one sharded table: a join would see one shard's part).

@@ -41,6 +41,10 @@ pub enum Merge {
     /// Not a read: the VALUES rows of a multi-row INSERT, split by the shard of each row's key
     /// (the route's keys are one per row, in order).
     SplitRows,
+    /// Not a read: `INSERT ... SELECT * FROM UNNEST(arrays)`, whose rows are the arrays'
+    /// elements: each shard gets the same statement with only its rows' elements of every
+    /// array (`arrays`, in UNNEST order; `key` is the one holding the keys).
+    SplitUnnest { arrays: Vec<KeySource>, key: usize },
     /// Not a read: an UPDATE or DELETE whose keys (`IN`, `= ANY`) fall on several shards, run
     /// on the shards of its keys, each in a transaction, all committed only if all succeeded;
     /// row counts summed, RETURNING rows concatenated.

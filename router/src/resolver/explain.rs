@@ -172,6 +172,9 @@ pub fn rows(target: &Target<'_>, sql: &str) -> Vec<Row> {
             "SQL-level PREPARE, EXECUTE or DEALLOCATE",
             "run by the router on the client's prepared statements",
         )],
+        Dest::Declare { .. } | Dest::Cursor { .. } => {
+            vec![router(&target.to_string(), "a cursor's commands follow it")]
+        }
         Dest::Refused(e) => vec![router(
             &format!("refused ({}): {}", e.code, e.message),
             "not run",

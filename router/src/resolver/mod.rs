@@ -205,6 +205,33 @@ fn by_plan<'a>(stmt: &Statement<'a>, cx: &Context<'a>) -> Result<Resolved<'a>, S
             .with_hint("send it as a simple query, as psql does, with the key values written out"))
         }
         [Route::ExplainRoute(_)] => return Ok((Dest::ExplainRoute, None)),
+        [Route::Declare { name, hold, query }] => {
+            // The query is the text after FOR, planned as part of the whole text (its literals
+            // are numbered alike: the head of a DECLARE has none).
+            let at = crate::planner::cursor::declare_query(stmt.sql).ok_or_else(|| {
+                SqlError::new(errors::SYNTAX_ERROR, "DECLARE needs CURSOR FOR a query")
+            })?;
+            let plan = Plan {
+                statements: vec![(**query).clone()],
+                normalized: plan.normalized,
+                use_original: false,
+            };
+            let inner = Statement {
+                sql: &stmt.sql[at..],
+                plan: &plan,
+                params: stmt.params,
+            };
+            let (query, _) = in_transaction(by_plan(&inner, cx)?, cx)?;
+            return Ok((
+                Dest::Declare {
+                    name: name.clone(),
+                    hold: *hold,
+                    query: Box::new(query),
+                },
+                None,
+            ));
+        }
+        [Route::Cursor { name }] => return Ok((Dest::Cursor { name: name.clone() }, None)),
         [Route::CopyIn { .. }] if extended => {
             return Err(SqlError::new(
                 errors::FEATURE_NOT_SUPPORTED,
@@ -374,6 +401,12 @@ fn by_plan<'a>(stmt: &Statement<'a>, cx: &Context<'a>) -> Result<Resolved<'a>, S
                     format!("a read of {table} across all shards must be the only statement of its query"),
                 ));
             }
+            Route::Declare { .. } | Route::Cursor { .. } => {
+                return Err(SqlError::new(
+                    errors::FEATURE_NOT_SUPPORTED,
+                    "DECLARE, FETCH, MOVE and CLOSE of a cursor must be the only statement of their query",
+                ));
+            }
         }
     }
     Ok(match chosen {
@@ -396,6 +429,7 @@ fn spread<'a>(
     };
     match merge {
         Merge::SplitRows => split_insert(stmt, map),
+        Merge::SplitUnnest { arrays, key } => split_unnest(stmt, map, arrays, *key),
         Merge::Write => Ok(Dest::Write(Write { shards, keyed })),
         Merge::Concat { limit } => Ok(Dest::Read(Read {
             shards,
@@ -491,6 +525,121 @@ fn split_insert(stmt: &Statement<'_>, map: &ShardMap) -> Result<Dest, SqlError> 
     Ok(Dest::SplitInsert(split))
 }
 
+/// `INSERT ... SELECT * FROM UNNEST(arrays)` cut into one statement per shard: each gets the
+/// elements of its rows of every array, in their order. A bound array is sent in the client's
+/// format with only those elements; a literal array is written into the shard's text in its
+/// place. A NULL key goes to the default shard, which says so.
+fn split_unnest(
+    stmt: &Statement<'_>,
+    map: &ShardMap,
+    arrays: &[KeySource],
+    key: usize,
+) -> Result<Dest, SqlError> {
+    let cannot = |why: &str| {
+        SqlError::new(
+            errors::FEATURE_NOT_SUPPORTED,
+            format!("the rows of this INSERT ... SELECT * FROM UNNEST(...) fall on several shards, and {why}"),
+        )
+        .with_hint("send one INSERT per shard")
+    };
+    let [Route::Keyed { key_type, .. }] = stmt.plan.statements.as_slice() else {
+        return Err(cannot("the router could not split it"));
+    };
+    let bad_array = |e: String| SqlError::new(errors::INVALID_TEXT_REPRESENTATION, e);
+    let mut given = Vec::with_capacity(arrays.len());
+    for source in arrays {
+        let value = stmt.params.raw(source)?;
+        let elements = match value {
+            Some((format, v)) => {
+                Some(crate::planner::arrays::Elements::parse(format, v).map_err(bad_array)?)
+            }
+            None => None,
+        };
+        given.push((value.map(|(f, _)| f), elements));
+    }
+    let (Some(format), Some(keys)) = (given[key].0, given[key].1.as_ref()) else {
+        return Err(cannot("its array of keys is NULL"));
+    };
+    let rows = keys.len();
+    if given
+        .iter()
+        .any(|(_, e)| e.as_ref().map_or(0, |e| e.len()) != rows)
+    {
+        return Err(cannot(
+            "its arrays have different lengths (UNNEST pads the shorter ones with NULLs, row by row)",
+        ));
+    }
+    let mut by_shard: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    let mut shard_of_row = Vec::with_capacity(rows);
+    for row in 0..rows {
+        let shard = match keys.value(row) {
+            None => map.default_shard(),
+            Some(v) => map.shard_for_key(&values::key_of(*key_type, format, &v)?),
+        };
+        by_shard.entry(shard).or_default().push(row);
+        shard_of_row.push(shard);
+    }
+    // Where each literal array is in the client's text (literals are numbered as the plan's
+    // normalization numbered them).
+    let mut literals = crate::planner::NormalizeBuf::new();
+    crate::planner::normalize(stmt.sql, &mut literals);
+    let params_before = stmt.params.params_before;
+    let mut spans = Vec::new();
+    for (a, source) in arrays.iter().enumerate() {
+        match source {
+            KeySource::Param(i) if *i >= params_before => {
+                let span = literals
+                    .literal_source(i - params_before)
+                    .ok_or_else(|| cannot("the router could not find its arrays in the text"))?;
+                spans.push((span, a));
+            }
+            KeySource::Param(_) => {}
+            _ => return Err(cannot("the router could not find its arrays in the text")),
+        }
+    }
+    spans.sort_by_key(|(span, _)| span.start);
+    let mut split = SplitInsert {
+        parts: Vec::with_capacity(by_shard.len()),
+        part_of_row: Vec::with_capacity(rows),
+        params: Vec::new(),
+        values: Vec::new(),
+    };
+    let part_of_shard: BTreeMap<usize, usize> =
+        by_shard.keys().enumerate().map(|(p, &s)| (s, p)).collect();
+    for (&shard, picked) in &by_shard {
+        let mut sql = String::with_capacity(stmt.sql.len());
+        let mut at = 0;
+        for (span, a) in &spans {
+            let Some(elements) = &given[*a].1 else {
+                return Err(cannot("one of its arrays is NULL"));
+            };
+            sql.push_str(&stmt.sql[at..span.start]);
+            let literal = crate::planner::arrays::quote_literal(&elements.pick(picked));
+            sql.push_str(&String::from_utf8_lossy(&literal));
+            at = span.end;
+        }
+        sql.push_str(&stmt.sql[at..]);
+        split.parts.push((shard, sql));
+        if let Some(bind) = stmt.params.bind {
+            split.params.push((0..bind.param_count).collect());
+            let mut replaced = Vec::new();
+            for (source, (_, elements)) in arrays.iter().zip(&given) {
+                if let (KeySource::Param(i), Some(elements)) = (source, elements) {
+                    if *i < params_before {
+                        replaced.push((*i, elements.pick(picked)));
+                    }
+                }
+            }
+            split.values.push(replaced);
+        }
+    }
+    split.part_of_row = shard_of_row
+        .iter()
+        .map(|s| part_of_shard.get(s).copied().unwrap_or(0))
+        .collect();
+    Ok(Dest::SplitInsert(split))
+}
+
 /// The parts of a split INSERT: rows grouped by shard, in shard order.
 fn split_rows(sql: &str, shard_of_row: &[usize]) -> Option<SplitInsert> {
     let rows = crate::planner::values::values_rows(sql)?;
@@ -515,5 +664,6 @@ fn split_rows(sql: &str, shard_of_row: &[usize]) -> Option<SplitInsert> {
         parts,
         part_of_row,
         params: Vec::new(),
+        values: Vec::new(),
     })
 }

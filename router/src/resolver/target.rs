@@ -42,7 +42,7 @@ impl<'a> Target<'a> {
 }
 
 /// The destinations a statement can have.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum Dest {
     /// One shard.
     Shard(usize),
@@ -73,6 +73,15 @@ pub enum Dest {
     PreparedSql,
     /// `EXPLAIN (ROUTE) statement`: the router answers where the statement would run.
     ExplainRoute,
+    /// `DECLARE name CURSOR FOR query`: `query` is where the query would run (a shard, or a
+    /// read of several); the session decides from it where the cursor lives.
+    Declare {
+        name: String,
+        hold: bool,
+        query: Box<Dest>,
+    },
+    /// `FETCH`, `MOVE` or `CLOSE` of a cursor (`None`: `CLOSE ALL`), which the session finds.
+    Cursor { name: Option<String> },
     /// Not run: the error the client gets.
     Refused(SqlError),
 }
@@ -163,6 +172,9 @@ pub struct SplitInsert {
     /// With bound parameters: for each part, the client's parameters (0-based) its `$1`, `$2`,
     /// ... stand for. Empty for literal values (a simple query).
     pub params: Vec<Vec<usize>>,
+    /// With bound parameters: for each part, the parameters sent another value than the
+    /// client's (a split UNNEST's arrays, cut to the part's rows), in the client's format.
+    pub values: Vec<Vec<(usize, Vec<u8>)>>,
 }
 
 impl fmt::Display for Target<'_> {
@@ -253,6 +265,13 @@ impl fmt::Display for Target<'_> {
             ),
             Dest::PreparedSql => f.write_str("router: SQL-level prepared statement"),
             Dest::ExplainRoute => f.write_str("router: EXPLAIN (ROUTE)"),
+            Dest::Declare { query, hold, .. } => match &**query {
+                Dest::Shard(shard) if !hold => {
+                    write!(f, "cursor on shard {}: its query runs there", range(*shard))
+                }
+                _ => f.write_str("cursor held by the router: its query runs now, its rows are held for FETCH"),
+            },
+            Dest::Cursor { .. } => f.write_str("where the session's cursor of that name is"),
             Dest::Refused(e) => write!(f, "refused ({}): {}", e.code, e.message),
         }
     }

@@ -112,25 +112,7 @@ impl Fixture {
 }
 
 fn take(t: &Target<'_>, text: String) -> (Dest, String) {
-    let dest = match &t.dest {
-        Dest::Shard(s) => Dest::Shard(*s),
-        Dest::Any => Dest::Any,
-        Dest::Begin => Dest::Begin,
-        Dest::Commit => Dest::Commit,
-        Dest::Rollback => Dest::Rollback,
-        Dest::Broadcast => Dest::Broadcast,
-        Dest::Read(r) => Dest::Read(r.clone()),
-        Dest::Write(w) => Dest::Write(w.clone()),
-        Dest::SplitInsert(s) => Dest::SplitInsert(s.clone()),
-        Dest::CopyIn { key_type, format } => Dest::CopyIn {
-            key_type: *key_type,
-            format: *format,
-        },
-        Dest::PreparedSql => Dest::PreparedSql,
-        Dest::ExplainRoute => Dest::ExplainRoute,
-        Dest::Refused(e) => Dest::Refused(e.clone()),
-    };
-    (dest, text)
+    (t.dest.clone(), text)
 }
 
 /// A Bind body for the unnamed statement: parameters in text (`None` is NULL) or, with

@@ -37,7 +37,10 @@ pub struct Params<'a> {
 
 impl<'a> Params<'a> {
     /// Where the value of a scalar source is, and in which format; `None` when it is NULL.
-    fn raw(&self, source: &'a KeySource) -> Result<Option<(Format, &'a [u8])>, SqlError> {
+    pub(super) fn raw(
+        &self,
+        source: &'a KeySource,
+    ) -> Result<Option<(Format, &'a [u8])>, SqlError> {
         match source {
             KeySource::Literal(text) => Ok(Some((Format::Text, text.as_bytes()))),
             KeySource::Param(i) if *i < self.params_before => {
@@ -85,12 +88,7 @@ impl<'a> Params<'a> {
     ) -> Result<Option<Key<'a>>, SqlError> {
         match self.raw(source)? {
             None => Ok(None),
-            Some((Format::Binary, v)) => keys::key_from_binary(key_type, v)
-                .map(Some)
-                .map_err(bad_key),
-            Some((Format::Text, v)) => keys::key_from_text(key_type, utf8(v)?)
-                .map(Some)
-                .map_err(bad_key),
+            Some((format, v)) => key_of(key_type, format, v).map(Some),
         }
     }
 
@@ -156,6 +154,14 @@ impl<'a> Params<'a> {
             Err(_) => return Err(bad()),
         };
         text.trim().parse::<u64>().map(Some).map_err(|_| bad())
+    }
+}
+
+/// The key a value in `format` stands for.
+pub(super) fn key_of(key_type: KeyType, format: Format, v: &[u8]) -> Result<Key<'_>, SqlError> {
+    match format {
+        Format::Binary => keys::key_from_binary(key_type, v).map_err(bad_key),
+        Format::Text => keys::key_from_text(key_type, utf8(v)?).map_err(bad_key),
     }
 }
 

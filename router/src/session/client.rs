@@ -114,6 +114,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientIo<S> {
         Ok(())
     }
 
+    /// The stream, for a session over something other than a socket (a cursor's kept answer).
+    pub fn into_stream(mut self) -> S
+    where
+        S: Default,
+    {
+        std::mem::take(&mut self.stream)
+    }
+
     /// Reads and drops the rest of a message refused as too long, at most `within`, so that
     /// the client, still writing it, gets to read the error instead of a reset connection.
     /// Nothing of it is held: it goes through a small buffer.

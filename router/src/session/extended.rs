@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use super::cursors::CursorWork;
 use super::held::Msg;
 use super::outbox::{synthetic, ConnStatements};
 use super::participants::Joined;
@@ -58,6 +59,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             b'B' => self.bind(body).await,
             b'D' => {
                 let t = frontend::target(body, "Describe")?;
+                if t.kind != b'S' && !t.name.is_empty() && self.describe_held_cursor(t.name) {
+                    return Ok(());
+                }
                 if t.kind != b'S' {
                     let msg = Msg::Forward {
                         frame,
@@ -137,6 +141,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.finish_preparation().await?;
             }
         }
+        let dest = match dest {
+            Dest::Declare { .. } | Dest::Cursor { .. } => match self.cursor_work(dest) {
+                CursorWork::Route(dest) => dest,
+                CursorWork::Serve => {
+                    let err = SqlError::new(
+                        errors::FEATURE_NOT_SUPPORTED,
+                        "the router holds this cursor (its query reads several shards, or it is WITH HOLD), and serves its commands in the simple query protocol only",
+                    )
+                    .with_hint("send FETCH, MOVE and CLOSE as simple queries (psycopg does for cursors with text results)");
+                    return self.batch_error(&err).await;
+                }
+                CursorWork::Declare { name, hold, read } => {
+                    return self.begin_held_declare(name, hold, read, &b, &stmt);
+                }
+            },
+            dest => dest,
+        };
         match dest {
             Dest::Refused(err) => self.batch_error(&err).await,
             Dest::Shard(shard) => {
@@ -210,7 +231,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.parts.begin = stmt.sql().to_string();
                 self.route_or_hold(msg).await
             }
-            Dest::Any | Dest::Commit | Dest::Rollback => self.route_or_hold(msg).await,
+            Dest::Any
+            | Dest::Commit
+            | Dest::Rollback
+            | Dest::Declare { .. }
+            | Dest::Cursor { .. } => self.route_or_hold(msg).await,
             // Refused by the resolver in the extended protocol.
             Dest::PreparedSql | Dest::ExplainRoute | Dest::CopyIn { .. } => {
                 self.batch_error(&errors::internal("a simple-protocol statement in a Bind"))

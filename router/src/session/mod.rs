@@ -25,12 +25,14 @@
 //! | [`multi`] | statements that run on several shards |
 //! | [`participants`] | a transaction that goes on to other shards |
 //! | [`prepared_sql`] | SQL-level PREPARE / EXECUTE / DEALLOCATE |
+//! | [`cursors`] | SQL cursors: on their shard, or held by the router |
 //! | [`explain`] | `EXPLAIN (ROUTE)`, answered by the router |
 //!
 //! The session is generic over its client stream, so its state machine also runs over an
 //! in-memory pipe (`tests`).
 
 mod client;
+mod cursors;
 mod explain;
 mod extended;
 mod held;
@@ -130,6 +132,8 @@ pub struct Session<S> {
     /// How the statement being attached finds its shard if a reload splits the paused shard
     /// it waits for: the half owning its key, or the new default shard.
     reroute: Reroute,
+    /// The client's SQL cursors.
+    cursors: cursors::Cursors,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
@@ -160,6 +164,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             nbuf: NormalizeBuf::new(),
             sql: String::new(),
             reroute: Reroute::No,
+            cursors: Default::default(),
         }
     }
 

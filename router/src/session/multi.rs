@@ -49,6 +49,12 @@ pub struct ScatterBatch {
 enum Spread {
     Read(Read),
     Write(Vec<usize>),
+    /// `DECLARE` of a cursor the router holds: its query's read, whose answer is kept.
+    Declare {
+        read: Read,
+        name: String,
+        hold: bool,
+    },
     /// A multi-row INSERT split by shard, with each part's messages (made at the Bind) and the
     /// client's parameter count.
     Split {
@@ -99,42 +105,38 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let Some((receivers, members)) = self.fan_out(&read.shards, request, false).await? else {
             return Ok(true);
         };
-        let failed = match &read.merge {
-            Some(plan) => {
-                let m = multishard::merged::Merging {
-                    plan,
-                    limit: read.limit,
-                    offset: read.offset,
-                    asked,
-                    text_bytewise: self.routing.text_bytewise(),
-                    max_groups: self.routing.config.limits.max_merge_groups,
-                    max_bytes: self.routing.config.limits.max_merge_bytes,
-                    router_bytes: self.routing.config.limits.merge_memory_bytes,
-                };
-                multishard::merged::run(&mut self.client, receivers, &m).await
-            }
-            None => {
-                let labels: Option<Vec<String>> = read.labels.then(|| {
-                    read.shards
-                        .iter()
-                        .map(|&s| {
-                            let shard = &self.routing.map.shards()[s];
-                            format!("shard {} ({})", shard.range, shard.primary.endpoint())
-                        })
-                        .collect()
-                });
-                multishard::read::concatenated(
-                    &mut self.client,
-                    receivers,
-                    asked,
-                    read.limit,
-                    labels.as_deref(),
-                )
-                .await
-            }
-        };
+        let failed = answer_read(&self.routing, &mut self.client, &read, receivers, asked).await;
         self.fanned_in(members, &failed).await;
         failed.map_err(SessionError::Client)
+    }
+
+    /// A read across shards whose answer the router keeps instead of sending it (a cursor it
+    /// holds), at most `limit` bytes of it: `Ok(answer)` when it ran (the answer may end in
+    /// the shards' error), `Err(None)` when the client has been told why it did not run,
+    /// `Err(Some(e))` when the answer was longer than `limit` (the transaction failed).
+    pub(super) async fn read_kept(
+        &mut self,
+        read: &Read,
+        request: Vec<u8>,
+        asked: &[u8],
+        limit: usize,
+    ) -> Result<Result<Vec<u8>, Option<SqlError>>, SessionError> {
+        self.client.meter.route(RouteKind::Scatter, NO_SHARD);
+        let Some((receivers, members)) = self.fan_out(&read.shards, request, false).await? else {
+            return Ok(Err(None));
+        };
+        let mut kept =
+            super::client::ClientIo::new(super::cursors::Keep::new(limit), bytes::BytesMut::new());
+        let failed = answer_read(&self.routing, &mut kept, read, receivers, asked).await;
+        let failed = match failed {
+            Ok(failed) => kept.flush().await.map(|()| failed),
+            Err(e) => Err(e),
+        };
+        self.fanned_in(members, &failed).await;
+        Ok(match failed {
+            Ok(_) => Ok(kept.into_stream().into_bytes()),
+            Err(_) => Err(Some(errors::cursor_too_big(limit))),
+        })
     }
 
     /// A transaction is open: the client's, or an extended batch's that spans shards.
@@ -410,12 +412,50 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 r.shard_sql.as_deref().unwrap_or(stmt.sql()),
                 r.merge.as_ref().and_then(|m| m.group.as_deref()),
             ),
-            Spread::Write(_) | Spread::Split { .. } => (stmt.sql(), None),
+            Spread::Write(_) | Spread::Split { .. } | Spread::Declare { .. } => (stmt.sql(), None),
         };
         let request = shard_request(sql, stmt.param_types(), bind, group)?;
         self.state.set_batch(Batch::Scatter(Box::new(ScatterBatch {
             request,
             run,
+            asked,
+            executed: false,
+        })));
+        Ok(())
+    }
+
+    /// The Bind of a DECLARE of a cursor the router holds ([`super::cursors`]): the batch is
+    /// answered by the router, and its Execute runs the cursor's query on the shards with the
+    /// client's parameters and text results (what FETCH sends in the simple protocol).
+    pub(super) fn begin_held_declare(
+        &mut self,
+        name: String,
+        hold: bool,
+        read: Read,
+        bind: &Bind<'_>,
+        stmt: &Arc<ClientStatement>,
+    ) -> Result<(), SessionError> {
+        let held = self.state.take_held();
+        let mut asked: Vec<u8> = held.asked().collect();
+        self.state.keep_held(held);
+        asked.push(b'B');
+        let sql = stmt.sql();
+        let query = crate::planner::cursor::declare_query(sql).map_or(sql, |at| &sql[at..]);
+        let query = read.shard_sql.as_deref().unwrap_or(query);
+        let mut request = BytesMut::new();
+        request::parse(&mut request, "", query, stmt.param_types())?;
+        request::describe_statement(&mut request, "")?;
+        let at = begin_frame(&mut request, b'B');
+        request.extend_from_slice(b"\0\0");
+        request.extend_from_slice(bind.without_result_formats());
+        request.extend_from_slice(&0i16.to_be_bytes());
+        end_frame(&mut request, at);
+        request::describe_portal(&mut request);
+        request::execute(&mut request);
+        request::sync(&mut request);
+        self.state.set_batch(Batch::Scatter(Box::new(ScatterBatch {
+            request: request.to_vec(),
+            run: Spread::Declare { read, name, hold },
             asked,
             executed: false,
         })));
@@ -491,6 +531,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 let in_transaction = self.in_transaction();
                 let failed = match run {
                     Spread::Read(read) => self.run_read(read, request, &asked).await?,
+                    Spread::Declare { read, name, hold } => {
+                        self.declare_held(name, hold, read, request, Some(&asked))
+                            .await?
+                    }
                     Spread::Write(shards) => self.run_write(shards, request, &asked).await?,
                     Spread::Split {
                         split,
@@ -536,6 +580,45 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             }
         }
         Ok(())
+    }
+}
+
+/// Sends `client` the answer of a read across shards, from the shards' `receivers`: merged as
+/// `read.merge` says, or concatenated. `Ok(true)` when it ended with an error.
+async fn answer_read<C: AsyncRead + AsyncWrite + Unpin>(
+    routing: &crate::server::Routing,
+    client: &mut super::client::ClientIo<C>,
+    read: &Read,
+    receivers: Vec<Receiver>,
+    asked: &[u8],
+) -> std::io::Result<bool> {
+    match &read.merge {
+        Some(plan) => {
+            let m = multishard::merged::Merging {
+                plan,
+                limit: read.limit,
+                offset: read.offset,
+                asked,
+                text_bytewise: routing.text_bytewise(),
+                max_groups: routing.config.limits.max_merge_groups,
+                max_bytes: routing.config.limits.max_merge_bytes,
+                router_bytes: routing.config.limits.merge_memory_bytes,
+            };
+            multishard::merged::run(client, receivers, &m).await
+        }
+        None => {
+            let labels: Option<Vec<String>> = read.labels.then(|| {
+                read.shards
+                    .iter()
+                    .map(|&s| {
+                        let shard = &routing.map.shards()[s];
+                        format!("shard {} ({})", shard.range, shard.primary.endpoint())
+                    })
+                    .collect()
+            });
+            multishard::read::concatenated(client, receivers, asked, read.limit, labels.as_deref())
+                .await
+        }
     }
 }
 

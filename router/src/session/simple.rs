@@ -50,6 +50,30 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             self.sql.clear();
             self.sql.push_str(sql);
         }
+        let dest = match dest {
+            Dest::Declare { .. } | Dest::Cursor { .. } => match self.cursor_work(dest) {
+                super::cursors::CursorWork::Route(dest) => dest,
+                super::cursors::CursorWork::Serve => {
+                    self.serve_cursor(sql);
+                    self.ready();
+                    return Ok(());
+                }
+                super::cursors::CursorWork::Declare { name, hold, read } => {
+                    let text =
+                        crate::planner::cursor::declare_query(sql).map_or(sql, |at| &sql[at..]);
+                    let mut request = bytes::BytesMut::new();
+                    crate::protocol::request::query(
+                        &mut request,
+                        read.shard_sql.as_deref().unwrap_or(text),
+                    )?;
+                    self.declare_held(name, hold, read, request.to_vec(), None)
+                        .await?;
+                    self.ready();
+                    return Ok(());
+                }
+            },
+            dest => dest,
+        };
         match dest {
             Dest::Refused(err) => return self.refuse_query(&err).await,
             Dest::PreparedSql => return self.prepared_sql(sql).await,
@@ -109,7 +133,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.run_split_insert(&split, requests, None, &[]).await?;
             }
             Dest::CopyIn { key_type, format } => self.run_copy_in(sql, key_type, format).await?,
-            Dest::Shard(_) | Dest::Any | Dest::Begin | Dest::Commit | Dest::Rollback => {
+            Dest::Shard(_)
+            | Dest::Any
+            | Dest::Begin
+            | Dest::Commit
+            | Dest::Rollback
+            | Dest::Declare { .. }
+            | Dest::Cursor { .. } => {
                 let wanted = match dest {
                     Dest::Shard(s) => Some(s),
                     _ => None,

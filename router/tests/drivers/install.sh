@@ -38,7 +38,7 @@ fi
 venv="$cache/venv"
 want="$(hash_of "$here/python/requirements.txt")"
 if [[ -x "$venv/bin/python" && "$(cat "$venv/.shardgate-stamp" 2>/dev/null)" == "$want" ]] \
-  && "$venv/bin/python" -c "import psycopg, asyncpg" 2>/dev/null; then
+  && "$venv/bin/python" -c "import psycopg, asyncpg, sqlalchemy, django" 2>/dev/null; then
   say "python venv up to date ($venv)"
 else
   say "creating the python venv $venv"
