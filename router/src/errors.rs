@@ -35,6 +35,8 @@ pub const TRANSACTION_ROLLBACK: &str = "40000";
 pub const TRANSACTION_RESOLUTION_UNKNOWN: &str = "08007";
 pub const NO_ACTIVE_SQL_TRANSACTION: &str = "25P01";
 pub const DUPLICATE_CURSOR: &str = "42P03";
+pub const INVALID_CURSOR_NAME: &str = "34000";
+pub const INVALID_BINARY_REPRESENTATION: &str = "22P03";
 
 /// A shard's pool had no free connection for the whole checkout timeout.
 pub fn pool_exhausted(shard: &str, endpoint: &str, waited: Duration) -> SqlError {
@@ -256,6 +258,16 @@ pub fn too_long_to_plan(limit: usize) -> SqlError {
         format!("this statement is longer without its literals than the router parses to route it ({limit} bytes, limits.max_plan_bytes)"),
     )
     .with_hint("pass long lists as one array parameter (WHERE id = ANY($1)), load bulk data with COPY, or split the statement")
+}
+
+/// `0A000`: a statement on several shards (or a cursor the router holds) after other statements
+/// of its extended batch.
+pub fn not_alone_in_batch() -> SqlError {
+    SqlError::new(
+        FEATURE_NOT_SUPPORTED,
+        "a statement on several shards must be the only statement of its batch",
+    )
+    .with_hint("send a Sync before and after it")
 }
 
 /// `54000`: the rows of a cursor the router holds (its query read several shards, or it is

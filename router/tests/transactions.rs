@@ -882,6 +882,16 @@ async fn an_insert_from_unnest_is_split_by_shard() {
     assert_eq!(sqlstate(&err), "23505");
     assert_eq!(present(env, &fresh), [0, 0, 0, 0]);
 
+    // Without a column list, which array fills which column is not certain: refused.
+    let err = client
+        .execute(
+            "INSERT INTO kv SELECT * FROM unnest($1::int8[], $2::text[])",
+            &[&fresh, &vec!["a", "b", "c", "d"]],
+        )
+        .await
+        .expect_err("no column list");
+    assert_eq!(sqlstate(&err), "0A000");
+
     // Arrays of different lengths: UNNEST pads with NULLs row by row, which a split would not.
     let err = client
         .execute(
@@ -1049,6 +1059,76 @@ async fn cursors_on_one_shard_and_across_shards() {
     );
     client.simple_query("CLOSE one").await.expect("close");
     client.batch_execute("COMMIT").await.expect("commit");
+
+    // A held cursor ends with its transaction; one WITH HOLD survives its COMMIT only.
+    for (hold, end, survives) in [
+        ("", "COMMIT", false),
+        (" WITH HOLD", "ROLLBACK", false),
+        (" WITH HOLD", "COMMIT", true),
+    ] {
+        client.batch_execute("BEGIN").await.expect("begin");
+        client
+            .simple_query(&format!("DECLARE e CURSOR{hold} FOR SELECT id FROM kv WHERE id BETWEEN {lo} AND {hi} ORDER BY 1 DESC"))
+            .await
+            .expect("declare, ordered by position");
+        client.batch_execute(end).await.expect("end");
+        match client.simple_query("/* app */ FETCH 2 FROM e").await {
+            Ok(m) => {
+                assert!(survives, "{hold} {end}: the cursor should be gone");
+                assert_eq!(ids(&m), desc[..2]);
+            }
+            Err(e) => {
+                assert!(!survives, "{hold} {end}: {e}");
+                assert_eq!(sqlstate(&e), "34000");
+            }
+        }
+    }
+    client.simple_query("CLOSE e").await.expect("close");
+
+    // A router error on a held cursor fails the transaction where it runs, as Postgres's own
+    // error would: nothing of it commits.
+    client.batch_execute("BEGIN").await.expect("begin");
+    client
+        .simple_query(&format!("UPDATE kv SET v = 'changed' WHERE id = {}", ks[0]))
+        .await
+        .expect("update");
+    client
+        .simple_query(&format!(
+            "DECLARE b CURSOR WITH HOLD FOR SELECT id FROM kv WHERE id = {}",
+            ks[0]
+        ))
+        .await
+        .expect("declare with hold on one shard");
+    let err = client
+        .simple_query("FETCH 0 FROM b")
+        .await
+        .expect_err("FETCH 0 of a held cursor");
+    assert_eq!(sqlstate(&err), "0A000");
+    let err = client
+        .simple_query("SELECT 1")
+        .await
+        .expect_err("failed transaction");
+    assert_eq!(sqlstate(&err), "25P02");
+    client
+        .batch_execute("COMMIT")
+        .await
+        .expect("commit ends it");
+    let v = rows(
+        &client
+            .simple_query(&format!("SELECT v FROM kv WHERE id = {}", ks[0]))
+            .await
+            .expect("read"),
+    );
+    assert_eq!(
+        v,
+        [[format!("c{}", ks[0])]],
+        "nothing of the failed transaction committed"
+    );
+    let err = client
+        .simple_query("FETCH b")
+        .await
+        .expect_err("gone with its rollback");
+    assert_eq!(sqlstate(&err), "34000");
 
     // A second DECLARE of a held name is refused, as Postgres refuses it.
     client.batch_execute("BEGIN").await.expect("begin");

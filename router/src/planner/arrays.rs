@@ -33,6 +33,11 @@ impl<'a> Elements<'a> {
         }
     }
 
+    /// The element type OID of a binary array (0 for text).
+    pub fn elem_oid(&self) -> u32 {
+        self.elem_oid
+    }
+
     pub fn len(&self) -> usize {
         self.raw.len()
     }
@@ -170,8 +175,8 @@ fn text_elements(value: &[u8]) -> Result<Elements<'_>, String> {
         at += 1;
     } else {
         loop {
-            let element = element_end(value, at).ok_or_else(bad)?;
-            let text = trim(value, element.clone());
+            let (element, escaped) = element_end(value, at).ok_or_else(bad)?;
+            let text = trim(value, element.clone(), escaped);
             if text.is_empty() {
                 return Err(bad());
             }
@@ -199,8 +204,9 @@ fn text_elements(value: &[u8]) -> Result<Elements<'_>, String> {
 }
 
 /// The span of the element starting at `at`: a quoted string (quotes included) or unquoted
-/// text up to a `,` or `}`. `None` for a nested array or an unterminated element.
-fn element_end(value: &[u8], at: usize) -> Option<Range<usize>> {
+/// text up to a `,` or `}`, and where its last escaped byte ends (trailing blanks before that
+/// are the element's own). `None` for a nested array or an unterminated element.
+fn element_end(value: &[u8], at: usize) -> Option<(Range<usize>, usize)> {
     let mut i = at;
     match value.get(i)? {
         b'{' => None,
@@ -209,21 +215,25 @@ fn element_end(value: &[u8], at: usize) -> Option<Range<usize>> {
             loop {
                 match value.get(i)? {
                     b'\\' => i += 2,
-                    b'"' => return Some(at..i + 1),
+                    b'"' => return Some((at..i + 1, i + 1)),
                     _ => i += 1,
                 }
             }
         }
         _ => {
+            let mut escaped = at;
             while let Some(&b) = value.get(i) {
                 match b {
                     b',' | b'}' => break,
                     b'{' | b'"' => return None,
-                    b'\\' => i += 2,
+                    b'\\' => {
+                        i += 2;
+                        escaped = i;
+                    }
                     _ => i += 1,
                 }
             }
-            (i <= value.len()).then_some(at..i)
+            (i <= value.len()).then_some((at..i, escaped))
         }
     }
 }
@@ -255,12 +265,13 @@ fn skip_space(value: &[u8], mut at: usize) -> usize {
     at
 }
 
-fn trim(value: &[u8], mut r: Range<usize>) -> Range<usize> {
+fn trim(value: &[u8], mut r: Range<usize>, escaped: usize) -> Range<usize> {
     while r.start < r.end && value[r.start].is_ascii_whitespace() {
         r.start += 1;
     }
-    // Trailing spaces of an unquoted element are not part of it; a quoted one ends at its quote.
-    while r.end > r.start && value[r.end - 1].is_ascii_whitespace() {
+    // Trailing blanks of an unquoted element are not part of it, unless escaped; a quoted one
+    // ends at its quote.
+    while r.end > r.start.max(escaped) && value[r.end - 1].is_ascii_whitespace() {
         r.end -= 1;
     }
     r
@@ -307,6 +318,11 @@ mod tests {
         assert_eq!(text("[3:4]={7,8}").pick(&[1]), b"{8}".to_vec());
         assert!(text("{}").is_empty());
         assert_eq!(text(r#"{"NULL"}"#).value(0), Some(b"NULL".to_vec()));
+        // An escaped blank at the end is the element's.
+        let a = text(r"{a\ ,b,c\\ }");
+        assert_eq!(a.value(0), Some(b"a ".to_vec()));
+        assert_eq!(a.value(2), Some(b"c\\".to_vec()));
+        assert_eq!(a.pick(&[0, 2]), br"{a\ ,c\\}".to_vec());
     }
 
     #[test]

@@ -70,7 +70,8 @@ fn keyword(t: &Token) -> Option<Keyword> {
 /// An identifier as Postgres folds it: unquoted to lower case, quoted as written.
 fn identifier(t: &Token) -> Option<String> {
     match t {
-        Token::Word(w) if w.quote_style.is_none() => Some(w.value.to_lowercase()),
+        // Postgres folds ASCII letters only.
+        Token::Word(w) if w.quote_style.is_none() => Some(w.value.to_ascii_lowercase()),
         Token::Word(w) if w.quote_style == Some('"') => Some(w.value.clone()),
         _ => None,
     }
@@ -81,7 +82,7 @@ fn identifier(t: &Token) -> Option<String> {
 /// own text for it.
 pub fn command(text: &str) -> Option<Command> {
     // Cheap enough for every text the planner has not seen: most are gone after this.
-    let head = text.trim_start().as_bytes();
+    let head = after_comments(text).as_bytes();
     let starts =
         |w: &str| head.len() >= w.len() && head[..w.len()].eq_ignore_ascii_case(w.as_bytes());
     if !(starts("fetch") || starts("move") || starts("close")) {
@@ -122,7 +123,11 @@ pub fn command(text: &str) -> Option<Command> {
     };
     let number = |ts: &[Token]| -> Option<Count> {
         match ts {
-            [Token::Number(n, _)] => n.parse::<u64>().ok().map(Count::Forward),
+            // `FETCH 0` fetches the current row again: only a cursor on a shard can.
+            [Token::Number(n, _)] => match n.parse::<u64>().ok()? {
+                0 => Some(Count::Other),
+                n => Some(Count::Forward(n)),
+            },
             [Token::Minus, Token::Number(..)] | [Token::Placeholder(_)] => Some(Count::Other),
             _ => None,
         }
@@ -158,6 +163,20 @@ pub fn command(text: &str) -> Option<Command> {
         count,
         name: Some(name),
     })
+}
+
+/// `text` after its leading blanks and comments.
+fn after_comments(text: &str) -> &str {
+    let mut rest = text.trim_start();
+    loop {
+        if let Some(r) = rest.strip_prefix("--") {
+            rest = r.split_once('\n').map_or("", |(_, r)| r).trim_start();
+        } else if let Some(r) = rest.strip_prefix("/*") {
+            rest = r.split_once("*/").map_or("", |(_, r)| r).trim_start();
+        } else {
+            return rest;
+        }
+    }
 }
 
 /// Where the query of a `DECLARE name ... CURSOR ... FOR query` starts in its text.
@@ -222,6 +241,11 @@ mod tests {
         assert_eq!(command("FETCH ABSOLUTE 3 FROM c"), cmd(Fetch, Other, "c"));
         assert_eq!(command("FETCH -2 FROM c"), cmd(Fetch, Other, "c"));
         assert_eq!(command("FETCH FORWARD $1 FROM c"), cmd(Fetch, Other, "c"));
+        assert_eq!(command("FETCH 0 FROM c"), cmd(Fetch, Other, "c"));
+        assert_eq!(
+            command("/* app */ -- x\n FETCH 2 FROM Ärger"),
+            cmd(Fetch, Forward(2), "Ärger".to_ascii_lowercase().as_str())
+        );
         assert_eq!(command("MOVE 10 IN c"), cmd(Move, Forward(10), "c"));
         assert_eq!(command("move backward all in c"), cmd(Move, Other, "c"));
         assert_eq!(

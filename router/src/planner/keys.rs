@@ -31,6 +31,17 @@ pub fn key_from_text(key_type: KeyType, text: &str) -> Result<Key<'_>, KeyValueE
     })
 }
 
+/// Whether a binary array's element type (its OID) holds values of the key's type: an int of
+/// any width for an int key, `text` or `varchar` for a text key, `uuid` for uuid. Anything else
+/// (a `float8[]` sent for a bigint key) would be read as the wrong bytes.
+pub fn element_type_fits(key_type: KeyType, oid: u32) -> bool {
+    match key_type {
+        KeyType::SmallInt | KeyType::Integer | KeyType::BigInt => matches!(oid, 20 | 21 | 23),
+        KeyType::Text => matches!(oid, 25 | 1043),
+        KeyType::Uuid => oid == 2950,
+    }
+}
+
 /// The key a binary-format Bind parameter stands for.
 pub fn key_from_binary(key_type: KeyType, bytes: &[u8]) -> Result<Key<'_>, KeyValueError> {
     let bad = |what: String| KeyValueError {

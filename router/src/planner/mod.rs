@@ -107,11 +107,12 @@ pub enum Route {
         /// Folded as Postgres folds identifiers.
         name: String,
         hold: bool,
+        binary: bool,
         query: Box<Route>,
     },
     /// `FETCH`, `MOVE` or `CLOSE` of a cursor (`name` is `None` for `CLOSE ALL`): it runs
     /// where the session's cursor of that name is.
-    Cursor { name: Option<String> },
+    Cursor { name: Option<String>, close: bool },
     /// Text that does not parse and names no sharded table: send it to the default shard for
     /// Postgres to judge. (Unparseable text that names a sharded table is `Unroutable`: if
     /// Postgres accepted it, the default shard would answer with only its part of the table.)
@@ -384,7 +385,10 @@ impl Planner {
             .clone();
         if let Some(command) = cursor::command(text) {
             return Plan {
-                statements: vec![Route::Cursor { name: command.name }],
+                statements: vec![Route::Cursor {
+                    close: command.verb == cursor::Verb::Close,
+                    name: command.name,
+                }],
                 normalized,
                 use_original: false,
             };

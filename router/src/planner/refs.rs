@@ -307,6 +307,13 @@ impl<'m> Refs<'m> {
         let Some(arrays) = ins.source.as_deref().and_then(unnest_arrays) else {
             return;
         };
+        if ins.columns.len() != arrays.len() {
+            // Which array fills which column is certain only when each array is one column.
+            return self.refuse(format!(
+                "INSERT INTO {tname} ... SELECT * FROM UNNEST(...) needs a column list with one column per array, as in INSERT INTO {tname} ({}, ...) SELECT * FROM UNNEST($1::bigint[], ...)",
+                table.key
+            ));
+        }
         let Some(key_array) = arrays.get(position) else {
             return self.refuse(format!(
                 "this INSERT INTO {tname} takes its rows from UNNEST, which has no array for the sharding key {}",

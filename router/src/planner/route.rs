@@ -55,6 +55,7 @@ pub(crate) fn route(stmt: &Statement, map: &ShardMap, positions: &KeyPositions) 
                 Route::Declare {
                     name: super::pins::fold(&d.names[0]),
                     hold: d.hold == Some(true),
+                    binary: d.binary == Some(true),
                     query: Box::new(query),
                 }
             }

@@ -248,8 +248,17 @@ fn merge_of_query(stmt: &Statement) -> Result<Merge, &'static str> {
 /// column position (`ORDER BY 1`) or part of an expression of the select list, which the plan
 /// must see as the client wrote it.
 pub(crate) fn positions_normalized(stmt: &Statement) -> bool {
-    let Ok(q) = the_query(stmt) else {
-        return false;
+    let q = match stmt {
+        Statement::Declare { stmts, .. } => {
+            match stmts.first().and_then(|d| d.for_query.as_deref()) {
+                Some(q) => q,
+                None => return false,
+            }
+        }
+        _ => match the_query(stmt) {
+            Ok(q) => q,
+            Err(_) => return false,
+        },
     };
     // Anywhere inside, too: `GROUP BY n % 3` must match `n % 3` in the select list, and the two
     // 3s are different `$n`s once normalized.

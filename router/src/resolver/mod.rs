@@ -205,7 +205,12 @@ fn by_plan<'a>(stmt: &Statement<'a>, cx: &Context<'a>) -> Result<Resolved<'a>, S
             .with_hint("send it as a simple query, as psql does, with the key values written out"))
         }
         [Route::ExplainRoute(_)] => return Ok((Dest::ExplainRoute, None)),
-        [Route::Declare { name, hold, query }] => {
+        [Route::Declare {
+            name,
+            hold,
+            binary,
+            query,
+        }] => {
             // The query is the text after FOR, planned as part of the whole text (its literals
             // are numbered alike: the head of a DECLARE has none).
             let at = crate::planner::cursor::declare_query(stmt.sql).ok_or_else(|| {
@@ -226,12 +231,21 @@ fn by_plan<'a>(stmt: &Statement<'a>, cx: &Context<'a>) -> Result<Resolved<'a>, S
                 Dest::Declare {
                     name: name.clone(),
                     hold: *hold,
+                    binary: *binary,
                     query: Box::new(query),
                 },
                 None,
             ));
         }
-        [Route::Cursor { name }] => return Ok((Dest::Cursor { name: name.clone() }, None)),
+        [Route::Cursor { name, close }] => {
+            return Ok((
+                Dest::Cursor {
+                    name: name.clone(),
+                    close: *close,
+                },
+                None,
+            ))
+        }
         [Route::CopyIn { .. }] if extended => {
             return Err(SqlError::new(
                 errors::FEATURE_NOT_SUPPORTED,
@@ -560,6 +574,17 @@ fn split_unnest(
     let (Some(format), Some(keys)) = (given[key].0, given[key].1.as_ref()) else {
         return Err(cannot("its array of keys is NULL"));
     };
+    if format == crate::protocol::frontend::Format::Binary
+        && !crate::planner::keys::element_type_fits(*key_type, keys.elem_oid())
+    {
+        return Err(SqlError::new(
+            errors::INVALID_BINARY_REPRESENTATION,
+            format!(
+                "the array of keys is sent as elements of type OID {}, which is not a {key_type}",
+                keys.elem_oid()
+            ),
+        ));
+    }
     let rows = keys.len();
     if given
         .iter()

@@ -78,10 +78,11 @@ pub enum Dest {
     Declare {
         name: String,
         hold: bool,
+        binary: bool,
         query: Box<Dest>,
     },
     /// `FETCH`, `MOVE` or `CLOSE` of a cursor (`None`: `CLOSE ALL`), which the session finds.
-    Cursor { name: Option<String> },
+    Cursor { name: Option<String>, close: bool },
     /// Not run: the error the client gets.
     Refused(SqlError),
 }

@@ -107,6 +107,15 @@ impl<'a> Params<'a> {
             Some((Format::Binary, v)) => {
                 let array = postgres_protocol::types::array_from_sql(v)
                     .map_err(|e| bad_array(format!("malformed binary array: {e}")))?;
+                if !keys::element_type_fits(key_type, array.element_type()) {
+                    return Err(SqlError::new(
+                        errors::INVALID_BINARY_REPRESENTATION,
+                        format!(
+                            "the array of keys is sent as elements of type OID {}, which is not a {key_type}",
+                            array.element_type()
+                        ),
+                    ));
+                }
                 let mut values = array.values();
                 while let Some(e) = fallible_iterator::FallibleIterator::next(&mut values)
                     .map_err(|e| bad_array(format!("malformed binary array: {e}")))?

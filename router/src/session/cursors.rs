@@ -19,7 +19,7 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::state::Batch;
+use super::state::{Batch, Tx};
 use super::{Session, SessionError};
 use crate::errors;
 use crate::planner::cursor::{self, Count, Verb};
@@ -90,8 +90,10 @@ struct Held {
     rows: Vec<u8>,
     /// Where the next row starts in `rows`.
     at: usize,
-    /// `WITH HOLD`: it outlives the transaction that declared it.
+    /// `WITH HOLD`: it outlives the transaction that declared it, if that one commits.
     hold: bool,
+    /// Declared inside the transaction under way.
+    pending: bool,
 }
 
 #[derive(Debug)]
@@ -109,19 +111,42 @@ pub struct Cursors {
 }
 
 impl Cursors {
-    /// Forgets what the end of a transaction closed: cursors on shards, held ones without HOLD.
-    pub fn transaction_ended(&mut self) {
+    /// The transaction under way ends (`committed`: with a COMMIT that takes effect): what it
+    /// declared goes with it, except `WITH HOLD` cursors of a transaction that commits; cursors
+    /// on shards end with it in any case.
+    pub fn ending(&mut self, committed: bool) {
+        self.retain(|p| match p {
+            Place::Held(h) if h.hold && (committed || !h.pending) => {
+                h.pending = false;
+                true
+            }
+            _ => false,
+        });
+    }
+
+    /// No transaction is open (it ended in a way the session did not see as COMMIT or
+    /// ROLLBACK: a batch's Sync, a lost connection): what only lived in it is gone.
+    pub fn outside_transaction(&mut self) {
+        self.retain(|p| match p {
+            Place::Held(h) if h.hold => {
+                h.pending = false;
+                true
+            }
+            _ => false,
+        });
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&mut Place) -> bool) {
         if self.places.is_empty() {
             return;
         }
         let mut freed = 0;
-        self.places.retain(|_, p| match p {
-            Place::Held(h) if h.hold => true,
-            Place::Held(h) => {
+        self.places.retain(|_, p| {
+            let kept = keep(p);
+            if let (false, Place::Held(h)) = (kept, &*p) {
                 freed += h.rows.len() + h.description.len();
-                false
             }
-            Place::Shard(_) => false,
+            kept
         });
         self.held_bytes -= freed;
     }
@@ -138,20 +163,21 @@ impl Cursors {
         self.held(name).map(|h| &h.description[..])
     }
 
-    fn close(&mut self, name: &str) -> bool {
-        match self.places.remove(name) {
-            Some(Place::Held(h)) => {
-                self.held_bytes -= h.rows.len() + h.description.len();
-                true
-            }
-            Some(Place::Shard(_)) => true,
-            None => false,
+    fn close(&mut self, name: &str) {
+        if let Some(Place::Held(h)) = self.places.remove(name) {
+            self.held_bytes -= h.rows.len() + h.description.len();
         }
     }
 
     /// Keeps a read's answer as cursor `name`'s rows: `Ok` with the answer's ParameterDescription
     /// (extended protocol), or `Err` with the shards' error to pass on.
-    fn keep(&mut self, name: String, answer: &[u8], hold: bool) -> Result<Vec<u8>, Vec<u8>> {
+    fn keep(
+        &mut self,
+        name: String,
+        answer: &[u8],
+        hold: bool,
+        pending: bool,
+    ) -> Result<Vec<u8>, Vec<u8>> {
         let mut params = Vec::new();
         let mut description = Vec::new();
         let mut rows = Vec::with_capacity(answer.len());
@@ -165,6 +191,7 @@ impl Cursors {
                 _ => {}
             }
         }
+        self.close(&name);
         self.held_bytes += rows.len() + description.len();
         self.places.insert(
             name,
@@ -173,6 +200,7 @@ impl Cursors {
                 rows,
                 at: 0,
                 hold,
+                pending,
             }),
         );
         Ok(params)
@@ -225,41 +253,72 @@ pub(super) enum CursorWork {
         hold: bool,
         read: Read,
     },
-    /// A command on a cursor the router holds (or `CLOSE ALL` with none on a shard): the router
-    /// answers it.
+    /// A command on a cursor the router holds: the router answers it.
     Serve,
+    /// `CLOSE ALL` with cursors on these shards (more than one) of the transaction.
+    CloseAll(Vec<usize>),
+}
+
+/// The outcome of a held cursor's DECLARE.
+pub(super) enum Declared {
+    Done,
+    /// The client has the shards' error.
+    Failed,
+    /// The router's error, for the caller to raise where the transaction is.
+    Refused(SqlError),
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// What a DECLARE or a cursor command comes to (the module documentation says why).
     pub(super) fn cursor_work(&mut self, dest: Dest) -> CursorWork {
         if !self.in_transaction() {
-            self.cursors.transaction_ended();
+            self.cursors.outside_transaction();
+        }
+        if self.state.tx == Tx::Failed && self.pin.is_some() {
+            // The backend refuses it as Postgres does (25P02).
+            return CursorWork::Route(Dest::Any);
         }
         match dest {
-            Dest::Cursor { name: None } => {
-                let on_shards = self
+            Dest::Cursor { name: None, .. } => {
+                let mut shards: Vec<usize> = self
                     .cursors
                     .places
                     .values()
-                    .any(|p| matches!(p, Place::Shard(_)));
-                let held: Vec<String> = self.cursors.places.keys().cloned().collect();
-                for name in held {
-                    self.cursors.close(&name);
-                }
-                if on_shards && self.pin.is_some() {
-                    CursorWork::Route(Dest::Any)
-                } else {
-                    CursorWork::Serve
+                    .filter_map(|p| match p {
+                        Place::Shard(s) => Some(*s),
+                        Place::Held(_) => None,
+                    })
+                    .collect();
+                shards.sort_unstable();
+                shards.dedup();
+                self.cursors.retain(|_| false);
+                match shards.as_slice() {
+                    [] if self.pin.is_some() => CursorWork::Route(Dest::Any),
+                    [] => CursorWork::Serve,
+                    [one] => CursorWork::Route(Dest::Shard(*one)),
+                    _ => CursorWork::CloseAll(shards),
                 }
             }
-            Dest::Cursor { name: Some(name) } => match self.cursors.places.get(&name) {
+            Dest::Cursor {
+                name: Some(name),
+                close,
+            } => match self.cursors.places.get(&name) {
                 Some(Place::Held(_)) => CursorWork::Serve,
-                Some(Place::Shard(s)) => CursorWork::Route(Dest::Shard(*s)),
+                Some(&Place::Shard(s)) => {
+                    if close {
+                        self.cursors.places.remove(&name);
+                    }
+                    CursorWork::Route(Dest::Shard(s))
+                }
                 // Postgres says what it thinks of a cursor no one declared.
                 None => CursorWork::Route(Dest::Any),
             },
-            Dest::Declare { name, hold, query } => {
+            Dest::Declare {
+                name,
+                hold,
+                binary,
+                query,
+            } => {
                 if self.cursors.held(&name).is_some() {
                     return CursorWork::Route(Dest::Refused(SqlError::new(
                         errors::DUPLICATE_CURSOR,
@@ -267,89 +326,87 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     )));
                 }
                 let in_transaction = self.in_transaction();
-                let one = |shard: usize| Read {
-                    shards: vec![shard],
-                    keyed: true,
-                    merge: None,
-                    limit: None,
-                    offset: 0,
-                    shard_sql: None,
-                    labels: false,
+                let here = self
+                    .pinned_shard()
+                    .unwrap_or_else(|| self.routing.map.default_shard());
+                let on_shard = match *query {
+                    Dest::Refused(e) => return CursorWork::Route(Dest::Refused(e)),
+                    Dest::Shard(s) => Some(s),
+                    Dest::Any => Some(here),
+                    _ => None,
                 };
-                match *query {
-                    Dest::Refused(e) => CursorWork::Route(Dest::Refused(e)),
-                    Dest::Shard(s) if !hold => {
-                        if in_transaction {
-                            self.cursors.places.insert(name, Place::Shard(s));
-                        }
-                        // Outside a transaction Postgres refuses it, as it should be.
-                        CursorWork::Route(Dest::Shard(s))
+                if let (Some(s), false) = (on_shard, hold) {
+                    if in_transaction {
+                        self.cursors.places.insert(name, Place::Shard(s));
                     }
-                    Dest::Any if !hold => CursorWork::Route(Dest::Any),
-                    _ if !hold && !in_transaction => {
-                        CursorWork::Route(Dest::Refused(SqlError::new(
-                            errors::NO_ACTIVE_SQL_TRANSACTION,
-                            "DECLARE CURSOR can only be used in transaction blocks",
+                    // Outside a transaction Postgres refuses it, as it should be.
+                    return CursorWork::Route(Dest::Shard(s));
+                }
+                if !hold && !in_transaction {
+                    return CursorWork::Route(Dest::Refused(SqlError::new(
+                        errors::NO_ACTIVE_SQL_TRANSACTION,
+                        "DECLARE CURSOR can only be used in transaction blocks",
+                    )));
+                }
+                if binary {
+                    return CursorWork::Route(Dest::Refused(SqlError::new(
+                        errors::FEATURE_NOT_SUPPORTED,
+                        "a BINARY cursor over several shards, or WITH HOLD, is not supported: the router holds such cursors and sends their rows as text",
+                    )));
+                }
+                let read = match (*query, on_shard) {
+                    (Dest::Read(read), _) => read,
+                    (_, Some(shard)) => Read {
+                        shards: vec![shard],
+                        keyed: true,
+                        merge: None,
+                        limit: None,
+                        offset: 0,
+                        shard_sql: None,
+                        labels: false,
+                    },
+                    _ => {
+                        return CursorWork::Route(Dest::Refused(SqlError::new(
+                            errors::FEATURE_NOT_SUPPORTED,
+                            "a cursor's query must be a read",
                         )))
                     }
-                    Dest::Read(read) => CursorWork::Declare { name, hold, read },
-                    Dest::Shard(s) => CursorWork::Declare {
-                        name,
-                        hold,
-                        read: one(s),
-                    },
-                    Dest::Any => {
-                        let shard = self
-                            .pinned_shard()
-                            .unwrap_or_else(|| self.routing.map.default_shard());
-                        CursorWork::Declare {
-                            name,
-                            hold,
-                            read: one(shard),
-                        }
-                    }
-                    _ => CursorWork::Route(Dest::Refused(SqlError::new(
-                        errors::FEATURE_NOT_SUPPORTED,
-                        "a cursor's query must be a read",
-                    ))),
-                }
+                };
+                CursorWork::Declare { name, hold, read }
             }
             other => CursorWork::Route(other),
         }
     }
 
-    /// Answers a FETCH, MOVE or CLOSE of a cursor the router holds (simple protocol).
-    pub(super) fn serve_cursor(&mut self, sql: &str) {
+    /// Answers a FETCH, MOVE or CLOSE of a cursor the router holds (simple protocol); the
+    /// router's error, if any, for the caller to raise where the transaction is.
+    pub(super) fn serve_cursor(&mut self, sql: &str) -> Result<(), SqlError> {
         let Some(command) = cursor::command(sql) else {
-            return self.refuse_here(&SqlError::new(
+            return Err(SqlError::new(
                 errors::SYNTAX_ERROR,
                 "the router could not read this cursor command",
             ));
         };
         let Some(name) = command.name else {
-            reply::command_complete(&mut self.client.out, "CLOSE CURSOR");
-            return;
+            reply::command_complete(&mut self.client.out, "CLOSE CURSOR ALL");
+            return Ok(());
         };
         if command.verb == Verb::Close {
             self.cursors.close(&name);
             reply::command_complete(&mut self.client.out, "CLOSE CURSOR");
-            return;
+            return Ok(());
         }
-        let result = match self.cursors.places.get_mut(&name) {
+        match self.cursors.places.get_mut(&name) {
             Some(Place::Held(h)) => h.advance(command.verb, command.count, &mut self.client.out),
             _ => Err(SqlError::new(
-                "34000",
+                errors::INVALID_CURSOR_NAME,
                 format!("cursor \"{name}\" does not exist"),
             )),
-        };
-        if let Err(e) = result {
-            self.refuse_here(&e);
         }
     }
 
     /// Runs a held cursor's read and keeps its answer. `extended`: the client's messages of
-    /// the batch to answer (`asked`), else a simple query. `Ok(true)` when it failed (the
-    /// client has the error).
+    /// the batch to answer (`asked`), else a simple query.
     pub(super) async fn declare_held(
         &mut self,
         name: String,
@@ -357,29 +414,22 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         read: Read,
         request: Vec<u8>,
         extended: Option<&[u8]>,
-    ) -> Result<bool, SessionError> {
+    ) -> Result<Declared, SessionError> {
         let limit = self.routing.config.limits.max_merge_bytes;
         let room = limit.saturating_sub(self.cursors.held_bytes);
+        let pending = self.in_transaction();
         // The statement's descriptions come first in an extended answer: what the client's
         // Describe messages are answered with.
         let asked: &[u8] = if extended.is_some() { b"SD" } else { b"" };
         let answer = match self.read_kept(&read, request, asked, room).await? {
             Ok(answer) => answer,
-            Err(None) => return Ok(true),
-            Err(Some(e)) => {
-                let e = if room < limit {
-                    errors::cursor_too_big(limit)
-                } else {
-                    e
-                };
-                self.refuse_here(&e);
-                return Ok(true);
-            }
+            Err(None) => return Ok(Declared::Failed),
+            Err(Some(_)) => return Ok(Declared::Refused(errors::cursor_too_big(limit))),
         };
-        match self.cursors.keep(name, &answer, hold) {
+        match self.cursors.keep(name, &answer, hold, pending) {
             Err(error) => {
                 self.client.out.extend_from_slice(&error);
-                Ok(true)
+                Ok(Declared::Failed)
             }
             Ok(params) => {
                 let out = &mut self.client.out;
@@ -400,7 +450,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     }
                 }
                 reply::command_complete(out, "DECLARE CURSOR");
-                Ok(false)
+                Ok(Declared::Done)
             }
         }
     }

@@ -141,10 +141,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.finish_preparation().await?;
             }
         }
+        if let Dest::Commit | Dest::Rollback = dest {
+            let committed = matches!(dest, Dest::Commit) && self.state.tx != Tx::Failed;
+            self.cursors.ending(committed);
+        }
+        if matches!(dest, Dest::Declare { .. }) {
+            // A driver's BEGIN in front of it (pgjdbc) begins the transaction it declares in.
+            self.absorb_held_begin();
+        }
         let dest = match dest {
             Dest::Declare { .. } | Dest::Cursor { .. } => match self.cursor_work(dest) {
                 CursorWork::Route(dest) => dest,
-                CursorWork::Serve => {
+                CursorWork::Serve | CursorWork::CloseAll(_) => {
                     let err = SqlError::new(
                         errors::FEATURE_NOT_SUPPORTED,
                         "the router holds this cursor (its query reads several shards, or it is WITH HOLD), and serves its commands in the simple query protocol only",
@@ -153,6 +161,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     return self.batch_error(&err).await;
                 }
                 CursorWork::Declare { name, hold, read } => {
+                    if self.mixed_batch() {
+                        return self.batch_error(&errors::not_alone_in_batch()).await;
+                    }
                     return self.begin_held_declare(name, hold, read, &b, &stmt);
                 }
             },
@@ -195,20 +206,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                         return Ok(());
                     }
                 }
-                let in_transaction = self.in_transaction();
-                let mixed = matches!(self.state.batch, Batch::OnBackend { executed: true })
-                    && !in_transaction
-                    || matches!(self.state.batch, Batch::Held)
-                        && self.state.held().iter().any(|m| {
-                            matches!(m, Msg::Bind { .. } | Msg::Forward { executes: true, .. })
-                        });
-                if mixed {
-                    let err = SqlError::new(
-                        errors::FEATURE_NOT_SUPPORTED,
-                        "a statement on several shards must be the only statement of its batch",
-                    )
-                    .with_hint("send a Sync before and after it");
-                    return self.batch_error(&err).await;
+                if self.mixed_batch() {
+                    return self.batch_error(&errors::not_alone_in_batch()).await;
                 }
                 self.begin_multi_batch(dest, &b, &stmt)
             }
@@ -481,6 +480,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         self.out
             .replies
             .push_synthetic(synthetic(|o| reply::ready_for_query(o, status)));
+    }
+
+    /// The batch so far ran statements a statement on several shards cannot follow: outside a
+    /// transaction, or held ones that run something.
+    fn mixed_batch(&self) -> bool {
+        matches!(self.state.batch, Batch::OnBackend { executed: true }) && !self.in_transaction()
+            || matches!(self.state.batch, Batch::Held)
+                && self
+                    .state
+                    .held()
+                    .iter()
+                    .any(|m| matches!(m, Msg::Bind { .. } | Msg::Forward { executes: true, .. }))
     }
 
     /// A batch of only `BEGIN`, `COMMIT` or `ROLLBACK` with no connection pinned is answered by

@@ -110,6 +110,46 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         failed.map_err(SessionError::Client)
     }
 
+    /// Runs the simple query `sql` on each of `shards` inside the client's transaction (each
+    /// shard joins it, as for a read): each shard's answer, whole; `None` when it could not run
+    /// (the client has the error). An error on a shard fails the transaction.
+    pub(super) async fn on_each_in_transaction(
+        &mut self,
+        shards: &[usize],
+        sql: &str,
+    ) -> Result<Option<Vec<Vec<u8>>>, SessionError> {
+        let mut q = BytesMut::new();
+        request::query(&mut q, sql)?;
+        let Some((receivers, members)) = self.fan_out(shards, q.to_vec(), true).await? else {
+            return Ok(None);
+        };
+        let mut answers = Vec::with_capacity(receivers.len());
+        for mut rx in receivers {
+            let mut answer = Vec::new();
+            while let Some(chunk) = rx.recv().await {
+                match chunk {
+                    Ok(bytes) => {
+                        answer.extend_from_slice(&bytes);
+                        if crate::protocol::frame::frames(&bytes)
+                            .map_while(Result::ok)
+                            .any(|f| f[0] == b'Z')
+                        {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        e.write(&mut answer);
+                        break;
+                    }
+                }
+            }
+            answers.push(answer);
+        }
+        let failed = answers.iter().any(|a| error_frame(a).is_some());
+        self.fanned_in(members, &Ok(failed)).await;
+        Ok(Some(answers))
+    }
+
     /// A read across shards whose answer the router keeps instead of sending it (a cursor it
     /// holds), at most `limit` bytes of it: `Ok(answer)` when it ran (the answer may end in
     /// the shards' error), `Err(None)` when the client has been told why it did not run,
@@ -532,8 +572,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 let failed = match run {
                     Spread::Read(read) => self.run_read(read, request, &asked).await?,
                     Spread::Declare { read, name, hold } => {
-                        self.declare_held(name, hold, read, request, Some(&asked))
+                        match self
+                            .declare_held(name, hold, read, request, Some(&asked))
                             .await?
+                        {
+                            super::cursors::Declared::Done => false,
+                            super::cursors::Declared::Failed => true,
+                            super::cursors::Declared::Refused(err) => {
+                                self.batch_error(&err).await?;
+                                return Ok(());
+                            }
+                        }
                     }
                     Spread::Write(shards) => self.run_write(shards, request, &asked).await?,
                     Spread::Split {
@@ -581,6 +630,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         }
         Ok(())
     }
+}
+
+/// The first ErrorResponse among a shard's answer frames.
+pub(super) fn error_frame(answer: &[u8]) -> Option<&[u8]> {
+    crate::protocol::frame::frames(answer)
+        .map_while(Result::ok)
+        .find(|f| f[0] == b'E')
 }
 
 /// Sends `client` the answer of a read across shards, from the shards' `receivers`: merged as

@@ -5,6 +5,7 @@
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use super::cursors::{CursorWork, Declared};
 use super::replies::{Audience, Kind};
 use super::state::Tx;
 use super::{Session, SessionError};
@@ -50,15 +51,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             self.sql.clear();
             self.sql.push_str(sql);
         }
+        if let Dest::Commit | Dest::Rollback = dest {
+            let committed = matches!(dest, Dest::Commit) && self.state.tx != Tx::Failed;
+            self.cursors.ending(committed);
+        }
         let dest = match dest {
             Dest::Declare { .. } | Dest::Cursor { .. } => match self.cursor_work(dest) {
-                super::cursors::CursorWork::Route(dest) => dest,
-                super::cursors::CursorWork::Serve => {
-                    self.serve_cursor(sql);
-                    self.ready();
-                    return Ok(());
+                CursorWork::Route(dest) => dest,
+                CursorWork::Serve => {
+                    return match self.serve_cursor(sql) {
+                        Ok(()) => {
+                            self.ready();
+                            Ok(())
+                        }
+                        Err(err) => self.refuse_query(&err).await,
+                    };
                 }
-                super::cursors::CursorWork::Declare { name, hold, read } => {
+                CursorWork::Declare { name, hold, read } => {
                     let text =
                         crate::planner::cursor::declare_query(sql).map_or(sql, |at| &sql[at..]);
                     let mut request = bytes::BytesMut::new();
@@ -66,8 +75,27 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                         &mut request,
                         read.shard_sql.as_deref().unwrap_or(text),
                     )?;
-                    self.declare_held(name, hold, read, request.to_vec(), None)
-                        .await?;
+                    return match self
+                        .declare_held(name, hold, read, request.to_vec(), None)
+                        .await?
+                    {
+                        Declared::Done | Declared::Failed => {
+                            self.ready();
+                            Ok(())
+                        }
+                        Declared::Refused(err) => self.refuse_query(&err).await,
+                    };
+                }
+                CursorWork::CloseAll(shards) => {
+                    if let Some(answers) = self.on_each_in_transaction(&shards, "CLOSE ALL").await?
+                    {
+                        match answers.iter().find_map(|a| super::multi::error_frame(a)) {
+                            Some(error) => self.client.out.extend_from_slice(error),
+                            None => {
+                                reply::command_complete(&mut self.client.out, "CLOSE CURSOR ALL")
+                            }
+                        }
+                    }
                     self.ready();
                     return Ok(());
                 }
