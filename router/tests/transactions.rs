@@ -1144,3 +1144,62 @@ async fn cursors_on_one_shard_and_across_shards() {
     client.batch_execute("ROLLBACK").await.expect("rollback");
     no_transaction_left_open(env);
 }
+
+/// A cursor over several shards inside a transaction is merged a batch at a time as FETCHes
+/// ask, so it reads far more rows than the router would hold for a cursor: with
+/// `max_merge_bytes` at 4 KiB, 3000 sorted rows come through in FETCHes of 700, while the same
+/// query WITH HOLD (whose rows the router keeps) is refused with 54000.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_across_shards_fetches_on_demand() {
+    let env = shared_env();
+    let router = Router::start_with(&env.map, "[limits]\nmax_merge_bytes = 4096\n");
+    let client = router.connect().await;
+    let base = 84_000_000i64;
+    let ids: Vec<i64> = (base..base + 3000).collect();
+    let vs: Vec<String> = ids
+        .iter()
+        .map(|k| format!("row {k} of a long cursor"))
+        .collect();
+    client
+        .execute(
+            "INSERT INTO kv (id, v) SELECT * FROM unnest($1::int8[], $2::text[])",
+            &[&ids, &vs],
+        )
+        .await
+        .expect("rows on every shard");
+    let query = format!(
+        "SELECT id, v FROM kv WHERE id BETWEEN {base} AND {} ORDER BY id",
+        base + 2999
+    );
+    client.batch_execute("BEGIN").await.expect("begin");
+    client
+        .simple_query(&format!("DECLARE big CURSOR FOR {query}"))
+        .await
+        .expect("declare");
+    let mut seen = Vec::new();
+    loop {
+        let got = rows(
+            &client
+                .simple_query("FETCH 700 FROM big")
+                .await
+                .expect("fetch"),
+        );
+        if got.is_empty() {
+            break;
+        }
+        seen.extend(got.into_iter().map(|r| r[0].parse::<i64>().expect("an id")));
+    }
+    assert_eq!(seen, ids, "every row, in order, a batch at a time");
+    client.batch_execute("COMMIT").await.expect("commit");
+
+    let err = client
+        .simple_query(&format!("DECLARE kept CURSOR WITH HOLD FOR {query}"))
+        .await
+        .expect_err("too big to hold");
+    assert_eq!(sqlstate(&err), "54000");
+    client
+        .execute("DELETE FROM kv WHERE id = ANY($1)", &[&ids])
+        .await
+        .expect("clean up");
+    no_transaction_left_open(env);
+}

@@ -216,26 +216,7 @@ async fn sorted<S: AsyncRead + AsyncWrite + Unpin>(
         Some(b'T') => merge::columns(&row_description[5..])?,
         _ => Vec::new(),
     };
-    let mut order = plan.order.clone();
-    for (i, name) in &plan.order_names {
-        let mut named = columns
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| c.name == name.as_bytes());
-        match (named.next(), named.next(), order.get_mut(*i)) {
-            (Some((column, _)), None, Some(key)) => key.column = column,
-            _ => {
-                return Err(Failure::Router(SqlError::new(
-                    errors::FEATURE_NOT_SUPPORTED,
-                    format!(
-                    "ORDER BY {name} across shards: the answer has no single column of that name"
-                ),
-                )))
-            }
-        }
-    }
-    let order = order;
-    merge::check_sortable(&order, &columns, m.text_bytewise)?;
+    let order = sort_keys(plan, &columns, m.text_bytewise).map_err(Failure::Router)?;
     // Every shard's first rows are buffered now.
     budget.hold(held(streams)).map_err(Failure::Router)?;
     if extended {
@@ -277,6 +258,38 @@ async fn sorted<S: AsyncRead + AsyncWrite + Unpin>(
     }
     reply::command_complete(&mut client.out, &format!("SELECT {sent}"));
     Ok(())
+}
+
+/// The `ORDER BY` keys of a sorted read in the answer's columns (keys known by name found
+/// there), once checked to be sortable by the router.
+pub fn sort_keys(
+    plan: &MergePlan,
+    columns: &[merge::Column],
+    text_bytewise: bool,
+) -> Result<Vec<merge::SortKey>, SqlError> {
+    let mut order = plan.order.clone();
+    for (i, name) in &plan.order_names {
+        let mut named = columns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.name == name.as_bytes());
+        match (named.next(), named.next(), order.get_mut(*i)) {
+            (Some((column, _)), None, Some(key)) => key.column = column,
+            _ => {
+                return Err(SqlError::new(
+                    errors::FEATURE_NOT_SUPPORTED,
+                    format!(
+                    "ORDER BY {name} across shards: the answer has no single column of that name"
+                ),
+                ))
+            }
+        }
+    }
+    merge::check_sortable(&order, columns, text_bytewise).map_err(|e| match Failure::from(e) {
+        Failure::Router(e) => e,
+        _ => errors::internal("a merge error that is not the router's"),
+    })?;
+    Ok(order)
 }
 
 async fn grouped<S: AsyncRead + AsyncWrite + Unpin>(

@@ -9,6 +9,7 @@
 //! | [`gather`] | concatenating shard answers into one (sans-IO) |
 //! | [`read`] | a read whose rows are concatenated in shard order |
 //! | [`merged`] | a read merged by `crate::merge`: sorted streams, combined groups |
+//! | [`stepwise`] | a cursor across shards merged a few rows at a time, as FETCHes ask (sans-IO) |
 //! | [`commit`] | the one ordered multi-shard write: parts begun in shard order, committed together; the end of a transaction on several shards |
 //! | [`two_phase`] | two-phase commit of a transaction on several shards, and recovery of those left in doubt |
 //! | [`write`] | UPDATE/DELETE on several shards, through [`commit`] |
@@ -24,5 +25,6 @@ pub mod gather;
 pub mod merged;
 pub mod read;
 pub mod split_insert;
+pub mod stepwise;
 pub mod two_phase;
 pub mod write;

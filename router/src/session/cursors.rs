@@ -1,17 +1,25 @@
 //! The client's SQL cursors (`DECLARE`, `FETCH`, `MOVE`, `CLOSE`): where each lives, and the
-//! rows of those the router holds.
+//! rows of those the router serves.
 //!
-//! A cursor declared inside a transaction whose query runs on one shard lives on that shard:
-//! the DECLARE goes there, and every command naming it follows it (a transaction that spans
-//! shards moves back to that shard for it), so it fetches on demand, scrolls, and sees what
-//! Postgres's own cursor sees. Two kinds no single shard can hold, the router holds itself:
-//! a cursor whose query reads several shards, and a `WITH HOLD` cursor, which outlives its
-//! transaction while the connection goes back to its pool. For those the query runs at
-//! DECLARE, as a read across shards merged as always (inside the client's transaction, on its
-//! connections), and its answer is kept, at most `limits.max_merge_bytes` for all of a
-//! session's held cursors; FETCH and MOVE go forward through it. As with Postgres's cursors,
-//! the rows are those of the moment of DECLARE. Held cursors are served in the simple query
-//! protocol (which is how psycopg, and so Django, fetch), and go only forward.
+//! - A cursor declared inside a transaction whose query runs on one shard **lives on that
+//!   shard**: the DECLARE goes there, and every command naming it follows it (a transaction
+//!   that spans shards moves back to that shard for it). It fetches on demand and scrolls as
+//!   Postgres's own cursors do.
+//! - A cursor declared inside a transaction whose query reads several shards, concatenated or
+//!   sorted, is **a cursor on each of those shards** (inside the transaction, on its
+//!   connections) that the router merges **step by step** (`crate::multishard::stepwise`):
+//!   a FETCH asks the shards for only as many rows as it needs, so the router holds at most a
+//!   batch of rows per shard, whatever the size of the result.
+//! - A `WITH HOLD` cursor outlives its transaction, while the transaction's connections go back
+//!   to their pools, and a grouped read across shards can only be merged whole. For those the
+//!   router **holds the answer**: the query runs at DECLARE (inside the client's transaction,
+//!   if one is open), merged as any read, and its rows are kept, at most
+//!   `limits.max_merge_bytes` for all of a session's held cursors. Postgres itself keeps a
+//!   `WITH HOLD` cursor's rows at COMMIT in the same way.
+//!
+//! Cursors served by the router go forward only and are served in the simple query protocol
+//! (which is how psycopg, and so Django, fetch). As with Postgres's cursors, their rows are
+//! those of the moment of DECLARE.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -22,6 +30,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use super::state::{Batch, Tx};
 use super::{Session, SessionError};
 use crate::errors;
+use crate::multishard::stepwise::Step;
 use crate::planner::cursor::{self, Count, Verb};
 use crate::protocol::frame::frames;
 use crate::protocol::reply::{self, SqlError};
@@ -96,10 +105,27 @@ struct Held {
     pending: bool,
 }
 
+/// A cursor on several shards of the transaction, merged as FETCHes ask.
+struct Steps {
+    shards: Vec<usize>,
+    merge: crate::multishard::stepwise::Stepwise,
+    /// The RowDescription (or NoData) of the first shard's cursor.
+    description: Vec<u8>,
+}
+
+impl std::fmt::Debug for Steps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Steps")
+            .field("shards", &self.shards)
+            .finish()
+    }
+}
+
 #[derive(Debug)]
 enum Place {
     Shard(usize),
     Held(Held),
+    Steps(Box<Steps>),
 }
 
 /// The session's cursors by name.
@@ -151,16 +177,13 @@ impl Cursors {
         self.held_bytes -= freed;
     }
 
-    fn held(&self, name: &str) -> Option<&Held> {
+    /// The RowDescription of a cursor the router serves (for Describe of its portal).
+    pub fn description(&self, name: &str) -> Option<&[u8]> {
         match self.places.get(name) {
-            Some(Place::Held(h)) => Some(h),
+            Some(Place::Held(h)) => Some(&h.description),
+            Some(Place::Steps(s)) => Some(&s.description),
             _ => None,
         }
-    }
-
-    /// The RowDescription of a cursor the router holds (for Describe of its portal).
-    pub fn description(&self, name: &str) -> Option<&[u8]> {
-        self.held(name).map(|h| &h.description[..])
     }
 
     fn close(&mut self, name: &str) {
@@ -207,19 +230,56 @@ impl Cursors {
     }
 }
 
+/// The router's answer to a DECLARE it ran: the batch's messages (`asked`; `params` is the
+/// statement's ParameterDescription, if the shards gave one), then the command tag.
+fn answer_declare(out: &mut Vec<u8>, asked: &[u8], params: &[u8]) {
+    for &k in asked {
+        match k {
+            b'P' => reply::parse_complete(out),
+            b'S' if params.is_empty() => super::extended::no_data_description(out, b'S'),
+            b'S' => {
+                out.extend_from_slice(params);
+                crate::protocol::frame::put_frame(out, b'n', &[]);
+            }
+            b'B' => reply::bind_complete(out),
+            b'D' => super::extended::no_data_description(out, b'P'),
+            _ => reply::close_complete(out),
+        }
+    }
+    reply::command_complete(out, "DECLARE CURSOR");
+}
+
+fn forward_only() -> SqlError {
+    SqlError::new(
+        errors::FEATURE_NOT_SUPPORTED,
+        "a cursor the router serves (its query reads several shards, or it is WITH HOLD) only moves forward",
+    )
+    .with_hint("use FETCH NEXT, FETCH FORWARD n or FETCH ALL; or give the query a key, so that the cursor lives on its shard")
+}
+
+/// What each shard runs to declare its part of a cursor merged step by step.
+pub(super) fn shard_declare(name: &str, query: &str) -> String {
+    format!("DECLARE {} NO SCROLL CURSOR FOR {query}", quote_ident(name))
+}
+
+/// A name as a quoted identifier.
+pub(super) fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+fn simple_query(sql: &str) -> Result<Vec<u8>, SessionError> {
+    let mut q = bytes::BytesMut::new();
+    crate::protocol::request::query(&mut q, sql)?;
+    Ok(q.to_vec())
+}
+
 impl Held {
     /// FETCH (rows to `out`) or MOVE forward by `count`; writes the command tag.
     fn advance(&mut self, verb: Verb, count: Count, out: &mut Vec<u8>) -> Result<(), SqlError> {
         let want = match count {
             Count::Forward(n) => n,
             Count::All => u64::MAX,
-            Count::Other => {
-                return Err(SqlError::new(
-                    errors::FEATURE_NOT_SUPPORTED,
-                    "a cursor the router holds (its query reads several shards, or it is WITH HOLD) only moves forward",
-                )
-                .with_hint("use FETCH NEXT, FETCH FORWARD n or FETCH ALL; or give the query a key, so that the cursor lives on its shard"))
-            }
+            Count::Other => return Err(forward_only()),
         };
         if verb == Verb::Fetch && self.description.first() == Some(&b'T') {
             out.extend_from_slice(&self.description);
@@ -247,13 +307,15 @@ impl Held {
 pub(super) enum CursorWork {
     /// Runs where this says, as any statement.
     Route(Dest),
-    /// Runs the read now and keeps its answer as cursor `name`.
+    /// A cursor the router serves: merged step by step from cursors on the shards
+    /// (`stepwise`), or its read run now and its answer kept.
     Declare {
         name: String,
         hold: bool,
         read: Read,
+        stepwise: bool,
     },
-    /// A command on a cursor the router holds: the router answers it.
+    /// A command on a cursor the router serves: the router answers it.
     Serve,
     /// `CLOSE ALL` with cursors on these shards (more than one) of the transaction.
     CloseAll(Vec<usize>),
@@ -280,15 +342,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         }
         match dest {
             Dest::Cursor { name: None, .. } => {
-                let mut shards: Vec<usize> = self
-                    .cursors
-                    .places
-                    .values()
-                    .filter_map(|p| match p {
-                        Place::Shard(s) => Some(*s),
-                        Place::Held(_) => None,
-                    })
-                    .collect();
+                let mut shards: Vec<usize> = Vec::new();
+                for p in self.cursors.places.values() {
+                    match p {
+                        Place::Shard(s) => shards.push(*s),
+                        Place::Steps(steps) => shards.extend_from_slice(&steps.shards),
+                        Place::Held(_) => {}
+                    }
+                }
                 shards.sort_unstable();
                 shards.dedup();
                 self.cursors.retain(|_| false);
@@ -303,7 +364,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 name: Some(name),
                 close,
             } => match self.cursors.places.get(&name) {
-                Some(Place::Held(_)) => CursorWork::Serve,
+                Some(Place::Held(_) | Place::Steps(_)) => CursorWork::Serve,
                 Some(&Place::Shard(s)) => {
                     if close {
                         self.cursors.places.remove(&name);
@@ -319,7 +380,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 binary,
                 query,
             } => {
-                if self.cursors.held(&name).is_some() {
+                if matches!(
+                    self.cursors.places.get(&name),
+                    Some(Place::Held(_) | Place::Steps(_))
+                ) {
                     return CursorWork::Route(Dest::Refused(SqlError::new(
                         errors::DUPLICATE_CURSOR,
                         format!("cursor \"{name}\" already exists"),
@@ -372,37 +436,206 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                         )))
                     }
                 };
-                CursorWork::Declare { name, hold, read }
+                // Merged a few rows at a time from cursors on the shards, unless it must outlive
+                // the transaction or can only be merged whole.
+                let stepwise =
+                    !hold && !read.labels && read.merge.as_ref().is_none_or(|m| m.group.is_none());
+                CursorWork::Declare {
+                    name,
+                    hold,
+                    read,
+                    stepwise,
+                }
             }
             other => CursorWork::Route(other),
         }
     }
 
-    /// Answers a FETCH, MOVE or CLOSE of a cursor the router holds (simple protocol); the
-    /// router's error, if any, for the caller to raise where the transaction is.
-    pub(super) fn serve_cursor(&mut self, sql: &str) -> Result<(), SqlError> {
+    /// Answers a FETCH, MOVE or CLOSE of a cursor the router serves (simple protocol); the
+    /// router's error, if any, for the caller to raise where the transaction is (an error of a
+    /// shard is the client's already, and `Ok`).
+    pub(super) async fn serve_cursor(
+        &mut self,
+        sql: &str,
+    ) -> Result<Result<(), SqlError>, SessionError> {
         let Some(command) = cursor::command(sql) else {
-            return Err(SqlError::new(
+            return Ok(Err(SqlError::new(
                 errors::SYNTAX_ERROR,
                 "the router could not read this cursor command",
-            ));
+            )));
         };
         let Some(name) = command.name else {
             reply::command_complete(&mut self.client.out, "CLOSE CURSOR ALL");
-            return Ok(());
+            return Ok(Ok(()));
         };
         if command.verb == Verb::Close {
+            if let Some(Place::Steps(steps)) = self.cursors.places.get(&name) {
+                let shards = steps.shards.clone();
+                let request = simple_query(&format!("CLOSE {}", quote_ident(&name)))?;
+                if let Some(answers) = self.ask_in_transaction(&shards, request).await? {
+                    if let Some(error) = answers.iter().find_map(|a| super::multi::error_frame(a)) {
+                        self.client.out.extend_from_slice(error);
+                        return Ok(Ok(()));
+                    }
+                }
+            }
             self.cursors.close(&name);
             reply::command_complete(&mut self.client.out, "CLOSE CURSOR");
-            return Ok(());
+            return Ok(Ok(()));
         }
         match self.cursors.places.get_mut(&name) {
-            Some(Place::Held(h)) => h.advance(command.verb, command.count, &mut self.client.out),
-            _ => Err(SqlError::new(
+            Some(Place::Held(h)) => {
+                Ok(h.advance(command.verb, command.count, &mut self.client.out))
+            }
+            Some(Place::Steps(_)) => self.step(&name, command.verb, command.count).await,
+            _ => Ok(Err(SqlError::new(
                 errors::INVALID_CURSOR_NAME,
                 format!("cursor \"{name}\" does not exist"),
-            )),
+            ))),
         }
+    }
+
+    /// FETCH or MOVE of a cursor merged step by step: the shards are asked for rows as the
+    /// merge needs them.
+    async fn step(
+        &mut self,
+        name: &str,
+        verb: Verb,
+        count: Count,
+    ) -> Result<Result<(), SqlError>, SessionError> {
+        let want = match count {
+            Count::Forward(n) => n,
+            Count::All => u64::MAX,
+            Count::Other => return Ok(Err(forward_only())),
+        };
+        let fetch = verb == Verb::Fetch;
+        let mut out = Vec::new();
+        if let (true, Some(Place::Steps(steps))) = (fetch, self.cursors.places.get(name)) {
+            if steps.description.first() == Some(&b'T') {
+                out.extend_from_slice(&steps.description);
+            }
+        }
+        let mut n = 0u64;
+        while n < want {
+            let Some(Place::Steps(steps)) = self.cursors.places.get_mut(name) else {
+                break;
+            };
+            let need = match steps.merge.step() {
+                Ok(Step::Row(row)) => {
+                    if fetch {
+                        out.extend_from_slice(&row);
+                    }
+                    n += 1;
+                    continue;
+                }
+                Ok(Step::End) => break,
+                Ok(Step::Need(need)) => need,
+                Err(e) => {
+                    return Ok(Err(SqlError::new(
+                        errors::FEATURE_NOT_SUPPORTED,
+                        format!("cannot merge the shards' answers: {}", e.message()),
+                    )))
+                }
+            };
+            let asked = steps.merge.batch(want - n);
+            let shards: Vec<usize> = need.iter().map(|&i| steps.shards[i]).collect();
+            let request =
+                simple_query(&format!("FETCH FORWARD {asked} FROM {}", quote_ident(name)))?;
+            let Some(answers) = self.ask_in_transaction(&shards, request).await? else {
+                return Ok(Ok(()));
+            };
+            let Some(Place::Steps(steps)) = self.cursors.places.get_mut(name) else {
+                break;
+            };
+            for (&i, answer) in need.iter().zip(&answers) {
+                if let Err(error) = steps.merge.feed(i, answer, asked) {
+                    self.client.out.extend_from_slice(&error);
+                    return Ok(Ok(()));
+                }
+            }
+            if out.len() >= super::client::FLUSH_AT {
+                self.client.out.append(&mut out);
+                self.client.flush().await.map_err(SessionError::Client)?;
+            }
+        }
+        self.client.out.append(&mut out);
+        let tag = if fetch { "FETCH" } else { "MOVE" };
+        reply::command_complete(&mut self.client.out, &format!("{tag} {n}"));
+        Ok(Ok(()))
+    }
+
+    /// DECLARE of a cursor merged step by step: the cursor is declared on each shard of the
+    /// read (`request`, the shards' DECLARE), and the first one's description kept.
+    pub(super) async fn declare_stepwise(
+        &mut self,
+        name: String,
+        read: Read,
+        request: Vec<u8>,
+        extended: Option<&[u8]>,
+    ) -> Result<Declared, SessionError> {
+        let Some(answers) = self.ask_in_transaction(&read.shards, request).await? else {
+            return Ok(Declared::Failed);
+        };
+        if let Some(error) = answers.iter().find_map(|a| super::multi::error_frame(a)) {
+            self.client.out.extend_from_slice(error);
+            return Ok(Declared::Failed);
+        }
+        let mut describe = bytes::BytesMut::new();
+        let mut body = vec![b'P'];
+        body.extend_from_slice(name.as_bytes());
+        body.push(0);
+        crate::protocol::frame::put_frame(&mut describe, b'D', &body);
+        crate::protocol::request::sync(&mut describe);
+        let first = read.shards.first().copied().unwrap_or_default();
+        let Some(described) = self.ask_in_transaction(&[first], describe.to_vec()).await? else {
+            return Ok(Declared::Failed);
+        };
+        let description = described
+            .first()
+            .and_then(|a| {
+                frames(a)
+                    .map_while(Result::ok)
+                    .find(|f| matches!(f[0], b'T' | b'n' | b'E'))
+            })
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default();
+        if description.first() == Some(&b'E') {
+            self.client.out.extend_from_slice(&description);
+            return Ok(Declared::Failed);
+        }
+        let order = match (&read.merge, description.first()) {
+            (Some(plan), Some(b'T')) => {
+                let columns = match crate::merge::columns(&description[5..]) {
+                    Ok(c) => c,
+                    Err(e) => return Ok(Declared::Refused(errors::internal(e.message()))),
+                };
+                match crate::multishard::merged::sort_keys(
+                    plan,
+                    &columns,
+                    self.routing.text_bytewise(),
+                ) {
+                    Ok(keys) => Some((keys, columns)),
+                    Err(e) => return Ok(Declared::Refused(e)),
+                }
+            }
+            _ => None,
+        };
+        let merge = crate::multishard::stepwise::Stepwise::new(
+            read.shards.len(),
+            order,
+            read.offset,
+            read.limit,
+        );
+        self.cursors.places.insert(
+            name,
+            Place::Steps(Box::new(Steps {
+                shards: read.shards,
+                merge,
+                description,
+            })),
+        );
+        answer_declare(&mut self.client.out, extended.unwrap_or_default(), &[]);
+        Ok(Declared::Done)
     }
 
     /// Runs a held cursor's read and keeps its answer. `extended`: the client's messages of
@@ -432,24 +665,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 Ok(Declared::Failed)
             }
             Ok(params) => {
-                let out = &mut self.client.out;
-                for &k in extended.unwrap_or_default() {
-                    match k {
-                        b'P' => reply::parse_complete(out),
-                        b'S' => {
-                            if params.is_empty() {
-                                super::extended::no_data_description(out, b'S');
-                            } else {
-                                out.extend_from_slice(&params);
-                                crate::protocol::frame::put_frame(out, b'n', &[]);
-                            }
-                        }
-                        b'B' => reply::bind_complete(out),
-                        b'D' => super::extended::no_data_description(out, b'P'),
-                        _ => reply::close_complete(out),
-                    }
-                }
-                reply::command_complete(out, "DECLARE CURSOR");
+                answer_declare(&mut self.client.out, extended.unwrap_or_default(), &params);
                 Ok(Declared::Done)
             }
         }

@@ -160,11 +160,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     .with_hint("send FETCH, MOVE and CLOSE as simple queries (psycopg does for cursors with text results)");
                     return self.batch_error(&err).await;
                 }
-                CursorWork::Declare { name, hold, read } => {
+                CursorWork::Declare {
+                    name,
+                    hold,
+                    read,
+                    stepwise,
+                } => {
                     if self.mixed_batch() {
                         return self.batch_error(&errors::not_alone_in_batch()).await;
                     }
-                    return self.begin_held_declare(name, hold, read, &b, &stmt);
+                    return self.begin_held_declare(name, hold, read, stepwise, &b, &stmt);
                 }
             },
             dest => dest,

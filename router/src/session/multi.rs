@@ -54,6 +54,7 @@ enum Spread {
         read: Read,
         name: String,
         hold: bool,
+        stepwise: bool,
     },
     /// A multi-row INSERT split by shard, with each part's messages (made at the Bind) and the
     /// client's parameter count.
@@ -110,17 +111,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         failed.map_err(SessionError::Client)
     }
 
-    /// Runs the simple query `sql` on each of `shards` inside the client's transaction (each
-    /// shard joins it, as for a read): each shard's answer, whole; `None` when it could not run
-    /// (the client has the error). An error on a shard fails the transaction.
-    pub(super) async fn on_each_in_transaction(
+    /// Sends `request` (a Query, or extended messages ending in Sync) to each of `shards`
+    /// inside the client's transaction (each shard joins it, as for a read): each shard's
+    /// answer, whole; `None` when it could not run (the client has the error). An error on a
+    /// shard fails the transaction. For small answers only (a cursor's rows of one FETCH).
+    pub(super) async fn ask_in_transaction(
         &mut self,
         shards: &[usize],
-        sql: &str,
+        request: Vec<u8>,
     ) -> Result<Option<Vec<Vec<u8>>>, SessionError> {
-        let mut q = BytesMut::new();
-        request::query(&mut q, sql)?;
-        let Some((receivers, members)) = self.fan_out(shards, q.to_vec(), true).await? else {
+        let Some((receivers, members)) = self.fan_out(shards, request, true).await? else {
             return Ok(None);
         };
         let mut answers = Vec::with_capacity(receivers.len());
@@ -464,14 +464,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         Ok(())
     }
 
-    /// The Bind of a DECLARE of a cursor the router holds ([`super::cursors`]): the batch is
-    /// answered by the router, and its Execute runs the cursor's query on the shards with the
-    /// client's parameters and text results (what FETCH sends in the simple protocol).
+    /// The Bind of a DECLARE of a cursor the router serves ([`super::cursors`]): the batch is
+    /// answered by the router, and its Execute runs, with the client's parameters, the DECLARE
+    /// on each shard (`stepwise`), or the cursor's query with text results (what FETCH sends
+    /// in the simple protocol), whose answer is kept.
     pub(super) fn begin_held_declare(
         &mut self,
         name: String,
         hold: bool,
         read: Read,
+        stepwise: bool,
         bind: &Bind<'_>,
         stmt: &Arc<ClientStatement>,
     ) -> Result<(), SessionError> {
@@ -482,20 +484,34 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let sql = stmt.sql();
         let query = crate::planner::cursor::declare_query(sql).map_or(sql, |at| &sql[at..]);
         let query = read.shard_sql.as_deref().unwrap_or(query);
+        let text = if stepwise {
+            super::cursors::shard_declare(&name, query)
+        } else {
+            query.to_string()
+        };
         let mut request = BytesMut::new();
-        request::parse(&mut request, "", query, stmt.param_types())?;
-        request::describe_statement(&mut request, "")?;
+        request::parse(&mut request, "", &text, stmt.param_types())?;
+        if !stepwise {
+            request::describe_statement(&mut request, "")?;
+        }
         let at = begin_frame(&mut request, b'B');
         request.extend_from_slice(b"\0\0");
         request.extend_from_slice(bind.without_result_formats());
         request.extend_from_slice(&0i16.to_be_bytes());
         end_frame(&mut request, at);
-        request::describe_portal(&mut request);
+        if !stepwise {
+            request::describe_portal(&mut request);
+        }
         request::execute(&mut request);
         request::sync(&mut request);
         self.state.set_batch(Batch::Scatter(Box::new(ScatterBatch {
             request: request.to_vec(),
-            run: Spread::Declare { read, name, hold },
+            run: Spread::Declare {
+                read,
+                name,
+                hold,
+                stepwise,
+            },
             asked,
             executed: false,
         })));
@@ -571,11 +587,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 let in_transaction = self.in_transaction();
                 let failed = match run {
                     Spread::Read(read) => self.run_read(read, request, &asked).await?,
-                    Spread::Declare { read, name, hold } => {
-                        match self
-                            .declare_held(name, hold, read, request, Some(&asked))
-                            .await?
-                        {
+                    Spread::Declare {
+                        read,
+                        name,
+                        hold,
+                        stepwise,
+                    } => {
+                        let declared = if stepwise {
+                            self.declare_stepwise(name, read, request, Some(&asked))
+                                .await?
+                        } else {
+                            self.declare_held(name, hold, read, request, Some(&asked))
+                                .await?
+                        };
+                        match declared {
                             super::cursors::Declared::Done => false,
                             super::cursors::Declared::Failed => true,
                             super::cursors::Declared::Refused(err) => {

@@ -59,7 +59,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             Dest::Declare { .. } | Dest::Cursor { .. } => match self.cursor_work(dest) {
                 CursorWork::Route(dest) => dest,
                 CursorWork::Serve => {
-                    return match self.serve_cursor(sql) {
+                    return match self.serve_cursor(sql).await? {
                         Ok(()) => {
                             self.ready();
                             Ok(())
@@ -67,18 +67,27 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                         Err(err) => self.refuse_query(&err).await,
                     };
                 }
-                CursorWork::Declare { name, hold, read } => {
+                CursorWork::Declare {
+                    name,
+                    hold,
+                    read,
+                    stepwise,
+                } => {
                     let text =
                         crate::planner::cursor::declare_query(sql).map_or(sql, |at| &sql[at..]);
+                    let query = read.shard_sql.as_deref().unwrap_or(text);
                     let mut request = bytes::BytesMut::new();
-                    crate::protocol::request::query(
-                        &mut request,
-                        read.shard_sql.as_deref().unwrap_or(text),
-                    )?;
-                    return match self
-                        .declare_held(name, hold, read, request.to_vec(), None)
-                        .await?
-                    {
+                    let declared = if stepwise {
+                        let declare = super::cursors::shard_declare(&name, query);
+                        crate::protocol::request::query(&mut request, &declare)?;
+                        self.declare_stepwise(name, read, request.to_vec(), None)
+                            .await?
+                    } else {
+                        crate::protocol::request::query(&mut request, query)?;
+                        self.declare_held(name, hold, read, request.to_vec(), None)
+                            .await?
+                    };
+                    return match declared {
                         Declared::Done | Declared::Failed => {
                             self.ready();
                             Ok(())
@@ -87,8 +96,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     };
                 }
                 CursorWork::CloseAll(shards) => {
-                    if let Some(answers) = self.on_each_in_transaction(&shards, "CLOSE ALL").await?
-                    {
+                    let mut close = bytes::BytesMut::new();
+                    crate::protocol::request::query(&mut close, "CLOSE ALL")?;
+                    if let Some(answers) = self.ask_in_transaction(&shards, close.to_vec()).await? {
                         match answers.iter().find_map(|a| super::multi::error_frame(a)) {
                             Some(error) => self.client.out.extend_from_slice(error),
                             None => {

@@ -1,6 +1,7 @@
 """Batches and transactions over several shards, the way applications make them: asyncpg's
 executemany, psycopg 3's executemany and pipeline mode (with its default, a transaction opened
-implicitly), and SQLAlchemy's ORM over psycopg with default settings. The same steps run twice,
+implicitly), SQLAlchemy's ORM over psycopg with default settings, and psycopg's named
+(server-side) cursors. The same steps run twice,
 through the router (SHARDGATE_URL) and directly on one Postgres with the same schema
 (SHARDGATE_DIRECT_URL); what each step saw (rows, counts, SQLSTATEs) must be the same.
 
@@ -130,6 +131,34 @@ def with_sqlalchemy(url, seen):
         engine.dispose()
 
 
+def with_named_cursors(url, seen):
+    """psycopg's server-side (named) cursors, with its defaults (a transaction opened
+    implicitly): over every shard sorted and in shard order, grouped, on one key, WITH HOLD."""
+    with psycopg.connect(url) as conn:
+        with conn.cursor("sorted") as cur:
+            cur.itersize = 7
+            cur.execute(f"SELECT id, v FROM kv WHERE {in_range(1, 1000)} ORDER BY v DESC, id")
+            first = cur.fetchmany(5)
+            one = cur.fetchone()
+            cur.scroll(3)
+            rest = list(cur)
+            seen.append(("named sorted", [(i - BASE, v) for i, v in first + [one] + rest]))
+        with conn.cursor("plain") as cur:
+            cur.execute(f"SELECT count(*) FROM (SELECT id FROM kv WHERE {in_range(1, 1000)}) s")
+            seen.append(("named count", cur.fetchall()))
+        with conn.cursor("bykey") as cur:
+            cur.execute("SELECT id, v FROM kv WHERE id = %s", [BASE + 3])
+            seen.append(("named one key", cur.fetchall()))
+        with conn.cursor("grouped") as cur:
+            cur.execute(f"SELECT v, count(*) FROM kv WHERE {in_range(1, 1000)} GROUP BY v ORDER BY v LIMIT 4")
+            seen.append(("named grouped", cur.fetchmany(2), cur.fetchall()))
+        conn.commit()
+    with psycopg.connect(url, autocommit=True) as conn:
+        with conn.cursor("held", withhold=True) as cur:
+            cur.execute(f"SELECT id FROM kv WHERE {in_range(1, 1000)} ORDER BY id LIMIT 20 OFFSET 3")
+            seen.append(("named with hold", [i - BASE for (i,) in cur.fetchmany(4)], cur.fetchone()[0] - BASE))
+
+
 def final_rows(url, seen):
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute(f"SELECT id, v FROM kv WHERE {in_range(1, 1000)} ORDER BY id").fetchall()
@@ -141,6 +170,7 @@ def run(url):
     asyncio.run(with_asyncpg(url, seen))
     with_psycopg(url, seen)
     with_sqlalchemy(url, seen)
+    with_named_cursors(url, seen)
     final_rows(url, seen)
     return seen
 
