@@ -1,7 +1,8 @@
 """Measures what transactions and batches across shards cost (run by benches/transactions.sh):
 for each target (a router in "multi" mode, one in "two_phase" mode, one Postgres directly),
 the latency of transactions of two UPDATEs on one shard and on two shards, one client, one after
-another; and asyncpg executemany of --rows rows over every shard. Prints a table."""
+another; asyncpg executemany of --rows rows over every shard; and one INSERT ... SELECT * FROM
+unnest of those rows (split by shard through the router). Prints a table."""
 
 import argparse
 import asyncio
@@ -40,6 +41,26 @@ async def executemany(url, keys):
         await conn.execute("DELETE FROM kv WHERE id = ANY($1::bigint[])", keys)
         t = time.perf_counter()
         await conn.executemany("INSERT INTO kv (id, v) VALUES ($1, 'many')", [(k,) for k in keys])
+        took = time.perf_counter() - t
+        n = await conn.fetchval("SELECT count(*) FROM kv WHERE id = ANY($1::bigint[])", keys)
+        assert n == len(keys), (n, len(keys))
+        await conn.execute("DELETE FROM kv WHERE id = ANY($1::bigint[])", keys)
+        return took
+    finally:
+        await conn.close()
+
+
+async def unnest(url, keys):
+    """One INSERT ... SELECT * FROM UNNEST of every row (Django's bulk_create), timed."""
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute("DELETE FROM kv WHERE id = ANY($1::bigint[])", keys)
+        t = time.perf_counter()
+        await conn.execute(
+            "INSERT INTO kv (id, v) SELECT * FROM unnest($1::bigint[], $2::text[])",
+            keys,
+            ["unnest"] * len(keys),
+        )
         took = time.perf_counter() - t
         n = await conn.fetchval("SELECT count(*) FROM kv WHERE id = ANY($1::bigint[])", keys)
         assert n == len(keys), (n, len(keys))
@@ -91,6 +112,11 @@ async def main():
         for order, keys in [("random", rows), ("grouped", grouped)]:
             took = await executemany(url, keys)
             print(f"{name:<10} {order:>8} {took:8.3f} {len(keys) / took:9.0f}")
+    print(f"\nINSERT ... SELECT * FROM unnest of {len(rows)} rows over 4 shards (one statement, split by shard):")
+    print(f"{'target':<10} {'seconds':>8} {'rows/s':>9}")
+    for name, url in [("direct", args.direct), ("multi", args.multi)]:
+        took = min([await unnest(url, rows) for _ in range(3)])
+        print(f"{name:<10} {took:8.3f} {len(rows) / took:9.0f}")
 
 
 asyncio.run(main())

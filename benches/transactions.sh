@@ -2,8 +2,9 @@
 # What a transaction across shards costs, side by side in one run on a local cluster (4 shards on
 # 2 servers): the latency of a transaction of two UPDATEs on one shard and on two shards, through
 # a router in cross_shard = "multi" mode, one in "two_phase" mode, and directly on one Postgres;
-# and asyncpg executemany of ROWS rows over every shard (keys in random order, and grouped by
-# shard) through the router vs directly. See docs/benchmarks.md ("Transactions across shards").
+# asyncpg executemany of ROWS rows over every shard (keys in random order, and grouped by
+# shard) through the router vs directly; and one INSERT ... SELECT * FROM unnest of those rows.
+# See docs/benchmarks.md ("Transactions across shards").
 set -euo pipefail
 
 usage() {

@@ -1203,3 +1203,87 @@ async fn a_cursor_across_shards_fetches_on_demand() {
         .expect("clean up");
     no_transaction_left_open(env);
 }
+
+/// Cursor names and the extended protocol: a DECLARE across shards with bound parameters
+/// answers its batch as Postgres does (ParseComplete, ParameterDescription + NoData,
+/// BindComplete, DECLARE CURSOR), Describe of the cursor's portal gives its RowDescription, a
+/// name longer than 63 bytes is the same cursor as its first 63, a second DECLARE of a name
+/// that lives on a shard is refused, and a savepoint keeps a cursor from spreading.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cursor_names_savepoints_and_extended_declare() {
+    let env = shared_env();
+    let mut raw = Raw::connect(trust_router());
+    let q = |sql: &str| common::raw::msg(b'Q', format!("{sql}\0").as_bytes());
+    raw.send(&q("BEGIN"));
+    assert_eq!(raw.read_until(b'Z'), b"CZ");
+    let mut batch = parse(
+        "",
+        "DECLARE rc CURSOR FOR SELECT id FROM kv WHERE id BETWEEN $1 AND $2 ORDER BY id",
+    );
+    batch.extend(common::raw::describe_statement(""));
+    batch.extend(bind("", &["85000000", "85001000"]));
+    batch.extend(execute());
+    batch.extend(sync());
+    raw.send(&batch);
+    let (tags, errors) = raw.until_ready();
+    assert_eq!(tags, b"1tn2CZ", "{errors}");
+    let mut describe = common::raw::msg(b'D', b"Prc\0");
+    describe.extend(sync());
+    raw.send(&describe);
+    assert_eq!(raw.read_until(b'Z'), b"TZ");
+    raw.send(&q("FETCH 2 FROM rc"));
+    assert_eq!(
+        raw.read_until(b'Z'),
+        b"TCZ",
+        "no rows in that range: a description, a tag"
+    );
+    raw.send(&q("ROLLBACK"));
+    raw.read_until(b'Z');
+
+    let client = env.router.connect().await;
+    let long = "a_cursor_name_that_is_longer_than_the_sixty_three_bytes_postgres_keeps";
+    client.batch_execute("BEGIN").await.expect("begin");
+    client
+        .simple_query(&format!(
+            "DECLARE {long} CURSOR FOR SELECT id FROM kv ORDER BY id LIMIT 3"
+        ))
+        .await
+        .expect("declare a long name");
+    client
+        .simple_query(&format!("FETCH 1 FROM {}", &long[..63]))
+        .await
+        .expect("the same cursor by its first 63 bytes");
+    client.batch_execute("ROLLBACK").await.expect("rollback");
+
+    let k = env.key_on(0, 85_000_000);
+    client.batch_execute("BEGIN").await.expect("begin");
+    client
+        .simple_query(&format!(
+            "DECLARE s CURSOR FOR SELECT id FROM kv WHERE id = {k}"
+        ))
+        .await
+        .expect("on one shard");
+    let err = client
+        .simple_query("DECLARE s CURSOR FOR SELECT id FROM kv ORDER BY id")
+        .await
+        .expect_err("the name exists");
+    assert_eq!(sqlstate(&err), "42P03");
+    client.batch_execute("ROLLBACK").await.expect("rollback");
+
+    client.batch_execute("BEGIN").await.expect("begin");
+    client
+        .simple_query(&format!("SELECT v FROM kv WHERE id = {k}"))
+        .await
+        .expect("one shard");
+    client
+        .batch_execute("SAVEPOINT sp")
+        .await
+        .expect("savepoint");
+    let err = client
+        .simple_query("DECLARE w CURSOR FOR SELECT id FROM kv ORDER BY id")
+        .await
+        .expect_err("a savepoint keeps the transaction on its shard");
+    assert_eq!(sqlstate(&err), "0A000");
+    client.batch_execute("ROLLBACK").await.expect("rollback");
+    no_transaction_left_open(env);
+}

@@ -34,7 +34,12 @@ pub struct Stepwise {
     skip: u64,
     /// Merged rows still to give (`LIMIT`).
     left: Option<u64>,
+    /// The rows and bytes the shards sent so far, for the size of the next batch.
+    fed: (u64, u64),
 }
+
+/// About how many bytes of rows one shard is asked for at a time, once the rows' size is known.
+const BATCH_BYTES: u64 = 256 * 1024;
 
 impl Stepwise {
     pub fn new(
@@ -49,15 +54,24 @@ impl Stepwise {
             order,
             skip: offset,
             left: limit,
+            fed: (0, 0),
         }
     }
 
     /// How many rows each shard is asked for when `wanted` more rows are to come out.
     pub fn batch(&self, wanted: u64) -> u64 {
         // A sorted merge needs a row of every shard for each row out; asking a few more than
-        // one at a time saves round trips, and a bound keeps what the router holds small.
+        // one at a time saves round trips. What the router holds is bounded by rows (100 until
+        // their size is known) and by about BATCH_BYTES a shard.
         let least = if self.order.is_some() { 8 } else { 1 };
-        wanted.saturating_add(self.skip).clamp(least, 1000)
+        let most = match self.fed {
+            (rows, bytes) if rows > 0 => (BATCH_BYTES * rows / bytes.max(1)).clamp(1, 1000),
+            _ => 100,
+        };
+        wanted
+            .saturating_add(self.skip)
+            .min(most)
+            .max(least.min(most))
     }
 
     pub fn step(&mut self) -> Result<Step, MergeError> {
@@ -128,12 +142,14 @@ impl Stepwise {
                 b'D' => {
                     self.rows[i].push_back(frame.to_vec());
                     got += 1;
+                    self.fed.0 += 1;
+                    self.fed.1 += frame.len() as u64;
                 }
                 b'E' => return Err(frame.to_vec()),
                 _ => {}
             }
         }
-        if got < asked {
+        if got < asked || got == 0 {
             self.done[i] = true;
         }
         Ok(())

@@ -71,10 +71,23 @@ fn keyword(t: &Token) -> Option<Keyword> {
 fn identifier(t: &Token) -> Option<String> {
     match t {
         // Postgres folds ASCII letters only.
-        Token::Word(w) if w.quote_style.is_none() => Some(w.value.to_ascii_lowercase()),
-        Token::Word(w) if w.quote_style == Some('"') => Some(w.value.clone()),
+        Token::Word(w) if w.quote_style.is_none() => Some(name(w.value.to_ascii_lowercase())),
+        Token::Word(w) if w.quote_style == Some('"') => Some(name(w.value.clone())),
         _ => None,
     }
+}
+
+/// A cursor's name as Postgres keeps it: at most 63 bytes (NAMEDATALEN - 1), cut at a
+/// character boundary; so a long name the client writes out in full names the same cursor.
+pub fn name(mut folded: String) -> String {
+    if folded.len() > 63 {
+        let mut end = 63;
+        while !folded.is_char_boundary(end) {
+            end -= 1;
+        }
+        folded.truncate(end);
+    }
+    folded
 }
 
 /// The command a text is, when it is one `FETCH`, `MOVE` or `CLOSE`. A count given as `$n`

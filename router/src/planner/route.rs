@@ -53,7 +53,7 @@ pub(crate) fn route(stmt: &Statement, map: &ShardMap, positions: &KeyPositions) 
                     route(&Statement::Query(Box::new(q.clone())), map, positions)
                 });
                 Route::Declare {
-                    name: super::pins::fold(&d.names[0]),
+                    name: super::cursor::name(super::pins::fold(&d.names[0])),
                     hold: d.hold == Some(true),
                     binary: d.binary == Some(true),
                     query: Box::new(query),

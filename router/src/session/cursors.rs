@@ -380,10 +380,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 binary,
                 query,
             } => {
-                if matches!(
-                    self.cursors.places.get(&name),
-                    Some(Place::Held(_) | Place::Steps(_))
-                ) {
+                if self.cursors.places.contains_key(&name) {
                     return CursorWork::Route(Dest::Refused(SqlError::new(
                         errors::DUPLICATE_CURSOR,
                         format!("cursor \"{name}\" already exists"),
@@ -549,6 +546,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             };
             for (&i, answer) in need.iter().zip(&answers) {
                 if let Err(error) = steps.merge.feed(i, answer, asked) {
+                    // The transaction failed; the merge is not to be served again.
+                    self.cursors.places.remove(name);
                     self.client.out.extend_from_slice(&error);
                     return Ok(Ok(()));
                 }
@@ -580,6 +579,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             self.client.out.extend_from_slice(error);
             return Ok(Declared::Failed);
         }
+        // The statement's ParameterDescription, when the extended DECLARE asked for one.
+        let params = answers
+            .first()
+            .and_then(|a| frames(a).map_while(Result::ok).find(|f| f[0] == b't'))
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default();
         let mut describe = bytes::BytesMut::new();
         let mut body = vec![b'P'];
         body.extend_from_slice(name.as_bytes());
@@ -634,7 +639,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 description,
             })),
         );
-        answer_declare(&mut self.client.out, extended.unwrap_or_default(), &[]);
+        answer_declare(&mut self.client.out, extended.unwrap_or_default(), &params);
         Ok(Declared::Done)
     }
 

@@ -397,11 +397,7 @@ impl TxView {
         plan: &crate::planner::Plan,
     ) -> Option<crate::protocol::reply::SqlError> {
         let pinned = self.pinned?;
-        let leaves = match dest {
-            Dest::Shard(s) => *s != pinned,
-            Dest::Read(_) | Dest::Write(_) | Dest::SplitInsert(_) => true,
-            _ => false,
-        };
+        let leaves = leaves_shard(dest, pinned);
         let savepoint = plan
             .statements
             .iter()
@@ -419,6 +415,16 @@ impl TxView {
             return Some(errors::held_to_its_shard(self.savepoint));
         }
         None
+    }
+}
+
+/// Whether `dest` runs anywhere but on shard `pinned` (a DECLARE: where its query runs).
+fn leaves_shard(dest: &Dest, pinned: usize) -> bool {
+    match dest {
+        Dest::Shard(s) => *s != pinned,
+        Dest::Read(_) | Dest::Write(_) | Dest::SplitInsert(_) => true,
+        Dest::Declare { query, .. } => leaves_shard(query, pinned),
+        _ => false,
     }
 }
 

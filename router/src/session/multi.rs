@@ -120,7 +120,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         shards: &[usize],
         request: Vec<u8>,
     ) -> Result<Option<Vec<Vec<u8>>>, SessionError> {
-        let Some((receivers, members)) = self.fan_out(shards, request, true).await? else {
+        // Cursor commands take no locks: every shard at once.
+        let Some((receivers, members)) = self.fan_out(shards, request, false).await? else {
             return Ok(None);
         };
         let mut answers = Vec::with_capacity(receivers.len());
@@ -491,9 +492,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         };
         let mut request = BytesMut::new();
         request::parse(&mut request, "", &text, stmt.param_types())?;
-        if !stepwise {
-            request::describe_statement(&mut request, "")?;
-        }
+        request::describe_statement(&mut request, "")?;
         let at = begin_frame(&mut request, b'B');
         request.extend_from_slice(b"\0\0");
         request.extend_from_slice(bind.without_result_formats());
