@@ -1287,3 +1287,62 @@ async fn cursor_names_savepoints_and_extended_declare() {
     client.batch_execute("ROLLBACK").await.expect("rollback");
     no_transaction_left_open(env);
 }
+
+/// A portal that reads several shards, executed with a row limit inside a transaction (what
+/// pgjdbc does with a fetch size): each Execute gets at most its rows and PortalSuspended, the
+/// last one its CommandComplete; other statements may run between; Close ends it.
+#[test]
+fn a_portal_across_shards_runs_a_few_rows_at_a_time() {
+    let env = shared_env();
+    let ks: Vec<i64> = (0..10)
+        .map(|i| env.key_on(i % 4, 86_000_000 + 1000 * i as i64))
+        .collect();
+    let mut sorted = ks.clone();
+    sorted.sort_unstable();
+    let mut raw = Raw::connect(trust_router());
+    let q = |sql: &str| common::raw::msg(b'Q', format!("{sql}\0").as_bytes());
+    let list: Vec<String> = ks.iter().map(|k| format!("({k}, 'p')")).collect();
+    raw.send(&q(&format!("INSERT INTO kv (id, v) VALUES {}", list.join(", "))));
+    assert_eq!(raw.until_ready().1, "");
+    let execute = |portal: &str, rows: i32| {
+        let mut b = format!("{portal}\0").into_bytes();
+        b.extend_from_slice(&rows.to_be_bytes());
+        common::raw::msg(b'E', &b)
+    };
+    raw.send(&q("BEGIN"));
+    raw.read_until(b'Z');
+    let mut batch = parse(
+        "",
+        &format!(
+            "SELECT id FROM kv WHERE id BETWEEN {} AND {} ORDER BY id",
+            sorted[0], sorted[9]
+        ),
+    );
+    let mut b = b"p1\0\0".to_vec();
+    b.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+    batch.extend(common::raw::msg(b'B', &b));
+    batch.extend(common::raw::msg(b'D', b"Pp1\0"));
+    batch.extend(execute("p1", 4));
+    batch.extend(sync());
+    raw.send(&batch);
+    let (tags, errors) = raw.until_ready();
+    assert_eq!(tags, b"12TDDDDsZ", "{errors}");
+    // Another statement of the transaction, on one shard, in between.
+    raw.send(&q(&format!("UPDATE kv SET v = 'q' WHERE id = {}", ks[1])));
+    assert_eq!(raw.until_ready().1, "");
+    let mut next = execute("p1", 4);
+    next.extend(sync());
+    raw.send(&next);
+    assert_eq!(raw.until_ready().0, b"DDDDsZ");
+    raw.send(&next);
+    assert_eq!(raw.until_ready().0, b"DDCZ", "the last rows, then the end");
+    let mut close = common::raw::msg(b'C', b"Pp1\0");
+    close.extend(sync());
+    raw.send(&close);
+    assert_eq!(raw.until_ready().0, b"3Z");
+    raw.send(&q("COMMIT"));
+    assert_eq!(raw.until_ready().1, "");
+    raw.send(&q(&format!("DELETE FROM kv WHERE id BETWEEN {} AND {}", sorted[0], sorted[9])));
+    assert_eq!(raw.until_ready().1, "");
+    no_transaction_left_open(env);
+}

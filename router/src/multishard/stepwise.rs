@@ -36,6 +36,8 @@ pub struct Stepwise {
     left: Option<u64>,
     /// The rows and bytes the shards sent so far, for the size of the next batch.
     fed: (u64, u64),
+    /// A row taken and given back ([`Stepwise::unstep`]): the next one out.
+    back: Option<Vec<u8>>,
 }
 
 /// About how many bytes of rows one shard is asked for at a time, once the rows' size is known.
@@ -55,6 +57,7 @@ impl Stepwise {
             skip: offset,
             left: limit,
             fed: (0, 0),
+            back: None,
         }
     }
 
@@ -75,6 +78,12 @@ impl Stepwise {
     }
 
     pub fn step(&mut self) -> Result<Step, MergeError> {
+        if let Some(row) = self.back.take() {
+            if let Some(left) = &mut self.left {
+                *left = left.saturating_sub(1);
+            }
+            return Ok(Step::Row(row));
+        }
         loop {
             if self.left == Some(0) {
                 return Ok(Step::End);
@@ -131,6 +140,15 @@ impl Stepwise {
             }
             return Ok(Step::Row(row));
         }
+    }
+
+    /// Gives back the row the last [`Stepwise::step`] returned: it comes out next (to learn
+    /// whether any row is left without losing it).
+    pub fn unstep(&mut self, row: Vec<u8>) {
+        if let Some(left) = &mut self.left {
+            *left += 1;
+        }
+        self.back = Some(row);
     }
 
     /// Shard `i`'s answer to a FETCH of `asked` rows: its DataRows are buffered, and fewer than
@@ -236,6 +254,20 @@ mod tests {
                 "batch {batch}"
             );
         }
+    }
+
+    #[test]
+    fn a_row_given_back_comes_out_next() {
+        let mut m = Stepwise::new(1, None, 0, Some(2));
+        assert_eq!(m.step().unwrap(), Step::Need(vec![0]));
+        m.feed(0, &answer(&["1", "2", "3"]), 3).unwrap();
+        let Step::Row(r) = m.step().unwrap() else {
+            panic!("a row")
+        };
+        m.unstep(r);
+        assert_eq!(m.step().unwrap(), Step::Row(row("1")));
+        assert_eq!(m.step().unwrap(), Step::Row(row("2")));
+        assert_eq!(m.step().unwrap(), Step::End, "the limit holds");
     }
 
     #[test]

@@ -262,6 +262,15 @@ pub struct Target<'a> {
     pub name: &'a str,
 }
 
+/// An Execute: its portal and its row limit (0: all rows).
+pub fn execute_target(body: &[u8]) -> Result<(&str, i32), Malformed> {
+    let mut r = Reader::new(body, "Execute");
+    let portal = r.cstr()?;
+    let max_rows = r.i32()?;
+    r.finish()?;
+    Ok((portal, max_rows))
+}
+
 pub fn target<'a>(body: &'a [u8], message: &'static str) -> Result<Target<'a>, Malformed> {
     let mut r = Reader::new(body, message);
     let kind = r.u8()?;

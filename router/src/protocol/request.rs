@@ -104,6 +104,21 @@ pub fn execute(buf: &mut BytesMut) {
     let _ = frontend::execute("", 0, buf);
 }
 
+/// `D` of portal `name`.
+pub fn describe_named_portal(buf: &mut BytesMut, name: &str) -> Result<(), Unwritable> {
+    written("Describe", frontend::describe(b'P', name, buf))
+}
+
+/// `E` of portal `name`, at most `max_rows` rows (0: all).
+pub fn execute_portal(buf: &mut BytesMut, name: &str, max_rows: i32) -> Result<(), Unwritable> {
+    written("Execute", frontend::execute(name, max_rows, buf))
+}
+
+/// `C` of a portal.
+pub fn close_portal(buf: &mut BytesMut, name: &str) -> Result<(), Unwritable> {
+    written("Close", frontend::close(b'P', name, buf))
+}
+
 /// `C` of a statement.
 pub fn close_statement(buf: &mut BytesMut, name: &str) -> Result<(), Unwritable> {
     written("Close", frontend::close(b'S', name, buf))

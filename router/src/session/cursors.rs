@@ -111,6 +111,14 @@ struct Steps {
     merge: crate::multishard::stepwise::Stepwise,
     /// The RowDescription (or NoData) of the first shard's cursor.
     description: Vec<u8>,
+    /// A protocol-level portal run with a row limit (the key is [`portal_key`] of the client's
+    /// portal): the name of the portal on each shard, asked with Execute instead of FETCH.
+    portal: Option<String>,
+}
+
+/// The key of a client's protocol-level portal among the cursors (no SQL name holds a NUL).
+pub(super) fn portal_key(portal: &str) -> String {
+    format!("\0{portal}")
 }
 
 impl std::fmt::Debug for Steps {
@@ -492,8 +500,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         }
     }
 
-    /// FETCH or MOVE of a cursor merged step by step: the shards are asked for rows as the
-    /// merge needs them.
+    /// FETCH or MOVE of a cursor merged step by step.
     async fn step(
         &mut self,
         name: &str,
@@ -512,20 +519,49 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 out.extend_from_slice(&steps.description);
             }
         }
+        let n = match self.pull(name, want, fetch, &mut out, false).await? {
+            Ok(Some((n, _))) => n,
+            Ok(None) => return Ok(Ok(())),
+            Err(e) => return Ok(Err(e)),
+        };
+        self.client.out.append(&mut out);
+        let tag = if fetch { "FETCH" } else { "MOVE" };
+        reply::command_complete(&mut self.client.out, &format!("{tag} {n}"));
+        Ok(Ok(()))
+    }
+
+    /// Up to `want` merged rows of the stepwise cursor `key`, appended to `out` when `keep`;
+    /// the shards are asked for rows as the merge needs them. `Some((rows, more))` (`more`,
+    /// learned when `peek`: a row is left), `None` when the client has a shard's error.
+    async fn pull(
+        &mut self,
+        key: &str,
+        want: u64,
+        keep: bool,
+        out: &mut Vec<u8>,
+        peek: bool,
+    ) -> Result<Result<Option<(u64, bool)>, SqlError>, SessionError> {
         let mut n = 0u64;
-        while n < want {
-            let Some(Place::Steps(steps)) = self.cursors.places.get_mut(name) else {
-                break;
+        loop {
+            let Some(Place::Steps(steps)) = self.cursors.places.get_mut(key) else {
+                return Ok(Ok(Some((n, false))));
             };
+            if n == want && !peek {
+                return Ok(Ok(Some((n, false))));
+            }
             let need = match steps.merge.step() {
+                Ok(Step::Row(row)) if n == want => {
+                    steps.merge.unstep(row);
+                    return Ok(Ok(Some((n, true))));
+                }
                 Ok(Step::Row(row)) => {
-                    if fetch {
+                    if keep {
                         out.extend_from_slice(&row);
                     }
                     n += 1;
                     continue;
                 }
-                Ok(Step::End) => break,
+                Ok(Step::End) => return Ok(Ok(Some((n, false)))),
                 Ok(Step::Need(need)) => need,
                 Err(e) => {
                     return Ok(Err(SqlError::new(
@@ -534,33 +570,171 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     )))
                 }
             };
-            let asked = steps.merge.batch(want - n);
+            let asked = steps.merge.batch(want.saturating_sub(n).max(1));
             let shards: Vec<usize> = need.iter().map(|&i| steps.shards[i]).collect();
-            let request =
-                simple_query(&format!("FETCH FORWARD {asked} FROM {}", quote_ident(name)))?;
-            let Some(answers) = self.ask_in_transaction(&shards, request).await? else {
-                return Ok(Ok(()));
+            let mut request = bytes::BytesMut::new();
+            match &steps.portal {
+                Some(portal) => {
+                    let rows = i32::try_from(asked).unwrap_or(i32::MAX);
+                    crate::protocol::request::execute_portal(&mut request, portal, rows)?;
+                    crate::protocol::request::sync(&mut request);
+                }
+                None => crate::protocol::request::query(
+                    &mut request,
+                    &format!("FETCH FORWARD {asked} FROM {}", quote_ident(key)),
+                )?,
+            }
+            let Some(answers) = self.ask_in_transaction(&shards, request.to_vec()).await? else {
+                return Ok(Ok(None));
             };
-            let Some(Place::Steps(steps)) = self.cursors.places.get_mut(name) else {
-                break;
+            let Some(Place::Steps(steps)) = self.cursors.places.get_mut(key) else {
+                return Ok(Ok(Some((n, false))));
             };
             for (&i, answer) in need.iter().zip(&answers) {
                 if let Err(error) = steps.merge.feed(i, answer, asked) {
                     // The transaction failed; the merge is not to be served again.
-                    self.cursors.places.remove(name);
+                    self.cursors.places.remove(key);
                     self.client.out.extend_from_slice(&error);
-                    return Ok(Ok(()));
+                    return Ok(Ok(None));
                 }
             }
-            if out.len() >= super::client::FLUSH_AT {
-                self.client.out.append(&mut out);
+            if keep && out.len() >= super::client::FLUSH_AT {
+                self.client.out.append(out);
                 self.client.flush().await.map_err(SessionError::Client)?;
             }
         }
-        self.client.out.append(&mut out);
-        let tag = if fetch { "FETCH" } else { "MOVE" };
-        reply::command_complete(&mut self.client.out, &format!("{tag} {n}"));
-        Ok(Ok(()))
+    }
+
+    /// The first Execute, with a row limit, of a portal that reads several shards inside a
+    /// transaction (pgjdbc with a fetch size): the portal is bound on each shard (`request`:
+    /// Parse, Describe, Bind of `shard_portal`, Describe of it, Sync) and merged step by step;
+    /// this Execute gets `max_rows` rows, then PortalSuspended, or its CommandComplete when no
+    /// row is left. `asked`: the batch's messages to answer first. `Ok(true)` when it failed.
+    pub(super) async fn portal_in_steps(
+        &mut self,
+        portal: &str,
+        shard_portal: String,
+        read: Read,
+        request: Vec<u8>,
+        max_rows: u64,
+        asked: &[u8],
+    ) -> Result<bool, SessionError> {
+        let Some(answers) = self.ask_in_transaction(&read.shards, request).await? else {
+            return Ok(true);
+        };
+        if let Some(error) = answers.iter().find_map(|a| super::multi::error_frame(a)) {
+            self.client.out.extend_from_slice(error);
+            return Ok(true);
+        }
+        // Shard 0's descriptions: `t` and the statement's `T`/`n` (what Describe of the
+        // statement answers), then the portal's `T`/`n`.
+        let (mut statement, mut portal_desc) = (Vec::new(), Vec::new());
+        let mut descriptions = 0;
+        for f in frames(answers.first().map_or(&[][..], |a| &a[..])).map_while(Result::ok) {
+            match f[0] {
+                b't' => statement.extend_from_slice(f),
+                b'T' | b'n' if descriptions == 0 => {
+                    statement.extend_from_slice(f);
+                    descriptions += 1;
+                }
+                b'T' | b'n' => portal_desc = f.to_vec(),
+                _ => {}
+            }
+        }
+        let order = match (&read.merge, portal_desc.first()) {
+            (Some(plan), Some(b'T')) => {
+                let columns = match crate::merge::columns(&portal_desc[5..]) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        errors::internal(e.message()).write(&mut self.client.out);
+                        return Ok(true);
+                    }
+                };
+                match crate::multishard::merged::sort_keys(
+                    plan,
+                    &columns,
+                    self.routing.text_bytewise(),
+                ) {
+                    Ok(keys) => Some((keys, columns)),
+                    Err(e) => {
+                        e.write(&mut self.client.out);
+                        return Ok(true);
+                    }
+                }
+            }
+            _ => None,
+        };
+        let merge = crate::multishard::stepwise::Stepwise::new(
+            read.shards.len(),
+            order,
+            read.offset,
+            read.limit,
+        );
+        let key = portal_key(portal);
+        self.cursors.places.insert(
+            key.clone(),
+            Place::Steps(Box::new(Steps {
+                shards: read.shards,
+                merge,
+                description: portal_desc.clone(),
+                portal: Some(shard_portal),
+            })),
+        );
+        crate::multishard::gather::answer_asked(
+            &mut self.client.out,
+            asked,
+            &statement,
+            &portal_desc,
+        );
+        self.execute_portal(&key, max_rows).await
+    }
+
+    /// An Execute of a portal merged step by step: up to `max_rows` rows (0: all), then
+    /// PortalSuspended or CommandComplete. `Ok(true)` when it failed.
+    pub(super) async fn execute_portal(
+        &mut self,
+        key: &str,
+        max_rows: u64,
+    ) -> Result<bool, SessionError> {
+        let want = if max_rows == 0 { u64::MAX } else { max_rows };
+        let mut out = Vec::new();
+        match self.pull(key, want, true, &mut out, max_rows > 0).await? {
+            Ok(Some((n, more))) => {
+                self.client.out.append(&mut out);
+                if more {
+                    crate::protocol::frame::put_frame(&mut self.client.out, b's', &[]);
+                } else {
+                    reply::command_complete(&mut self.client.out, &format!("SELECT {n}"));
+                }
+                Ok(false)
+            }
+            Ok(None) => Ok(true),
+            Err(e) => {
+                e.write(&mut self.client.out);
+                Ok(true)
+            }
+        }
+    }
+
+    /// Whether `portal` is a client's portal merged step by step.
+    pub(super) fn is_portal_in_steps(&self, portal: &str) -> bool {
+        !portal.is_empty() && self.cursors.places.contains_key(&portal_key(portal))
+    }
+
+    /// Close of a portal merged step by step: closed on its shards too.
+    pub(super) async fn close_portal(&mut self, portal: &str) -> Result<(), SessionError> {
+        let key = portal_key(portal);
+        if let Some(Place::Steps(steps)) = self.cursors.places.remove(&key) {
+            if let Some(shard_portal) = &steps.portal {
+                let mut request = bytes::BytesMut::new();
+                crate::protocol::request::close_portal(&mut request, shard_portal)?;
+                crate::protocol::request::sync(&mut request);
+                self.ask_in_transaction(&steps.shards, request.to_vec())
+                    .await?;
+            }
+        }
+        reply::close_complete(&mut self.client.out);
+        Ok(())
     }
 
     /// DECLARE of a cursor merged step by step: the cursor is declared on each shard of the
@@ -586,10 +760,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             .map(<[u8]>::to_vec)
             .unwrap_or_default();
         let mut describe = bytes::BytesMut::new();
-        let mut body = vec![b'P'];
-        body.extend_from_slice(name.as_bytes());
-        body.push(0);
-        crate::protocol::frame::put_frame(&mut describe, b'D', &body);
+        crate::protocol::request::describe_named_portal(&mut describe, &name)?;
         crate::protocol::request::sync(&mut describe);
         let first = read.shards.first().copied().unwrap_or_default();
         let Some(described) = self.ask_in_transaction(&[first], describe.to_vec()).await? else {
@@ -637,6 +808,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 shards: read.shards,
                 merge,
                 description,
+                portal: None,
             })),
         );
         answer_declare(&mut self.client.out, extended.unwrap_or_default(), &params);
@@ -679,7 +851,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// Describe of a portal that is a cursor the router holds, alone in its batch so far (as
     /// psycopg sends it after DECLARE): answered with its description. `false`: not such.
     pub(super) fn describe_held_cursor(&mut self, name: &str) -> bool {
-        let Some(description) = self.cursors.description(name) else {
+        let Some(description) = self
+            .cursors
+            .description(name)
+            .or_else(|| self.cursors.description(&portal_key(name)))
+        else {
             return false;
         };
         if matches!(self.state.batch, Batch::Held) && !self.state.held().is_empty() {

@@ -77,6 +77,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             }
             b'C' => {
                 let t = frontend::target(body, "Close")?;
+                if t.kind == b'P' && self.is_portal_in_steps(t.name) {
+                    if !self.portal_in_step_order().await? {
+                        return Ok(());
+                    }
+                    return self.close_portal(t.name).await;
+                }
                 if t.kind == b'S' {
                     // Closing a statement that does not exist is not an error in Postgres.
                     // Backends keep the statement for whoever needs it next.
@@ -91,6 +97,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.route_or_hold(msg).await
             }
             b'E' => {
+                let (portal, max_rows) = frontend::execute_target(body)?;
+                if self.is_portal_in_steps(portal) {
+                    // A later Execute of a portal the router runs on several shards.
+                    if !self.portal_in_step_order().await? {
+                        return Ok(());
+                    }
+                    let key = super::cursors::portal_key(portal);
+                    if self
+                        .execute_portal(&key, u64::try_from(max_rows).unwrap_or(0))
+                        .await?
+                    {
+                        self.state.skip_to_sync();
+                    }
+                    return Ok(());
+                }
                 let msg = Msg::Forward {
                     frame,
                     kind: Kind::Execute,
@@ -118,8 +139,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let dest = self.resolve_bound(&stmt, &b);
         self.parts
             .note_savepoint(&stmt.plan, &dest, self.state.tx != Tx::Idle);
-        if !b.portal.is_empty() && self.state.tx != Tx::Idle && !matches!(dest, Dest::Refused(_)) {
-            // A named portal lives on its shard until the transaction ends.
+        if !b.portal.is_empty()
+            && self.state.tx != Tx::Idle
+            && matches!(dest, Dest::Shard(_) | Dest::Any)
+        {
+            // A named portal lives on its shard until the transaction ends (one that reads
+            // several shards is the router's).
             self.parts.portal = true;
         }
         let msg = Msg::Bind {
@@ -485,6 +510,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         self.out
             .replies
             .push_synthetic(synthetic(|o| reply::ready_for_query(o, status)));
+    }
+
+    /// Before the router answers a message about a portal it runs on several shards: the
+    /// answers owed for what came before are the client's first. `false` when the batch
+    /// failed (its error is the client's) or holds messages it cannot answer around.
+    async fn portal_in_step_order(&mut self) -> Result<bool, SessionError> {
+        if matches!(self.state.batch, Batch::Held) && !self.state.held().is_empty() {
+            self.batch_error(&errors::not_alone_in_batch()).await?;
+            return Ok(false);
+        }
+        if !self.bring_in_step().await? {
+            return Ok(false);
+        }
+        self.out.replies.drain_synthetic(&mut self.client.out);
+        Ok(true)
     }
 
     /// The batch so far ran statements a statement on several shards cannot follow: outside a

@@ -45,9 +45,19 @@ pub struct ScatterBatch {
     executed: bool,
 }
 
+/// A read's portal as the client bound it, for running it with a row limit on every shard.
+#[derive(Debug)]
+struct Portal {
+    name: String,
+    sql: String,
+    param_types: Vec<u8>,
+    /// The client's Bind after the statement name (parameters, formats).
+    bind_tail: Vec<u8>,
+}
+
 #[derive(Debug)]
 enum Spread {
-    Read(Read),
+    Read(Read, Option<Box<Portal>>),
     Write(Vec<usize>),
     /// `DECLARE` of a cursor the router holds: its query's read, whose answer is kept.
     Declare {
@@ -426,7 +436,24 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 });
                 return Ok(());
             }
-            Dest::Read(read) => Spread::Read(read),
+            Dest::Read(read) => {
+                // Inside a transaction a row limit at Execute runs the portal step by step.
+                let steps = self.in_transaction()
+                    && !read.labels
+                    && read.merge.as_ref().is_none_or(|m| m.group.is_none());
+                let portal = steps.then(|| {
+                    Box::new(Portal {
+                        name: bind.portal.to_string(),
+                        sql: read
+                            .shard_sql
+                            .clone()
+                            .unwrap_or_else(|| stmt.sql().to_string()),
+                        param_types: stmt.param_types().to_vec(),
+                        bind_tail: bind.tail.to_vec(),
+                    })
+                });
+                Spread::Read(read, portal)
+            }
             Dest::Write(write) => Spread::Write(write.shards),
             Dest::SplitInsert(split) => {
                 let requests = split_insert::requests(&split, Some((bind, stmt.param_types())));
@@ -449,7 +476,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             }
         };
         let (sql, group) = match &run {
-            Spread::Read(r) => (
+            Spread::Read(r, _) => (
                 r.shard_sql.as_deref().unwrap_or(stmt.sql()),
                 r.merge.as_ref().and_then(|m| m.group.as_deref()),
             ),
@@ -515,6 +542,33 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             executed: false,
         })));
         Ok(())
+    }
+
+    /// A read's portal with a row limit inside a transaction: bound on every shard as
+    /// `sg_<portal>` and merged step by step ([`Session::portal_in_steps`]).
+    async fn portal_run_in_steps(
+        &mut self,
+        read: Read,
+        portal: Portal,
+        max_rows: u64,
+        asked: &[u8],
+    ) -> Result<bool, SessionError> {
+        let shard_portal = format!("sg_{}", portal.name);
+        let mut request = BytesMut::new();
+        request::parse(&mut request, "", &portal.sql, &portal.param_types)?;
+        request::describe_statement(&mut request, "")?;
+        request::rebind(&mut request, shard_portal.as_bytes(), "", &portal.bind_tail);
+        request::describe_named_portal(&mut request, &shard_portal)?;
+        request::sync(&mut request);
+        self.portal_in_steps(
+            &portal.name,
+            shard_portal,
+            read,
+            request.to_vec(),
+            max_rows,
+            asked,
+        )
+        .await
     }
 
     /// The rest of a DDL batch, up to its Sync.
@@ -584,8 +638,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 let run = std::mem::replace(&mut batch.run, Spread::Write(Vec::new()));
                 self.out.replies.drain_synthetic(&mut self.client.out);
                 let in_transaction = self.in_transaction();
+                let limit = frontend::execute_target(body).map_or(0, |(_, n)| n);
                 let failed = match run {
-                    Spread::Read(read) => self.run_read(read, request, &asked).await?,
+                    Spread::Read(read, Some(portal)) if limit > 0 => {
+                        self.portal_run_in_steps(read, *portal, limit as u64, &asked)
+                            .await?
+                    }
+                    Spread::Read(read, _) => self.run_read(read, request, &asked).await?,
                     Spread::Declare {
                         read,
                         name,

@@ -81,6 +81,34 @@ public class Batches {
                     seen.add("rewrite=" + rewrite + " tx updates " + total);
                 }
                 seen.add("rewrite=" + rewrite + " tx count " + count(c, off + 1, off + 300));
+                // A fetch size with autocommit off: a portal read a few rows at a time (the
+                // router merges it step by step over the shards), sorted and in shard order,
+                // with other statements of the transaction in between.
+                for (String order : new String[] {" ORDER BY id DESC", ""}) {
+                    try (PreparedStatement q = c.prepareStatement(
+                            "SELECT id, v FROM kv WHERE id BETWEEN ? AND ?" + order);
+                         PreparedStatement u = c.prepareStatement("UPDATE kv SET v = v || '.' WHERE id = ?")) {
+                        q.setFetchSize(7);
+                        q.setLong(1, base + off + 1);
+                        q.setLong(2, base + off + 300);
+                        long rows = 0, sum = 0;
+                        StringBuilder first = new StringBuilder();
+                        try (ResultSet r = q.executeQuery()) {
+                            while (r.next()) {
+                                long id = r.getLong(1);
+                                rows++;
+                                sum += id - base;
+                                if (!order.isEmpty() && rows <= 5) first.append(id - base).append(',');
+                                if (rows % 40 == 0) {
+                                    // The same row whatever the order the rows came in.
+                                    u.setLong(1, base + off + 1);
+                                    u.executeUpdate();
+                                }
+                            }
+                        }
+                        seen.add("rewrite=" + rewrite + " fetch size" + order + " " + rows + " rows, sum " + sum + ", first " + first);
+                    }
+                }
                 c.commit();
                 // The same, rolled back: nothing of it anywhere.
                 seen.add("rewrite=" + rewrite + " rollback batch " + insertBatch(c, off + 301, off + 340, null));
