@@ -2,7 +2,8 @@
 for each target (a router in "multi" mode, one in "two_phase" mode, one Postgres directly),
 the latency of transactions of two UPDATEs on one shard and on two shards, one client, one after
 another; asyncpg executemany of --rows rows over every shard; and one INSERT ... SELECT * FROM
-unnest of those rows (split by shard through the router). Prints a table."""
+unnest of those rows (split by shard through the router); and reading them back through an
+asyncpg cursor (merged step by step through the router). Prints a table."""
 
 import argparse
 import asyncio
@@ -70,6 +71,34 @@ async def unnest(url, keys):
         await conn.close()
 
 
+async def cursor(url, keys, prefetch):
+    """Reads every row back through an asyncpg cursor (a portal run with a row limit, inside a
+    transaction), sorted: what the router merges step by step over the shards."""
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(
+            "INSERT INTO kv (id, v) SELECT * FROM unnest($1::bigint[], $2::text[])",
+            keys,
+            ["cursor"] * len(keys),
+        )
+        t = time.perf_counter()
+        n = 0
+        last = None
+        async with conn.transaction():
+            async for r in conn.cursor(
+                "SELECT id, v FROM kv WHERE id = ANY($1::bigint[]) ORDER BY id", keys, prefetch=prefetch
+            ):
+                assert last is None or r["id"] > last
+                last = r["id"]
+                n += 1
+        took = time.perf_counter() - t
+        assert n == len(keys), (n, len(keys))
+        await conn.execute("DELETE FROM kv WHERE id = ANY($1::bigint[])", keys)
+        return took
+    finally:
+        await conn.close()
+
+
 async def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--keys", required=True)
@@ -117,6 +146,12 @@ async def main():
     for name, url in [("direct", args.direct), ("multi", args.multi)]:
         took = min([await unnest(url, rows) for _ in range(3)])
         print(f"{name:<10} {took:8.3f} {len(rows) / took:9.0f}")
+    print(f"\nasyncpg cursor over those {len(rows)} rows, ORDER BY id, in a transaction (portal with a row limit):")
+    print(f"{'target':<10} {'prefetch':>8} {'seconds':>8} {'rows/s':>9}")
+    for name, url in [("direct", args.direct), ("multi", args.multi)]:
+        for prefetch in (50, 1000):
+            took = min([await cursor(url, rows, prefetch) for _ in range(3)])
+            print(f"{name:<10} {prefetch:>8} {took:8.3f} {len(rows) / took:9.0f}")
 
 
 asyncio.run(main())

@@ -3,7 +3,8 @@
 # 2 servers): the latency of a transaction of two UPDATEs on one shard and on two shards, through
 # a router in cross_shard = "multi" mode, one in "two_phase" mode, and directly on one Postgres;
 # asyncpg executemany of ROWS rows over every shard (keys in random order, and grouped by
-# shard) through the router vs directly; and one INSERT ... SELECT * FROM unnest of those rows.
+# shard) through the router vs directly; one INSERT ... SELECT * FROM unnest of those rows; and
+# reading them back through an asyncpg cursor (a portal run with a row limit, in a transaction).
 # See docs/benchmarks.md ("Transactions across shards").
 set -euo pipefail
 
