@@ -1302,7 +1302,10 @@ fn a_portal_across_shards_runs_a_few_rows_at_a_time() {
     let mut raw = Raw::connect(trust_router());
     let q = |sql: &str| common::raw::msg(b'Q', format!("{sql}\0").as_bytes());
     let list: Vec<String> = ks.iter().map(|k| format!("({k}, 'p')")).collect();
-    raw.send(&q(&format!("INSERT INTO kv (id, v) VALUES {}", list.join(", "))));
+    raw.send(&q(&format!(
+        "INSERT INTO kv (id, v) VALUES {}",
+        list.join(", ")
+    )));
     assert_eq!(raw.until_ready().1, "");
     let execute = |portal: &str, rows: i32| {
         let mut b = format!("{portal}\0").into_bytes();
@@ -1342,7 +1345,10 @@ fn a_portal_across_shards_runs_a_few_rows_at_a_time() {
     assert_eq!(raw.until_ready().0, b"3Z");
     raw.send(&q("COMMIT"));
     assert_eq!(raw.until_ready().1, "");
-    raw.send(&q(&format!("DELETE FROM kv WHERE id BETWEEN {} AND {}", sorted[0], sorted[9])));
+    raw.send(&q(&format!(
+        "DELETE FROM kv WHERE id BETWEEN {} AND {}",
+        sorted[0], sorted[9]
+    )));
     assert_eq!(raw.until_ready().1, "");
     no_transaction_left_open(env);
 }

@@ -226,12 +226,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 }
                 let spanning = self.routing.config.transactions.cross_shard
                     != crate::config::CrossShard::Refuse;
+                let after_others = matches!(self.state.batch, Batch::OnBackend { executed: true });
                 if spanning
                     && self.state.tx == Tx::Idle
-                    && matches!(dest, Dest::Write(_) | Dest::SplitInsert(_))
+                    && (matches!(dest, Dest::Write(_) | Dest::SplitInsert(_))
+                        || matches!(dest, Dest::Read(_)) && after_others)
                 {
-                    // A write on several shards in a batch: the batch is one transaction over
-                    // them, which later statements of the batch join, committed at its Sync.
+                    // A write on several shards in a batch, or a read after statements the
+                    // batch ran: the batch is one transaction over them (the read sees the
+                    // batch's writes), which later statements of the batch join, committed at
+                    // its Sync.
                     if !self.bring_in_step().await? || !self.open_on_first_shard(false).await? {
                         return Ok(());
                     }

@@ -639,6 +639,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.out.replies.drain_synthetic(&mut self.client.out);
                 let in_transaction = self.in_transaction();
                 let limit = frontend::execute_target(body).map_or(0, |(_, n)| n);
+                let read = matches!(run, Spread::Read(..));
                 let failed = match run {
                     Spread::Read(read, Some(portal)) if limit > 0 => {
                         self.portal_run_in_steps(read, *portal, limit as u64, &asked)
@@ -682,6 +683,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 } else if in_transaction && self.pin.is_some() {
                     // Part of a transaction: the batch goes on, on the transaction's shards.
                     self.state.set_batch(Batch::OnBackend { executed: true });
+                } else if read && !in_transaction {
+                    // A read changes nothing: the rest of the batch runs as if it came after
+                    // the read's own batch.
+                    self.state.set_batch(Batch::Idle);
                 }
             }
             b'E' => {

@@ -101,6 +101,25 @@ def with_psycopg(url, seen):
             cur.execute("SELECT v FROM kv WHERE id = %s", (BASE + 202,))
             seen.append(("psycopg pipeline write", cur.fetchone()[0]))
             conn.commit()
+    # Autocommit pipelines mixing reads across shards with writes, in either order; and one
+    # whose write fails after a read across shards.
+    with psycopg.connect(url, autocommit=True) as conn:
+        with conn.cursor() as a, conn.cursor() as b, conn.cursor() as c, conn.cursor() as d:
+            with conn.pipeline():
+                a.execute(f"SELECT count(*) FROM kv WHERE {in_range(1, 1000)}")
+                b.execute("INSERT INTO kv (id, v) VALUES (%s, 'p2'), (%s, 'p2')", (BASE + 311, BASE + 312))
+                c.execute(f"SELECT count(*), max(v) FROM kv WHERE {in_range(1, 1000)}")
+                d.execute("UPDATE kv SET v = 'p3' WHERE id = %s", (BASE + 311,))
+            seen.append(("autocommit pipeline", a.fetchone()[0], c.fetchone()))
+        try:
+            with conn.pipeline():
+                with conn.cursor() as a, conn.cursor() as b:
+                    a.execute(f"SELECT count(*) FROM kv WHERE {in_range(1, 1000)}")
+                    b.execute("INSERT INTO kv (id, v) VALUES (%s, 'p4'), (%s, 'p4')", (BASE + 313, BASE + 311))
+            seen.append(("failing pipeline", "no error"))
+        except psycopg.Error as e:
+            seen.append(("failing pipeline", e.sqlstate))
+        seen.append(("after failing pipeline", conn.execute(f"SELECT count(*) FROM kv WHERE {in_range(311, 313)}").fetchone()[0]))
 
 
 def with_sqlalchemy(url, seen):
