@@ -238,6 +238,42 @@ impl Cursors {
     }
 }
 
+/// The step-by-step merge of `read`, whose rows the shards describe with `description` (the
+/// sort keys are found in its columns).
+fn stepwise_merge(
+    read: &Read,
+    description: &[u8],
+    text_bytewise: bool,
+) -> Result<crate::multishard::stepwise::Stepwise, SqlError> {
+    let order = match (&read.merge, description.first()) {
+        (Some(plan), Some(b'T')) => {
+            let columns = crate::merge::columns(&description[5..])
+                .map_err(|e| errors::internal(e.message()))?;
+            let keys = crate::multishard::merged::sort_keys(plan, &columns, text_bytewise)?;
+            Some((keys, columns))
+        }
+        _ => None,
+    };
+    Ok(crate::multishard::stepwise::Stepwise::new(
+        read.shards.len(),
+        order,
+        read.offset,
+        read.limit,
+    ))
+}
+
+/// What the shards run for a cursor the router serves, declared by `declare` (the client's
+/// DECLARE text): a DECLARE of their own for one merged step by step, else the read itself.
+pub(super) fn shard_text(declare: &str, name: &str, read: &Read, stepwise: bool) -> String {
+    let query = cursor::declare_query(declare).map_or(declare, |at| &declare[at..]);
+    let query = read.shard_sql.as_deref().unwrap_or(query);
+    if stepwise {
+        shard_declare(name, query)
+    } else {
+        query.to_string()
+    }
+}
+
 /// The router's answer to a DECLARE it ran: the batch's messages (`asked`; `params` is the
 /// statement's ParameterDescription, if the shards gave one), then the command tag.
 fn answer_declare(out: &mut Vec<u8>, asked: &[u8], params: &[u8]) {
@@ -266,7 +302,7 @@ fn forward_only() -> SqlError {
 }
 
 /// What each shard runs to declare its part of a cursor merged step by step.
-pub(super) fn shard_declare(name: &str, query: &str) -> String {
+fn shard_declare(name: &str, query: &str) -> String {
     format!("DECLARE {} NO SCROLL CURSOR FOR {query}", quote_ident(name))
 }
 
@@ -339,6 +375,14 @@ pub(super) enum Declared {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
+    /// A COMMIT or ROLLBACK about to end the transaction ends what it declared too.
+    pub(super) fn cursors_at(&mut self, dest: &Dest) {
+        if let Dest::Commit | Dest::Rollback = dest {
+            let committed = matches!(dest, Dest::Commit) && self.state.tx != Tx::Failed;
+            self.cursors.ending(committed);
+        }
+    }
+
     /// What a DECLARE or a cursor command comes to (the module documentation says why).
     pub(super) fn cursor_work(&mut self, dest: Dest) -> CursorWork {
         if !self.in_transaction() {
@@ -641,35 +685,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 _ => {}
             }
         }
-        let order = match (&read.merge, portal_desc.first()) {
-            (Some(plan), Some(b'T')) => {
-                let columns = match crate::merge::columns(&portal_desc[5..]) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        errors::internal(e.message()).write(&mut self.client.out);
-                        return Ok(true);
-                    }
-                };
-                match crate::multishard::merged::sort_keys(
-                    plan,
-                    &columns,
-                    self.routing.text_bytewise(),
-                ) {
-                    Ok(keys) => Some((keys, columns)),
-                    Err(e) => {
-                        e.write(&mut self.client.out);
-                        return Ok(true);
-                    }
-                }
+        let merge = match stepwise_merge(&read, &portal_desc, self.routing.text_bytewise()) {
+            Ok(merge) => merge,
+            Err(e) => {
+                e.write(&mut self.client.out);
+                return Ok(true);
             }
-            _ => None,
         };
-        let merge = crate::multishard::stepwise::Stepwise::new(
-            read.shards.len(),
-            order,
-            read.offset,
-            read.limit,
-        );
         let key = portal_key(portal);
         self.cursors.places.insert(
             key.clone(),
@@ -779,29 +801,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             self.client.out.extend_from_slice(&description);
             return Ok(Declared::Failed);
         }
-        let order = match (&read.merge, description.first()) {
-            (Some(plan), Some(b'T')) => {
-                let columns = match crate::merge::columns(&description[5..]) {
-                    Ok(c) => c,
-                    Err(e) => return Ok(Declared::Refused(errors::internal(e.message()))),
-                };
-                match crate::multishard::merged::sort_keys(
-                    plan,
-                    &columns,
-                    self.routing.text_bytewise(),
-                ) {
-                    Ok(keys) => Some((keys, columns)),
-                    Err(e) => return Ok(Declared::Refused(e)),
-                }
-            }
-            _ => None,
+        let merge = match stepwise_merge(&read, &description, self.routing.text_bytewise()) {
+            Ok(merge) => merge,
+            Err(e) => return Ok(Declared::Refused(e)),
         };
-        let merge = crate::multishard::stepwise::Stepwise::new(
-            read.shards.len(),
-            order,
-            read.offset,
-            read.limit,
-        );
         self.cursors.places.insert(
             name,
             Place::Steps(Box::new(Steps {

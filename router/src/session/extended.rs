@@ -166,10 +166,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.finish_preparation().await?;
             }
         }
-        if let Dest::Commit | Dest::Rollback = dest {
-            let committed = matches!(dest, Dest::Commit) && self.state.tx != Tx::Failed;
-            self.cursors.ending(committed);
-        }
+        self.cursors_at(&dest);
         if matches!(dest, Dest::Declare { .. }) {
             // A driver's BEGIN in front of it (pgjdbc) begins the transaction it declares in.
             self.absorb_held_begin();

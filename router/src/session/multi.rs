@@ -406,6 +406,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         })
     }
 
+    /// What the batch's held messages and its Bind asked the router to answer, in order.
+    fn asked_with_bind(&mut self) -> Vec<u8> {
+        let held = self.state.take_held();
+        let mut asked: Vec<u8> = held.asked().collect();
+        self.state.keep_held(held);
+        asked.push(b'B');
+        asked
+    }
+
     /// The Bind of a statement on several shards in an extended batch: the held messages and
     /// the Bind are answered by the router, until the batch's Execute runs it.
     pub(super) fn begin_multi_batch(
@@ -414,10 +423,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         bind: &Bind<'_>,
         stmt: &Arc<ClientStatement>,
     ) -> Result<(), SessionError> {
-        let held = self.state.take_held();
-        let mut asked: Vec<u8> = held.asked().collect();
-        self.state.keep_held(held);
-        asked.push(b'B');
+        let asked = self.asked_with_bind();
         let run = match dest {
             Dest::Broadcast => {
                 let mut out = Vec::new();
@@ -505,18 +511,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         bind: &Bind<'_>,
         stmt: &Arc<ClientStatement>,
     ) -> Result<(), SessionError> {
-        let held = self.state.take_held();
-        let mut asked: Vec<u8> = held.asked().collect();
-        self.state.keep_held(held);
-        asked.push(b'B');
-        let sql = stmt.sql();
-        let query = crate::planner::cursor::declare_query(sql).map_or(sql, |at| &sql[at..]);
-        let query = read.shard_sql.as_deref().unwrap_or(query);
-        let text = if stepwise {
-            super::cursors::shard_declare(&name, query)
-        } else {
-            query.to_string()
-        };
+        let asked = self.asked_with_bind();
+        let text = super::cursors::shard_text(stmt.sql(), &name, &read, stepwise);
         let mut request = BytesMut::new();
         request::parse(&mut request, "", &text, stmt.param_types())?;
         request::describe_statement(&mut request, "")?;

@@ -51,10 +51,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             self.sql.clear();
             self.sql.push_str(sql);
         }
-        if let Dest::Commit | Dest::Rollback = dest {
-            let committed = matches!(dest, Dest::Commit) && self.state.tx != Tx::Failed;
-            self.cursors.ending(committed);
-        }
+        self.cursors_at(&dest);
         let dest = match dest {
             Dest::Declare { .. } | Dest::Cursor { .. } => match self.cursor_work(dest) {
                 CursorWork::Route(dest) => dest,
@@ -73,19 +70,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     read,
                     stepwise,
                 } => {
-                    let text =
-                        crate::planner::cursor::declare_query(sql).map_or(sql, |at| &sql[at..]);
-                    let query = read.shard_sql.as_deref().unwrap_or(text);
+                    let text = super::cursors::shard_text(sql, &name, &read, stepwise);
                     let mut request = bytes::BytesMut::new();
+                    crate::protocol::request::query(&mut request, &text)?;
+                    let request = request.to_vec();
                     let declared = if stepwise {
-                        let declare = super::cursors::shard_declare(&name, query);
-                        crate::protocol::request::query(&mut request, &declare)?;
-                        self.declare_stepwise(name, read, request.to_vec(), None)
-                            .await?
+                        self.declare_stepwise(name, read, request, None).await?
                     } else {
-                        crate::protocol::request::query(&mut request, query)?;
-                        self.declare_held(name, hold, read, request.to_vec(), None)
-                            .await?
+                        self.declare_held(name, hold, read, request, None).await?
                     };
                     return match declared {
                         Declared::Done | Declared::Failed => {
