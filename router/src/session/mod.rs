@@ -23,6 +23,7 @@
 //! | [`pin`] | checking a connection out for the client and returning it |
 //! | [`settings`] | the client's session settings (sans-IO) |
 //! | [`multi`] | statements that run on several shards |
+//! | [`batches`] | extended batches of such a statement, answered by the router until its Sync |
 //! | [`participants`] | a transaction that goes on to other shards |
 //! | [`prepared_sql`] | SQL-level PREPARE / EXECUTE / DEALLOCATE |
 //! | [`cursors`] | SQL cursors: on their shard, or held by the router |
@@ -31,6 +32,7 @@
 //! The session is generic over its client stream, so its state machine also runs over an
 //! in-memory pipe (`tests`).
 
+mod batches;
 mod client;
 mod cursors;
 mod explain;

@@ -21,11 +21,13 @@
 //! (which is how psycopg, and so Django, fetch). As with Postgres's cursors, their rows are
 //! those of the moment of DECLARE.
 
-use std::collections::HashMap;
-use std::pin::Pin;
-use std::task::{Context, Poll};
+mod portal;
+mod table;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use table::{forward_only, Place, Steps};
+pub(super) use table::{portal_key, Cursors, Keep};
 
 use super::state::{Batch, Tx};
 use super::{Session, SessionError};
@@ -35,208 +37,6 @@ use crate::planner::cursor::{self, Count, Verb};
 use crate::protocol::frame::frames;
 use crate::protocol::reply::{self, SqlError};
 use crate::resolver::{Dest, Read};
-
-/// Where a statement's answer goes when the router keeps it: bytes, up to a limit (a write past
-/// it fails, which stops the read).
-#[derive(Default)]
-pub struct Keep {
-    bytes: Vec<u8>,
-    limit: usize,
-}
-
-impl Keep {
-    pub fn new(limit: usize) -> Keep {
-        Keep {
-            bytes: Vec::new(),
-            limit,
-        }
-    }
-
-    pub fn into_bytes(self) -> Vec<u8> {
-        self.bytes
-    }
-}
-
-impl AsyncWrite for Keep {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        if self.bytes.len() + buf.len() > self.limit {
-            return Poll::Ready(Err(std::io::Error::other("over the cursor's limit")));
-        }
-        self.bytes.extend_from_slice(buf);
-        Poll::Ready(Ok(buf.len()))
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl AsyncRead for Keep {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-        _: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        // Nothing is ever read from a kept answer: end of stream.
-        Poll::Ready(Ok(()))
-    }
-}
-
-/// A cursor the router holds.
-#[derive(Debug)]
-struct Held {
-    /// Its RowDescription (or NoData).
-    description: Vec<u8>,
-    /// Its DataRow frames, back to back.
-    rows: Vec<u8>,
-    /// Where the next row starts in `rows`.
-    at: usize,
-    /// `WITH HOLD`: it outlives the transaction that declared it, if that one commits.
-    hold: bool,
-    /// Declared inside the transaction under way.
-    pending: bool,
-}
-
-/// A cursor on several shards of the transaction, merged as FETCHes ask.
-struct Steps {
-    shards: Vec<usize>,
-    merge: crate::multishard::stepwise::Stepwise,
-    /// The RowDescription (or NoData) of the first shard's cursor.
-    description: Vec<u8>,
-    /// A protocol-level portal run with a row limit (the key is [`portal_key`] of the client's
-    /// portal): the name of the portal on each shard, asked with Execute instead of FETCH.
-    portal: Option<String>,
-}
-
-/// The key of a client's protocol-level portal among the cursors (no SQL name holds a NUL).
-pub(super) fn portal_key(portal: &str) -> String {
-    format!("\0{portal}")
-}
-
-impl std::fmt::Debug for Steps {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Steps")
-            .field("shards", &self.shards)
-            .finish()
-    }
-}
-
-#[derive(Debug)]
-enum Place {
-    Shard(usize),
-    Held(Held),
-    Steps(Box<Steps>),
-}
-
-/// The session's cursors by name.
-#[derive(Debug, Default)]
-pub struct Cursors {
-    places: HashMap<String, Place>,
-    /// What the held cursors hold, in bytes.
-    held_bytes: usize,
-}
-
-impl Cursors {
-    /// The transaction under way ends (`committed`: with a COMMIT that takes effect): what it
-    /// declared goes with it, except `WITH HOLD` cursors of a transaction that commits; cursors
-    /// on shards end with it in any case.
-    pub fn ending(&mut self, committed: bool) {
-        self.retain(|p| match p {
-            Place::Held(h) if h.hold && (committed || !h.pending) => {
-                h.pending = false;
-                true
-            }
-            _ => false,
-        });
-    }
-
-    /// No transaction is open (it ended in a way the session did not see as COMMIT or
-    /// ROLLBACK: a batch's Sync, a lost connection): what only lived in it is gone.
-    pub fn outside_transaction(&mut self) {
-        self.retain(|p| match p {
-            Place::Held(h) if h.hold => {
-                h.pending = false;
-                true
-            }
-            _ => false,
-        });
-    }
-
-    fn retain(&mut self, mut keep: impl FnMut(&mut Place) -> bool) {
-        if self.places.is_empty() {
-            return;
-        }
-        let mut freed = 0;
-        self.places.retain(|_, p| {
-            let kept = keep(p);
-            if let (false, Place::Held(h)) = (kept, &*p) {
-                freed += h.rows.len() + h.description.len();
-            }
-            kept
-        });
-        self.held_bytes -= freed;
-    }
-
-    /// The RowDescription of a cursor the router serves (for Describe of its portal).
-    pub fn description(&self, name: &str) -> Option<&[u8]> {
-        match self.places.get(name) {
-            Some(Place::Held(h)) => Some(&h.description),
-            Some(Place::Steps(s)) => Some(&s.description),
-            _ => None,
-        }
-    }
-
-    fn close(&mut self, name: &str) {
-        if let Some(Place::Held(h)) = self.places.remove(name) {
-            self.held_bytes -= h.rows.len() + h.description.len();
-        }
-    }
-
-    /// Keeps a read's answer as cursor `name`'s rows: `Ok` with the answer's ParameterDescription
-    /// (extended protocol), or `Err` with the shards' error to pass on.
-    fn keep(
-        &mut self,
-        name: String,
-        answer: &[u8],
-        hold: bool,
-        pending: bool,
-    ) -> Result<Vec<u8>, Vec<u8>> {
-        let mut params = Vec::new();
-        let mut description = Vec::new();
-        let mut rows = Vec::with_capacity(answer.len());
-        for frame in frames(answer).map_while(Result::ok) {
-            match frame[0] {
-                b't' => params = frame.to_vec(),
-                // The last one is the portal's (extended) or the only one (simple).
-                b'T' | b'n' => description = frame.to_vec(),
-                b'D' => rows.extend_from_slice(frame),
-                b'E' => return Err(frame.to_vec()),
-                _ => {}
-            }
-        }
-        self.close(&name);
-        self.held_bytes += rows.len() + description.len();
-        self.places.insert(
-            name,
-            Place::Held(Held {
-                description,
-                rows,
-                at: 0,
-                hold,
-                pending,
-            }),
-        );
-        Ok(params)
-    }
-}
 
 /// The step-by-step merge of `read`, whose rows the shards describe with `description` (the
 /// sort keys are found in its columns).
@@ -293,14 +93,6 @@ fn answer_declare(out: &mut Vec<u8>, asked: &[u8], params: &[u8]) {
     reply::command_complete(out, "DECLARE CURSOR");
 }
 
-fn forward_only() -> SqlError {
-    SqlError::new(
-        errors::FEATURE_NOT_SUPPORTED,
-        "a cursor the router serves (its query reads several shards, or it is WITH HOLD) only moves forward",
-    )
-    .with_hint("use FETCH NEXT, FETCH FORWARD n or FETCH ALL; or give the query a key, so that the cursor lives on its shard")
-}
-
 /// What each shard runs to declare its part of a cursor merged step by step.
 fn shard_declare(name: &str, query: &str) -> String {
     format!("DECLARE {} NO SCROLL CURSOR FOR {query}", quote_ident(name))
@@ -315,36 +107,6 @@ fn simple_query(sql: &str) -> Result<Vec<u8>, SessionError> {
     let mut q = bytes::BytesMut::new();
     crate::protocol::request::query(&mut q, sql)?;
     Ok(q.to_vec())
-}
-
-impl Held {
-    /// FETCH (rows to `out`) or MOVE forward by `count`; writes the command tag.
-    fn advance(&mut self, verb: Verb, count: Count, out: &mut Vec<u8>) -> Result<(), SqlError> {
-        let want = match count {
-            Count::Forward(n) => n,
-            Count::All => u64::MAX,
-            Count::Other => return Err(forward_only()),
-        };
-        if verb == Verb::Fetch && self.description.first() == Some(&b'T') {
-            out.extend_from_slice(&self.description);
-        }
-        let mut n = 0u64;
-        let mut end = self.at;
-        for frame in frames(&self.rows[self.at..]).map_while(Result::ok) {
-            if n == want {
-                break;
-            }
-            end += frame.len();
-            n += 1;
-        }
-        if verb == Verb::Fetch {
-            out.extend_from_slice(&self.rows[self.at..end]);
-        }
-        self.at = end;
-        let tag = if verb == Verb::Fetch { "FETCH" } else { "MOVE" };
-        reply::command_complete(out, &format!("{tag} {n}"));
-        Ok(())
-    }
 }
 
 /// What the session does with a cursor statement.
@@ -647,116 +409,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.client.flush().await.map_err(SessionError::Client)?;
             }
         }
-    }
-
-    /// The first Execute, with a row limit, of a portal that reads several shards inside a
-    /// transaction (pgjdbc with a fetch size): the portal is bound on each shard (`request`:
-    /// Parse, Describe, Bind of `shard_portal`, Describe of it, Sync) and merged step by step;
-    /// this Execute gets `max_rows` rows, then PortalSuspended, or its CommandComplete when no
-    /// row is left. `asked`: the batch's messages to answer first. `Ok(true)` when it failed.
-    pub(super) async fn portal_in_steps(
-        &mut self,
-        portal: &str,
-        shard_portal: String,
-        read: Read,
-        request: Vec<u8>,
-        max_rows: u64,
-        asked: &[u8],
-    ) -> Result<bool, SessionError> {
-        let Some(answers) = self.ask_in_transaction(&read.shards, request).await? else {
-            return Ok(true);
-        };
-        if let Some(error) = answers.iter().find_map(|a| super::multi::error_frame(a)) {
-            self.client.out.extend_from_slice(error);
-            return Ok(true);
-        }
-        // Shard 0's descriptions: `t` and the statement's `T`/`n` (what Describe of the
-        // statement answers), then the portal's `T`/`n`.
-        let (mut statement, mut portal_desc) = (Vec::new(), Vec::new());
-        let mut descriptions = 0;
-        for f in frames(answers.first().map_or(&[][..], |a| &a[..])).map_while(Result::ok) {
-            match f[0] {
-                b't' => statement.extend_from_slice(f),
-                b'T' | b'n' if descriptions == 0 => {
-                    statement.extend_from_slice(f);
-                    descriptions += 1;
-                }
-                b'T' | b'n' => portal_desc = f.to_vec(),
-                _ => {}
-            }
-        }
-        let merge = match stepwise_merge(&read, &portal_desc, self.routing.text_bytewise()) {
-            Ok(merge) => merge,
-            Err(e) => {
-                e.write(&mut self.client.out);
-                return Ok(true);
-            }
-        };
-        let key = portal_key(portal);
-        self.cursors.places.insert(
-            key.clone(),
-            Place::Steps(Box::new(Steps {
-                shards: read.shards,
-                merge,
-                description: portal_desc.clone(),
-                portal: Some(shard_portal),
-            })),
-        );
-        crate::multishard::gather::answer_asked(
-            &mut self.client.out,
-            asked,
-            &statement,
-            &portal_desc,
-        );
-        self.execute_portal(&key, max_rows).await
-    }
-
-    /// An Execute of a portal merged step by step: up to `max_rows` rows (0: all), then
-    /// PortalSuspended or CommandComplete. `Ok(true)` when it failed.
-    pub(super) async fn execute_portal(
-        &mut self,
-        key: &str,
-        max_rows: u64,
-    ) -> Result<bool, SessionError> {
-        let want = if max_rows == 0 { u64::MAX } else { max_rows };
-        let mut out = Vec::new();
-        match self.pull(key, want, true, &mut out, max_rows > 0).await? {
-            Ok(Some((n, more))) => {
-                self.client.out.append(&mut out);
-                if more {
-                    crate::protocol::frame::put_frame(&mut self.client.out, b's', &[]);
-                } else {
-                    reply::command_complete(&mut self.client.out, &format!("SELECT {n}"));
-                }
-                Ok(false)
-            }
-            Ok(None) => Ok(true),
-            Err(e) => {
-                e.write(&mut self.client.out);
-                Ok(true)
-            }
-        }
-    }
-
-    /// Whether `portal` is a client's portal merged step by step.
-    pub(super) fn is_portal_in_steps(&self, portal: &str) -> bool {
-        !portal.is_empty() && self.cursors.places.contains_key(&portal_key(portal))
-    }
-
-    /// Close of a portal merged step by step: closed on its shards too.
-    pub(super) async fn close_portal(&mut self, portal: &str) -> Result<(), SessionError> {
-        let key = portal_key(portal);
-        if let Some(Place::Steps(steps)) = self.cursors.places.remove(&key) {
-            if let Some(shard_portal) = &steps.portal {
-                let mut request = bytes::BytesMut::new();
-                crate::protocol::request::close_portal(&mut request, shard_portal)?;
-                crate::protocol::request::sync(&mut request);
-                self.ask_in_transaction(&steps.shards, request.to_vec())
-                    .await?;
-            }
-        }
-        reply::close_complete(&mut self.client.out);
-        Ok(())
     }
 
     /// DECLARE of a cursor merged step by step: the cursor is declared on each shard of the
