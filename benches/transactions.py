@@ -36,12 +36,14 @@ async def transactions(url, pairs, n):
         await conn.close()
 
 
-async def executemany(url, keys):
+async def timed_insert(url, keys, insert):
+    """Times `insert(conn)` writing every key's row (none there before), checks that they all
+    arrived, and removes them again."""
     conn = await asyncpg.connect(url)
     try:
         await conn.execute("DELETE FROM kv WHERE id = ANY($1::bigint[])", keys)
         t = time.perf_counter()
-        await conn.executemany("INSERT INTO kv (id, v) VALUES ($1, 'many')", [(k,) for k in keys])
+        await insert(conn)
         took = time.perf_counter() - t
         n = await conn.fetchval("SELECT count(*) FROM kv WHERE id = ANY($1::bigint[])", keys)
         assert n == len(keys), (n, len(keys))
@@ -49,26 +51,23 @@ async def executemany(url, keys):
         return took
     finally:
         await conn.close()
+
+
+async def executemany(url, keys):
+    return await timed_insert(
+        url, keys, lambda conn: conn.executemany("INSERT INTO kv (id, v) VALUES ($1, 'many')", [(k,) for k in keys])
+    )
 
 
 async def unnest(url, keys):
     """One INSERT ... SELECT * FROM UNNEST of every row (Django's bulk_create), timed."""
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute("DELETE FROM kv WHERE id = ANY($1::bigint[])", keys)
-        t = time.perf_counter()
-        await conn.execute(
-            "INSERT INTO kv (id, v) SELECT * FROM unnest($1::bigint[], $2::text[])",
-            keys,
-            ["unnest"] * len(keys),
-        )
-        took = time.perf_counter() - t
-        n = await conn.fetchval("SELECT count(*) FROM kv WHERE id = ANY($1::bigint[])", keys)
-        assert n == len(keys), (n, len(keys))
-        await conn.execute("DELETE FROM kv WHERE id = ANY($1::bigint[])", keys)
-        return took
-    finally:
-        await conn.close()
+    return await timed_insert(
+        url,
+        keys,
+        lambda conn: conn.execute(
+            "INSERT INTO kv (id, v) SELECT * FROM unnest($1::bigint[], $2::text[])", keys, ["unnest"] * len(keys)
+        ),
+    )
 
 
 async def cursor(url, keys, prefetch):
