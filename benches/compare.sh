@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Point selects with pgbench, side by side in one run: (a) direct to a shard, (b) through
-# shardgate, (c) through PgBouncer (transaction pooling) in front of the same shard, and
-# optionally (d) through another build of shardgate (--baseline REV: an older commit, built
-# side by side). Prints throughput and the proxy's CPU time per statement (user and system,
+# shardgate, (c) through shardgate with shared connections (`[pool] shared_connections`: the
+# clients' statements pipelined over a few backend connections), (d) through PgBouncer
+# (transaction pooling) in front of the same shard, and optionally (e) through another build
+# of shardgate (--baseline REV: an older commit, built side by side). Prints throughput and the proxy's CPU time per statement (user and system,
 # read from /proc by `cluster cpu`), and the ratios. See docs/benchmarks.md.
 #
 # Why one 1-shard cluster: through the router every key goes to the shard that owns it, so a
@@ -30,9 +31,11 @@ Options:
   -r, --rows N            rows in kv (ids 1..N)                          [default: 100000]
   -m, --modes LIST        pgbench -M modes, comma-separated:
                           simple,extended,prepared                       [default: all three]
-  -t, --targets LIST      comma-separated: direct,shardgate,pgbouncer,baseline
-                                                 [default: direct,shardgate,pgbouncer, and
-                                                  baseline when --baseline is given]
+  -t, --targets LIST      comma-separated: direct,shardgate,shared,pgbouncer,baseline
+                                                 [default: direct,shardgate,shared,pgbouncer,
+                                                  and baseline when --baseline is given]
+      --shared-connections N  the "shared" target: a second shardgate process (same build,
+                          same config) with [pool] shared_connections = N  [default: 2]
       --baseline REV      also run a shardgate built from git revision REV (e.g. HEAD~3, a tag)
                           in front of the same shard, with the same config: "baseline" in the
                           tables, and sg/base ratios. Built in a git worktree under the temp dir
@@ -67,12 +70,14 @@ die() { echo "compare.sh: $*" >&2; exit 1; }
 
 duration=10 clients=16 also_clients=200 jobs="" rows=100000 modes="simple,extended,prepared"
 targets="" warmup=2 router_threads="" pool_size=20 keep=0 baseline_rev="" baseline_bin="" syscall_seconds=5
+shared_connections=2
 while [[ $# -gt 0 ]]; do
     case "$1" in
         -T|--duration) duration="${2:?}"; shift 2 ;;
         -c|--clients) clients="${2:?}"; shift 2 ;;
         --also-clients) also_clients="${2:?}"; shift 2 ;;
         --syscalls) syscall_seconds="${2:?}"; shift 2 ;;
+        --shared-connections) shared_connections="${2:?}"; shift 2 ;;
         -j|--jobs) jobs="${2:?}"; shift 2 ;;
         -r|--rows) rows="${2:?}"; shift 2 ;;
         -m|--modes) modes="${2:?}"; shift 2 ;;
@@ -87,7 +92,7 @@ while [[ $# -gt 0 ]]; do
         *) usage >&2; die "unknown option: $1" ;;
     esac
 done
-for n in duration clients also_clients syscall_seconds rows warmup pool_size ${jobs:+jobs} ${router_threads:+router_threads}; do
+for n in duration clients also_clients syscall_seconds shared_connections rows warmup pool_size ${jobs:+jobs} ${router_threads:+router_threads}; do
     [[ "${!n}" =~ ^[0-9]+$ ]] || die "--${n//_/-} must be a whole number, not '${!n}'"
 done
 ((duration > 0 && clients > 0 && rows > 0 && pool_size > 0)) || die "--duration, --clients, --rows and --pool-size must be more than 0"
@@ -99,13 +104,14 @@ if ((syscall_seconds > 0)) && ! command -v strace >/dev/null; then
 fi
 [[ -z "$baseline_rev" || -z "$baseline_bin" ]] || die "--baseline and --baseline-bin exclude each other"
 if [[ -z "$targets" ]]; then
-    targets="direct,shardgate,pgbouncer"
+    targets="direct,shardgate,shared,pgbouncer"
     [[ -z "$baseline_rev$baseline_bin" ]] || targets+=",baseline"
 fi
 IFS=, read -r -a mode_list <<<"$modes"
 IFS=, read -r -a target_list <<<"$targets"
 for m in "${mode_list[@]}"; do [[ "$m" =~ ^(simple|extended|prepared)$ ]] || die "unknown mode '$m'"; done
-for t in "${target_list[@]}"; do [[ "$t" =~ ^(direct|shardgate|pgbouncer|baseline)$ ]] || die "unknown target '$t'"; done
+for t in "${target_list[@]}"; do [[ "$t" =~ ^(direct|shardgate|shared|pgbouncer|baseline)$ ]] || die "unknown target '$t'"; done
+((shared_connections > 0)) || die "--shared-connections must be more than 0"
 wants() { [[ ",$targets," == *",$1,"* ]]; }
 if wants baseline && [[ -z "$baseline_rev$baseline_bin" ]]; then die "target baseline needs --baseline REV or --baseline-bin PATH"; fi
 [[ -z "$baseline_bin" || -x "$baseline_bin" ]] || die "--baseline-bin $baseline_bin is not an executable"
@@ -146,7 +152,7 @@ fi
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/shardgate-bench.XXXXXX")"
 # As root PostgreSQL and PgBouncer run as `postgres`, which must be able to enter this dir.
 chmod 755 "$tmp"
-pgbouncer_pid="" baseline_pid="" baseline_tree=""
+pgbouncer_pid="" baseline_pid="" baseline_tree="" shared_pid=""
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
@@ -157,6 +163,11 @@ cleanup() {
         kill -KILL "$baseline_pid" 2>/dev/null
     fi
     [[ -z "$baseline_tree" ]] || git -C "$root" worktree remove --force "$baseline_tree" >/dev/null 2>&1
+    if [[ -n "$shared_pid" ]] && kill -0 "$shared_pid" 2>/dev/null; then
+        kill -TERM "$shared_pid"
+        for _ in $(seq 50); do kill -0 "$shared_pid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$shared_pid" 2>/dev/null
+    fi
     if [[ -n "$pgbouncer_pid" ]] && kill -0 "$pgbouncer_pid" 2>/dev/null; then
         kill -TERM "$pgbouncer_pid"
         for _ in $(seq 50); do kill -0 "$pgbouncer_pid" 2>/dev/null || break; sleep 0.1; done
@@ -185,6 +196,7 @@ free_port() {
     die "found no free port"
 }
 pg_port="$(free_port)" router_port="$(free_port)" pgbouncer_port="$(free_port)" baseline_port="$(free_port)"
+shared_port="$(free_port)"
 
 # --- the baseline build (an older shardgate, side by side) ---------------------------------------
 if [[ -n "$baseline_rev" ]]; then
@@ -236,6 +248,23 @@ if wants baseline; then
     baseline_pid=$!
     for _ in $(seq 300); do grep -q "shardgate is ready" "$baseline_log" && break; sleep 0.1; done
     grep -q "shardgate is ready" "$baseline_log" || { cat "$baseline_log" >&2; die "the baseline router did not start"; }
+fi
+# The shared-connections router: the same build and config on another port, with its
+# statements pipelined over --shared-connections backend connections.
+if wants shared; then
+    mkdir -p "$tmp/shared"
+    sed -e "s|^listen = .*|listen = \"127.0.0.1:$shared_port\"|" \
+        -e "s|^shardmap = .*|shardmap = \"$tmp/cluster/shardmap.toml\"|" \
+        -e "s|^\[pool\]\$|[pool]\nshared_connections = $shared_connections|" \
+        "$tmp/cluster/router.toml" >"$tmp/shared/router.toml"
+    grep -q "^shared_connections = $shared_connections" "$tmp/shared/router.toml" ||
+        die "the cluster's router.toml has no [pool] section to add shared_connections to"
+    shared_log="$tmp/shared/router.log"
+    NO_COLOR=1 "$target_dir/release/shardgate" --config "$tmp/shared/router.toml" ${router_threads:+--threads "$router_threads"} \
+        >"$shared_log" 2>&1 &
+    shared_pid=$!
+    for _ in $(seq 300); do grep -q "shardgate is ready" "$shared_log" && break; sleep 0.1; done
+    grep -q "shardgate is ready" "$shared_log" || { cat "$shared_log" >&2; die "the shared-connections router did not start"; }
 fi
 shard_db="shard_000"
 export PGPASSWORD=postgres # direct and loading; the router and PgBouncer get app/app below
@@ -301,6 +330,7 @@ conn_args() { # target -> pgbench connection arguments
     case "$1" in
         direct) echo "-h 127.0.0.1 -p $pg_port -U postgres $shard_db" ;;
         shardgate) echo "-h 127.0.0.1 -p $router_port -U app app" ;;
+        shared) echo "-h 127.0.0.1 -p $shared_port -U app app" ;;
         pgbouncer) echo "-h 127.0.0.1 -p $pgbouncer_port -U app app" ;;
         baseline) echo "-h 127.0.0.1 -p $baseline_port -U app app" ;;
     esac
@@ -309,6 +339,7 @@ password_of() { [[ "$1" == direct ]] && echo postgres || echo app; }
 pid_of() {
     case "$1" in
         shardgate) echo "$router_pid" ;;
+        shared) echo "$shared_pid" ;;
         pgbouncer) echo "$pgbouncer_pid" ;;
         baseline) echo "$baseline_pid" ;;
         *) echo "" ;;
@@ -432,15 +463,18 @@ measure() {
     ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || a == "-" || b == "-" || b + 0 == 0) print "-"; else printf "%.2f", a / b }'; }
     sum() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || a == "-" || b == "-") print "-"; else printf "%.2f", a + b }'; }
     echo | tee -a "$results"
-    printf '%-9s %16s %16s %16s %17s %16s\n' ratios 'TPS sg/pgb' 'user/stmt sg/pgb' 'sys/stmt sg/pgb' 'total/stmt sg/pgb' 'TPS sg/direct' | tee -a "$results"
+    printf '%-9s %-10s %12s %16s %15s %17s %14s\n' ratios proxy 'TPS x/pgb' 'user/stmt x/pgb' 'sys/stmt x/pgb' 'total/stmt x/pgb' 'TPS x/direct' | tee -a "$results"
     for mode in "${mode_list[@]}"; do
-        sg="$clients/$mode/shardgate" pb="$clients/$mode/pgbouncer" dr="$clients/$mode/direct"
-        printf '%-9s %16s %16s %16s %17s %16s\n' "$mode" \
-            "$(ratio "${tps[$sg]:-}" "${tps[$pb]:-}")" \
-            "$(ratio "${user_us[$sg]:-}" "${user_us[$pb]:-}")" \
-            "$(ratio "${sys_us[$sg]:-}" "${sys_us[$pb]:-}")" \
-            "$(ratio "$(sum "${user_us[$sg]:-}" "${sys_us[$sg]:-}")" "$(sum "${user_us[$pb]:-}" "${sys_us[$pb]:-}")")" \
-            "$(ratio "${tps[$sg]:-}" "${tps[$dr]:-}")" | tee -a "$results"
+        for proxy in shardgate shared; do
+            wants "$proxy" || continue
+            sg="$clients/$mode/$proxy" pb="$clients/$mode/pgbouncer" dr="$clients/$mode/direct"
+            printf '%-9s %-10s %12s %16s %15s %17s %14s\n' "$mode" "$proxy" \
+                "$(ratio "${tps[$sg]:-}" "${tps[$pb]:-}")" \
+                "$(ratio "${user_us[$sg]:-}" "${user_us[$pb]:-}")" \
+                "$(ratio "${sys_us[$sg]:-}" "${sys_us[$pb]:-}")" \
+                "$(ratio "$(sum "${user_us[$sg]:-}" "${sys_us[$sg]:-}")" "$(sum "${user_us[$pb]:-}" "${sys_us[$pb]:-}")")" \
+                "$(ratio "${tps[$sg]:-}" "${tps[$dr]:-}")" | tee -a "$results"
+        done
     done
     if wants baseline; then
         echo | tee -a "$results"
@@ -470,6 +504,14 @@ measure "$clients"
 ((also_clients > 0)) && measure "$also_clients"
 
 # Anything the router complained about during the measured runs is worth a look.
+if wants shared; then
+    shared_lines="$(grep -E ' (WARN|ERROR) ' "$shared_log" || true)"
+    if [[ -n "$shared_lines" ]]; then
+        echo
+        echo "shardgate (shared) logged $(wc -l <<<"$shared_lines") warnings/errors; the first 20:"
+        head -20 <<<"$shared_lines" | sed 's/^/    /'
+    fi
+fi
 if wants shardgate; then
     new_lines="$(tail -n +"$((router_log_lines_before + 1))" "$router_log" | grep -E ' (WARN|ERROR) ' || true)"
     if [[ -n "$new_lines" ]]; then

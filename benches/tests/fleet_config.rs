@@ -158,6 +158,7 @@ fn small_values() -> BTreeMap<&'static str, String> {
         ("backend_user", "shardgate"),
         ("backend_password", "backend-secret"),
         ("pool_max_size", "4"),
+        ("shared_connections", "1"),
         ("pause_timeout_ms", "60000"),
         ("max_clients", "20000"),
         ("drain_grace_ms", "25000"),

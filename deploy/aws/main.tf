@@ -9,6 +9,7 @@ module "layout" {
   router_count   = var.router_count
   router_workers = var.router_workers
   database       = var.database
+  shared_connections = var.shared_connections
 }
 
 module "config" {
@@ -18,6 +19,7 @@ module "config" {
   max_connections    = module.layout.max_connections
   database           = var.database
   pool_max_size      = var.pool_max_size
+  shared_connections = var.shared_connections
   app_password       = var.app_password
   admin_password     = var.admin_password
   backend_password   = var.backend_password

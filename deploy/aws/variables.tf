@@ -138,6 +138,12 @@ variable "pool_max_size" {
   default     = 4
 }
 
+variable "shared_connections" {
+  description = "[pool] shared_connections of the routers: backend connections per router and shard that pipeline all clients' autocommit statements (docs/capacity.md#backend-connections-per-primary)."
+  type        = number
+  default     = 1
+}
+
 variable "loadgen_instance_type" {
   description = "Instance type of the load generators (Graviton); docs/capacity.md sizes them (64 vCPUs each)."
   type        = string

@@ -6,6 +6,8 @@
 //! | [`conn`] | one connection: login, then raw frames; the request/reply helper |
 //! | [`stream`] | its byte stream, plain TCP or TLS, and the write-while-reading step |
 //! | [`pool`] | one independent pool of connections per (host, port, database) |
+//! | [`mux`] | shared connections: many clients' autocommit statements pipelined on a few |
+//! | [`pipeline`] | which request of a shared connection a reply answers (sans-IO) |
 //! | [`prepared`] | which router statements one connection has prepared (bounded, LRU) |
 //! | [`registry`] | the router-wide registry of prepared statement texts (`sg_<id>`) |
 //! | [`health`] | whether each primary answers (up, down, last error) |
@@ -16,6 +18,8 @@ pub mod cancel;
 pub mod catalog;
 pub mod conn;
 pub mod health;
+pub mod mux;
+pub mod pipeline;
 pub mod pool;
 pub mod prepared;
 pub mod registry;

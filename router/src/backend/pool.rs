@@ -105,7 +105,7 @@ impl Endpoint {
     /// (and the same connect timeout, which the pool's connection factory keeps), encrypted the
     /// same way (a plain connection must not serve a config that asks for TLS, nor one checked
     /// against certificate authorities that were since replaced).
-    fn same_login(&self, other: &Endpoint) -> bool {
+    pub fn same_login(&self, other: &Endpoint) -> bool {
         self.tls == other.tls
             && (
                 &self.host,

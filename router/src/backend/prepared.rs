@@ -13,11 +13,31 @@ pub const MAX_PREPARED_PER_CONNECTION: usize = 1000;
 pub struct PreparedSet {
     last_use: HashMap<u64, u64>,
     tick: u64,
+    /// Says every statement is prepared ([`PreparedSet::everything`]).
+    everything: bool,
 }
 
 impl PreparedSet {
+    /// A set that holds every statement: what a request written for a shared connection
+    /// assumes, since the connection it goes to is chosen only when it is complete; the
+    /// preparation it needs there is added then (`backend::mux`).
+    pub fn everything() -> PreparedSet {
+        PreparedSet {
+            everything: true,
+            ..PreparedSet::default()
+        }
+    }
+
+    /// Whether this is [`PreparedSet::everything`].
+    pub fn is_everything(&self) -> bool {
+        self.everything
+    }
+
     /// Whether statement `id` is prepared; marks it used.
     pub fn contains(&mut self, id: &u64) -> bool {
+        if self.everything {
+            return true;
+        }
         self.tick += 1;
         match self.last_use.get_mut(id) {
             Some(t) => {
@@ -31,6 +51,9 @@ impl PreparedSet {
     /// Records statement `id` as prepared; returns the statement to close first when the set is
     /// full (the least recently used).
     pub fn insert(&mut self, id: u64) -> Option<u64> {
+        if self.everything {
+            return None;
+        }
         self.tick += 1;
         let evict = if self.last_use.len() >= MAX_PREPARED_PER_CONNECTION
             && !self.last_use.contains_key(&id)

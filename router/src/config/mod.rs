@@ -248,6 +248,10 @@ pub struct Pool {
     /// `warm_timeout_ms`: how long the start's readiness and a reload wait for the warming.
     /// Default 10000; more than 0.
     pub warm_timeout: Duration,
+    /// `shared_connections`: connections per router and primary on which the autocommit
+    /// statements of all clients are pipelined (`backend::mux`). Default 0 = off: every
+    /// statement borrows a pooled connection of its own.
+    pub shared_connections: usize,
 }
 
 /// `[limits]`.

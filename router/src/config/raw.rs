@@ -73,6 +73,7 @@ pub(super) struct RawPool {
     pub(super) pause_timeout_ms: Option<Spanned<i64>>,
     pub(super) warm_connections: Option<Spanned<i64>>,
     pub(super) warm_timeout_ms: Option<Spanned<i64>>,
+    pub(super) shared_connections: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize, Default)]

@@ -66,6 +66,7 @@ idle_timeout_ms = 0
 pause_timeout_ms = 9000
 warm_connections = 2
 warm_timeout_ms = 4000
+shared_connections = 3
 
 [limits]
 max_clients = 500
@@ -113,6 +114,7 @@ listen = "127.0.0.1:9930"
             pause_timeout: Duration::from_secs(9),
             warm_connections: 2,
             warm_timeout: Duration::from_secs(4),
+            shared_connections: 3,
         }
     );
     assert_eq!(
@@ -184,6 +186,7 @@ fn defaults() {
             pause_timeout: Duration::from_secs(60),
             warm_connections: 1,
             warm_timeout: Duration::from_secs(10),
+            shared_connections: 0,
         }
     );
     assert_eq!(

@@ -148,6 +148,10 @@ pub struct Plan {
     pub normalized: bool,
     /// Marker entry under a normalized text that does not parse: plan the original instead.
     pub(crate) use_original: bool,
+    /// Outside a transaction it may share a backend connection with other clients'
+    /// statements (`backend::mux`): every statement runs on one shard and leaves nothing
+    /// behind on the connection ([`shareable`]).
+    pub shareable: bool,
 }
 
 #[cfg(test)]
@@ -158,6 +162,7 @@ impl Plan {
             statements: Vec::new(),
             normalized: true,
             use_original: false,
+            shareable: false,
         })
     }
 }
@@ -374,6 +379,7 @@ impl Planner {
             }],
             normalized: false,
             use_original: false,
+            shareable: false,
         }
     }
 
@@ -391,6 +397,7 @@ impl Planner {
                 }],
                 normalized,
                 use_original: false,
+                shareable: false,
             };
         }
         match Parser::parse_sql(&PostgreSqlDialect {}, text) {
@@ -405,27 +412,65 @@ impl Planner {
                     statements: Vec::new(),
                     normalized,
                     use_original: true,
+                    shareable: false,
                 }
             }
-            Ok(statements) => Plan {
-                statements: statements
+            Ok(parsed) => {
+                let statements: Vec<Route> = parsed
                     .iter()
                     .map(|s| route::route(s, &self.map, &positions))
-                    .collect(),
-                normalized,
-                use_original: false,
-            },
+                    .collect();
+                Plan {
+                    shareable: shareable(&parsed, &statements, text),
+                    statements,
+                    normalized,
+                    use_original: false,
+                }
+            }
             // Normalization may have broken it: try the original (unless they are the same).
             Err(_) if normalized && buf.literal_count() > 0 => Plan {
                 statements: Vec::new(),
                 normalized,
                 use_original: true,
+                shareable: false,
             },
             Err(e) => Plan {
                 statements: vec![route::unparsed(text, &self.map, &e.to_string())],
                 normalized,
                 use_original: false,
+                shareable: false,
             },
         }
     }
+}
+
+/// Whether statements `parsed`, routed as `routes`, may share a backend connection: each is a
+/// query, INSERT, UPDATE or DELETE that runs on one shard (by key, any, or the default shard),
+/// and no word of `text` (literals are normalized away) can leave state on the connection for
+/// whoever runs next: `set_config`, advisory locks, temporary tables. Settings, COPY, LISTEN,
+/// transaction control, cursors and SQL `PREPARE` are other statements.
+pub fn shareable(parsed: &[sqlparser::ast::Statement], routes: &[Route], text: &str) -> bool {
+    use sqlparser::ast::Statement;
+    !routes.is_empty()
+        && routes
+            .iter()
+            .all(|r| matches!(r, Route::Keyed { .. } | Route::Any | Route::Default))
+        && parsed.iter().all(|s| {
+            matches!(
+                s,
+                Statement::Query(_)
+                    | Statement::Insert(_)
+                    | Statement::Update { .. }
+                    | Statement::Delete(_)
+            )
+        })
+        && !text
+            .split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+            .any(|w| {
+                ["set_config", "temp", "temporary"]
+                    .iter()
+                    .any(|p| w.eq_ignore_ascii_case(p))
+                    || w.get(..11)
+                        .is_some_and(|p| p.eq_ignore_ascii_case("pg_advisory"))
+            })
 }

@@ -220,6 +220,7 @@ fn by_plan<'a>(stmt: &Statement<'a>, cx: &Context<'a>) -> Result<Resolved<'a>, S
                 statements: vec![(**query).clone()],
                 normalized: plan.normalized,
                 use_original: false,
+                shareable: false,
             };
             let inner = Statement {
                 sql: &stmt.sql[at..],

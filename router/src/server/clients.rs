@@ -54,6 +54,10 @@ pub struct ClientSlot {
     generation: AtomicU64,
     /// The backend's pid (high half) and secret (low half).
     key: AtomicU64,
+    /// Cancel requests received while no connection of the client's own ran its statement
+    /// (it may be on a shared connection), counted, and the session's wake-up for them.
+    cancels: AtomicU64,
+    cancel_asked: tokio::sync::Notify,
 }
 
 impl ClientSlot {
@@ -65,7 +69,27 @@ impl ClientSlot {
             shard: AtomicU32::new(0),
             generation: AtomicU64::new(0),
             key: AtomicU64::new(0),
+            cancels: AtomicU64::new(0),
+            cancel_asked: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Asks the session to cancel its statement on a shared connection (it alone knows which
+    /// of the connection's statements is its own).
+    pub fn ask_cancel(&self) {
+        self.cancels.fetch_add(1, Ordering::AcqRel);
+        self.cancel_asked.notify_waiters();
+    }
+
+    /// How many cancels were asked so far ([`ClientSlot::ask_cancel`]).
+    pub fn cancels(&self) -> u64 {
+        self.cancels.load(Ordering::Acquire)
+    }
+
+    /// Wakes when a cancel is asked; enable it before reading [`ClientSlot::cancels`] so that
+    /// none is missed in between.
+    pub fn cancel_asked(&self) -> tokio::sync::futures::Notified<'_> {
+        self.cancel_asked.notified()
     }
 
     /// Says who the client is (once, after its login).
@@ -179,16 +203,18 @@ impl Clients {
 
     /// The backend running client `pid`'s statement, if the secret matches.
     pub fn cancel_target(&self, pid: i32, secret: i32) -> Option<CancelTarget> {
+        self.slot(pid, secret)?.running()
+    }
+
+    /// Client `pid`'s slot, if the secret matches.
+    pub fn slot(&self, pid: i32, secret: i32) -> Option<Arc<ClientSlot>> {
         let slot = self
             .slots
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&pid)
             .cloned()?;
-        if slot.secret != secret {
-            return None;
-        }
-        slot.running()
+        (slot.secret == secret).then_some(slot)
     }
 }
 

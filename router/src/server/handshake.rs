@@ -322,11 +322,18 @@ pub(super) async fn forward_cancel(shared: &Shared, pid: i32, secret: i32) {
         }
         return;
     }
-    let Some(target) = shared.clients.cancel_target(pid, secret) else {
+    let Some(slot) = shared.clients.slot(pid, secret) else {
         tracing::debug!(
             pid,
             "cancel request for an unknown client or with a wrong secret"
         );
+        return;
+    };
+    let Some(target) = slot.running() else {
+        // Nothing of the client's runs on a connection of its own: its statement may be on a
+        // shared connection, where only its session can tell which one is its.
+        slot.ask_cancel();
+        tracing::info!(pid, "passed a cancel request to the client's session");
         return;
     };
     let Some(routing) = shared.routing_of(target.generation) else {

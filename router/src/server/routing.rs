@@ -15,8 +15,9 @@ use super::hold::{self, Hold, HoldEnd};
 use super::pause::{Pauses, Waited};
 use super::shared::worker;
 use crate::backend::health::{Health, HealthBoard};
+use crate::backend::mux::ShardMux;
 use crate::backend::pool::{CheckoutError, PoolSettings, PooledConn, Pools};
-use crate::backend::BackendError;
+use crate::backend::{BackendError, Endpoint};
 use crate::config::Config;
 use crate::errors;
 use crate::planner::Planner;
@@ -43,6 +44,9 @@ pub struct Routing {
     health: Vec<Arc<Health>>,
     pauses: Arc<Pauses>,
     failover: Arc<FailoverCounters>,
+    /// Each shard's shared connections (`[pool] shared_connections`), one set per endpoint for
+    /// the whole router; empty when off.
+    muxes: Vec<Arc<ShardMux>>,
 }
 
 /// Why a checkout gave no connection.
@@ -106,6 +110,7 @@ impl Routing {
         let pools = (0..workers.max(1))
             .map(|w| Pools::new(&map, &settings, previous.map(|p| p.pools_of(w))))
             .collect();
+        let muxes = muxes(&map, &config, &settings, previous, board.health);
         Routing {
             generation,
             planner: Planner::with_limits(
@@ -125,7 +130,22 @@ impl Routing {
             health,
             pauses: board.pauses.clone(),
             failover: board.stats.failover.clone(),
+            muxes,
         }
+    }
+
+    /// Whether a statement may go to `shard`'s shared connections now: its primary is up (or
+    /// not tried yet) and the shard is not paused (a statement for a paused or unreachable shard takes the way
+    /// of a connection of its own, which waits).
+    pub fn shareable_now(&self, shard: usize) -> bool {
+        let health = &self.health[shard];
+        (health.is_up() || !health.answered())
+            && !(self.pauses.any() && self.pauses.is_paused(&self.shard_name(shard)))
+    }
+
+    /// Shard `shard`'s shared connections, when `[pool] shared_connections` is on.
+    pub fn mux(&self, shard: usize) -> Option<&Arc<ShardMux>> {
+        self.muxes.get(shard)
     }
 
     /// The pools of the calling worker thread.
@@ -329,4 +349,48 @@ fn unreachable(shard: &str, e: &BackendError) -> SqlError {
         ),
         &e.to_string(),
     )
+}
+
+/// The shared connections of `map`'s endpoints (none when `[pool] shared_connections` is 0):
+/// those of an endpoint whose login and limit did not change are kept from `previous`, with
+/// their connections.
+fn muxes(
+    map: &ShardMap,
+    config: &Config,
+    settings: &PoolSettings,
+    previous: Option<&Routing>,
+    health: &HealthBoard,
+) -> Vec<Arc<ShardMux>> {
+    let limit = config.pool.shared_connections;
+    if limit == 0 {
+        return Vec::new();
+    }
+    let mut by_endpoint: std::collections::HashMap<String, Arc<ShardMux>> = previous
+        .map(|p| {
+            p.muxes
+                .iter()
+                .map(|m| (m.endpoint.name(), m.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut made: std::collections::HashMap<String, Arc<ShardMux>> = Default::default();
+    map.shards()
+        .iter()
+        .map(|shard| {
+            let endpoint = Endpoint::for_primary(&shard.primary, settings);
+            let name = endpoint.name();
+            made.entry(name.clone())
+                .or_insert_with(|| match by_endpoint.remove(&name) {
+                    Some(kept) if kept.endpoint.same_login(&endpoint) && kept.limit() == limit => {
+                        kept
+                    }
+                    _ => Arc::new(ShardMux::new(
+                        endpoint,
+                        limit,
+                        health.of(&shard.primary.endpoint()),
+                    )),
+                })
+                .clone()
+        })
+        .collect()
 }

@@ -199,7 +199,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         match dest {
             Dest::Refused(err) => self.batch_error(&err).await,
             Dest::Shard(shard) => {
-                match self.reach(Some(shard)).await? {
+                self.may_share = stmt.plan.shareable && self.held_shareable();
+                let reached = self.reach(Some(shard)).await;
+                self.may_share = false;
+                match reached? {
                     Joined::Ready => {}
                     Joined::Refused(err) => return self.batch_error(&err).await,
                     // Skipping to Sync: this message too.
@@ -277,6 +280,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// Sends a message now when a connection is pinned, or holds it until the batch's shard
     /// is known.
     async fn route_or_hold(&mut self, msg: Msg<&[u8]>) -> Result<(), SessionError> {
+        let unshareable = matches!(&msg, Msg::Bind { stmt, .. } if !stmt.plan.shareable);
+        if unshareable && self.pin.as_ref().is_some_and(|p| p.conn.is_shared()) {
+            // The rest of the batch needs a connection of the client's own.
+            if let Err(err) = self.unshare().await {
+                return self.batch_error(&err).await;
+            }
+        }
         if self.pin.is_some() {
             self.release_held()?;
             self.send(msg)
@@ -302,7 +312,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         match self.pin.as_mut() {
             Some(pin) => {
                 let mut conn = ConnStatements {
-                    prepared: &mut pin.conn.prepared,
+                    prepared: pin.conn.prepared(),
                     unnamed: &mut pin.unnamed,
                 };
                 self.out.send(&mut conn, msg)?;
@@ -321,6 +331,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             },
         }
         Ok(())
+    }
+
+    /// Whether what the batch holds so far may go to a shared connection.
+    fn held_shareable(&self) -> bool {
+        !matches!(self.state.batch, Batch::Held) || self.state.held().shareable()
     }
 
     /// Sends the held messages, in order, now that a connection is pinned (or answers them
@@ -385,7 +400,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     return self.prepare_outside_transaction().await;
                 }
                 if held.needs_backend() {
-                    if let Err(err) = self.attach(None, true).await {
+                    self.may_share = self.held_shareable();
+                    let attached = self.attach(None, true).await;
+                    self.may_share = false;
+                    if let Err(err) = attached {
                         self.state.synced();
                         self.refuse_here(&err);
                         self.answer_ready();
@@ -651,7 +669,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         match self.pin.as_mut() {
             Some(pin) => {
                 let mut conn = ConnStatements {
-                    prepared: &mut pin.conn.prepared,
+                    prepared: pin.conn.prepared(),
                     unnamed: &mut pin.unnamed,
                 };
                 self.out.raise_extended(&mut conn, err)?;

@@ -92,6 +92,15 @@ impl Held {
         })
     }
 
+    /// Whether the held messages may go to a shared connection: every statement bound is
+    /// shareable (`Plan::shareable`); preparing and describing any statement is.
+    pub fn shareable(&self) -> bool {
+        self.msgs.iter().all(|m| match m {
+            Msg::Bind { stmt, .. } => stmt.plan.shareable,
+            _ => true,
+        })
+    }
+
     /// Whether any message needs a backend (everything but the Close of a statement does).
     pub fn needs_backend(&self) -> bool {
         self.msgs.iter().any(|m| !matches!(m, Msg::CloseStatement))

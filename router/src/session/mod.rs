@@ -21,6 +21,7 @@
 //! | [`relay`] | the I/O of one exchange with the pinned connection, COPY relay |
 //! | [`replay`] | a request aborted by a server shutdown, made fit for another connection (sans-IO) |
 //! | [`pin`] | checking a connection out for the client and returning it |
+//! | [`shared`] | a request on the shard's shared connections (multiplexed) |
 //! | [`settings`] | the client's session settings (sans-IO) |
 //! | [`multi`] | statements that run on several shards |
 //! | [`batches`] | extended batches of such a statement, answered by the router until its Sync |
@@ -47,6 +48,7 @@ mod relay;
 mod replay;
 mod replies;
 pub mod settings;
+mod shared;
 mod simple;
 mod state;
 mod statements;
@@ -136,6 +138,11 @@ pub struct Session<S> {
     reroute: Reroute,
     /// The client's SQL cursors.
     cursors: cursors::Cursors,
+    /// The statement about to be attached may go to the shard's shared connections (its
+    /// caller found it shareable); [`Session::attach`] takes it.
+    may_share: bool,
+    /// Where replies of shared requests arrive (made at the first).
+    channel: Option<shared::Channel>,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
@@ -167,6 +174,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             sql: String::new(),
             reroute: Reroute::No,
             cursors: Default::default(),
+            may_share: false,
+            channel: None,
         }
     }
 

@@ -106,7 +106,12 @@ impl Outbox {
                 *conn.unnamed = *version;
             }
             Text::Named(s) => {
-                if audience == Audience::Client && conn.prepared.contains(&s.id) {
+                // (For a shared connection the Parse is sent: its answer is the client's, and the
+                // connection it lands on closes its own copy first, `replay::preparation`.)
+                if audience == Audience::Client
+                    && !conn.prepared.is_everything()
+                    && conn.prepared.contains(&s.id)
+                {
                     self.replies
                         .push_synthetic(synthetic(reply::parse_complete));
                     return Ok(());

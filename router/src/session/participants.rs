@@ -20,7 +20,7 @@ use std::fmt::Write as _;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::task::JoinHandle;
 
-use super::pin::Pinned;
+use super::pin::{Link, Pinned};
 use super::replies::Audience;
 use super::state::Tx;
 use super::{Session, SessionError};
@@ -136,6 +136,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// Makes `shard` the pinned connection of the transaction under way (see the module
     /// documentation).
     pub(super) async fn join(&mut self, shard: usize) -> Result<Joined, SessionError> {
+        // A transaction's connections are its own.
+        if let Err(err) = self.unshare().await {
+            return Ok(Joined::Refused(err));
+        }
         let replay = match self.changes_to_replay() {
             Ok(replay) => replay,
             Err(err) => return Ok(Joined::Refused(err)),
@@ -242,10 +246,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             .parts
             .others
             .drain(..)
-            .map(|p| (p.shard, p.conn))
+            .filter_map(|p| Some((p.shard, p.conn.into_own()?)))
             .collect();
-        if let Some(pin) = self.pin.take() {
-            open.push((pin.shard, pin.conn));
+        // (A transaction's connections are its own: a shared one never takes part.)
+        if let Some((shard, Some(conn))) = self.pin.take().map(|p| (p.shard, p.conn.into_own())) {
+            open.push((shard, conn));
         }
         self.slot.set_running(None);
         if !self.changes.is_empty() {
@@ -278,7 +283,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// client left): closed, which rolls each back.
     pub(super) fn abandon_participants(&mut self) {
         for p in self.parts.others.drain(..) {
-            crate::backend::pool::discard(p.conn);
+            if let Some(conn) = p.conn.into_own() {
+                crate::backend::pool::discard(conn);
+            }
         }
         self.parts = Participants::default();
     }
@@ -299,7 +306,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let spans = shards.len() > 1 || self.pin.as_ref().is_some_and(|p| p.shard != shards[0]);
         let first_spread = spans && self.parts.is_empty();
         self.parts.spanned |= spans;
-        let mut held: Vec<Pinned> = self.pin.take().into_iter().collect();
+        // A shared connection is nobody's to lend: the statement begins the transaction on a
+        // connection of the client's own there.
+        let mut held: Vec<Pinned> = self
+            .pin
+            .take()
+            .filter(|p| !p.conn.is_shared())
+            .into_iter()
+            .collect();
         held.append(&mut self.parts.others);
         let mut members = Vec::with_capacity(shards.len());
         for (i, &shard) in shards.iter().enumerate() {
@@ -310,7 +324,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                         // The transaction spans shards from now on.
                         self.push_lock_timeout(&mut prelude);
                     }
-                    Some(held.swap_remove(i).conn)
+                    held.swap_remove(i).conn.into_own()
                 }
                 None => {
                     prelude = self.joining_prelude(&replay, spans);
@@ -362,7 +376,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             match handle.await {
                 Ok((shard, Some(conn))) => self.parts.others.push(Pinned {
                     shard,
-                    conn,
+                    conn: Link::Own(conn),
                     // The statement replaced the unnamed statement there.
                     unnamed: 0,
                     fresh: false,

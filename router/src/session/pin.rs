@@ -2,6 +2,7 @@
 //! shard's pool for a statement or a transaction, given the client's settings (and its pending
 //! `BEGIN`) in the same write as the statement, and returned once the client is at rest.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -9,7 +10,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use super::replay;
 use super::replies::Audience;
 use super::Session;
+use crate::backend::mux::ShardMux;
 use crate::backend::pool::PooledConn;
+use crate::backend::prepared::PreparedSet;
 use crate::errors;
 use crate::protocol::reply::SqlError;
 use crate::resolver::Reroute;
@@ -20,12 +23,57 @@ use crate::stats::{RouteKind, Stats};
 /// The backend connection a client holds.
 pub struct Pinned {
     pub shard: usize,
-    pub conn: PooledConn,
+    pub conn: Link,
     /// Which version of the client's unnamed statement the connection holds (0: none).
     pub unnamed: u64,
     /// Nothing has been exchanged on it since it was pinned: its first request may be sent
     /// again elsewhere when the server aborts it at a shutdown ([`super::replay`]).
     pub fresh: bool,
+}
+
+/// What a pinned request goes to.
+pub enum Link {
+    /// A pooled connection of the client's own, for as long as it is pinned.
+    Own(PooledConn),
+    /// The shard's shared connections (`backend::mux`): the request is written as if for a
+    /// connection that has every router statement, and goes to one of them once complete,
+    /// with the preparation that connection needs in front.
+    Shared {
+        mux: Arc<ShardMux>,
+        assumed: PreparedSet,
+        /// The statement needs no particular shard: if the request cannot go to these shared
+        /// connections, any shard's connection will do.
+        any: bool,
+    },
+}
+
+impl Link {
+    /// The connection of the client's own, if it is one.
+    pub fn own(&mut self) -> Option<&mut crate::backend::BackendConn> {
+        match self {
+            Link::Own(conn) => Some(conn),
+            Link::Shared { .. } => None,
+        }
+    }
+
+    pub fn into_own(self) -> Option<PooledConn> {
+        match self {
+            Link::Own(conn) => Some(conn),
+            Link::Shared { .. } => None,
+        }
+    }
+
+    /// The router statements the request may use as prepared.
+    pub fn prepared(&mut self) -> &mut PreparedSet {
+        match self {
+            Link::Own(conn) => &mut conn.prepared,
+            Link::Shared { assumed, .. } => assumed,
+        }
+    }
+
+    pub fn is_shared(&self) -> bool {
+        matches!(self, Link::Shared { .. })
+    }
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
@@ -45,6 +93,25 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 ));
             }
             return Ok(());
+        }
+        if std::mem::take(&mut self.may_share) {
+            if let Some((shard, mux)) = self.shareable_shard(wanted) {
+                self.client
+                    .meter
+                    .route(RouteKind::SingleShard, self.routing.stats_id(shard));
+                self.pin = Some(Pinned {
+                    shard,
+                    conn: Link::Shared {
+                        mux,
+                        assumed: PreparedSet::everything(),
+                        any: wanted.is_none(),
+                    },
+                    unnamed: 0,
+                    fresh: true,
+                });
+                self.point_cancel_at_pin();
+                return Ok(());
+            }
         }
         let (mut conn, waited, shard) = match wanted {
             Some(shard) => {
@@ -78,7 +145,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         }
         self.pin = Some(Pinned {
             shard,
-            conn,
+            conn: Link::Own(conn),
             unnamed: 0,
             fresh: true,
         });
@@ -163,7 +230,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             return Err(errors::internal("a resend without a connection"));
         };
         let name = self.shard_name(old.shard);
-        crate::backend::pool::discard(old.conn);
+        if let Some(conn) = old.conn.into_own() {
+            crate::backend::pool::discard(conn);
+        }
         self.slot.set_running(None);
         let ep = &self.routing.pools().for_shard(old.shard).endpoint;
         let endpoint = ep.name();
@@ -225,7 +294,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         };
         self.pin = Some(Pinned {
             shard,
-            conn,
+            conn: Link::Own(conn),
             unnamed: old.unnamed,
             fresh: true,
         });
@@ -236,13 +305,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// A cancel request of the client goes to the pinned connection's statement.
     pub(super) fn point_cancel_at_pin(&self) {
         match &self.pin {
-            Some(pin) => self.slot.set_running(Some(CancelTarget {
+            Some(Pinned {
+                shard,
+                conn: Link::Own(conn),
+                ..
+            }) => self.slot.set_running(Some(CancelTarget {
                 generation: self.routing.generation,
-                shard: pin.shard,
-                pid: pin.conn.pid,
-                secret: pin.conn.secret,
+                shard: *shard,
+                pid: conn.pid,
+                secret: conn.secret,
             })),
-            None => self.slot.set_running(None),
+            // A statement on a shared connection is cancelled by the session itself
+            // (`ClientSlot::ask_cancel`), which knows which of the connection's it is.
+            Some(_) | None => self.slot.set_running(None),
         }
     }
 
@@ -268,7 +343,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         self.abandon_participants();
         if let Some(pin) = self.pin.take() {
             if !(self.state.at_rest() && self.out.replies.is_empty()) {
-                crate::backend::pool::discard(pin.conn);
+                // (A shared connection drops the replies of a client that left.)
+                if let Some(conn) = pin.conn.into_own() {
+                    crate::backend::pool::discard(conn);
+                }
             }
             self.slot.set_running(None);
         }
@@ -284,15 +362,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
 const PRELUDE_ATTEMPTS: usize = 3;
 
 /// What went wrong with a prelude.
-struct PreludeProblem {
-    what: String,
+pub(super) struct PreludeProblem {
+    pub what: String,
     /// The connection broke or the server ended it at a shutdown: nothing of the request was
     /// sent on it, so another connection may be tried.
     connection_ended: bool,
 }
 
 /// Runs a prelude up to its `readies`-th ReadyForQuery; what went wrong, if anything.
-async fn run_prelude(
+pub(super) async fn run_prelude(
     conn: &mut crate::backend::BackendConn,
     prelude: &[u8],
     readies: usize,

@@ -91,7 +91,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             ));
         };
         let mut conn = ConnStatements {
-            prepared: &mut pin.conn.prepared,
+            prepared: pin.conn.prepared(),
             unnamed: &mut pin.unnamed,
         };
         self.out.ready(&mut conn, &stmt)?;
@@ -110,7 +110,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         }
         self.exchange().await?;
         let prepared = match (&stmt.text, self.pin.as_mut()) {
-            (Text::Named(s), Some(pin)) => pin.conn.prepared.contains(&s.id),
+            (Text::Named(s), Some(pin)) => pin.conn.prepared().contains(&s.id),
             _ => false,
         };
         if !prepared {
@@ -184,7 +184,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             ));
         };
         let mut conn = ConnStatements {
-            prepared: &mut pin.conn.prepared,
+            prepared: pin.conn.prepared(),
             unnamed: &mut pin.unnamed,
         };
         self.out.ready(&mut conn, &stmt)?;

@@ -37,6 +37,16 @@ const MAX_RESENDS: usize = 3;
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// Writes the outbox to the pinned connection and forwards replies until none are owed.
     pub(super) async fn exchange(&mut self) -> Result<(), SessionError> {
+        if self.pin.as_ref().is_some_and(|p| p.conn.is_shared()) {
+            if self.exchange_shared().await? {
+                return Ok(());
+            }
+            // Not a request that stands alone: it goes to a connection of the client's own.
+            tracing::debug!(statement = %truncate(&self.sql, 100), "a shared request goes to a connection of its own");
+            if let Err(err) = self.unshare().await {
+                return self.exchange_failed(err).await;
+            }
+        }
         let mut resends = 0;
         loop {
             match self.pump().await {
@@ -60,7 +70,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         };
         let name = self.shard_name(pin.shard);
         let endpoint = self.routing.pools().for_shard(pin.shard).endpoint.name();
-        crate::backend::pool::discard(pin.conn);
+        if let Some(conn) = pin.conn.into_own() {
+            crate::backend::pool::discard(conn);
+        }
         self.slot.set_running(None);
         tracing::warn!(shard = %name, %endpoint, "backend connection lost: {why}");
         self.exchange_failed(errors::shard_lost(&name, &endpoint, &why))
@@ -107,7 +119,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         self.client
             .meter
             .route(RouteKind::SingleShard, self.routing.stats_id(shard));
-        let conn = &mut *pin.conn;
+        let Some(conn) = pin.conn.own() else {
+            return Err(Failed::Backend(
+                "internal: a shared connection in an exchange of the client's own".into(),
+            ));
+        };
         // Timed per exchange: a request may hold several (Flush), and time spent waiting for a
         // connection or a paused shard is not the statement's running time.
         let started = tokio::time::Instant::now();

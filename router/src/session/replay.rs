@@ -103,17 +103,33 @@ pub fn uses(bytes: &[u8]) -> Result<Uses, NotReplayable> {
 }
 
 /// The prelude that makes `conn` (the replacement's prepared set, updated to what it holds
-/// after the prelude and the request) fit `uses`: Parse for each needed statement it lacks
-/// (`text` gives its SQL and parameter types), Close for each it has that the request
-/// prepares. Ends with a Sync when anything was written; returns whether it did.
+/// after the prelude and the request) fit `uses`: [`preparation`], then a Sync when anything
+/// was written; returns whether it did.
 pub fn prelude<'t>(
     out: &mut BytesMut,
     uses: &Uses,
     conn: &mut PreparedSet,
     text: impl Fn(u64) -> Option<(&'t str, &'t [u8])>,
 ) -> Result<bool, NotReplayable> {
+    if preparation(out, uses, conn, text)? == 0 {
+        return Ok(false);
+    }
+    request::sync(out);
+    Ok(true)
+}
+
+/// What makes `conn` (a prepared set, updated to what the connection holds after this and the
+/// request) fit `uses`, without a Sync: Parse for each needed statement it lacks (`text` gives
+/// its SQL and parameter types), Close for each it has that the request prepares. Returns how
+/// many messages it wrote (each answered by a ParseComplete or a CloseComplete).
+pub fn preparation<'t>(
+    out: &mut BytesMut,
+    uses: &Uses,
+    conn: &mut PreparedSet,
+    text: impl Fn(u64) -> Option<(&'t str, &'t [u8])>,
+) -> Result<usize, NotReplayable> {
     let unwritable = |_: Unwritable| NotReplayable("a statement the router cannot write");
-    let start = out.len();
+    let mut written = 0;
     for &id in &uses.needed {
         if conn.contains(&id) {
             continue;
@@ -124,12 +140,15 @@ pub fn prelude<'t>(
                 return Err(NotReplayable("more statements than a connection keeps"));
             }
             request::close_statement(out, &format!("sg_{old}")).map_err(unwritable)?;
+            written += 1;
         }
         request::parse(out, &format!("sg_{id}"), sql, types).map_err(unwritable)?;
+        written += 1;
     }
     for &id in &uses.prepared {
         if conn.contains(&id) {
             request::close_statement(out, &format!("sg_{id}")).map_err(unwritable)?;
+            written += 1;
             conn.remove(&id);
         }
     }
@@ -140,16 +159,13 @@ pub fn prelude<'t>(
                 return Err(NotReplayable("more statements than a connection keeps"));
             }
             request::close_statement(out, &format!("sg_{old}")).map_err(unwritable)?;
+            written += 1;
         }
     }
     for id in &uses.closed {
         conn.remove(id);
     }
-    if out.len() == start {
-        return Ok(false);
-    }
-    request::sync(out);
-    Ok(true)
+    Ok(written)
 }
 
 #[cfg(test)]

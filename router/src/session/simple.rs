@@ -28,8 +28,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             self.finish_preparation().await?;
         }
         let pinned = self.pinned();
+        let shareable;
         let dest = {
             let planned = self.routing.planner.plan(sql, &mut self.nbuf);
+            shareable = planned.shareable;
             let stmt = resolver::Statement::from_text(sql, &planned);
             let target = Self::resolve(&self.routing, &self.settings, &self.state, pinned, &stmt);
             // Several statements may hold several keys of the shard: after a split they could
@@ -174,7 +176,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     Dest::Shard(s) => Some(s),
                     _ => None,
                 };
-                if !self.reach_for_query(wanted).await? {
+                self.may_share = shareable && matches!(dest, Dest::Shard(_) | Dest::Any);
+                let reached = self.reach_for_query(wanted).await;
+                self.may_share = false;
+                if !reached? {
                     return Ok(());
                 }
                 self.out.push_frame(frame);

@@ -46,6 +46,7 @@ locals {
     backend_user     = var.backend_user
     backend_password = var.backend_password
     pool_max_size    = var.pool_max_size
+    shared_connections = var.shared_connections
     pause_timeout_ms = var.pause_timeout_ms
     max_clients      = var.max_clients
     drain_grace_ms   = var.drain_grace_ms

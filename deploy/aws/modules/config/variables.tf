@@ -119,6 +119,16 @@ variable "pool_max_size" {
   }
 }
 
+variable "shared_connections" {
+  description = "[pool] shared_connections: backend connections per router and shard on which all clients' autocommit statements are pipelined (0: off)."
+  type        = number
+  default     = 1
+  validation {
+    condition     = var.shared_connections >= 0
+    error_message = "shared_connections must be 0 or more."
+  }
+}
+
 variable "pause_timeout_ms" {
   description = "[pool] pause_timeout_ms: how long statements for a paused shard (a split's cut-over) wait."
   type        = number

@@ -26,6 +26,6 @@ locals {
 
   # Today every router worker thread keeps its own pool per shard: a primary sees at least one
   # connection per router worker, up to the pool size under load.
-  backend_connections_per_primary = var.router_count * var.router_workers * var.pool_connections_per_worker
+  backend_connections_per_primary = var.router_count * (var.shared_connections + var.router_workers * var.pool_connections_per_worker)
   max_connections                 = local.backend_connections_per_primary + var.reserved_connections
 }

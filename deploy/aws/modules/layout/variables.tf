@@ -69,6 +69,12 @@ variable "pool_connections_per_worker" {
   default     = 1
 }
 
+variable "shared_connections" {
+  description = "The routers' [pool] shared_connections: connections per router and shard besides the pools."
+  type        = number
+  default     = 0
+}
+
 variable "reserved_connections" {
   description = "Connections each primary keeps free beyond the routers' (superuser, replication, monitoring, resharding)."
   type        = number

@@ -1,0 +1,430 @@
+//! A request on the shard's shared connections (`backend::mux`, `[pool] shared_connections`):
+//! an autocommit statement that leaves nothing on the connection ([`crate::planner::Plan`]'s
+//! `shareable`) is pinned to the shard's mux rather than to a connection of the client's own
+//! ([`super::pin::Link::Shared`]). Its messages are written as for a connection that has every
+//! router statement; once the request is complete (it ends in Sync, or is a Query) it is
+//! handed to a lane, which prepares what it lacks in front of it, and the replies come back
+//! through the session's channel to the same [`super::replies`] bookkeeping as on a
+//! connection of its own.
+//!
+//! Anything that needs a connection to itself on the way (a Flush, the client's own Parse of
+//! a named statement, a second shard in the batch) turns the pin into one of the client's own
+//! first ([`Session::unshare`]), with what the request written so far assumes prepared there.
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+
+use super::pin::{Link, Pinned};
+use super::replay;
+use super::replies::Action;
+use super::{Session, SessionError};
+use crate::backend::mux::{Cancelled, Lane, Reply, Request, ShardMux};
+use crate::errors;
+use crate::protocol::frame::next_frame;
+use crate::protocol::reply::{self, SqlError, TxStatus};
+use crate::server::Checkout;
+use crate::stats::RouteKind;
+
+/// Replies of one session's shared requests waiting to be read: a few chunks (each one read
+/// of the backend); the lane waits when the client reads slowly.
+const CHANNEL: usize = 16;
+
+/// The session's end of its shared requests' replies.
+pub(super) struct Channel {
+    tx: mpsc::Sender<Reply>,
+    rx: mpsc::Receiver<Reply>,
+}
+
+impl Default for Channel {
+    fn default() -> Self {
+        let (tx, rx) = mpsc::channel(CHANNEL);
+        Channel { tx, rx }
+    }
+}
+
+/// How many ReadyForQuery frames `bytes` then `tail` (a request) end with, when the request
+/// stands alone on a shared connection: it ends in a Sync or is a Query, and asks for no
+/// Flush or COPY data.
+fn standalone(bytes: &[u8], tail: &[u8]) -> Option<usize> {
+    let mut readies = 0;
+    let mut last = 0;
+    for part in [bytes, tail] {
+        let mut rest = part;
+        while let Ok(Some(h)) = next_frame(rest) {
+            match h.tag {
+                b'S' | b'Q' => readies += 1,
+                b'P' | b'B' | b'D' | b'E' | b'C' => {}
+                _ => return None,
+            }
+            last = h.tag;
+            rest = &rest[h.total..];
+        }
+        if !rest.is_empty() {
+            return None;
+        }
+    }
+    (readies > 0 && matches!(last, b'S' | b'Q')).then_some(readies)
+}
+
+/// How a shared request ended.
+enum Outcome {
+    Answered,
+    /// The lane could not take it, or lost it before writing it: nothing of it ran.
+    NotTaken,
+    /// The lane's connection ended after it was written.
+    Lost(String),
+    /// The server ended the lane's session while it ran, before it answered anything.
+    Aborted(String),
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
+    /// The shard a statement that may share goes to, and its mux: when sharing is on, the
+    /// client is outside any transaction, and the shard is up and not paused.
+    pub(super) fn shareable_shard(
+        &self,
+        wanted: Option<usize>,
+    ) -> Option<(usize, std::sync::Arc<ShardMux>)> {
+        // (`wanted: None`: any shard; its shared connections may be passed over later for a
+        // shard that can give a connection at once, `Session::unshare`.)
+        if self.state.tx != super::state::Tx::Idle || !self.parts.is_empty() {
+            return None;
+        }
+        let shard =
+            wanted.unwrap_or_else(|| self.shared.any_shard(self.routing.map.shards().len()));
+        let mux = self.routing.mux(shard)?;
+        self.routing
+            .shareable_now(shard)
+            .then(|| (shard, mux.clone()))
+    }
+
+    /// Runs the request in the outbox on a shared connection; `false` when it does not stand
+    /// alone or no lane took it (nothing of it ran): it then needs a connection of its own.
+    pub(super) async fn exchange_shared(&mut self) -> Result<bool, SessionError> {
+        let Some(readies) = standalone(&self.out.bytes, &self.out.tail) else {
+            return Ok(false);
+        };
+        let Ok(uses) = replay::uses(&self.out.bytes) else {
+            return Ok(false);
+        };
+        let Some(Pinned {
+            shard,
+            conn: Link::Shared { mux, .. },
+            ..
+        }) = &self.pin
+        else {
+            return Ok(false);
+        };
+        let (shard, mux) = (*shard, mux.clone());
+        let fp = self.settings.fingerprint();
+        let Some(lane) = mux.lane(fp, self.routing.config.pool.connect_timeout).await else {
+            return Ok(false);
+        };
+        self.client
+            .meter
+            .route(RouteKind::SingleShard, self.routing.stats_id(shard));
+        let mut channel = self.channel.take().unwrap_or_default();
+        let started = tokio::time::Instant::now();
+        let outcome = self
+            .run_shared(&mux, &lane, &mut channel, readies, &uses, fp)
+            .await;
+        self.channel = Some(channel);
+        match outcome? {
+            Outcome::Answered => {}
+            Outcome::NotTaken => return Ok(false),
+            Outcome::Aborted(why) => {
+                // A shutdown refuses logins from the moment it ends the sessions; a server
+                // that still takes one ended this session on purpose: not sent again.
+                if crate::backend::BackendConn::connect(&mux.endpoint)
+                    .await
+                    .is_err()
+                {
+                    return Ok(false);
+                }
+                self.pin = None;
+                let err = errors::ended_by_server(&self.shard_name(shard), &why);
+                self.exchange_failed(err).await?;
+                return Ok(true);
+            }
+            Outcome::Lost(why) => {
+                self.pin = None;
+                let name = self.shard_name(shard);
+                tracing::warn!(shard = %name, endpoint = %mux.endpoint.name(), "shared connection lost: {why}");
+                let err = errors::shard_lost(&name, &mux.endpoint.name(), &why);
+                self.exchange_failed(err).await?;
+                return Ok(true);
+            }
+        }
+        self.client.flush().await.map_err(SessionError::Client)?;
+        self.out.bytes.clear();
+        self.out.tail = BytesMut::new();
+        if let Some(threshold) = self.routing.config.limits.slow_statement {
+            let elapsed = started.elapsed();
+            if elapsed >= threshold {
+                tracing::warn!(
+                    shard = %self.routing.map.shards()[shard].range,
+                    elapsed_ms = elapsed.as_secs_f64() * 1e3,
+                    statement = %super::relay::truncate(&self.sql, 300),
+                    shared = true,
+                    "slow statement"
+                );
+            }
+        }
+        Ok(true)
+    }
+
+    async fn run_shared(
+        &mut self,
+        mux: &ShardMux,
+        lane: &Lane,
+        channel: &mut Channel,
+        readies: usize,
+        uses: &replay::Uses,
+        fp: u64,
+    ) -> Result<Outcome, SessionError> {
+        let cancels = self.slot.cancels();
+        let statements = &self.statements;
+        let settings = &self.settings;
+        let submitted = lane.submit(
+            mux,
+            Request {
+                bytes: &self.out.bytes,
+                tail: &self.out.tail,
+                readies,
+                settings_fp: fp,
+                sink: channel.tx.clone(),
+            },
+            |out, prepared| {
+                replay::preparation(out, uses, prepared, |id| {
+                    statements
+                        .router_statement(id)
+                        .map(|s| (&*s.sql, &*s.param_types))
+                })
+            },
+            || settings.apply_sql(),
+        );
+        let Some(seq) = submitted else {
+            return Ok(Outcome::NotTaken);
+        };
+        self.out.replies.drain_synthetic(&mut self.client.out);
+        let mut cancels_seen = cancels;
+        // Waiting in the router for a turn on a busy lane is bounded like a pool checkout.
+        let checkout = self.routing.config.pool.checkout_timeout;
+        let mut queued_until = Some(tokio::time::Instant::now() + checkout);
+        // The router's statement timeout counts running time, not time queued behind others:
+        // a deadline that finds the request still queued starts again.
+        let timeout = self.routing.config.limits.statement_timeout;
+        let mut deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        let slot = self.slot.clone();
+        loop {
+            let asked = slot.cancel_asked();
+            tokio::pin!(asked);
+            asked.as_mut().enable();
+            let mut cancel_why = None;
+            if slot.cancels() != cancels_seen {
+                cancels_seen = slot.cancels();
+                cancel_why = Some("canceling statement due to user request");
+            } else {
+                tokio::select! {
+                    reply = channel.rx.recv() => match reply {
+                        Some(Reply::Frames(s, frames)) if s == seq => {
+                            self.take_shared(&frames, lane)?;
+                            if !self.out.replies.awaits_backend() {
+                                return Ok(Outcome::Answered);
+                            }
+                            self.client.flush().await.map_err(SessionError::Client)?;
+                        }
+                        Some(Reply::Lost { seq: s, why, sent, aborted }) if s == seq => {
+                            return Ok(if aborted {
+                                Outcome::Aborted(why)
+                            } else if sent {
+                                Outcome::Lost(why)
+                            } else {
+                                Outcome::NotTaken
+                            });
+                        }
+                        // Left over from a request the session stopped waiting for.
+                        Some(_) => {}
+                        None => return Ok(Outcome::Lost("the shared connection's channel closed".into())),
+                    },
+                    () = &mut asked => {}
+                    () = tokio::time::sleep_until(queued_until.unwrap_or_else(tokio::time::Instant::now)), if queued_until.is_some() => {
+                        queued_until = None;
+                        if lane.withdraw(seq) {
+                            let shard = self.pin.as_ref().map_or(0, |p| p.shard);
+                            let err = errors::pool_exhausted(
+                                &self.shard_name(shard),
+                                &mux.endpoint.name(),
+                                checkout,
+                            );
+                            self.answer_unsent(&err, readies, lane)?;
+                            return Ok(Outcome::Answered);
+                        }
+                    }
+                    () = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
+                        if lane.is_queued(seq) {
+                            deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+                        } else {
+                            deadline = None;
+                            cancel_why = Some("canceling statement due to statement timeout");
+                        }
+                    }
+                }
+            }
+            if let Some(why) = cancel_why {
+                if lane.cancel(seq) == Cancelled::Removed {
+                    // Never written: the router answers as Postgres would have.
+                    self.answer_unsent(&SqlError::new(errors::QUERY_CANCELED, why), readies, lane)?;
+                    return Ok(Outcome::Answered);
+                }
+            }
+        }
+    }
+
+    /// Answers a request the lane never wrote with `err` at each of its `readies` Syncs, as
+    /// Postgres answers a request that fails at its start.
+    fn answer_unsent(
+        &mut self,
+        err: &SqlError,
+        readies: usize,
+        lane: &Lane,
+    ) -> Result<(), SessionError> {
+        let mut answer = Vec::new();
+        for _ in 0..readies {
+            err.write(&mut answer);
+            reply::ready_for_query(&mut answer, TxStatus::Idle);
+        }
+        self.take_shared(&answer, lane)
+    }
+
+    /// Hands reply frames of the session's shared request to its bookkeeping, and what the
+    /// client sees to the client's buffer.
+    fn take_shared(&mut self, mut frames: &[u8], lane: &Lane) -> Result<(), SessionError> {
+        while let Ok(Some(h)) = next_frame(frames) {
+            let frame = &frames[..h.total];
+            let step = self
+                .out
+                .replies
+                .on_frame(h.tag, &frame[5..])
+                .map_err(|d| SessionError::Protocol(format!("shared connection: {d}")))?;
+            match step.action {
+                Action::Forward => self.client.out.extend_from_slice(frame),
+                Action::ForwardRaised => self
+                    .client
+                    .out
+                    .extend_from_slice(&reply::without_server_location(frame)),
+                Action::Drop => {}
+            }
+            if let Some(status) = step.ready {
+                self.state.ready(status);
+            }
+            self.out.replies.drain_synthetic(&mut self.client.out);
+            for (id, clients_own) in self.out.replies.take_failed() {
+                // Its Parse failed: the lane does not have it after all.
+                lane.forget_prepared(id);
+                if clients_own {
+                    self.statements.forget(id);
+                }
+            }
+            frames = &frames[h.total..];
+        }
+        Ok(())
+    }
+
+    /// Turns a shared pin into a connection of the client's own to the same shard, given what
+    /// the request written so far assumes: the client's settings and the router statements it
+    /// uses.
+    pub(super) async fn unshare(&mut self) -> Result<(), SqlError> {
+        let Some(pin) = self.pin.take_if(|p| p.conn.is_shared()) else {
+            return Ok(());
+        };
+        let any = matches!(pin.conn, Link::Shared { any: true, .. });
+        let got = if any {
+            // A statement for no particular shard: whichever can give a connection now.
+            let start = self.shared.any_shard(self.routing.map.shards().len());
+            self.routing.checkout_any(start).await
+        } else {
+            self.routing
+                .checkout_timed(pin.shard)
+                .await
+                .map(|(conn, waited)| (conn, waited, pin.shard))
+        };
+        let (mut conn, waited, shard) = match got {
+            Ok(got) => got,
+            Err(Checkout::Refused(err)) => return Err(err),
+            Err(Checkout::MapChanged) => {
+                return Err(errors::map_changed_while_paused(
+                    &self.shard_name(pin.shard),
+                ))
+            }
+        };
+        let name = self.shard_name(shard);
+        self.client.meter.waited(waited);
+        if !self.shared.server_params_learned() {
+            self.shared.learn_server_params(&conn.params);
+        }
+        let endpoint = self.routing.pools().for_shard(shard).endpoint.name();
+        let lost = |why: String| errors::shard_lost(&name, &endpoint, &why);
+        let uses = replay::uses(&self.out.bytes).map_err(|e| lost(e.0.to_string()))?;
+        let mut prelude = BytesMut::new();
+        let mut readies = 0;
+        let fp = self.settings.fingerprint();
+        if conn.settings_fp != fp {
+            crate::protocol::request::query(&mut prelude, &self.settings.apply_sql())
+                .map_err(errors::internal)?;
+            readies += 1;
+        }
+        let statements = &self.statements;
+        let wrote = replay::prelude(&mut prelude, &uses, &mut conn.prepared, |id| {
+            statements
+                .router_statement(id)
+                .map(|s| (&*s.sql, &*s.param_types))
+        })
+        .map_err(|e| lost(e.0.to_string()))?;
+        readies += usize::from(wrote);
+        if readies > 0 {
+            if let Some(problem) = super::pin::run_prelude(&mut conn, &prelude, readies).await {
+                crate::backend::pool::discard(conn);
+                return Err(lost(format!("preparing a connection: {}", problem.what)));
+            }
+            conn.settings_fp = fp;
+        }
+        self.pin = Some(Pinned {
+            shard,
+            conn: Link::Own(conn),
+            unnamed: pin.unnamed,
+            fresh: true,
+        });
+        self.point_cancel_at_pin();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::request;
+
+    #[test]
+    fn only_requests_that_end_in_sync_or_are_a_query_stand_alone() {
+        let mut b = BytesMut::new();
+        request::query(&mut b, "SELECT 1").unwrap();
+        assert_eq!(standalone(&b, &[]), Some(1));
+        let mut b = BytesMut::new();
+        request::parse(&mut b, "", "SELECT $1", &[]).unwrap();
+        request::sync(&mut b);
+        request::parse(&mut b, "", "SELECT 2", &[]).unwrap();
+        request::sync(&mut b);
+        assert_eq!(standalone(&b, &[]), Some(2));
+        let mut flush = BytesMut::new();
+        request::parse(&mut flush, "", "SELECT 1", &[]).unwrap();
+        flush.extend_from_slice(&[b'H', 0, 0, 0, 4]);
+        assert_eq!(standalone(&flush, &[]), None);
+        let mut open = BytesMut::new();
+        request::parse(&mut open, "", "SELECT 1", &[]).unwrap();
+        assert_eq!(standalone(&open, &[]), None);
+        let mut long = BytesMut::new();
+        request::query(&mut long, "SELECT 3").unwrap();
+        assert_eq!(standalone(&[], &long), Some(1));
+    }
+}
