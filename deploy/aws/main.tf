@@ -2,13 +2,13 @@
 # rendered configuration, the AMI, and the S3 objects every member reads.
 
 module "layout" {
-  source         = "./modules/layout"
-  shard_count    = var.shard_count
-  azs            = var.azs
-  vpc_cidr       = var.vpc_cidr
-  router_count   = var.router_count
-  router_workers = var.router_workers
-  database       = var.database
+  source             = "./modules/layout"
+  shard_count        = var.shard_count
+  azs                = var.azs
+  vpc_cidr           = var.vpc_cidr
+  router_count       = var.router_count
+  router_workers     = var.router_workers
+  database           = var.database
   shared_connections = var.shared_connections
 }
 

@@ -39,6 +39,9 @@ pub const DEPTH: usize = 16;
 /// look for (or open) another lane.
 pub const SLOW: Duration = Duration::from_millis(20);
 
+/// How often a driver with a cancel waiting checks whether it may send it.
+const CANCEL_CHECK: Duration = Duration::from_millis(2);
+
 /// How often an idle driver checks that its mux is still in use.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
 
@@ -58,10 +61,70 @@ pub enum Reply {
         sent: bool,
         aborted: bool,
     },
+    /// The client read request `seq`'s replies too slowly ([`UNREAD_LIMIT`]): the rest of
+    /// them are dropped.
+    Overflow(u64),
 }
 
-/// Where a session receives its replies.
-pub type Sink = mpsc::Sender<Reply>;
+/// Where a session receives its replies. Sending never waits: a lane must not stop for a
+/// client that reads slowly. What a session has not taken yet is counted instead, and a request
+/// whose replies pile up past [`UNREAD_LIMIT`] is failed alone ([`Reply::Overflow`]).
+#[derive(Clone, Debug)]
+pub struct Sink {
+    tx: mpsc::UnboundedSender<Reply>,
+    unread: Arc<AtomicUsize>,
+}
+
+/// The session's end of a [`Sink`].
+#[derive(Debug)]
+pub struct Inbox {
+    rx: mpsc::UnboundedReceiver<Reply>,
+    unread: Arc<AtomicUsize>,
+}
+
+/// A session's channel for the replies of its shared requests.
+pub fn channel() -> (Sink, Inbox) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let unread = Arc::new(AtomicUsize::new(0));
+    (
+        Sink {
+            tx,
+            unread: unread.clone(),
+        },
+        Inbox { rx, unread },
+    )
+}
+
+impl Sink {
+    /// Hands `reply` over; false when the session is gone, or when frames would pile up past
+    /// [`UNREAD_LIMIT`] (then the session is told so instead).
+    fn deliver(&self, reply: Reply) -> bool {
+        if let Reply::Frames(seq, frames) = &reply {
+            let len = frames.len();
+            if self.unread.fetch_add(len, Ordering::AcqRel) + len > UNREAD_LIMIT {
+                self.unread.fetch_sub(len, Ordering::AcqRel);
+                let _ = self.tx.send(Reply::Overflow(*seq));
+                return false;
+            }
+        }
+        self.tx.send(reply).is_ok()
+    }
+}
+
+impl Inbox {
+    pub async fn recv(&mut self) -> Option<Reply> {
+        let reply = self.rx.recv().await?;
+        if let Reply::Frames(_, frames) = &reply {
+            self.unread.fetch_sub(frames.len(), Ordering::AcqRel);
+        }
+        Some(reply)
+    }
+}
+
+/// Reply bytes a shared request may have waiting for its client: a client that reads a large
+/// result slower than Postgres sends it is failed (`54000`) rather than let the lane stop for
+/// everyone behind it, or the router hold the result.
+pub const UNREAD_LIMIT: usize = 16 << 20;
 
 /// The answer to a cancel of a request.
 #[derive(Debug, PartialEq, Eq)]
@@ -114,7 +177,8 @@ struct LaneState {
     pipeline: Pipeline<Sink>,
     prepared: PreparedSet,
     settings_fp: u64,
-    cancel: Option<CancelState>,
+    /// Cancels asked for written requests, not yet over; nothing new is written meanwhile.
+    cancels: Vec<CancelState>,
     /// Why the connection ended; nothing is accepted after.
     ended: Option<String>,
     /// A preparation failed here: what the lane has prepared is unknown; it takes nothing new
@@ -128,6 +192,8 @@ struct Queued {
     readies: usize,
     hidden: usize,
     sink: Option<Sink>,
+    /// It prepares or closes statements: the lane's record already counts them done.
+    touches_prepared: bool,
 }
 
 struct CancelState {
@@ -145,6 +211,8 @@ pub struct Request<'a> {
     pub readies: usize,
     pub settings_fp: u64,
     pub sink: Sink,
+    /// The request itself prepares or closes router statements (the client's own Parse).
+    pub touches_prepared: bool,
 }
 
 impl ShardMux {
@@ -255,6 +323,33 @@ impl ShardMux {
         }
     }
 
+    /// Opens a first lane now, on this worker, unless one is open or being opened: a warm
+    /// start, so the first statements do not wait for a login. `Some(true)` when it opened
+    /// one, `Some(false)` when the primary refused, `None` when nothing was to do.
+    pub async fn warm(self: &Arc<Self>) -> Option<bool> {
+        if !self.lanes().is_empty() || self.opening.load(Ordering::Relaxed) > 0 {
+            return None;
+        }
+        if !self.take_slot() {
+            return None;
+        }
+        let changed = self.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        self.open();
+        loop {
+            changed.as_mut().await;
+            changed.set(self.changed.notified());
+            changed.as_mut().enable();
+            if !self.lanes().is_empty() {
+                return Some(true);
+            }
+            if self.opening.load(Ordering::Relaxed) == 0 {
+                return Some(false);
+            }
+        }
+    }
+
     /// Takes room for one more lane, if the limit allows.
     fn take_slot(&self) -> bool {
         self.taken
@@ -283,7 +378,7 @@ impl ShardMux {
                             pipeline: Pipeline::default(),
                             prepared: PreparedSet::default(),
                             settings_fp: 0,
-                            cancel: None,
+                            cancels: Vec::new(),
                             ended: None,
                             retiring: false,
                         }),
@@ -344,16 +439,24 @@ impl Lane {
             return None;
         }
         let mut bytes = BytesMut::with_capacity(req.bytes.len() + req.tail.len() + 64);
-        let hidden = prepare(&mut bytes, &mut st.prepared).ok()?;
+        let Ok(hidden) = prepare(&mut bytes, &mut st.prepared) else {
+            // It may have changed the record part-way: what the lane holds is unknown now.
+            self.retire(&mut st);
+            return None;
+        };
         if st.settings_fp != req.settings_fp {
             let mut set = BytesMut::new();
-            crate::protocol::request::query(&mut set, &settings()).ok()?;
+            if crate::protocol::request::query(&mut set, &settings()).is_err() {
+                self.retire(&mut st);
+                return None;
+            }
             st.queued.push_back(Queued {
                 seq: 0,
                 bytes: set,
                 readies: 1,
                 hidden: 0,
                 sink: None,
+                touches_prepared: false,
             });
             self.load.fetch_add(1, Ordering::Relaxed);
             st.settings_fp = req.settings_fp;
@@ -368,6 +471,7 @@ impl Lane {
             readies: req.readies,
             hidden,
             sink: Some(req.sink),
+            touches_prepared: hidden > 0 || req.touches_prepared,
         });
         self.load.fetch_add(1, Ordering::Relaxed);
         drop(st);
@@ -384,8 +488,8 @@ impl Lane {
         if !st.pipeline.contains(seq) {
             return Cancelled::Over;
         }
-        if st.cancel.is_none() {
-            st.cancel = Some(CancelState {
+        if !st.cancels.iter().any(|c| c.seq == seq) {
+            st.cancels.push(CancelState {
                 seq,
                 sent: false,
                 delivered: false,
@@ -394,6 +498,13 @@ impl Lane {
         drop(st);
         self.wake.notify_one();
         Cancelled::Asked
+    }
+
+    /// Takes no more requests and closes once what it has is answered: what it holds is no
+    /// longer known for sure.
+    fn retire(&self, st: &mut LaneState) {
+        st.retiring = true;
+        self.closed.store(true, Ordering::Relaxed);
     }
 
     /// Whether request `seq` still waits in the router (not written yet).
@@ -407,7 +518,10 @@ impl Lane {
         let mut st = self.state();
         match st.queued.iter().position(|q| q.seq == seq) {
             Some(i) => {
-                st.queued.remove(i);
+                if st.queued.remove(i).is_some_and(|q| q.touches_prepared) {
+                    // The record counts its Parse or Close done: no longer true.
+                    self.retire(&mut st);
+                }
                 self.load.fetch_sub(1, Ordering::Relaxed);
                 true
             }
@@ -419,13 +533,11 @@ impl Lane {
     /// waits, or behind a slow request). Returns whether the lane is done: retired and empty.
     fn fill(&self, mux: &ShardMux, wbuf: &mut BytesMut) -> bool {
         let mut st = self.state();
-        if let Some(c) = &st.cancel {
-            let running = st.pipeline.contains(c.seq);
-            if !running && (!c.sent || c.delivered) {
-                st.cancel = None;
-            }
-        }
-        if st.cancel.is_none() {
+        let st = &mut *st;
+        let pipeline = &st.pipeline;
+        st.cancels
+            .retain(|c| pipeline.contains(c.seq) || (c.sent && !c.delivered));
+        if st.cancels.is_empty() {
             let since = self.front_since.load(Ordering::Relaxed);
             let slow = since != 0
                 && mux.now_us().saturating_sub(since)
@@ -450,21 +562,32 @@ impl Lane {
         st.retiring && st.queued.is_empty() && st.pipeline.is_empty()
     }
 
-    /// A cancel to send now: the request it is for is the one running.
-    fn cancel_due(&self) -> bool {
+    /// The cancel to send now, if any: for the request running, when nothing is written
+    /// behind it, or when it has run for [`SLOW`] (see the module documentation).
+    fn cancel_due(&self, mux: &ShardMux) -> Option<u64> {
         let mut st = self.state();
-        let front = st.pipeline.front().map(|w| w.seq);
-        match &mut st.cancel {
-            Some(c) if !c.sent && front == Some(c.seq) => {
-                c.sent = true;
-                true
-            }
-            _ => false,
+        let st = &mut *st;
+        let front = st.pipeline.front().map(|w| w.seq)?;
+        let since = self.front_since.load(Ordering::Relaxed);
+        let slow = since != 0
+            && mux.now_us().saturating_sub(since)
+                >= u64::try_from(SLOW.as_micros()).unwrap_or(u64::MAX);
+        let alone = st.pipeline.len() == 1;
+        let c = st.cancels.iter_mut().find(|c| c.seq == front && !c.sent)?;
+        if !(alone || slow) {
+            return None;
         }
+        c.sent = true;
+        Some(c.seq)
     }
 
-    fn cancel_delivered(&self) {
-        if let Some(c) = &mut self.state().cancel {
+    /// Whether a cancel waits for its request to have run [`SLOW`].
+    fn cancel_waits(&self) -> bool {
+        self.state().cancels.iter().any(|c| !c.sent)
+    }
+
+    fn cancel_delivered(&self, seq: u64) {
+        if let Some(c) = self.state().cancels.iter_mut().find(|c| c.seq == seq) {
             c.delivered = true;
         }
         self.wake.notify_one();
@@ -537,7 +660,19 @@ impl Lane {
                 }
             }
             if routed.preparation_failed {
-                st.retiring = true;
+                self.retire(&mut st);
+            }
+            if h.tag == b'E'
+                && st
+                    .pipeline
+                    .front()
+                    .is_some_and(|f| f.sink.is_none() && f.seq == 0)
+            {
+                // The router's own request (the client's settings) failed: the connection does
+                // not hold what the request behind it assumes. Closed before it runs further.
+                failure = Some("applying a client's settings on a shared connection failed".into());
+                at += h.total;
+                break;
             }
             at += h.total;
             if routed.ended {
@@ -613,11 +748,7 @@ impl Lane {
                 sent,
                 aborted,
             };
-            if let Err(mpsc::error::TrySendError::Full(reply)) = sink.try_send(reply) {
-                tokio::spawn(async move {
-                    let _ = sink.send(reply).await;
-                });
-            }
+            sink.deliver(reply);
         }
     }
 }
@@ -638,19 +769,21 @@ async fn drive(mux: Weak<ShardMux>, lane: Arc<Lane>, mut conn: BackendConn) {
 async fn run(mux: &Weak<ShardMux>, lane: &Arc<Lane>, conn: &mut BackendConn) -> Result<(), String> {
     let mut wbuf = BytesMut::with_capacity(16 * 1024);
     let mut written = 0;
+    // Kept across polls like `written`: a TLS stream may take the bytes and flush later.
+    let mut flushed = true;
     let mut cancels: Vec<tokio::task::JoinHandle<()>> = Vec::new();
     loop {
         let Some(m) = mux.upgrade() else {
             return Ok(());
         };
-        if written == wbuf.len() {
+        if written == wbuf.len() && flushed {
             wbuf.clear();
             written = 0;
             if lane.fill(&m, &mut wbuf) {
                 return Ok(());
             }
         }
-        if lane.cancel_due() {
+        if let Some(seq) = lane.cancel_due(&m) {
             let (host, port) = (m.endpoint.host.clone(), m.endpoint.port);
             let (pid, secret) = (conn.pid, conn.secret);
             let l = lane.clone();
@@ -663,24 +796,28 @@ async fn run(mux: &Weak<ShardMux>, lane: &Arc<Lane>, conn: &mut BackendConn) -> 
                         "could not cancel a statement on a shared connection: {e}"
                     );
                 }
-                l.cancel_delivered();
+                l.cancel_delivered(seq);
             }));
         }
         let idle = lane.load.load(Ordering::Relaxed) == 0;
+        let cancel_waits = lane.cancel_waits();
         drop(m);
         let io = std::future::poll_fn(|cx| {
             let mut out = Outgoing::new(&wbuf, written);
+            out.flushed = flushed;
             // Always reading: a server that ends an idle connection is noticed at once.
             let r = conn
                 .stream
                 .poll_exchange(cx, &mut out, &mut conn.rbuf, true);
             written = out.written;
+            flushed = out.flushed;
             r
         });
         tokio::select! {
             r = io => r.map_err(|e| e.to_string())?,
             _ = lane.wake.notified() => continue,
             _ = tokio::time::sleep(IDLE_CHECK), if idle => continue,
+            _ = tokio::time::sleep(CANCEL_CHECK), if cancel_waits => continue,
         }
         let Some(m) = mux.upgrade() else {
             return Ok(());
@@ -689,9 +826,9 @@ async fn run(mux: &Weak<ShardMux>, lane: &Arc<Lane>, conn: &mut BackendConn) -> 
         drop(m);
         for (sink, reply) in replies {
             let seq = match &reply {
-                Reply::Frames(seq, _) | Reply::Lost { seq, .. } => *seq,
+                Reply::Frames(seq, _) | Reply::Lost { seq, .. } | Reply::Overflow(seq) => *seq,
             };
-            if sink.send(reply).await.is_err() {
+            if !sink.deliver(reply) {
                 // The client left: the rest of its replies are dropped.
                 lane.forget_sink(seq);
             }

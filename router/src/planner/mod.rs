@@ -447,7 +447,8 @@ impl Planner {
 /// Whether statements `parsed`, routed as `routes`, may share a backend connection: each is a
 /// query, INSERT, UPDATE or DELETE that runs on one shard (by key, any, or the default shard),
 /// and no word of `text` (literals are normalized away) can leave state on the connection for
-/// whoever runs next: `set_config`, advisory locks, temporary tables. Settings, COPY, LISTEN,
+/// whoever runs next: `set_config`, advisory locks (any function with `advisory` in its name),
+/// temporary tables (a user function that calls `set_config` cannot be seen here). Settings, COPY, LISTEN,
 /// transaction control, cursors and SQL `PREPARE` are other statements.
 pub fn shareable(parsed: &[sqlparser::ast::Statement], routes: &[Route], text: &str) -> bool {
     use sqlparser::ast::Statement;
@@ -470,7 +471,6 @@ pub fn shareable(parsed: &[sqlparser::ast::Statement], routes: &[Route], text: &
                 ["set_config", "temp", "temporary"]
                     .iter()
                     .any(|p| w.eq_ignore_ascii_case(p))
-                    || w.get(..11)
-                        .is_some_and(|p| p.eq_ignore_ascii_case("pg_advisory"))
+                    || w.to_ascii_lowercase().contains("advisory")
             })
 }

@@ -662,3 +662,40 @@ fn explain_route_inner_text() {
     assert_eq!(explain_route_inner("EXPLAIN SELECT 1"), None);
     assert_eq!(explain_route_inner("SELECT 1"), None);
 }
+
+#[test]
+fn only_statements_that_leave_nothing_on_the_connection_may_share_it() {
+    let p = planner();
+    let shareable = |sql: &str| {
+        let mut buf = NormalizeBuf::new();
+        p.plan(sql, &mut buf).shareable
+    };
+    for sql in [
+        "SELECT v FROM kv WHERE id = 1",
+        "UPDATE kv SET v = 'x' WHERE id = 2",
+        "INSERT INTO kv (id, v) VALUES (3, 'a') ON CONFLICT (id) DO UPDATE SET v = EXCLUDED.v",
+        "DELETE FROM kv WHERE id = 4",
+        "SELECT 1",
+        "SELECT temperature FROM readings",
+    ] {
+        assert!(shareable(sql), "{sql}");
+    }
+    for sql in [
+        "SET search_path = app",
+        "RESET ALL",
+        "SELECT set_config('search_path', 'app', false)",
+        "SELECT pg_advisory_lock(1)",
+        "SELECT pg_try_advisory_lock_shared(1)",
+        "CREATE TEMP TABLE t (a int)",
+        "SELECT * INTO TEMPORARY t FROM kv WHERE id = 1",
+        "BEGIN",
+        "COMMIT",
+        "LISTEN x",
+        "COPY kv TO STDOUT",
+        "DECLARE c CURSOR FOR SELECT 1",
+        "PREPARE p AS SELECT 1",
+        "SELECT v FROM kv",
+    ] {
+        assert!(!shareable(sql), "{sql}");
+    }
+}

@@ -3,6 +3,9 @@
 //! parallel and bounded, so the first statements after a start (or a split's cut-over) do not
 //! wait for hundreds of logins made one by one on demand.
 //!
+//! With `[pool] shared_connections`, each primary's first shared connection is opened the
+//! same way, the primaries dealt out over the workers.
+//!
 //! A worker's connections must be opened on the worker's own event loop (their I/O stays on
 //! that thread), so the warming is a job sent to each worker; whoever asked waits for all of
 //! them, at most `[pool] warm_timeout_ms`.
@@ -97,7 +100,8 @@ impl Warmer {
     /// waits for all of them, at most `[pool] warm_timeout_ms`.
     pub async fn warm(&self, routing: &Arc<Routing>, only_new: bool) -> Warmed {
         let mut total = Warmed::default();
-        if routing.config.pool.warm_connections == 0 {
+        if routing.config.pool.warm_connections == 0 && routing.config.pool.shared_connections == 0
+        {
             return total;
         }
         let started = Instant::now();
@@ -185,5 +189,39 @@ async fn warm(routing: &Routing, worker: usize, only_new: bool) -> Warmed {
     for w in counts {
         total.add(w);
     }
+    total.add(warm_shared(routing, worker).await);
     total
+}
+
+/// Opens the first shared connection (`[pool] shared_connections`) of every primary that has
+/// none, the primaries dealt out over the workers (a lane's I/O stays on the worker that opened
+/// it, and each worker prefers its own), `PARALLEL` at a time.
+async fn warm_shared(routing: &Routing, worker: usize) -> Warmed {
+    let workers = routing.workers().max(1);
+    let mut seen = std::collections::HashSet::new();
+    let mut muxes = Vec::new();
+    for shard in 0..routing.map.shards().len() {
+        let Some(mux) = routing.mux(shard) else {
+            return Warmed::default();
+        };
+        let health = routing.health(shard);
+        let down = health.answered() && !health.is_up();
+        if seen.insert(mux.endpoint.name()) && (seen.len() - 1) % workers == worker && !down {
+            muxes.push(mux.clone());
+        }
+    }
+    let results: Vec<Option<bool>> = stream::iter(muxes)
+        .map(|mux| async move { mux.warm().await })
+        .buffer_unordered(PARALLEL)
+        .collect()
+        .await;
+    let mut w = Warmed::default();
+    for r in results {
+        match r {
+            Some(true) => w.opened += 1,
+            Some(false) => w.failed += 1,
+            None => {}
+        }
+    }
+    w
 }

@@ -311,6 +311,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         };
         match self.pin.as_mut() {
             Some(pin) => {
+                if let Msg::Bind { stmt, .. } | Msg::DescribeStatement(stmt) = &msg {
+                    pin.conn.note_bound(stmt);
+                }
                 let mut conn = ConnStatements {
                     prepared: pin.conn.prepared(),
                     unnamed: &mut pin.unnamed,

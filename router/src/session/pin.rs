@@ -44,6 +44,9 @@ pub enum Link {
         /// The statement needs no particular shard: if the request cannot go to these shared
         /// connections, any shard's connection will do.
         any: bool,
+        /// The router statements the request binds or describes, as they were when it was
+        /// written: the lane it goes to may need to prepare them.
+        bound: Vec<Arc<crate::backend::registry::Statement>>,
     },
 }
 
@@ -68,6 +71,16 @@ impl Link {
         match self {
             Link::Own(conn) => &mut conn.prepared,
             Link::Shared { assumed, .. } => assumed,
+        }
+    }
+
+    /// Keeps `stmt` for the request, when shared (see `Link::Shared::bound`).
+    pub fn note_bound(&mut self, stmt: &super::statements::ClientStatement) {
+        if let (Link::Shared { bound, .. }, super::statements::Text::Named(s)) = (self, &stmt.text)
+        {
+            if !bound.iter().any(|b| b.id == s.id) {
+                bound.push(s.clone());
+            }
         }
     }
 
@@ -105,6 +118,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                         mux,
                         assumed: PreparedSet::everything(),
                         any: wanted.is_none(),
+                        bound: Vec::new(),
                     },
                     unnamed: 0,
                     fresh: true,

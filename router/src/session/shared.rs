@@ -13,32 +13,27 @@
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::mpsc;
 
 use super::pin::{Link, Pinned};
 use super::replay;
 use super::replies::Action;
 use super::{Session, SessionError};
-use crate::backend::mux::{Cancelled, Lane, Reply, Request, ShardMux};
+use crate::backend::mux::{Cancelled, Inbox, Lane, Reply, Request, ShardMux, Sink};
 use crate::errors;
 use crate::protocol::frame::next_frame;
 use crate::protocol::reply::{self, SqlError, TxStatus};
 use crate::server::Checkout;
 use crate::stats::RouteKind;
 
-/// Replies of one session's shared requests waiting to be read: a few chunks (each one read
-/// of the backend); the lane waits when the client reads slowly.
-const CHANNEL: usize = 16;
-
-/// The session's end of its shared requests' replies.
+/// The session's end of its shared requests' replies (made at the first).
 pub(super) struct Channel {
-    tx: mpsc::Sender<Reply>,
-    rx: mpsc::Receiver<Reply>,
+    tx: Sink,
+    rx: Inbox,
 }
 
 impl Default for Channel {
     fn default() -> Self {
-        let (tx, rx) = mpsc::channel(CHANNEL);
+        let (tx, rx) = crate::backend::mux::channel();
         Channel { tx, rx }
     }
 }
@@ -67,6 +62,15 @@ fn standalone(bytes: &[u8], tail: &[u8]) -> Option<usize> {
     (readies > 0 && matches!(last, b'S' | b'Q')).then_some(readies)
 }
 
+/// A request handed to a lane: its ReadyForQuery count, the router statements it uses, the
+/// client's settings fingerprint, and the client's cancel count when it began.
+struct Submission<'a> {
+    readies: usize,
+    uses: &'a replay::Uses,
+    fp: u64,
+    cancels: u64,
+}
+
 /// How a shared request ended.
 enum Outcome {
     Answered,
@@ -76,6 +80,8 @@ enum Outcome {
     Lost(String),
     /// The server ended the lane's session while it ran, before it answered anything.
     Aborted(String),
+    /// The client read its replies too slowly; the rest were dropped.
+    Overflow,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
@@ -101,6 +107,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// Runs the request in the outbox on a shared connection; `false` when it does not stand
     /// alone or no lane took it (nothing of it ran): it then needs a connection of its own.
     pub(super) async fn exchange_shared(&mut self) -> Result<bool, SessionError> {
+        // Cancels asked from here on are for this request (its slot names no backend).
+        let cancels = self.slot.cancels();
         let Some(readies) = standalone(&self.out.bytes, &self.out.tail) else {
             return Ok(false);
         };
@@ -126,12 +134,35 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let mut channel = self.channel.take().unwrap_or_default();
         let started = tokio::time::Instant::now();
         let outcome = self
-            .run_shared(&mux, &lane, &mut channel, readies, &uses, fp)
+            .run_shared(
+                &mux,
+                &lane,
+                &mut channel,
+                Submission {
+                    readies,
+                    uses: &uses,
+                    fp,
+                    cancels,
+                },
+            )
             .await;
         self.channel = Some(channel);
         match outcome? {
             Outcome::Answered => {}
             Outcome::NotTaken => return Ok(false),
+            Outcome::Overflow => {
+                self.pin = None;
+                let err = SqlError::new(
+                    errors::PROGRAM_LIMIT_EXCEEDED,
+                    format!(
+                        "the client read this statement's result too slowly: more than {} MiB of it waited for the client on a shared backend connection",
+                        crate::backend::mux::UNREAD_LIMIT >> 20
+                    ),
+                )
+                .with_hint("read results as they come, or run large reads inside a transaction (which has a connection of its own)");
+                self.exchange_failed(err).await?;
+                return Ok(true);
+            }
             Outcome::Aborted(why) => {
                 // A shutdown refuses logins from the moment it ends the sessions; a server
                 // that still takes one ended this session on purpose: not sent again.
@@ -178,12 +209,24 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         mux: &ShardMux,
         lane: &Lane,
         channel: &mut Channel,
-        readies: usize,
-        uses: &replay::Uses,
-        fp: u64,
+        req: Submission<'_>,
     ) -> Result<Outcome, SessionError> {
-        let cancels = self.slot.cancels();
+        let Submission {
+            readies,
+            uses,
+            fp,
+            cancels,
+        } = req;
         let statements = &self.statements;
+        // Texts of the statements the request binds, kept when it was written (the client may
+        // have closed its name since, in the same batch).
+        let bound: &[std::sync::Arc<crate::backend::registry::Statement>] = match &self.pin {
+            Some(Pinned {
+                conn: Link::Shared { bound, .. },
+                ..
+            }) => bound,
+            _ => &[],
+        };
         let settings = &self.settings;
         let submitted = lane.submit(
             mux,
@@ -193,11 +236,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 readies,
                 settings_fp: fp,
                 sink: channel.tx.clone(),
+                touches_prepared: !uses.prepared.is_empty() || !uses.closed.is_empty(),
             },
             |out, prepared| {
                 replay::preparation(out, uses, prepared, |id| {
-                    statements
-                        .router_statement(id)
+                    bound
+                        .iter()
+                        .find(|s| s.id == id)
+                        .or_else(|| statements.router_statement(id))
                         .map(|s| (&*s.sql, &*s.param_types))
                 })
             },
@@ -243,6 +289,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                                 Outcome::NotTaken
                             });
                         }
+                        Some(Reply::Overflow(s)) if s == seq => return Ok(Outcome::Overflow),
                         // Left over from a request the session stopped waiting for.
                         Some(_) => {}
                         None => return Ok(Outcome::Lost("the shared connection's channel closed".into())),
@@ -375,9 +422,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             readies += 1;
         }
         let statements = &self.statements;
+        let bound: &[std::sync::Arc<crate::backend::registry::Statement>] = match &pin.conn {
+            Link::Shared { bound, .. } => bound,
+            Link::Own(_) => &[],
+        };
         let wrote = replay::prelude(&mut prelude, &uses, &mut conn.prepared, |id| {
-            statements
-                .router_statement(id)
+            bound
+                .iter()
+                .find(|s| s.id == id)
+                .or_else(|| statements.router_statement(id))
                 .map(|s| (&*s.sql, &*s.param_types))
         })
         .map_err(|e| lost(e.0.to_string()))?;

@@ -36,20 +36,20 @@ locals {
   })
 
   router_toml = templatefile("${path.module}/../../templates/router.toml.tftpl", {
-    router_port      = var.router_port
-    http_port        = var.http_port
-    database         = var.database
-    app_user         = var.app_user
-    app_password     = var.app_password
-    admin_user       = var.admin_user
-    admin_password   = var.admin_password
-    backend_user     = var.backend_user
-    backend_password = var.backend_password
-    pool_max_size    = var.pool_max_size
+    router_port        = var.router_port
+    http_port          = var.http_port
+    database           = var.database
+    app_user           = var.app_user
+    app_password       = var.app_password
+    admin_user         = var.admin_user
+    admin_password     = var.admin_password
+    backend_user       = var.backend_user
+    backend_password   = var.backend_password
+    pool_max_size      = var.pool_max_size
     shared_connections = var.shared_connections
-    pause_timeout_ms = var.pause_timeout_ms
-    max_clients      = var.max_clients
-    drain_grace_ms   = var.drain_grace_ms
-    drain_timeout_ms = var.drain_timeout_ms
+    pause_timeout_ms   = var.pause_timeout_ms
+    max_clients        = var.max_clients
+    drain_grace_ms     = var.drain_grace_ms
+    drain_timeout_ms   = var.drain_timeout_ms
   })
 }
