@@ -275,22 +275,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 Err(Checkout::MapChanged) => self.checkout_after_reload(target).await?,
             };
             target = shard;
-            let mut prelude = bytes::BytesMut::new();
-            let mut readies = 0;
             let fp = self.settings.fingerprint();
-            if conn.settings_fp != fp {
-                crate::protocol::request::query(&mut prelude, &self.settings.apply_sql())
-                    .map_err(errors::internal)?;
-                readies += 1;
-            }
-            let statements = &self.statements;
-            let wrote = replay::prelude(&mut prelude, &uses, &mut conn.prepared, |id| {
-                statements
-                    .router_statement(id)
-                    .map(|s| (&*s.sql, &*s.param_types))
-            })
-            .map_err(|e| lost(&format!("{why}; {}", e.0)))?;
-            readies += usize::from(wrote);
+            let (prelude, readies) = match self.fitting_prelude(&mut conn, &uses, &[]) {
+                Ok(fit) => fit,
+                Err(e) => {
+                    // Its record of prepared statements may have changed: not reused.
+                    crate::backend::pool::discard(conn);
+                    return Err(lost(&format!("{why}; {e}")));
+                }
+            };
             if readies > 0 {
                 if let Some(problem) = run_prelude(&mut conn, &prelude, readies).await {
                     crate::backend::pool::discard(conn);
@@ -314,6 +307,35 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         });
         self.point_cancel_at_pin();
         Ok(())
+    }
+
+    /// What makes `conn` fit a request written for another connection (`uses`): the client's
+    /// settings when the connection holds others, and the router statements the request uses
+    /// that it lacks (`bound` first, then the client's statements, give their texts); the
+    /// prelude and how many ReadyForQuery frames it answers with.
+    pub(super) fn fitting_prelude(
+        &self,
+        conn: &mut crate::backend::BackendConn,
+        uses: &replay::Uses,
+        bound: &[Arc<crate::backend::registry::Statement>],
+    ) -> Result<(bytes::BytesMut, usize), String> {
+        let mut prelude = bytes::BytesMut::new();
+        let mut readies = 0;
+        if conn.settings_fp != self.settings.fingerprint() {
+            crate::protocol::request::query(&mut prelude, &self.settings.apply_sql())
+                .map_err(|e| e.to_string())?;
+            readies += 1;
+        }
+        let statements = &self.statements;
+        let wrote = replay::prelude(&mut prelude, uses, &mut conn.prepared, |id| {
+            bound
+                .iter()
+                .find(|s| s.id == id)
+                .or_else(|| statements.router_statement(id))
+                .map(|s| (&*s.sql, &*s.param_types))
+        })
+        .map_err(|e| e.0.to_string())?;
+        Ok((prelude, readies + usize::from(wrote)))
     }
 
     /// A cancel request of the client goes to the pinned connection's statement.

@@ -210,15 +210,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     .replies
                     .on_frame(h.tag, &conn.rbuf[5..h.total])
                     .map_err(|d| Failed::Backend(d.to_string()))?;
-                let frame = &conn.rbuf[..h.total];
-                match step.action {
-                    Action::Forward => self.client.out.extend_from_slice(frame),
-                    Action::ForwardRaised => self
-                        .client
-                        .out
-                        .extend_from_slice(&reply::without_server_location(frame)),
-                    Action::Drop => {}
-                }
+                forward(&mut self.client.out, step.action, &conn.rbuf[..h.total]);
                 if let Some(status) = step.ready {
                     self.state.ready(status);
                 }
@@ -289,6 +281,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             }
         }
         Ok(())
+    }
+}
+
+/// Writes a reply frame for the client as [`super::replies`] says: as it came, without the
+/// server's source location (an error the router raised on the backend), or not at all.
+pub(super) fn forward(out: &mut Vec<u8>, action: Action, frame: &[u8]) {
+    match action {
+        Action::Forward => out.extend_from_slice(frame),
+        Action::ForwardRaised => out.extend_from_slice(&reply::without_server_location(frame)),
+        Action::Drop => {}
     }
 }
 

@@ -16,7 +16,6 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::pin::{Link, Pinned};
 use super::replay;
-use super::replies::Action;
 use super::{Session, SessionError};
 use crate::backend::mux::{Cancelled, Inbox, Lane, Reply, Request, ShardMux, Sink};
 use crate::errors;
@@ -354,14 +353,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 .replies
                 .on_frame(h.tag, &frame[5..])
                 .map_err(|d| SessionError::Protocol(format!("shared connection: {d}")))?;
-            match step.action {
-                Action::Forward => self.client.out.extend_from_slice(frame),
-                Action::ForwardRaised => self
-                    .client
-                    .out
-                    .extend_from_slice(&reply::without_server_location(frame)),
-                Action::Drop => {}
-            }
+            super::relay::forward(&mut self.client.out, step.action, frame);
             if let Some(status) = step.ready {
                 self.state.ready(status);
             }
@@ -413,28 +405,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let endpoint = self.routing.pools().for_shard(shard).endpoint.name();
         let lost = |why: String| errors::shard_lost(&name, &endpoint, &why);
         let uses = replay::uses(&self.out.bytes).map_err(|e| lost(e.0.to_string()))?;
-        let mut prelude = BytesMut::new();
-        let mut readies = 0;
         let fp = self.settings.fingerprint();
-        if conn.settings_fp != fp {
-            crate::protocol::request::query(&mut prelude, &self.settings.apply_sql())
-                .map_err(errors::internal)?;
-            readies += 1;
-        }
-        let statements = &self.statements;
         let bound: &[std::sync::Arc<crate::backend::registry::Statement>] = match &pin.conn {
             Link::Shared { bound, .. } => bound,
             Link::Own(_) => &[],
         };
-        let wrote = replay::prelude(&mut prelude, &uses, &mut conn.prepared, |id| {
-            bound
-                .iter()
-                .find(|s| s.id == id)
-                .or_else(|| statements.router_statement(id))
-                .map(|s| (&*s.sql, &*s.param_types))
-        })
-        .map_err(|e| lost(e.0.to_string()))?;
-        readies += usize::from(wrote);
+        let (prelude, readies) = match self.fitting_prelude(&mut conn, &uses, bound) {
+            Ok(fit) => fit,
+            Err(why) => {
+                // Its record of prepared statements may have changed: not reused.
+                crate::backend::pool::discard(conn);
+                return Err(lost(why));
+            }
+        };
         if readies > 0 {
             if let Some(problem) = super::pin::run_prelude(&mut conn, &prelude, readies).await {
                 crate::backend::pool::discard(conn);
