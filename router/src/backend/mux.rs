@@ -567,6 +567,9 @@ impl Lane {
     fn cancel_due(&self, mux: &ShardMux) -> Option<u64> {
         let mut st = self.state();
         let st = &mut *st;
+        if st.cancels.is_empty() {
+            return None;
+        }
         let front = st.pipeline.front().map(|w| w.seq)?;
         let since = self.front_since.load(Ordering::Relaxed);
         let slow = since != 0

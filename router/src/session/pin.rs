@@ -207,7 +207,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// pause is for): takes the new routing, and the shard that owns the same keys in it, or,
     /// when the shard was split, the half that owns the statement's key. Nothing of the
     /// statement has reached a shard yet, and no connection is held.
-    async fn checkout_after_reload(
+    pub(super) async fn checkout_after_reload(
         &mut self,
         old: usize,
     ) -> Result<(PooledConn, Duration, usize), SqlError> {

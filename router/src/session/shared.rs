@@ -391,6 +391,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let (mut conn, waited, shard) = match got {
             Ok(got) => got,
             Err(Checkout::Refused(err)) => return Err(err),
+            // The map changed while it waited for a paused shard: the shard that owns the same
+            // keys now (the request names router statements, not a shard's, so it fits there).
+            Err(Checkout::MapChanged) if !any => self.checkout_after_reload(pin.shard).await?,
             Err(Checkout::MapChanged) => {
                 return Err(errors::map_changed_while_paused(
                     &self.shard_name(pin.shard),
