@@ -6,7 +6,7 @@
 //! | [`conn`] | one connection: login, then raw frames; the request/reply helper |
 //! | [`stream`] | its byte stream, plain TCP or TLS, and the write-while-reading step |
 //! | [`pool`] | one independent pool of connections per (host, port, database) |
-//! | [`mux`] | shared connections: many clients' autocommit statements pipelined on a few |
+//! | [`mux`] | shared connections: many clients' autocommit statements pipelined on a few (`lane`: one connection's state; `driver`: its task; `sink`: the replies' channel) |
 //! | [`pipeline`] | which request of a shared connection a reply answers (sans-IO) |
 //! | [`prepared`] | which router statements one connection has prepared (bounded, LRU) |
 //! | [`registry`] | the router-wide registry of prepared statement texts (`sg_<id>`) |

@@ -1,0 +1,100 @@
+//! The task that drives one lane's connection: writes what is queued in one write, reads,
+//! hands the replies out, sends cancels when they are due, and ends the lane with its
+//! connection.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+use bytes::BytesMut;
+
+use super::{Lane, Reply, ShardMux, CANCEL_CHECK, IDLE_CHECK};
+use crate::backend::conn::BackendConn;
+use crate::backend::stream::Outgoing;
+
+/// Runs one lane's connection until it ends or its mux is gone.
+pub(super) async fn drive(mux: Weak<ShardMux>, lane: Arc<Lane>, mut conn: BackendConn) {
+    let why = match run(&mux, &lane, &mut conn).await {
+        Ok(()) => "the shared connection was retired".to_string(),
+        Err(why) => why,
+    };
+    tracing::debug!(pid = lane.pid, "shared connection ends: {why}");
+    lane.end(why, false);
+    if let Some(mux) = mux.upgrade() {
+        mux.remove(&lane);
+    }
+}
+
+async fn run(mux: &Weak<ShardMux>, lane: &Arc<Lane>, conn: &mut BackendConn) -> Result<(), String> {
+    let mut wbuf = BytesMut::with_capacity(16 * 1024);
+    let mut written = 0;
+    // Kept across polls like `written`: a TLS stream may take the bytes and flush later.
+    let mut flushed = true;
+    let mut cancels: Vec<tokio::task::JoinHandle<()>> = Vec::new();
+    loop {
+        let Some(m) = mux.upgrade() else {
+            return Ok(());
+        };
+        if written == wbuf.len() && flushed {
+            wbuf.clear();
+            written = 0;
+            if lane.fill(&m, &mut wbuf) {
+                return Ok(());
+            }
+        }
+        if let Some(seq) = lane.cancel_due(&m) {
+            let (host, port) = (m.endpoint.host.clone(), m.endpoint.port);
+            let (pid, secret) = (conn.pid, conn.secret);
+            let l = lane.clone();
+            cancels.retain(|c| !c.is_finished());
+            cancels.push(tokio::spawn(async move {
+                if let Err(e) =
+                    crate::backend::cancel::send_cancel((host.as_str(), port), pid, secret).await
+                {
+                    tracing::warn!(
+                        pid,
+                        "could not cancel a statement on a shared connection: {e}"
+                    );
+                }
+                l.cancel_delivered(seq);
+            }));
+        }
+        let idle = lane.load.load(Ordering::Relaxed) == 0;
+        let cancel_waits = lane.cancel_waits();
+        drop(m);
+        let io = std::future::poll_fn(|cx| {
+            let mut out = Outgoing::new(&wbuf, written);
+            out.flushed = flushed;
+            // Always reading: a server that ends an idle connection is noticed at once.
+            let r = conn
+                .stream
+                .poll_exchange(cx, &mut out, &mut conn.rbuf, true);
+            written = out.written;
+            flushed = out.flushed;
+            r
+        });
+        tokio::select! {
+            r = io => r.map_err(|e| e.to_string())?,
+            _ = lane.wake.notified() => continue,
+            _ = tokio::time::sleep(IDLE_CHECK), if idle => continue,
+            _ = tokio::time::sleep(CANCEL_CHECK), if cancel_waits => continue,
+        }
+        let Some(m) = mux.upgrade() else {
+            return Ok(());
+        };
+        let (replies, failure) = lane.demux(&m, &mut conn.rbuf);
+        drop(m);
+        for (sink, reply) in replies {
+            let seq = match &reply {
+                Reply::Frames(seq, _) | Reply::Lost { seq, .. } | Reply::Overflow(seq) => *seq,
+            };
+            if !sink.deliver(reply) {
+                // The client left: the rest of its replies are dropped.
+                lane.forget_sink(seq);
+            }
+        }
+        if let Some((why, shutdown)) = failure {
+            lane.end(why.clone(), shutdown);
+            return Err(why);
+        }
+    }
+}

@@ -1,0 +1,362 @@
+//! Shared backend connections: the autocommit statements of many clients pipelined over a
+//! few connections per shard and router (`[pool] shared_connections`), instead of one pooled
+//! connection per statement in flight.
+//!
+//! A [`ShardMux`] holds the shared connections ("lanes") of one (host, port, database) for the
+//! whole router; each lane's connection is driven by one task on the worker that opened it,
+//! and sessions of every worker hand it complete requests ([`Lane::submit`]). The driver
+//! writes every request queued since its last turn in one write, each ending in its own Sync
+//! (or being one Query), and hands the replies back in order ([`super::pipeline`]) through
+//! each client's channel. A lane carries no client's state: a request whose settings differ
+//! from what the lane will hold when it runs is preceded by the router's `RESET ALL` and the
+//! client's `SET`s, and router statements it uses are prepared on the lane in front of it.
+//!
+//! A slow statement must not hold many others: a lane writes at most [`DEPTH`] requests ahead,
+//! and none behind a request that has run for [`SLOW`]; then new requests go to another lane,
+//! opened up to the limit. A cancel reaches only its own request: one still queued is taken
+//! out, one written is cancelled on the backend only while it is the one running, and the
+//! lane writes nothing new until that cancel has been delivered.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use tokio::sync::Notify;
+
+use super::conn::{BackendConn, Endpoint};
+use super::pipeline::Pipeline;
+use super::prepared::PreparedSet;
+
+mod driver;
+mod lane;
+mod sink;
+
+pub use sink::{channel, Inbox, Sink, UNREAD_LIMIT};
+
+/// Most requests written ahead on one lane: past it, requests wait in the router, where a
+/// cancel can still take them out.
+pub const DEPTH: usize = 16;
+
+/// A request running this long on a lane stops further writes there, and the next requests
+/// look for (or open) another lane.
+pub const SLOW: Duration = Duration::from_millis(20);
+
+/// How often a driver with a cancel waiting checks whether it may send it.
+const CANCEL_CHECK: Duration = Duration::from_millis(2);
+
+/// How often an idle driver checks that its mux is still in use.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+
+/// What a session receives for its request.
+#[derive(Debug)]
+pub enum Reply {
+    /// Whole reply frames of request `seq`, in order.
+    Frames(u64, Bytes),
+    /// The lane's connection ended before request `seq` was answered. `sent`: it may have
+    /// run (it was written, and the server did not say otherwise). `aborted`: it was the one
+    /// running when the server ended the connection with a shutdown error, before it answered
+    /// anything: nothing of it ran, unless the server ended the session on purpose, which only
+    /// a server that still takes logins does.
+    Lost {
+        seq: u64,
+        why: String,
+        sent: bool,
+        aborted: bool,
+    },
+    /// The client read request `seq`'s replies too slowly ([`UNREAD_LIMIT`]): the rest of
+    /// them are dropped.
+    Overflow(u64),
+}
+
+/// The answer to a cancel of a request.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Cancelled {
+    /// It was still queued in the router: taken out, nothing of it ran.
+    Removed,
+    /// Written: cancelled on the backend when it runs (Postgres answers `57014`).
+    Asked,
+    /// Already answered.
+    Over,
+}
+
+/// The shared connections of one endpoint, for the whole router.
+pub struct ShardMux {
+    pub endpoint: Endpoint,
+    /// The primary's health, which lanes opened or refused keep current like checkouts do.
+    health: Arc<super::health::Health>,
+    /// Most lanes (connections) this router opens to the endpoint.
+    limit: usize,
+    lanes: Mutex<Vec<Arc<Lane>>>,
+    /// Lanes being opened.
+    opening: AtomicUsize,
+    /// Lanes open or being opened: taken before an opening, so that workers opening at the
+    /// same moment never pass the limit together.
+    taken: AtomicUsize,
+    /// A lane was added, or an opening failed.
+    changed: Notify,
+    seq: AtomicU64,
+    epoch: Instant,
+}
+
+/// One shared connection.
+pub struct Lane {
+    pub pid: i32,
+    pub secret: i32,
+    worker: usize,
+    state: Mutex<LaneState>,
+    wake: Notify,
+    /// Requests queued or written and not answered.
+    load: AtomicUsize,
+    /// When the request now running began, in µs since the mux's epoch (0: none).
+    front_since: AtomicU64,
+    /// The settings fingerprint the lane holds once what is queued has run.
+    settings_fp: AtomicU64,
+    closed: AtomicBool,
+}
+
+struct LaneState {
+    queued: VecDeque<Queued>,
+    pipeline: Pipeline<Sink>,
+    prepared: PreparedSet,
+    settings_fp: u64,
+    /// Cancels asked for written requests, not yet over; nothing new is written meanwhile.
+    cancels: Vec<CancelState>,
+    /// Why the connection ended; nothing is accepted after.
+    ended: Option<String>,
+    /// A preparation failed here: what the lane has prepared is unknown; it takes nothing new
+    /// and closes once answered.
+    retiring: bool,
+}
+
+struct Queued {
+    seq: u64,
+    bytes: BytesMut,
+    readies: usize,
+    hidden: usize,
+    sink: Option<Sink>,
+    /// It prepares or closes statements: the lane's record already counts them done.
+    touches_prepared: bool,
+}
+
+struct CancelState {
+    seq: u64,
+    sent: bool,
+    delivered: bool,
+}
+
+/// A complete request for a lane.
+pub struct Request<'a> {
+    pub bytes: &'a [u8],
+    /// A long message written after `bytes`.
+    pub tail: &'a [u8],
+    /// ReadyForQuery frames that end it (its Syncs and Queries).
+    pub readies: usize,
+    pub settings_fp: u64,
+    pub sink: Sink,
+    /// The request itself prepares or closes router statements (the client's own Parse).
+    pub touches_prepared: bool,
+}
+
+impl ShardMux {
+    pub fn new(endpoint: Endpoint, limit: usize, health: Arc<super::health::Health>) -> ShardMux {
+        ShardMux {
+            endpoint,
+            health,
+            limit,
+            lanes: Mutex::new(Vec::new()),
+            opening: AtomicUsize::new(0),
+            taken: AtomicUsize::new(0),
+            changed: Notify::new(),
+            seq: AtomicU64::new(1),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// Most lanes this router opens to the endpoint.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    fn lanes(&self) -> MutexGuard<'_, Vec<Arc<Lane>>> {
+        self.lanes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Lanes open now.
+    pub fn open_lanes(&self) -> usize {
+        self.lanes().len()
+    }
+
+    /// The backend pids of the open lanes and what each has queued or running (admin console).
+    pub fn lane_loads(&self) -> Vec<(i32, usize)> {
+        self.lanes()
+            .iter()
+            .map(|l| (l.pid, l.load.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    fn now_us(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_micros())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    /// The lane for a request with settings `fp`, opening one when none can take it at once
+    /// and the limit allows. `None` when no lane could be opened in time: the caller uses a
+    /// connection of its own instead (which reports why the shard cannot be reached).
+    pub async fn lane(self: &Arc<Self>, fp: u64, wait: Duration) -> Option<Arc<Lane>> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut opened = false;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let (best, usable) = self.pick(fp);
+            if usable {
+                return best;
+            }
+            if !opened && self.take_slot() {
+                // One opening per request: a host that refuses is left to the caller's own
+                // connection, which waits for it as `[failover]` says.
+                self.open();
+                opened = true;
+            } else if self.opening.load(Ordering::Relaxed) == 0 {
+                // At the limit, or this request's opening is over: the best there is (every
+                // lane slow or full: it queues).
+                return best;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return self.pick(fp).0;
+            }
+        }
+    }
+
+    /// The best lane and whether it can take the request at once (not slow, not full).
+    fn pick(&self, fp: u64) -> (Option<Arc<Lane>>, bool) {
+        let now = self.now_us();
+        let slow_us = u64::try_from(SLOW.as_micros()).unwrap_or(u64::MAX);
+        let here = crate::server::worker();
+        let lanes = self.lanes();
+        let best = lanes
+            .iter()
+            .filter(|l| !l.closed.load(Ordering::Relaxed))
+            .map(|l| {
+                let since = l.front_since.load(Ordering::Relaxed);
+                let slow = since != 0 && now.saturating_sub(since) > slow_us;
+                let load = l.load.load(Ordering::Relaxed);
+                let full = load >= DEPTH;
+                let rank = (
+                    slow,
+                    full,
+                    l.worker != here,
+                    l.settings_fp.load(Ordering::Relaxed) != fp,
+                    load,
+                );
+                (rank, l)
+            })
+            .min_by_key(|(rank, _)| *rank);
+        // A lane of another worker costs a wake-up of that thread per statement each way: it
+        // takes the request at once only when this worker may not open one of its own.
+        let room = self.taken.load(Ordering::Relaxed) < self.limit;
+        match best {
+            Some(((slow, full, remote, _, _), lane)) => {
+                (Some(lane.clone()), !(slow || full || remote && room))
+            }
+            None => (None, false),
+        }
+    }
+
+    /// Opens a first lane now, on this worker, unless one is open or being opened: a warm
+    /// start, so the first statements do not wait for a login. `Some(true)` when it opened
+    /// one, `Some(false)` when the primary refused, `None` when nothing was to do.
+    pub async fn warm(self: &Arc<Self>) -> Option<bool> {
+        if !self.lanes().is_empty() || self.opening.load(Ordering::Relaxed) > 0 {
+            return None;
+        }
+        if !self.take_slot() {
+            return None;
+        }
+        let changed = self.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        self.open();
+        loop {
+            changed.as_mut().await;
+            changed.set(self.changed.notified());
+            changed.as_mut().enable();
+            if !self.lanes().is_empty() {
+                return Some(true);
+            }
+            if self.opening.load(Ordering::Relaxed) == 0 {
+                return Some(false);
+            }
+        }
+    }
+
+    /// Takes room for one more lane, if the limit allows.
+    fn take_slot(&self) -> bool {
+        self.taken
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.limit).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Opens one more lane in the background, on this worker (its room already taken).
+    fn open(self: &Arc<Self>) {
+        self.opening.fetch_add(1, Ordering::Relaxed);
+        let mux = self.clone();
+        tokio::spawn(async move {
+            let opened = BackendConn::connect(&mux.endpoint).await;
+            mux.opening.fetch_sub(1, Ordering::Relaxed);
+            match opened {
+                Ok(conn) => {
+                    mux.health.up(|| mux.endpoint.name());
+                    let lane = Arc::new(Lane {
+                        pid: conn.pid,
+                        secret: conn.secret,
+                        worker: crate::server::worker(),
+                        state: Mutex::new(LaneState {
+                            queued: VecDeque::new(),
+                            pipeline: Pipeline::default(),
+                            prepared: PreparedSet::default(),
+                            settings_fp: 0,
+                            cancels: Vec::new(),
+                            ended: None,
+                            retiring: false,
+                        }),
+                        wake: Notify::new(),
+                        load: AtomicUsize::new(0),
+                        front_since: AtomicU64::new(0),
+                        settings_fp: AtomicU64::new(0),
+                        closed: AtomicBool::new(false),
+                    });
+                    mux.lanes().push(lane.clone());
+                    tracing::debug!(endpoint = %mux.endpoint.name(), pid = lane.pid, "opened a shared connection");
+                    let weak = Arc::downgrade(&mux);
+                    mux.changed.notify_waiters();
+                    drop(mux);
+                    driver::drive(weak, lane, conn).await;
+                }
+                Err(e) => {
+                    tracing::warn!(endpoint = %mux.endpoint.name(), "could not open a shared connection: {e}");
+                    mux.health.down(&mux.endpoint.name(), &e.to_string());
+                    mux.taken.fetch_sub(1, Ordering::AcqRel);
+                    mux.changed.notify_waiters();
+                }
+            }
+        });
+    }
+
+    fn remove(&self, lane: &Arc<Lane>) {
+        let mut lanes = self.lanes();
+        let before = lanes.len();
+        lanes.retain(|l| !Arc::ptr_eq(l, lane));
+        if lanes.len() < before {
+            self.taken.fetch_sub(1, Ordering::AcqRel);
+        }
+        drop(lanes);
+        self.changed.notify_waiters();
+    }
+}
