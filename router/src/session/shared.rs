@@ -256,8 +256,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         // Waiting in the router for a turn on a busy lane is bounded like a pool checkout.
         let checkout = self.routing.config.pool.checkout_timeout;
         let mut queued_until = Some(tokio::time::Instant::now() + checkout);
-        // The router's statement timeout counts running time, not time queued behind others:
-        // a deadline that finds the request still queued starts again.
+        // The router's statement timeout counts running time, not time spent behind others'
+        // statements: a deadline that finds the request not yet running starts again.
         let timeout = self.routing.config.limits.statement_timeout;
         let mut deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         let slot = self.slot.clone();
@@ -308,7 +308,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                         }
                     }
                     () = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
-                        if lane.is_queued(seq) {
+                        if !lane.is_running(seq) {
                             deadline = timeout.map(|t| tokio::time::Instant::now() + t);
                         } else {
                             deadline = None;

@@ -104,9 +104,9 @@ impl Lane {
         self.closed.store(true, Ordering::Relaxed);
     }
 
-    /// Whether request `seq` still waits in the router (not written yet).
-    pub fn is_queued(&self, seq: u64) -> bool {
-        self.state().queued.iter().any(|q| q.seq == seq)
+    /// Whether request `seq` is the one Postgres runs (or answers) on this lane now.
+    pub fn is_running(&self, seq: u64) -> bool {
+        self.state().pipeline.front().is_some_and(|w| w.seq == seq)
     }
 
     /// Takes request `seq` out if it is still queued in the router (nothing of it written);
