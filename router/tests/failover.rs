@@ -117,13 +117,29 @@ impl Load {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_primary_costs_latency_not_errors() {
+    restarted_primary("").await;
+}
+
+/// The same on shared connections: what was written behind the running statement, which the
+/// server never read, is sent again too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_primary_costs_shared_connections_latency_not_errors() {
+    restarted_primary("shared_connections = 2\n").await;
+}
+
+/// Clients on one shard whose server is restarted twice under them; `pool` is added to the
+/// `[pool]` section.
+async fn restarted_primary(pool: &str) {
     let http = common::free_port();
     let mut env = Env::start_with(
         2,
         2,
-        &format!("{POOL}[failover]\nhold_ms = 30000\n[http]\nlisten = \"127.0.0.1:{http}\"\n"),
+        &format!(
+            "{POOL}{pool}[failover]\nhold_ms = 30000\n[http]\nlisten = \"127.0.0.1:{http}\"\n"
+        ),
     );
     let key = env.key_on(0, 50_000_000);
+    let counter = env.key_on(0, 50_000_001);
     let other = env.key_on(1, 50_000_000);
     let seed = env.router.connect().await;
     for k in [key, other] {
@@ -131,17 +147,25 @@ async fn a_restarted_primary_costs_latency_not_errors() {
             .await
             .expect("seed");
     }
-    // Prepared point selects, simple-protocol ones, and slow ones (in flight when the shutdown
-    // comes, so that Postgres aborts them with 57P01), all on the restarted shard.
+    seed.execute("INSERT INTO kv (id, v) VALUES ($1, '0')", &[&counter])
+        .await
+        .expect("seed the counter");
+    // Prepared point selects, simple-protocol ones, slow ones (in flight when the shutdown
+    // comes, so that Postgres aborts them with 57P01) and updates, all on the restarted shard.
     let select = |sql| Statement::Select {
         sql,
         key,
         want: "kept",
     };
+    let updates = Arc::new(AtomicU64::new(0));
     let statements = [
         select("SELECT v FROM kv WHERE id = $1"),
         Statement::SimpleSelect { key, want: "kept" },
         select("SELECT v FROM kv, pg_sleep(0.02) WHERE id = $1"),
+        Statement::Increment {
+            key: counter,
+            acknowledged: updates.clone(),
+        },
     ];
     let load = Load::start(&env, [&statements[..], &statements[..]].concat()).await;
     load.wait_for(200).await;
@@ -157,6 +181,17 @@ async fn a_restarted_primary_costs_latency_not_errors() {
         errors.is_empty(),
         "clients saw errors: {errors:?}\n{}",
         env.router.log_text()
+    );
+    // Every update the clients were told of happened, once: none was lost or run twice.
+    let row = seed
+        .query_one("SELECT v FROM kv WHERE id = $1", &[&counter])
+        .await
+        .expect("the counter");
+    let count: u64 = row.get::<_, String>(0).parse().expect("a number");
+    assert_eq!(
+        count,
+        updates.load(Ordering::Relaxed),
+        "acknowledged updates"
     );
     // The other shard was never touched, and the router counted what it held.
     let row = seed

@@ -25,10 +25,16 @@ pub struct Written<S> {
     pub sink: Option<S>,
     /// ReadyForQuery frames still to come.
     pub readies: usize,
+    /// It holds a Query, whose statements Postgres commits before the last CommandComplete;
+    /// an extended-protocol request commits only at its Sync (its ReadyForQuery).
+    pub simple: bool,
     /// Acknowledgements (ParseComplete, CloseComplete) of the router's preparation still to
     /// come at its start.
     pub hidden: usize,
-    /// Some reply of its own (not of the router's preparation) has come.
+    /// A reply of its own has come that shows part of it may have taken effect
+    /// ([`finishes_nothing`]), or any reply has been handed to its client: a shutdown that ends
+    /// the session now may have cut it after part of it took effect, or after its client saw
+    /// part of it.
     pub answered: bool,
 }
 
@@ -147,13 +153,27 @@ impl<S> Pipeline<S> {
                 _ => {}
             }
         }
-        front.answered = true;
+        front.answered |= !finishes_nothing(tag, front.simple);
         if tag == b'Z' {
             front.readies = front.readies.saturating_sub(1);
             routed.ended = front.readies == 0;
             routed.not_idle = status != Some(b'I');
         }
         Ok(routed)
+    }
+}
+
+/// Whether a reply shows that nothing of its request has taken effect yet, so that a session
+/// ended after it rolled the request back. Postgres commits an autocommit request at its Sync
+/// (extended protocol: until its ReadyForQuery, nothing has) or before a Query's last
+/// CommandComplete (`simple`: only descriptions, rows of a statement still running and notices
+/// show nothing finished). Statements that commit on their own (VACUUM and the like) are never
+/// shared.
+pub fn finishes_nothing(tag: u8, simple: bool) -> bool {
+    if simple {
+        crate::protocol::backend::is_description(tag) || matches!(tag, b'D' | b'N')
+    } else {
+        tag != b'Z'
     }
 }
 
@@ -166,6 +186,7 @@ mod tests {
             seq,
             sink: Some("client"),
             readies,
+            simple: false,
             hidden,
             answered: false,
         }
@@ -245,6 +266,7 @@ mod tests {
             seq: 1,
             sink: None,
             readies: 1,
+            simple: true,
             hidden: 0,
             answered: false,
         });
@@ -258,5 +280,33 @@ mod tests {
         let mut p: Pipeline<&'static str> = Pipeline::default();
         assert!(!p.route(b'N', None).unwrap().deliver);
         assert_eq!(p.route(b'E', None), Err(Unplaced::Unasked(b'E')));
+    }
+
+    #[test]
+    fn a_request_is_answered_once_part_of_it_may_have_taken_effect() {
+        let mut p: Pipeline<&'static str> = Pipeline::default();
+        // Extended protocol: nothing commits before the Sync.
+        p.push(written(1, 1, 0));
+        for tag in [b'2', b'D', b'C'] {
+            p.route(tag, None).unwrap();
+            assert!(!p.front().unwrap().answered);
+        }
+        p.route(b'Z', Some(b'I')).unwrap();
+        p.pop_front();
+        // Two Syncs: the first one's ReadyForQuery committed its part.
+        p.push(written(2, 2, 0));
+        p.route(b'Z', Some(b'I')).unwrap();
+        assert!(p.front().unwrap().answered);
+        p.route(b'Z', Some(b'I')).unwrap();
+        p.pop_front();
+        // A Query commits before its last CommandComplete.
+        let mut simple = written(3, 1, 0);
+        simple.simple = true;
+        p.push(simple);
+        p.route(b'T', None).unwrap();
+        p.route(b'D', None).unwrap();
+        assert!(!p.front().unwrap().answered);
+        p.route(b'C', None).unwrap();
+        assert!(p.front().unwrap().answered);
     }
 }

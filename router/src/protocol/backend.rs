@@ -18,6 +18,13 @@ pub fn error_fields(frame: &[u8]) -> (String, String) {
     (code, message)
 }
 
+/// Whether a reply frame only describes (ParseComplete, BindComplete, ParameterDescription,
+/// RowDescription, NoData): nothing of a request has run or been seen to run while its replies
+/// are only these, so a request a shutdown aborts after them may still be sent again.
+pub fn is_description(tag: u8) -> bool {
+    matches!(tag, b'1' | b'2' | b't' | b'T' | b'n')
+}
+
 /// Whether an ErrorResponse frame is Postgres ending the session at a shutdown or restart
 /// (FATAL 57P01 admin_shutdown, 57P02 crash_shutdown, 57P03 cannot_connect_now).
 pub fn is_shutdown(frame: &[u8]) -> bool {

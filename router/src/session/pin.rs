@@ -269,35 +269,22 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         self.reroute = Reroute::No;
         let (conn, shard) = loop {
             attempt += 1;
-            let (mut conn, _, shard) = match self.routing.checkout_timed(target).await {
+            let (conn, _, shard) = match self.routing.checkout_timed(target).await {
                 Ok((conn, waited)) => (conn, waited, target),
                 Err(Checkout::Refused(err)) => return Err(err),
                 Err(Checkout::MapChanged) => self.checkout_after_reload(target).await?,
             };
             target = shard;
-            let fp = self.settings.fingerprint();
-            let (prelude, readies) = match self.fitting_prelude(&mut conn, &uses, &[]) {
-                Ok(fit) => fit,
-                Err(e) => {
-                    // Its record of prepared statements may have changed: not reused.
-                    crate::backend::pool::discard(conn);
-                    return Err(lost(&format!("{why}; {e}")));
-                }
-            };
-            if readies > 0 {
-                if let Some(problem) = run_prelude(&mut conn, &prelude, readies).await {
-                    crate::backend::pool::discard(conn);
-                    if problem.connection_ended && attempt < PRELUDE_ATTEMPTS {
-                        continue;
-                    }
+            match self.fit(conn, &uses, &[]).await {
+                Ok(conn) => break (conn, shard),
+                Err(p) if p.connection_ended && attempt < PRELUDE_ATTEMPTS => continue,
+                Err(p) => {
                     return Err(lost(&format!(
                         "{why}; preparing another connection: {}",
-                        problem.what
-                    )));
+                        p.what
+                    )))
                 }
-                conn.settings_fp = fp;
             }
-            break (conn, shard);
         };
         self.pin = Some(Pinned {
             shard,
@@ -307,6 +294,36 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         });
         self.point_cancel_at_pin();
         Ok(())
+    }
+
+    /// `conn` made fit for a request written for another connection ([`Self::fitting_prelude`],
+    /// run on it); a connection that could not be is discarded, never reused (its record of
+    /// prepared statements may be wrong).
+    pub(super) async fn fit(
+        &self,
+        mut conn: PooledConn,
+        uses: &replay::Uses,
+        bound: &[Arc<crate::backend::registry::Statement>],
+    ) -> Result<PooledConn, PreludeProblem> {
+        let fp = self.settings.fingerprint();
+        let (prelude, readies) = match self.fitting_prelude(&mut conn, uses, bound) {
+            Ok(fit) => fit,
+            Err(what) => {
+                crate::backend::pool::discard(conn);
+                return Err(PreludeProblem {
+                    what,
+                    connection_ended: false,
+                });
+            }
+        };
+        if readies > 0 {
+            if let Some(problem) = run_prelude(&mut conn, &prelude, readies).await {
+                crate::backend::pool::discard(conn);
+                return Err(problem);
+            }
+            conn.settings_fp = fp;
+        }
+        Ok(conn)
     }
 
     /// What makes `conn` fit a request written for another connection (`uses`): the client's
@@ -394,19 +411,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     }
 }
 
-/// How many connections a resent request's prelude is tried on.
-const PRELUDE_ATTEMPTS: usize = 3;
+/// How many connections a prelude is tried on (a shutdown may end several taken from the pool
+/// before a request is written to them).
+pub(super) const PRELUDE_ATTEMPTS: usize = 3;
 
 /// What went wrong with a prelude.
 pub(super) struct PreludeProblem {
     pub what: String,
     /// The connection broke or the server ended it at a shutdown: nothing of the request was
     /// sent on it, so another connection may be tried.
-    connection_ended: bool,
+    pub connection_ended: bool,
 }
 
 /// Runs a prelude up to its `readies`-th ReadyForQuery; what went wrong, if anything.
-pub(super) async fn run_prelude(
+async fn run_prelude(
     conn: &mut crate::backend::BackendConn,
     prelude: &[u8],
     readies: usize,

@@ -299,7 +299,7 @@ pub(super) fn forward(out: &mut Vec<u8>, action: Action, frame: &[u8]) {
 /// request sent again on another connection answers alike.
 fn only_descriptions(mut frames: &[u8]) -> bool {
     while let Ok(Some(h)) = next_frame(frames) {
-        if !matches!(h.tag, b'1' | b'2' | b't' | b'T' | b'n') {
+        if !crate::protocol::backend::is_description(h.tag) {
             return false;
         }
         frames = &frames[h.total..];

@@ -37,17 +37,31 @@ impl Default for Channel {
     }
 }
 
-/// How many ReadyForQuery frames `bytes` then `tail` (a request) end with, when the request
-/// stands alone on a shared connection: it ends in a Sync or is a Query, and asks for no
-/// Flush or COPY data.
-fn standalone(bytes: &[u8], tail: &[u8]) -> Option<usize> {
+/// What a request that stands alone on a shared connection ends with.
+#[derive(Debug, PartialEq, Eq)]
+struct Standalone {
+    /// Its ReadyForQuery frames (its Syncs and Queries).
+    readies: usize,
+    /// It holds a Query: Postgres commits a Query's statements before its last CommandComplete,
+    /// an extended-protocol request's only at its Sync.
+    simple: bool,
+}
+
+/// How `bytes` then `tail` (a request) end, when the request stands alone on a shared
+/// connection: it ends in a Sync or is a Query, and asks for no Flush or COPY data.
+fn standalone(bytes: &[u8], tail: &[u8]) -> Option<Standalone> {
     let mut readies = 0;
+    let mut simple = false;
     let mut last = 0;
     for part in [bytes, tail] {
         let mut rest = part;
         while let Ok(Some(h)) = next_frame(rest) {
             match h.tag {
-                b'S' | b'Q' => readies += 1,
+                b'S' => readies += 1,
+                b'Q' => {
+                    readies += 1;
+                    simple = true;
+                }
                 b'P' | b'B' | b'D' | b'E' | b'C' => {}
                 _ => return None,
             }
@@ -58,13 +72,14 @@ fn standalone(bytes: &[u8], tail: &[u8]) -> Option<usize> {
             return None;
         }
     }
-    (readies > 0 && matches!(last, b'S' | b'Q')).then_some(readies)
+    (readies > 0 && matches!(last, b'S' | b'Q')).then_some(Standalone { readies, simple })
 }
 
 /// A request handed to a lane: its ReadyForQuery count, the router statements it uses, the
 /// client's settings fingerprint, and the client's cancel count when it began.
 struct Submission<'a> {
     readies: usize,
+    simple: bool,
     uses: &'a replay::Uses,
     fp: u64,
     cancels: u64,
@@ -108,7 +123,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     pub(super) async fn exchange_shared(&mut self) -> Result<bool, SessionError> {
         // Cancels asked from here on are for this request (its slot names no backend).
         let cancels = self.slot.cancels();
-        let Some(readies) = standalone(&self.out.bytes, &self.out.tail) else {
+        let Some(Standalone { readies, simple }) = standalone(&self.out.bytes, &self.out.tail)
+        else {
             return Ok(false);
         };
         let Ok(uses) = replay::uses(&self.out.bytes) else {
@@ -139,6 +155,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 &mut channel,
                 Submission {
                     readies,
+                    simple,
                     uses: &uses,
                     fp,
                     cancels,
@@ -212,6 +229,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     ) -> Result<Outcome, SessionError> {
         let Submission {
             readies,
+            simple,
             uses,
             fp,
             cancels,
@@ -233,6 +251,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 bytes: &self.out.bytes,
                 tail: &self.out.tail,
                 readies,
+                simple,
                 settings_fp: fp,
                 sink: channel.tx.clone(),
                 touches_prepared: !uses.prepared.is_empty() || !uses.closed.is_empty(),
@@ -378,56 +397,56 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             return Ok(());
         };
         let any = matches!(pin.conn, Link::Shared { any: true, .. });
-        let got = if any {
-            // A statement for no particular shard: whichever can give a connection now.
-            let start = self.shared.any_shard(self.routing.map.shards().len());
-            self.routing.checkout_any(start).await
-        } else {
-            self.routing
-                .checkout_timed(pin.shard)
-                .await
-                .map(|(conn, waited)| (conn, waited, pin.shard))
+        let lost = |this: &Self, shard: usize, why: &str| {
+            let endpoint = this.routing.pools().for_shard(shard).endpoint.name();
+            errors::shard_lost(&this.shard_name(shard), &endpoint, why)
         };
-        let (mut conn, waited, shard) = match got {
-            Ok(got) => got,
-            Err(Checkout::Refused(err)) => return Err(err),
-            // The map changed while it waited for a paused shard: the shard that owns the same
-            // keys now (the request names router statements, not a shard's, so it fits there).
-            Err(Checkout::MapChanged) if !any => self.checkout_after_reload(pin.shard).await?,
-            Err(Checkout::MapChanged) => {
-                return Err(errors::map_changed_while_paused(
-                    &self.shard_name(pin.shard),
-                ))
-            }
-        };
-        let name = self.shard_name(shard);
-        self.client.meter.waited(waited);
-        if !self.shared.server_params_learned() {
-            self.shared.learn_server_params(&conn.params);
-        }
-        let endpoint = self.routing.pools().for_shard(shard).endpoint.name();
-        let lost = |why: String| errors::shard_lost(&name, &endpoint, &why);
-        let uses = replay::uses(&self.out.bytes).map_err(|e| lost(e.0.to_string()))?;
-        let fp = self.settings.fingerprint();
+        let uses = replay::uses(&self.out.bytes).map_err(|e| lost(self, pin.shard, e.0))?;
         let bound: &[std::sync::Arc<crate::backend::registry::Statement>] = match &pin.conn {
             Link::Shared { bound, .. } => bound,
             Link::Own(_) => &[],
         };
-        let (prelude, readies) = match self.fitting_prelude(&mut conn, &uses, bound) {
-            Ok(fit) => fit,
-            Err(why) => {
-                // Its record of prepared statements may have changed: not reused.
-                crate::backend::pool::discard(conn);
-                return Err(lost(why));
+        // A shutdown may end the connection taken before the request is written to it (while
+        // it is being made fit): then another is taken.
+        let mut attempt = 0;
+        let (conn, shard) = loop {
+            attempt += 1;
+            let got = if any {
+                // A statement for no particular shard: whichever can give a connection now.
+                let start = self.shared.any_shard(self.routing.map.shards().len());
+                self.routing.checkout_any(start).await
+            } else {
+                self.routing
+                    .checkout_timed(pin.shard)
+                    .await
+                    .map(|(conn, waited)| (conn, waited, pin.shard))
+            };
+            let (conn, waited, shard) = match got {
+                Ok(got) => got,
+                Err(Checkout::Refused(err)) => return Err(err),
+                // The map changed while it waited for a paused shard: the shard that owns the
+                // same keys now (the request names router statements, not a shard's, so it fits
+                // there).
+                Err(Checkout::MapChanged) if !any => self.checkout_after_reload(pin.shard).await?,
+                Err(Checkout::MapChanged) => {
+                    return Err(errors::map_changed_while_paused(
+                        &self.shard_name(pin.shard),
+                    ))
+                }
+            };
+            self.client.meter.waited(waited);
+            if !self.shared.server_params_learned() {
+                self.shared.learn_server_params(&conn.params);
+            }
+            match self.fit(conn, &uses, bound).await {
+                Ok(conn) => break (conn, shard),
+                Err(p) if p.connection_ended && attempt < super::pin::PRELUDE_ATTEMPTS => {}
+                Err(p) => {
+                    let why = format!("preparing a connection: {}", p.what);
+                    return Err(lost(self, shard, &why));
+                }
             }
         };
-        if readies > 0 {
-            if let Some(problem) = super::pin::run_prelude(&mut conn, &prelude, readies).await {
-                crate::backend::pool::discard(conn);
-                return Err(lost(format!("preparing a connection: {}", problem.what)));
-            }
-            conn.settings_fp = fp;
-        }
         self.pin = Some(Pinned {
             shard,
             conn: Link::Own(conn),
@@ -448,13 +467,25 @@ mod tests {
     fn only_requests_that_end_in_sync_or_are_a_query_stand_alone() {
         let mut b = BytesMut::new();
         request::query(&mut b, "SELECT 1").unwrap();
-        assert_eq!(standalone(&b, &[]), Some(1));
+        assert_eq!(
+            standalone(&b, &[]),
+            Some(Standalone {
+                readies: 1,
+                simple: true
+            })
+        );
         let mut b = BytesMut::new();
         request::parse(&mut b, "", "SELECT $1", &[]).unwrap();
         request::sync(&mut b);
         request::parse(&mut b, "", "SELECT 2", &[]).unwrap();
         request::sync(&mut b);
-        assert_eq!(standalone(&b, &[]), Some(2));
+        assert_eq!(
+            standalone(&b, &[]),
+            Some(Standalone {
+                readies: 2,
+                simple: false
+            })
+        );
         let mut flush = BytesMut::new();
         request::parse(&mut flush, "", "SELECT 1", &[]).unwrap();
         flush.extend_from_slice(&[b'H', 0, 0, 0, 4]);
@@ -464,6 +495,6 @@ mod tests {
         assert_eq!(standalone(&open, &[]), None);
         let mut long = BytesMut::new();
         request::query(&mut long, "SELECT 3").unwrap();
-        assert_eq!(standalone(&[], &long), Some(1));
+        assert_eq!(standalone(&[], &long).map(|s| s.readies), Some(1));
     }
 }

@@ -6,8 +6,12 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use bytes::BytesMut;
+use tokio::io::AsyncReadExt;
 
 use super::{Lane, Reply, ShardMux, CANCEL_CHECK, IDLE_CHECK};
+
+/// How long a connection that broke is read for what it sent before.
+const READ_REST: std::time::Duration = std::time::Duration::from_millis(200);
 use crate::backend::conn::BackendConn;
 use crate::backend::stream::Outgoing;
 
@@ -72,11 +76,17 @@ async fn run(mux: &Weak<ShardMux>, lane: &Arc<Lane>, conn: &mut BackendConn) -> 
             flushed = out.flushed;
             r
         });
-        tokio::select! {
-            r = io => r.map_err(|e| e.to_string())?,
+        let broken = tokio::select! {
+            r = io => r.err().map(|e| e.to_string()),
             _ = lane.wake.notified() => continue,
             _ = tokio::time::sleep(IDLE_CHECK), if idle => continue,
             _ = tokio::time::sleep(CANCEL_CHECK), if cancel_waits => continue,
+        };
+        if broken.is_some() {
+            // A server that ends its session with requests unread resets the connection, and
+            // a write may see that first; what it sent before (a shutdown's FATAL, which says
+            // that nothing behind the running request ran) is still there to read.
+            read_rest(conn).await;
         }
         let Some(m) = mux.upgrade() else {
             return Ok(());
@@ -96,5 +106,21 @@ async fn run(mux: &Weak<ShardMux>, lane: &Arc<Lane>, conn: &mut BackendConn) -> 
             lane.end(why.clone(), shutdown);
             return Err(why);
         }
+        if let Some(why) = broken {
+            return Err(why);
+        }
     }
+}
+
+/// Reads what a broken connection still holds, until it ends (at once, for a reset one).
+async fn read_rest(conn: &mut BackendConn) {
+    let rest = async {
+        while let Ok(n) = conn.stream.read_buf(&mut conn.rbuf).await {
+            if n == 0 {
+                break;
+            }
+        }
+    };
+    // A connection that broke on writing may still be open for reading a while.
+    let _ = tokio::time::timeout(READ_REST, rest).await;
 }

@@ -51,6 +51,7 @@ impl Lane {
                 seq: 0,
                 bytes: set,
                 readies: 1,
+                simple: true,
                 hidden: 0,
                 sink: None,
                 touches_prepared: false,
@@ -66,6 +67,7 @@ impl Lane {
             seq,
             bytes,
             readies: req.readies,
+            simple: req.simple,
             hidden,
             sink: Some(req.sink),
             touches_prepared: hidden > 0 || req.touches_prepared,
@@ -151,6 +153,7 @@ impl Lane {
                     seq: q.seq,
                     sink: q.sink,
                     readies: q.readies,
+                    simple: q.simple,
                     hidden: q.hidden,
                     answered: false,
                 });
@@ -219,15 +222,21 @@ impl Lane {
             };
             let status = (h.tag == b'Z').then(|| rbuf.get(at + 5).copied()).flatten();
             if h.tag == b'E'
-                && st.pipeline.front().is_some_and(|f| !f.answered)
+                && !st.pipeline.is_empty()
                 && crate::protocol::backend::is_shutdown(&rbuf[at..at + h.total])
             {
-                // The server ends the session (a shutdown, or on purpose) before the running
-                // request answered anything: it is not handed this as its answer.
+                // The server ends the session (a shutdown, or on purpose): nothing written
+                // behind the running request ran, and the running one is not handed this as
+                // its answer. When none of it finished, what it answered in this same turn is
+                // not handed out either: it is sent again whole, elsewhere.
                 let (code, message) =
                     crate::protocol::backend::error_fields(&rbuf[at..at + h.total]);
                 shutdown = true;
                 failure = Some(format!("{message} (SQLSTATE {code})"));
+                if let Some(front) = st.pipeline.front().filter(|f| !f.answered) {
+                    let front = front.seq;
+                    runs.retain(|(_, seq, _)| *seq != front);
+                }
                 break;
             }
             let routed = match st.pipeline.route(h.tag, status) {
@@ -292,6 +301,10 @@ impl Lane {
                     break;
                 }
             }
+        }
+        if let Some(front) = st.pipeline.front_mut() {
+            // What its client is handed it may see at once, descriptions too.
+            front.answered |= runs.last().is_some_and(|(_, seq, _)| *seq == front.seq);
         }
         let chunk = rbuf.split_to(at).freeze();
         let out = runs

@@ -134,6 +134,7 @@ struct Queued {
     seq: u64,
     bytes: BytesMut,
     readies: usize,
+    simple: bool,
     hidden: usize,
     sink: Option<Sink>,
     /// It prepares or closes statements: the lane's record already counts them done.
@@ -153,6 +154,8 @@ pub struct Request<'a> {
     pub tail: &'a [u8],
     /// ReadyForQuery frames that end it (its Syncs and Queries).
     pub readies: usize,
+    /// It holds a Query ([`crate::backend::pipeline::Written::simple`]).
+    pub simple: bool,
     pub settings_fp: u64,
     pub sink: Sink,
     /// The request itself prepares or closes router statements (the client's own Parse).
