@@ -48,6 +48,10 @@ Options:
       --syscalls SECONDS  after each mode's runs, count the proxies' system calls per statement
                           over a SECONDS run under `strace -c -f` (0: not; needs strace)
                                                                          [default: 5]
+      --open-loop RATE    after each client count's runs, the same point select at a fixed
+                          RATE requests a second in total (open loop, loadgen) through each
+                          target, mode by mode: p50, p99 and max latency from each request's
+                          scheduled time, errors and timeouts (0: not)    [default: 2000]
       --keep              keep the temp dir (logs, configs) and print its path; the cluster
                           and PgBouncer are still stopped
   -h, --help              this text
@@ -60,7 +64,8 @@ Reading the output: TPS is pgbench's "tps" (without connection time). "user us/s
 pgbench completed; "direct" has no proxy. "backends" is the number of the target's connections to
 the shard's server halfway through the run (pgbench's own for direct, the proxy's otherwise).
 "syscalls per statement" counts every system call of the proxy process (all threads) over a
-short extra run under strace. "busy" is the whole machine's CPU use during the run: near 100%
+short extra run under strace. The open-loop table is loadgen's (docs/loadgen.md): latency
+counts from when each request was due, so a proxy that falls behind shows it. "busy" is the whole machine's CPU use during the run: near 100%
 means the machine, not the proxy, is the limit. The machine is shared and noisy: compare
 ratios within one run, and repeat before believing a small difference.
 EOF
@@ -70,7 +75,7 @@ die() { echo "compare.sh: $*" >&2; exit 1; }
 
 duration=10 clients=16 also_clients=200 jobs="" rows=100000 modes="simple,extended,prepared"
 targets="" warmup=2 router_threads="" pool_size=20 keep=0 baseline_rev="" baseline_bin="" syscall_seconds=5
-shared_connections=2
+shared_connections=2 open_loop=2000
 while [[ $# -gt 0 ]]; do
     case "$1" in
         -T|--duration) duration="${2:?}"; shift 2 ;;
@@ -78,6 +83,7 @@ while [[ $# -gt 0 ]]; do
         --also-clients) also_clients="${2:?}"; shift 2 ;;
         --syscalls) syscall_seconds="${2:?}"; shift 2 ;;
         --shared-connections) shared_connections="${2:?}"; shift 2 ;;
+        --open-loop) open_loop="${2:?}"; shift 2 ;;
         -j|--jobs) jobs="${2:?}"; shift 2 ;;
         -r|--rows) rows="${2:?}"; shift 2 ;;
         -m|--modes) modes="${2:?}"; shift 2 ;;
@@ -92,7 +98,7 @@ while [[ $# -gt 0 ]]; do
         *) usage >&2; die "unknown option: $1" ;;
     esac
 done
-for n in duration clients also_clients syscall_seconds shared_connections rows warmup pool_size ${jobs:+jobs} ${router_threads:+router_threads}; do
+for n in duration clients also_clients syscall_seconds shared_connections open_loop rows warmup pool_size ${jobs:+jobs} ${router_threads:+router_threads}; do
     [[ "${!n}" =~ ^[0-9]+$ ]] || die "--${n//_/-} must be a whole number, not '${!n}'"
 done
 ((duration > 0 && clients > 0 && rows > 0 && pool_size > 0)) || die "--duration, --clients, --rows and --pool-size must be more than 0"
@@ -153,26 +159,21 @@ tmp="$(mktemp -d "${TMPDIR:-/tmp}/shardgate-bench.XXXXXX")"
 # As root PostgreSQL and PgBouncer run as `postgres`, which must be able to enter this dir.
 chmod 755 "$tmp"
 pgbouncer_pid="" baseline_pid="" baseline_tree="" shared_pid=""
+# stop PID: TERM, up to 5 s to end, then KILL.
+stop() {
+    [[ -n "$1" ]] && kill -0 "$1" 2>/dev/null || return 0
+    kill -TERM "$1"
+    for _ in $(seq 50); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$1" 2>/dev/null
+}
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
     set +e
-    if [[ -n "$baseline_pid" ]] && kill -0 "$baseline_pid" 2>/dev/null; then
-        kill -TERM "$baseline_pid"
-        for _ in $(seq 50); do kill -0 "$baseline_pid" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$baseline_pid" 2>/dev/null
-    fi
+    stop "$baseline_pid"
     [[ -z "$baseline_tree" ]] || git -C "$root" worktree remove --force "$baseline_tree" >/dev/null 2>&1
-    if [[ -n "$shared_pid" ]] && kill -0 "$shared_pid" 2>/dev/null; then
-        kill -TERM "$shared_pid"
-        for _ in $(seq 50); do kill -0 "$shared_pid" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$shared_pid" 2>/dev/null
-    fi
-    if [[ -n "$pgbouncer_pid" ]] && kill -0 "$pgbouncer_pid" 2>/dev/null; then
-        kill -TERM "$pgbouncer_pid"
-        for _ in $(seq 50); do kill -0 "$pgbouncer_pid" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$pgbouncer_pid" 2>/dev/null
-    fi
+    stop "$shared_pid"
+    stop "$pgbouncer_pid"
     if [[ -f "$tmp/cluster/cluster.json" ]]; then
         "$root/deploy/local/cluster" down --dir "$tmp/cluster" >/dev/null 2>&1 ||
             echo "compare.sh: cluster down --dir $tmp/cluster failed; run it by hand" >&2
@@ -224,6 +225,9 @@ fi
     --base-port "$pg_port" --router-port "$router_port" --user app --password app \
     --max-connections "$(( (clients > also_clients ? clients : also_clients) + pool_size * (2 * ${router_threads:-$(nproc)} + 1) + 50 ))" \
     >"$tmp/cluster-up.log" 2>&1 || { cat "$tmp/cluster-up.log" >&2; die "cluster up failed"; }
+if ((open_loop > 0)); then
+    (cd "$root" && cargo build --release -q -p loadgen) || die "building loadgen failed"
+fi
 # The router's pid: the first "pid" after "router" in the state file (servers have pids too).
 router_pid="$(awk '/"router": *\{/ { r = 1 } r && /"pid":/ { gsub(/[^0-9]/, ""); print; exit }' "$tmp/cluster/cluster.json")"
 [[ -n "$router_pid" ]] || die "no router pid in $tmp/cluster/cluster.json"
@@ -231,40 +235,40 @@ router_log="$tmp/cluster/router.log"
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
 case "$target_dir" in /*) ;; *) target_dir="$root/$target_dir" ;; esac
 cluster_bin="$target_dir/release/shardgate-cluster"
+loadgen_bin="$target_dir/release/loadgen"
 clk_tck="$("$cluster_bin" cpu $$ | awk '$1 == "ticks_per_second" { print $2 }')"
 
-# The baseline router: the cluster's router.toml on another port, its shard map by full path,
-# without the settings older builds do not know (they refuse unknown settings) and that do not
-# change what is measured: the admin flag of the cluster's user.
+# start_router NAME BIN PORT [SED-EXPRESSION...]: another router in front of the same shard, from
+# BIN: the cluster's router.toml on PORT, its shard map by full path, edited by the expressions.
+# Sets NAME_pid (stopped by cleanup); its log is $tmp/NAME/router.log.
+start_router() {
+    local name="$1" bin="$2" port="$3" dir="$tmp/$1" edits=() e
+    shift 3
+    for e in "$@"; do edits+=(-e "$e"); done
+    mkdir -p "$dir"
+    sed -e "s|^listen = .*|listen = \"127.0.0.1:$port\"|" \
+        -e "s|^shardmap = .*|shardmap = \"$tmp/cluster/shardmap.toml\"|" \
+        "${edits[@]}" "$tmp/cluster/router.toml" >"$dir/router.toml"
+    NO_COLOR=1 "$bin" --config "$dir/router.toml" ${router_threads:+--threads "$router_threads"} \
+        >"$dir/router.log" 2>&1 &
+    printf -v "${name}_pid" '%s' "$!"
+    for _ in $(seq 300); do grep -q "shardgate is ready" "$dir/router.log" && break; sleep 0.1; done
+    grep -q "shardgate is ready" "$dir/router.log" || { cat "$dir/router.log" >&2; die "the $name router did not start"; }
+}
+# The baseline router, without the settings older builds do not know (they refuse unknown
+# settings) and that do not change what is measured: the admin flag of the cluster's user.
 if wants baseline; then
-    mkdir -p "$tmp/baseline"
-    sed -e "s|^listen = .*|listen = \"127.0.0.1:$baseline_port\"|" \
-        -e "s|^shardmap = .*|shardmap = \"$tmp/cluster/shardmap.toml\"|" \
-        -e "/^admin = /d" \
-        "$tmp/cluster/router.toml" >"$tmp/baseline/router.toml"
+    start_router baseline "$baseline_bin" "$baseline_port" "/^admin = /d"
     baseline_log="$tmp/baseline/router.log"
-    NO_COLOR=1 "$baseline_bin" --config "$tmp/baseline/router.toml" ${router_threads:+--threads "$router_threads"} \
-        >"$baseline_log" 2>&1 &
-    baseline_pid=$!
-    for _ in $(seq 300); do grep -q "shardgate is ready" "$baseline_log" && break; sleep 0.1; done
-    grep -q "shardgate is ready" "$baseline_log" || { cat "$baseline_log" >&2; die "the baseline router did not start"; }
 fi
-# The shared-connections router: the same build and config on another port, with its
-# statements pipelined over --shared-connections backend connections.
+# The shared-connections router: the same build and config, its statements pipelined over
+# --shared-connections backend connections.
 if wants shared; then
-    mkdir -p "$tmp/shared"
-    sed -e "s|^listen = .*|listen = \"127.0.0.1:$shared_port\"|" \
-        -e "s|^shardmap = .*|shardmap = \"$tmp/cluster/shardmap.toml\"|" \
-        -e "s|^\[pool\]\$|[pool]\nshared_connections = $shared_connections|" \
-        "$tmp/cluster/router.toml" >"$tmp/shared/router.toml"
+    start_router shared "$target_dir/release/shardgate" "$shared_port" \
+        "s|^\[pool\]\$|[pool]\nshared_connections = $shared_connections|"
     grep -q "^shared_connections = $shared_connections" "$tmp/shared/router.toml" ||
         die "the cluster's router.toml has no [pool] section to add shared_connections to"
     shared_log="$tmp/shared/router.log"
-    NO_COLOR=1 "$target_dir/release/shardgate" --config "$tmp/shared/router.toml" ${router_threads:+--threads "$router_threads"} \
-        >"$shared_log" 2>&1 &
-    shared_pid=$!
-    for _ in $(seq 300); do grep -q "shardgate is ready" "$shared_log" && break; sleep 0.1; done
-    grep -q "shardgate is ready" "$shared_log" || { cat "$shared_log" >&2; die "the shared-connections router did not start"; }
 fi
 shard_db="shard_000"
 export PGPASSWORD=postgres # direct and loading; the router and PgBouncer get app/app below
@@ -335,6 +339,15 @@ conn_args() { # target -> pgbench connection arguments
         baseline) echo "-h 127.0.0.1 -p $baseline_port -U app app" ;;
     esac
 }
+url_of() { # target -> its postgres:// URL, for loadgen
+    case "$1" in
+        direct) echo "postgres://postgres:postgres@127.0.0.1:$pg_port/$shard_db" ;;
+        shardgate) echo "postgres://app:app@127.0.0.1:$router_port/app" ;;
+        shared) echo "postgres://app:app@127.0.0.1:$shared_port/app" ;;
+        pgbouncer) echo "postgres://app:app@127.0.0.1:$pgbouncer_port/app" ;;
+        baseline) echo "postgres://app:app@127.0.0.1:$baseline_port/app" ;;
+    esac
+}
 password_of() { [[ "$1" == direct ]] && echo postgres || echo app; }
 pid_of() {
     case "$1" in
@@ -398,6 +411,10 @@ syscalls_per_stmt() {
     fi
 }
 
+# ratio A B and sum A B of two figures, "-" where either is missing.
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || a == "-" || b == "-" || b + 0 == 0) print "-"; else printf "%.2f", a / b }'; }
+sum() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || a == "-" || b == "-") print "-"; else printf "%.2f", a + b }'; }
+
 declare -A tps user_us sys_us conns syscalls
 # measure CLIENTS: every mode through every target with CLIENTS pgbench clients, then ratios.
 measure() {
@@ -460,8 +477,6 @@ measure() {
     done
 
     # Ratios, per mode, where both sides ran.
-    ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || a == "-" || b == "-" || b + 0 == 0) print "-"; else printf "%.2f", a / b }'; }
-    sum() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || a == "-" || b == "-") print "-"; else printf "%.2f", a + b }'; }
     echo | tee -a "$results"
     printf '%-9s %-10s %12s %16s %15s %17s %14s\n' ratios proxy 'TPS x/pgb' 'user/stmt x/pgb' 'sys/stmt x/pgb' 'total/stmt x/pgb' 'TPS x/direct' | tee -a "$results"
     for mode in "${mode_list[@]}"; do
@@ -500,8 +515,56 @@ measure() {
     fi
 }
 
+# open_loop_runs CLIENTS: every mode through every target at --open-loop requests a second in
+# total over CLIENTS connections (loadgen, latency from each request's scheduled time), then the
+# p99 ratios.
+declare -A p99
+open_loop_runs() {
+    local n="$1" mode t out row p key
+    echo | tee -a "$results"
+    printf 'open loop: %s requests/s in total over %d connections, %ds per run (loadgen); latency in ms\n' \
+        "$open_loop" "$n" "$duration" | tee -a "$results"
+    printf '%-9s %-10s %9s %8s %8s %8s %8s %7s %9s\n' mode target QPS p50 p99 p99.9 max errors timeouts | tee -a "$results"
+    for mode in "${mode_list[@]}"; do
+        for t in "${target_list[@]}"; do
+            [[ "$t" == pgbouncer && "$mode" == prepared ]] && ((!pgbouncer_prepared)) && continue
+            out="$tmp/open-$mode-$t-$n.json"
+            if ! "$loadgen_bin" run --target "$(url_of "$t")" --rows-per-shard "$rows" -c "$n" --rate "$open_loop" \
+                --protocol "$mode" -d "${duration}s" --warmup 1s --quiet --json "$out" >"$out.log" 2>&1; then
+                printf '%-9s %-10s   loadgen failed; its output ends:\n' "$mode" "$t" | tee -a "$results"
+                tail -5 "$out.log" | sed 's/^/    /' | tee -a "$results"
+                continue
+            fi
+            read -r row p < <(python3 - "$out" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+l = r["latency_us"]
+ms = lambda us: f"{us / 1000:8.2f}"
+print(f'{r["qps"]:9.0f} {ms(l["p50"])} {ms(l["p99"])} {ms(l["p999"])} {ms(l["max"])} {r["errors"]:7d} {r["timeouts"]:9d}'.replace(" ", "_"), l["p99"])
+PY
+            )
+            p99["$n/$mode/$t"]="$p"
+            printf '%-9s %-10s %s\n' "$mode" "$t" "${row//_/ }" | tee -a "$results"
+        done
+    done
+    echo | tee -a "$results"
+    printf '%-9s %-10s %14s %17s\n' ratios proxy 'p99 x/pgb' 'p99 x/direct' | tee -a "$results"
+    for mode in "${mode_list[@]}"; do
+        for t in shardgate shared; do
+            wants "$t" || continue
+            key="$n/$mode"
+            printf '%-9s %-10s %14s %17s\n' "$mode" "$t" "$(ratio "${p99[$key/$t]:-}" "${p99[$key/pgbouncer]:-}")" \
+                "$(ratio "${p99[$key/$t]:-}" "${p99[$key/direct]:-}")" | tee -a "$results"
+        done
+    done
+}
+
 measure "$clients"
-((also_clients > 0)) && measure "$also_clients"
+((open_loop > 0)) && open_loop_runs "$clients"
+if ((also_clients > 0)); then
+    measure "$also_clients"
+    ((open_loop > 0)) && open_loop_runs "$also_clients"
+fi
 
 # Anything the router complained about during the measured runs is worth a look.
 if wants shared; then

@@ -34,9 +34,15 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Resul
     let mut phase = shared.lifecycle.subscribe();
     loop {
         let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
+            biased;
             _ = phase.wait_for(|p| *p == Phase::Closing) => return Ok(()),
+            accepted = listener.accept() => accepted,
         };
+        if shared.lifecycle.closing() {
+            // Accepted as the drain closed the door (on a worker slower to see it than a
+            // session that already told its client): refused like any later one.
+            return Ok(());
+        }
         let (stream, peer) = match accepted {
             Ok(c) => c,
             Err(e) => {
