@@ -330,25 +330,28 @@ machine_ticks() {
     awk '/^cpu / { idle = $5 + $6; total = 0; for (i = 2; i <= NF; i++) total += $i; print total - idle, total; exit }' /proc/stat
 }
 
-conn_args() { # target -> pgbench connection arguments
+# endpoint_of TARGET: "PORT USER DATABASE" of the target (the password is the user's name, but
+# for direct: postgres/postgres, straight to the shard's database).
+endpoint_of() {
     case "$1" in
-        direct) echo "-h 127.0.0.1 -p $pg_port -U postgres $shard_db" ;;
-        shardgate) echo "-h 127.0.0.1 -p $router_port -U app app" ;;
-        shared) echo "-h 127.0.0.1 -p $shared_port -U app app" ;;
-        pgbouncer) echo "-h 127.0.0.1 -p $pgbouncer_port -U app app" ;;
-        baseline) echo "-h 127.0.0.1 -p $baseline_port -U app app" ;;
+        direct) echo "$pg_port postgres $shard_db" ;;
+        shardgate) echo "$router_port app app" ;;
+        shared) echo "$shared_port app app" ;;
+        pgbouncer) echo "$pgbouncer_port app app" ;;
+        baseline) echo "$baseline_port app app" ;;
     esac
+}
+conn_args() { # target -> pgbench connection arguments
+    local port user db
+    read -r port user db < <(endpoint_of "$1")
+    echo "-h 127.0.0.1 -p $port -U $user $db"
 }
 url_of() { # target -> its postgres:// URL, for loadgen
-    case "$1" in
-        direct) echo "postgres://postgres:postgres@127.0.0.1:$pg_port/$shard_db" ;;
-        shardgate) echo "postgres://app:app@127.0.0.1:$router_port/app" ;;
-        shared) echo "postgres://app:app@127.0.0.1:$shared_port/app" ;;
-        pgbouncer) echo "postgres://app:app@127.0.0.1:$pgbouncer_port/app" ;;
-        baseline) echo "postgres://app:app@127.0.0.1:$baseline_port/app" ;;
-    esac
+    local port user db
+    read -r port user db < <(endpoint_of "$1")
+    echo "postgres://$user:$user@127.0.0.1:$port/$db"
 }
-password_of() { [[ "$1" == direct ]] && echo postgres || echo app; }
+password_of() { local user; read -r _ user _ < <(endpoint_of "$1"); echo "$user"; }
 pid_of() {
     case "$1" in
         shardgate) echo "$router_pid" ;;
@@ -535,16 +538,18 @@ open_loop_runs() {
                 tail -5 "$out.log" | sed 's/^/    /' | tee -a "$results"
                 continue
             fi
-            read -r row p < <(python3 - "$out" <<'PY'
+            # loadgen's report: its p99 in µs on the first line, the table's columns on the second.
+            { read -r p; IFS= read -r row; } < <(python3 - "$out" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 l = r["latency_us"]
 ms = lambda us: f"{us / 1000:8.2f}"
-print(f'{r["qps"]:9.0f} {ms(l["p50"])} {ms(l["p99"])} {ms(l["p999"])} {ms(l["max"])} {r["errors"]:7d} {r["timeouts"]:9d}'.replace(" ", "_"), l["p99"])
+print(l["p99"])
+print(f'{r["qps"]:9.0f} {ms(l["p50"])} {ms(l["p99"])} {ms(l["p999"])} {ms(l["max"])} {r["errors"]:7d} {r["timeouts"]:9d}')
 PY
             )
             p99["$n/$mode/$t"]="$p"
-            printf '%-9s %-10s %s\n' "$mode" "$t" "${row//_/ }" | tee -a "$results"
+            printf '%-9s %-10s %s\n' "$mode" "$t" "$row" | tee -a "$results"
         done
     done
     echo | tee -a "$results"

@@ -9,11 +9,11 @@ use bytes::BytesMut;
 use tokio::io::AsyncReadExt;
 
 use super::{Lane, Reply, ShardMux, CANCEL_CHECK, IDLE_CHECK};
+use crate::backend::conn::BackendConn;
+use crate::backend::stream::Outgoing;
 
 /// How long a connection that broke is read for what it sent before.
 const READ_REST: std::time::Duration = std::time::Duration::from_millis(200);
-use crate::backend::conn::BackendConn;
-use crate::backend::stream::Outgoing;
 
 /// Runs one lane's connection until it ends or its mux is gone.
 pub(super) async fn drive(mux: Weak<ShardMux>, lane: Arc<Lane>, mut conn: BackendConn) {
