@@ -44,14 +44,9 @@ pub mod merge;
 pub mod multishard;
 pub mod planner;
 pub mod protocol;
-pub mod reshard;
 pub mod resolver;
+pub mod routing;
 pub mod server;
 pub mod session;
 pub mod stats;
 pub mod tls;
-
-/// Randomized tests of every parser of client input (short mode in `cargo test`, long mode
-/// with `SHARDGATE_FUZZ_CASES`; see `benches/fuzz.sh`).
-#[cfg(test)]
-mod fuzz;

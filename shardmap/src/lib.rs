@@ -15,6 +15,7 @@ pub mod predicate;
 pub mod primary;
 pub mod range;
 pub mod split;
+pub mod sql;
 
 pub use error::{MapError, Problem};
 pub use keyspace::{Key, KeyError, KeyType, KeyspaceId, KEYSPACE_SEED};

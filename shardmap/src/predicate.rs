@@ -10,6 +10,7 @@
 use crate::keyspace::KEYSPACE_SEED;
 use crate::map::Table;
 use crate::range::KeyRange;
+pub use crate::sql::quote_ident;
 
 const SIGN: u128 = 1 << 63;
 
@@ -68,22 +69,6 @@ fn interval(id: &str, lo: i128, hi: i128, floor: i128, ceiling: i128) -> String 
         (Some(l), Some(h)) => format!("{l} AND {h}"),
         (Some(one), None) | (None, Some(one)) => one,
         (None, None) => format!("{id} IS NOT NULL"),
-    }
-}
-
-/// Quotes an identifier unless Postgres would read it unquoted as the same name.
-pub fn quote_ident(name: &str) -> String {
-    let plain = name
-        .chars()
-        .next()
-        .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if plain {
-        name.to_string()
-    } else {
-        format!("\"{}\"", name.replace('"', "\"\""))
     }
 }
 

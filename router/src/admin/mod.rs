@@ -18,14 +18,14 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use crate::errors;
 use crate::protocol::frontend;
 use crate::protocol::reply::{self, SqlError, TxStatus};
-use crate::server::lifecycle::Phase;
-use crate::server::Shared;
+use crate::routing::Phase;
+use crate::routing::Router;
 use crate::session::{ClientIo, SessionError};
 use command::{Command, Show};
 
 /// Serves an admin client until it leaves or the router closes.
 pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
-    shared: Arc<Shared>,
+    shared: Arc<Router>,
     stream: S,
     rbuf: BytesMut,
 ) -> Result<(), SessionError> {
@@ -92,7 +92,7 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
 }
 
 /// Runs one command and writes its answer (without ReadyForQuery).
-async fn answer(shared: &Shared, sql: &str, out: &mut Vec<u8>) {
+async fn answer(shared: &Router, sql: &str, out: &mut Vec<u8>) {
     let command = match command::parse(sql) {
         Ok(c) => c,
         Err(why) => {
@@ -177,7 +177,7 @@ async fn answer(shared: &Shared, sql: &str, out: &mut Vec<u8>) {
 /// The last is how a split keeps its new shards paused through the reload that creates them
 /// (`shardgate reshard cutover`): pauses are kept by range, so the reload finds it paused.
 fn pause_range(
-    shared: &Shared,
+    shared: &Router,
     named: Option<&str>,
     out: &mut Vec<u8>,
 ) -> Result<Option<String>, SqlError> {
@@ -206,7 +206,7 @@ fn pause_range(
 }
 
 /// The range of the shard an admin named (by range or by number); `None` for every shard.
-fn shard_range(shared: &Shared, named: Option<&str>) -> Result<Option<String>, SqlError> {
+fn shard_range(shared: &Router, named: Option<&str>) -> Result<Option<String>, SqlError> {
     let Some(named) = named else {
         return Ok(None);
     };
@@ -239,7 +239,7 @@ fn shard_range(shared: &Shared, named: Option<&str>) -> Result<Option<String>, S
 /// Waits (up to the pause timeout) until no connection to the primaries of the paused shards
 /// is in use (transactions, statements on several shards, checkouts under way); returns how
 /// many still are. Counted per pool, so other shards in the same database count too.
-async fn wait_for_transactions(shared: &Shared, range: Option<&str>) -> u64 {
+async fn wait_for_transactions(shared: &Router, range: Option<&str>) -> u64 {
     let deadline = tokio::time::Instant::now() + shared.routing().config.pool.pause_timeout;
     loop {
         let routing = shared.routing();
@@ -250,7 +250,7 @@ async fn wait_for_transactions(shared: &Shared, range: Option<&str>) -> u64 {
             .filter(|s| range.is_none_or(|r| s.range.to_string() == r))
             .map(|s| s.primary.endpoint())
             .collect();
-        let in_use: u64 = crate::server::http::pool_gauges(&routing)
+        let in_use: u64 = crate::routing::snapshot::pool_gauges(&routing)
             .iter()
             .filter(|p| primaries.contains(&p.primary))
             .map(|p| p.in_use)

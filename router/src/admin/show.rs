@@ -1,4 +1,4 @@
-//! The admin console's `SHOW` tables, read from what the router shares ([`Shared`]). Column
+//! The admin console's `SHOW` tables, read from what the router shares ([`Router`]). Column
 //! names follow PgBouncer's where the concept is the same (`cl_active`, `sv_idle`,
 //! `total_query_count`, ...), so its users feel at home.
 
@@ -6,9 +6,9 @@ use std::time::SystemTime;
 
 use crate::backend::ShardPool;
 use crate::protocol::reply;
-use crate::server::clients::CancelTarget;
-use crate::server::http::pool_gauges;
-use crate::server::{Routing, Shared};
+use crate::routing::clients::CancelTarget;
+use crate::routing::snapshot::pool_gauges;
+use crate::routing::{Router, Routing};
 use crate::stats::Stats;
 
 /// A table of text values, as every admin answer is.
@@ -34,7 +34,7 @@ fn time(t: SystemTime) -> String {
 }
 
 /// Where each client's connection is now: its target and the endpoint of its shard.
-fn running(shared: &Shared) -> Vec<(i32, CancelTarget, String, String)> {
+fn running(shared: &Router) -> Vec<(i32, CancelTarget, String, String)> {
     shared
         .clients
         .list()
@@ -55,7 +55,7 @@ fn pool_of<'r>(routing: &'r Routing, endpoint: &str) -> Option<&'r ShardPool> {
         .find(|p| p.endpoint.name() == endpoint)
 }
 
-pub fn shards(shared: &Shared) -> Table {
+pub fn shards(shared: &Router) -> Table {
     let routing = shared.routing();
     let pools = pool_gauges(&routing);
     let rows = routing
@@ -109,7 +109,7 @@ pub fn shards(shared: &Shared) -> Table {
     }
 }
 
-pub fn pools(shared: &Shared) -> Table {
+pub fn pools(shared: &Router) -> Table {
     let routing = shared.routing();
     let running = running(shared);
     let rows = pool_gauges(&routing)
@@ -159,7 +159,7 @@ pub fn pools(shared: &Shared) -> Table {
     }
 }
 
-pub fn clients(shared: &Shared) -> Table {
+pub fn clients(shared: &Router) -> Table {
     let running = running(shared);
     let rows = shared
         .clients
@@ -203,7 +203,7 @@ pub fn clients(shared: &Shared) -> Table {
     }
 }
 
-pub fn servers(shared: &Shared) -> Table {
+pub fn servers(shared: &Router) -> Table {
     let routing = shared.routing();
     let mut rows: Vec<Vec<Option<String>>> = running(shared)
         .into_iter()
@@ -270,7 +270,7 @@ fn server_row(
     ]
 }
 
-pub async fn stats(shared: &Shared) -> Table {
+pub async fn stats(shared: &Router) -> Table {
     let routing = shared.routing();
     // Copied out, so the workers' folds are not held up while the histograms are merged.
     let shards: Vec<_> = {
@@ -341,7 +341,7 @@ fn file(f: Option<&crate::config::FileSetting>) -> String {
     f.map_or(String::new(), |f| f.path.display().to_string())
 }
 
-pub fn config(shared: &Shared) -> Table {
+pub fn config(shared: &Router) -> Table {
     let routing = shared.routing();
     let c = &routing.config;
     let ms = |d: std::time::Duration| d.as_millis().to_string();

@@ -106,7 +106,7 @@ pub struct BackendConn {
     /// protocol state is unknown; such a connection is never reused.
     pub broken: bool,
     /// Fingerprint of the session settings this connection holds (see
-    /// `session::settings`): 0 for a fresh connection, `settings::UNKNOWN` after a change the
+    /// `backend::settings`): 0 for a fresh connection, `settings::UNKNOWN` after a change the
     /// router could not follow.
     pub settings_fp: u64,
     pub created: Instant,

@@ -4,11 +4,11 @@
 //! what is known of it.
 //!
 //! Checkouts report what they see (a load and no store while nothing changes, so the hot path
-//! shares no written cache line); the server's prober (`crate::server::probe`) tries the
+//! shares no written cache line); the server's prober (`crate::routing::probe`) tries the
 //! endpoints nobody has reached yet and the ones that are down. `/ready`, `SHOW SHARDS` and the
 //! `shard_up` metric read it.
 //!
-//! While a primary is down, statements held for it (`crate::server::hold`) take turns trying
+//! While a primary is down, statements held for it (`crate::routing::hold`) take turns trying
 //! it: one attempt per endpoint per [`RETRY_INTERVAL`] for the whole router, and every held
 //! statement wakes when one of them (or the prober) finds it up again.
 

@@ -65,7 +65,7 @@ pub enum Command {
     /// Split a shard online into its two halves: plan, start, status, verify, cutover,
     /// cleanup (or run: start, wait, cutover). See docs/resharding.md.
     #[command(subcommand)]
-    Reshard(crate::reshard::ReshardCommand),
+    Reshard(reshard::ReshardCommand),
     /// Print where a statement would run and why, without a network: one row per shard, as
     /// `EXPLAIN (ROUTE) statement` answers through a running router.
     ///
@@ -83,7 +83,7 @@ pub enum Command {
 /// Runs a parsed command line; the error is the message to print.
 pub fn run(args: Args) -> Result<std::process::ExitCode, String> {
     if let Some(Command::Reshard(cmd)) = args.command {
-        return crate::reshard::run(cmd);
+        return reshard::run(cmd);
     }
     run_other(args).map(|()| std::process::ExitCode::SUCCESS)
 }

@@ -342,6 +342,16 @@ pub struct Failover {
     pub hold_max_statements: usize,
 }
 
+/// A test-only fault: the router stops (abort, like a crash) at this point of a two-phase
+/// commit (`[transactions] test_fault`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TwoPhaseFault {
+    /// Every participant is prepared; the decision is not made.
+    AfterPrepare,
+    /// The coordinator committed (the decision); the others are still prepared.
+    AfterDecision,
+}
+
 /// `[transactions]`: what a transaction may do once it needs a second shard.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Transactions {
@@ -362,7 +372,7 @@ pub struct Transactions {
     pub recovery_grace: Duration,
     /// `test_fault`: for tests only: `"after_prepare"` or `"after_decision"` stops the router
     /// (as a crash) at that point of every two-phase commit.
-    pub test_fault: Option<crate::multishard::two_phase::Fault>,
+    pub test_fault: Option<TwoPhaseFault>,
     /// `lock_timeout_ms`: the `lock_timeout` a transaction gets on every shard once it spans
     /// several (unless the client set its own), so that a deadlock across shards, which no
     /// single Postgres can see, ends with an error (55P03) instead of hanging. Default 10000;

@@ -15,10 +15,9 @@ use super::raw::{
 };
 use super::{
     AuthMethod, Backend, CrossShard, Failover, FileSetting, Limits, Peer, Pool, Reload, Shutdown,
-    SslMode, Tls, TlsMode, Transactions, User, DEFAULT_LISTEN, MAX_ROUTER_ID,
+    SslMode, Tls, TlsMode, Transactions, TwoPhaseFault, User, DEFAULT_LISTEN, MAX_ROUTER_ID,
 };
 use crate::auth::Secret;
-use crate::multishard::two_phase::Fault;
 
 /// `listen`.
 pub(super) fn listen(raw: &RawConfig, check: &mut Checker<'_>) -> SocketAddr {
@@ -562,8 +561,8 @@ pub(super) fn transactions(
         test_fault: match &t.test_fault {
             None => None,
             Some(v) => match v.get_ref().as_str() {
-                "after_prepare" => Some(Fault::AfterPrepare),
-                "after_decision" => Some(Fault::AfterDecision),
+                "after_prepare" => Some(TwoPhaseFault::AfterPrepare),
+                "after_decision" => Some(TwoPhaseFault::AfterDecision),
                 other => {
                     let line = check.line(v.span());
                     check.add(

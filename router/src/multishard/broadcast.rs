@@ -10,12 +10,12 @@ use std::sync::Arc;
 
 use bytes::BytesMut;
 
+use crate::backend::settings::Settings;
 use crate::errors;
 use crate::protocol::backend::error_fields;
 use crate::protocol::reply::SqlError;
 use crate::protocol::request;
-use crate::server::Routing;
-use crate::session::Settings;
+use crate::routing::Routing;
 
 /// How one shard answered.
 #[derive(Debug, Clone)]

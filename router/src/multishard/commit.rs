@@ -13,11 +13,11 @@ use bytes::BytesMut;
 
 use crate::backend::conn::Replies;
 use crate::backend::pool::{discard, PooledConn};
+use crate::backend::settings::Settings;
 use crate::errors;
 use crate::protocol::reply::{SqlError, TxStatus};
 use crate::protocol::request;
-use crate::server::Routing;
-use crate::session::Settings;
+use crate::routing::Routing;
 
 /// How each part begins.
 pub const BEGIN_PART: &str = "BEGIN; SET CONSTRAINTS ALL IMMEDIATE";

@@ -8,18 +8,18 @@
 //! shards keep theirs.
 
 use bytes::BytesMut;
-use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::broadcast::{self, Combined, Outcome};
+use super::client::Client;
 use crate::backend::pool::{discard, PooledConn};
+use crate::backend::settings::Settings;
 use crate::errors;
 use crate::protocol::backend::{error_fields, rows_in_tag};
 use crate::protocol::copy::{key_of, Format, Rows};
 use crate::protocol::frame::put_frame;
 use crate::protocol::reply::{self, SqlError};
 use crate::protocol::request;
-use crate::server::Routing;
-use crate::session::{ClientIo, Settings};
+use crate::routing::Routing;
 
 /// Rows are sent to a shard in CopyData messages of about this size.
 const BATCH: usize = 64 * 1024;
@@ -38,10 +38,10 @@ pub enum ClientFailed {
 
 /// Runs the client's COPY FROM STDIN statement `sql` split by key, and writes the client's
 /// answer without ReadyForQuery.
-pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
+pub async fn run<C: Client>(
     routing: &Routing,
     settings: &Settings,
-    client: &mut ClientIo<S>,
+    client: &mut C,
     sql: &str,
     key_type: shardmap::KeyType,
     format: Format,
@@ -53,7 +53,7 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
     for _ in 0..format.columns {
         g.extend_from_slice(&0i16.to_be_bytes());
     }
-    put_frame(&mut client.out, b'G', &g);
+    put_frame(client.out(), b'G', &g);
     client.flush().await.map_err(ClientFailed::Io)?;
 
     let map = &routing.map;
@@ -80,13 +80,13 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
                 );
                 return abandon(&mut targets, ClientFailed::Io(left));
             }
-            Err(crate::session::ClientError::Io(e)) => {
+            Err(super::client::ClientError::Io(e)) => {
                 return abandon(&mut targets, ClientFailed::Io(e))
             }
-            Err(crate::session::ClientError::Protocol(e)) => {
+            Err(super::client::ClientError::Protocol(e)) => {
                 return abandon(&mut targets, ClientFailed::Protocol(e.to_string()))
             }
-            Err(crate::session::ClientError::TooLong { len, limit }) => {
+            Err(super::client::ClientError::TooLong { len, limit }) => {
                 return abandon(&mut targets, ClientFailed::TooLong { len, limit })
             }
         };
@@ -95,9 +95,9 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
             b'd' => {
                 rows.feed(&frame[5..], |row| batch.push(row.to_vec()));
                 // A row that never ends would grow without bound: it is bounded like a message.
-                if rows.pending_len() > client.max_message {
+                if rows.pending_len() > client.max_message() {
                     rows.abandon();
-                    failure.get_or_insert_with(|| errors::copy_row_too_long(client.max_message));
+                    failure.get_or_insert_with(|| errors::copy_row_too_long(client.max_message()));
                 }
             }
             b'c' => rows.finish(|row| batch.push(row.to_vec())),
@@ -168,7 +168,7 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
             names.push(map.shards()[shard].range.to_string());
         }
     }
-    let out = &mut client.out;
+    let out = client.out();
     if let Some(msg) = client_failed {
         SqlError::new(
             errors::QUERY_CANCELED,

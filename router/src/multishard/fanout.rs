@@ -15,11 +15,11 @@ use bytes::BytesMut;
 use tokio::sync::mpsc;
 
 use crate::backend::pool::PooledConn;
+use crate::backend::settings::Settings;
 use crate::errors;
 use crate::protocol::reply::SqlError;
 use crate::protocol::request;
-use crate::server::Routing;
-use crate::session::Settings;
+use crate::routing::Routing;
 
 /// Whole reply frames from one shard, or why that shard failed.
 pub type Chunk = Result<Vec<u8>, SqlError>;

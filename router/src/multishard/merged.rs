@@ -8,10 +8,10 @@
 
 use std::collections::VecDeque;
 
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 
 use super::budget::Budget;
+use super::client::Client;
 use super::fanout::Chunk;
 use super::gather::answer_asked;
 use crate::errors;
@@ -19,7 +19,6 @@ use crate::merge::{self, GroupMerge, MergeError};
 use crate::planner::MergePlan;
 use crate::protocol::frame::{frames, put_frame};
 use crate::protocol::reply::{self, SqlError};
-use crate::session::ClientIo;
 
 /// Why a merged read stopped early: a shard's own ErrorResponse, the router's error, or the
 /// client going away.
@@ -147,8 +146,8 @@ pub struct Merging<'a> {
 
 /// Runs a merged read (see the module doc) over the shards' answers and writes the client's
 /// answer without ReadyForQuery; `Ok(true)` when it ended with an error.
-pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
-    client: &mut ClientIo<S>,
+pub async fn run<C: Client>(
+    client: &mut C,
     receivers: Vec<mpsc::Receiver<Chunk>>,
     m: &Merging<'_>,
 ) -> std::io::Result<bool> {
@@ -176,11 +175,11 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
     match result {
         Ok(()) => Ok(false),
         Err(Failure::Frame(frame)) => {
-            client.out.extend_from_slice(&frame);
+            client.out().extend_from_slice(&frame);
             Ok(true)
         }
         Err(Failure::Router(err)) => {
-            err.write(&mut client.out);
+            err.write(client.out());
             Ok(true)
         }
         Err(Failure::Client(e)) => Err(e),
@@ -196,14 +195,12 @@ async fn start_streams(streams: &mut [Stream], extended: bool) -> Result<Descrip
     Ok(desc)
 }
 
-async fn flush_if_full<S: AsyncRead + AsyncWrite + Unpin>(
-    client: &mut ClientIo<S>,
-) -> Result<(), Failure> {
+async fn flush_if_full<C: Client>(client: &mut C) -> Result<(), Failure> {
     client.flush_if_full().await.map_err(Failure::Client)
 }
 
-async fn sorted<S: AsyncRead + AsyncWrite + Unpin>(
-    client: &mut ClientIo<S>,
+async fn sorted<C: Client>(
+    client: &mut C,
     streams: &mut [Stream],
     desc: Descriptions,
     m: &Merging<'_>,
@@ -220,9 +217,9 @@ async fn sorted<S: AsyncRead + AsyncWrite + Unpin>(
     // Every shard's first rows are buffered now.
     budget.hold(held(streams)).map_err(Failure::Router)?;
     if extended {
-        answer_asked(&mut client.out, asked, &desc.statement, &desc.portal);
+        answer_asked(client.out(), asked, &desc.statement, &desc.portal);
     } else {
-        client.out.extend_from_slice(&desc.simple);
+        client.out().extend_from_slice(&desc.simple);
     }
     let (mut skipped, mut sent) = (0u64, 0u64);
     while limit.is_none_or(|l| sent < l) {
@@ -246,7 +243,7 @@ async fn sorted<S: AsyncRead + AsyncWrite + Unpin>(
             if skipped < offset {
                 skipped += 1;
             } else {
-                client.out.extend_from_slice(&row);
+                client.out().extend_from_slice(&row);
                 sent += 1;
             }
         }
@@ -256,7 +253,7 @@ async fn sorted<S: AsyncRead + AsyncWrite + Unpin>(
         }
         flush_if_full(client).await?;
     }
-    reply::command_complete(&mut client.out, &format!("SELECT {sent}"));
+    reply::command_complete(client.out(), &format!("SELECT {sent}"));
     Ok(())
 }
 
@@ -292,8 +289,8 @@ pub fn sort_keys(
     Ok(order)
 }
 
-async fn grouped<S: AsyncRead + AsyncWrite + Unpin>(
-    client: &mut ClientIo<S>,
+async fn grouped<C: Client>(
+    client: &mut C,
     streams: &mut [Stream],
     desc: Descriptions,
     m: &Merging<'_>,
@@ -365,9 +362,9 @@ async fn grouped<S: AsyncRead + AsyncWrite + Unpin>(
     }
     let rows = groups.finish_rows(&plan.order)?;
     if extended {
-        answer_asked(&mut client.out, asked, &statement, &portal);
+        answer_asked(client.out(), asked, &statement, &portal);
     } else {
-        client.out.extend_from_slice(&simple);
+        client.out().extend_from_slice(&simple);
     }
     let mut sent = 0u64;
     // Each row is freed once it is written, so the answer is not held twice.
@@ -376,10 +373,10 @@ async fn grouped<S: AsyncRead + AsyncWrite + Unpin>(
         .skip(usize::try_from(offset).unwrap_or(usize::MAX))
         .take(limit.map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX)))
     {
-        crate::merge::write_data_row_frame(&row, &mut client.out);
+        crate::merge::write_data_row_frame(&row, client.out());
         sent += 1;
         flush_if_full(client).await?;
     }
-    reply::command_complete(&mut client.out, &format!("SELECT {sent}"));
+    reply::command_complete(client.out(), &format!("SELECT {sent}"));
     Ok(())
 }

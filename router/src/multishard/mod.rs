@@ -4,6 +4,7 @@
 //!
 //! | module | what |
 //! |---|---|
+//! | [`client`] | what such a statement needs of its client (a trait the session's socket implements) |
 //! | [`broadcast`] | DDL on every shard in parallel, one answer (or the shards it failed on) |
 //! | [`fanout`] | a read sent to several shards at once, answers streamed back per shard |
 //! | [`gather`] | concatenating shard answers into one (sans-IO) |
@@ -18,6 +19,7 @@
 
 pub mod broadcast;
 pub mod budget;
+pub mod client;
 pub mod commit;
 pub mod copy_in;
 pub mod fanout;

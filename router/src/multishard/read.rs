@@ -2,22 +2,21 @@
 //! once ([`super::fanout`]), and their rows are forwarded shard by shard as they stream in
 //! ([`super::gather`]), so a big scan never sits in memory. The first error ends the read.
 
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 
+use super::client::Client;
 use super::fanout::Chunk;
 use super::gather::{Concat, Seen};
 use crate::errors;
 use crate::protocol::frame::frames;
 use crate::protocol::reply::SqlError;
-use crate::session::ClientIo;
 
 /// Forwards the shards' answers (in the order of `receivers`) as one, without ReadyForQuery;
 /// `Ok(true)` when it ended with an error. `asked` lists the extended batch's messages to
 /// answer (empty for a simple query).
 /// With `labels`, each shard's rows come under a one-column row `labels[i]` (`EXPLAIN`).
-pub async fn concatenated<S: AsyncRead + AsyncWrite + Unpin>(
-    client: &mut ClientIo<S>,
+pub async fn concatenated<C: Client>(
+    client: &mut C,
     mut receivers: Vec<mpsc::Receiver<Chunk>>,
     asked: &[u8],
     limit: Option<u64>,
@@ -32,7 +31,7 @@ pub async fn concatenated<S: AsyncRead + AsyncWrite + Unpin>(
             let chunk = match rx.recv().await {
                 Some(Ok(chunk)) => chunk,
                 Some(Err(err)) => {
-                    err.write(&mut client.out);
+                    err.write(client.out());
                     return Ok(true);
                 }
                 None => {
@@ -40,12 +39,12 @@ pub async fn concatenated<S: AsyncRead + AsyncWrite + Unpin>(
                         errors::CONNECTION_FAILURE,
                         "internal: a shard's read ended early",
                     )
-                    .write(&mut client.out);
+                    .write(client.out());
                     return Ok(true);
                 }
             };
             for frame in frames(&chunk).map_while(Result::ok) {
-                match gather.frame(i, frame, &mut client.out) {
+                match gather.frame(i, frame, client.out()) {
                     Seen::More => {}
                     Seen::Done => break 'shard,
                     // The other shards' connections are dropped when their channels close.
@@ -55,6 +54,6 @@ pub async fn concatenated<S: AsyncRead + AsyncWrite + Unpin>(
             client.flush_if_full().await?;
         }
     }
-    gather.finish(&mut client.out);
+    gather.finish(client.out());
     Ok(false)
 }

@@ -13,14 +13,14 @@
 use bytes::BytesMut;
 
 use super::commit::Parts;
+use crate::backend::settings::Settings;
 use crate::errors;
 use crate::protocol::frame::{frames, put_frame};
 use crate::protocol::frontend::Bind;
 use crate::protocol::reply::SqlError;
 use crate::protocol::request;
 use crate::resolver::SplitInsert;
-use crate::server::Routing;
-use crate::session::Settings;
+use crate::routing::Routing;
 
 /// What each part sends its shard, in the order of `split.parts`: a Query of its INSERT, or,
 /// with the client's Bind (and its statement's parameter types), Parse, Bind of the part's

@@ -25,10 +25,11 @@ use std::time::Duration;
 
 use crate::backend::pool::PooledConn;
 use crate::backend::BackendConn;
+use crate::config::TwoPhaseFault as Fault;
 use crate::errors;
 use crate::protocol::reply::SqlError;
-use crate::server::Routing;
-use crate::session::settings::quote_literal;
+use crate::routing::Routing;
+use shardmap::sql::quote_literal;
 
 /// Where coordinators keep their decisions; made on every shard by [`prepare_shard`].
 pub const DECISIONS: &str = "shardgate.prepared_decisions";
@@ -37,16 +38,6 @@ pub const DECISIONS: &str = "shardgate.prepared_decisions";
 const SCHEMA_SQL: &str = "CREATE SCHEMA IF NOT EXISTS shardgate; \
     CREATE TABLE IF NOT EXISTS shardgate.prepared_decisions \
     (txid text PRIMARY KEY, decided_at timestamptz NOT NULL DEFAULT now())";
-
-/// A test-only fault: the router stops (abort, like a crash) at this point of a two-phase
-/// commit (`[transactions] test_fault`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fault {
-    /// Every participant is prepared; the decision is not made.
-    AfterPrepare,
-    /// The coordinator committed (the decision); the others are still prepared.
-    AfterDecision,
-}
 
 /// The id of one participant's prepared transaction: `sg:<router>:<txid>:<coordinator>:<shard>`
 /// (shard ranges such as `40-80`, which hold no `:`).

@@ -3,20 +3,19 @@
 //! through [`super::commit`], the answers concatenated ([`super::gather`]) and streamed to the
 //! client, and the parts committed only when every shard answered without an error.
 
-use tokio::io::{AsyncRead, AsyncWrite};
-
+use super::client::Client;
 use super::commit::Parts;
 use super::gather::{Concat, Seen};
-use crate::server::Routing;
-use crate::session::{ClientIo, Settings};
+use crate::backend::settings::Settings;
+use crate::routing::Routing;
 
 /// Runs `request` (a Query, or an extended batch ending in Sync) on `shards` and writes the
 /// client's answer without ReadyForQuery; `Ok(true)` when it ended with an error. `asked` lists
 /// the extended batch's messages to answer (empty for a simple query).
-pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
+pub async fn run<C: Client>(
     routing: &Routing,
     settings: &Settings,
-    client: &mut ClientIo<S>,
+    client: &mut C,
     shards: &[usize],
     request: &[u8],
     asked: &[u8],
@@ -26,14 +25,14 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
     for (i, &shard) in shards.iter().enumerate() {
         if let Err(err) = parts.begin(shard, request).await {
             parts.rollback().await;
-            err.write(&mut client.out);
+            err.write(client.out());
             return Ok(true);
         }
         let mut ended = Ok(Seen::Done);
         if let Some(mut part) = parts.replies() {
             ended = loop {
                 match part.next().await {
-                    Ok(Some(frame)) => match gather.frame(i, frame, &mut client.out) {
+                    Ok(Some(frame)) => match gather.frame(i, frame, client.out()) {
                         Seen::More => {
                             if let Err(e) = client.flush_if_full().await {
                                 break Err(Ok(e));
@@ -76,18 +75,18 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
                 let err = parts.lost(shard, &lost);
                 parts.drop_last();
                 parts.rollback().await;
-                err.write(&mut client.out);
+                err.write(client.out());
                 return Ok(true);
             }
         }
     }
     match parts.commit().await {
         Ok(()) => {
-            gather.finish(&mut client.out);
+            gather.finish(client.out());
             Ok(false)
         }
         Err(err) => {
-            err.write(&mut client.out);
+            err.write(client.out());
             Ok(true)
         }
     }

@@ -277,25 +277,6 @@ fn trim(value: &[u8], mut r: Range<usize>, escaped: usize) -> Range<usize> {
     r
 }
 
-/// `text` as a string literal that means the same whatever `standard_conforming_strings` is.
-pub fn quote_literal(text: &[u8]) -> Vec<u8> {
-    let escape = text.iter().any(|&b| b == b'\\' || b == b'\'');
-    let mut out = Vec::with_capacity(text.len() + 3);
-    if escape {
-        out.push(b'E');
-    }
-    out.push(b'\'');
-    for &b in text {
-        match b {
-            b'\'' => out.extend_from_slice(b"''"),
-            b'\\' => out.extend_from_slice(b"\\\\"),
-            _ => out.push(b),
-        }
-    }
-    out.push(b'\'');
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -382,14 +363,5 @@ mod tests {
         let mut two_dims = whole.clone();
         two_dims[3] = 2;
         assert!(Elements::parse(Format::Binary, &two_dims).is_err());
-    }
-
-    #[test]
-    fn literals_are_quoted_for_any_string_setting() {
-        assert_eq!(quote_literal(b"{1,2}"), b"'{1,2}'".to_vec());
-        assert_eq!(
-            quote_literal(br#"{"a\"b",'c'}"#),
-            br#"E'{"a\\"b",''c''}'"#.to_vec()
-        );
     }
 }

@@ -22,6 +22,7 @@ mod tests;
 
 use std::collections::BTreeMap;
 
+use shardmap::sql::quote_literal;
 use shardmap::ShardMap;
 
 pub use target::{Dest, Read, Reroute, SplitInsert, Target, Why, Write};
@@ -640,8 +641,8 @@ fn split_unnest(
                 return Err(cannot("one of its arrays is NULL"));
             };
             sql.push_str(&stmt.sql[at..span.start]);
-            let literal = crate::planner::arrays::quote_literal(&elements.pick(picked));
-            sql.push_str(&String::from_utf8_lossy(&literal));
+            let elements = elements.pick(picked);
+            sql.push_str(&quote_literal(&String::from_utf8_lossy(&elements)));
             at = span.end;
         }
         sql.push_str(&stmt.sql[at..]);

@@ -18,19 +18,20 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::clients::ClientInfo;
 use super::handshake;
-use super::lifecycle::Phase;
 use super::negotiate::{self, Negotiated};
-use super::Shared;
+use crate::backend::settings::Settings;
 use crate::errors;
 use crate::protocol::reply::SqlError;
 use crate::protocol::startup::Startup;
-use crate::session::{Session, Settings};
+use crate::routing::clients::ClientInfo;
+use crate::routing::Phase;
+use crate::routing::Router;
+use crate::session::Session;
 use crate::stats::Stats;
 
 /// Accepts clients until the router closes for a drain (the listener is dropped then).
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Result<()> {
+pub async fn serve(listener: TcpListener, shared: Arc<Router>) -> std::io::Result<()> {
     let mut phase = shared.lifecycle.subscribe();
     loop {
         let accepted = tokio::select! {
@@ -59,12 +60,12 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Resul
     }
 }
 
-/// One connection counted in [`Shared::logins`] until it has logged in or left.
-struct LoggingIn<'a>(Option<&'a Shared>);
+/// One connection counted in [`Router::logins`] until it has logged in or left.
+struct LoggingIn<'a>(Option<&'a Router>);
 
 impl<'a> LoggingIn<'a> {
     /// A place among the connections logging in, or `None` when `max` are already.
-    fn enter(shared: &'a Shared, max: usize) -> Option<LoggingIn<'a>> {
+    fn enter(shared: &'a Router, max: usize) -> Option<LoggingIn<'a>> {
         let taken = shared.logins.fetch_add(1, Ordering::AcqRel);
         let guard = LoggingIn(Some(shared));
         (taken < max).then_some(guard)
@@ -86,7 +87,7 @@ impl Drop for LoggingIn<'_> {
 
 /// Tells a client it is refused at the door and closes; a short write that never waits long
 /// (the client may be one of those that never read).
-async fn refuse_at_door(mut stream: TcpStream, shared: &Shared, err: SqlError) {
+async fn refuse_at_door(mut stream: TcpStream, shared: &Router, err: SqlError) {
     let mut out = Vec::new();
     err.write(&mut out);
     let send = stream.write_all(&out);
@@ -94,7 +95,7 @@ async fn refuse_at_door(mut stream: TcpStream, shared: &Shared, err: SqlError) {
     Stats::count(&shared.stats.clients_refused);
 }
 
-async fn client(stream: TcpStream, shared: Arc<Shared>, peer: std::net::SocketAddr) {
+async fn client(stream: TcpStream, shared: Arc<Router>, peer: std::net::SocketAddr) {
     let _ = stream.set_nodelay(true);
     let limits = shared.routing().config.limits.clone();
     if shared.clients.count() >= limits.max_clients {
@@ -139,7 +140,7 @@ struct Door {
 }
 
 /// A connection that did not get as far as a session.
-fn refused(shared: &Shared, peer: std::net::SocketAddr, e: &handshake::HandshakeError) {
+fn refused(shared: &Router, peer: std::net::SocketAddr, e: &handshake::HandshakeError) {
     tracing::info!(%peer, "login failed: {e}");
     if !matches!(e, handshake::HandshakeError::Io(_)) {
         Stats::count(&shared.stats.clients_refused);
@@ -153,7 +154,7 @@ async fn login_and_serve<S: AsyncRead + AsyncWrite + Unpin>(
     tls: bool,
     mut buf: BytesMut,
     params: negotiate::Params,
-    shared: &Arc<Shared>,
+    shared: &Arc<Router>,
     door: Door,
     logging_in: &mut LoggingIn<'_>,
 ) {

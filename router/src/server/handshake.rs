@@ -12,14 +12,14 @@ use std::time::Duration;
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::clients::{router_of, ClientSlot};
-use super::Shared;
 use crate::auth::{AuthError, ScramServer, ScramVerifier};
 use crate::config::AuthMethod;
 use crate::errors;
 use crate::protocol::frame::next_frame;
 use crate::protocol::reply::{self, SqlError, TxStatus};
 use crate::protocol::startup::{self, Startup};
+use crate::routing::clients::{router_of, ClientSlot};
+use crate::routing::Router;
 
 /// The database name of the admin console.
 pub const ADMIN_DATABASE: &str = "shardgate";
@@ -131,7 +131,7 @@ pub(super) async fn read_packet<S: AsyncRead + AsyncWrite + Unpin>(
 pub async fn login<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     buf: &mut BytesMut,
-    shared: &Shared,
+    shared: &Router,
     params: Vec<(String, String)>,
 ) -> Result<Login, HandshakeError> {
     let user = match Startup::param(&params, "user") {
@@ -221,7 +221,7 @@ async fn write_flushed<S: AsyncWrite + Unpin>(stream: &mut S, out: &[u8]) -> std
 async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     buf: &mut BytesMut,
-    shared: &Shared,
+    shared: &Router,
     config: &crate::config::Config,
     user: &str,
 ) -> Result<Result<(), AuthError>, HandshakeError> {
@@ -299,7 +299,7 @@ async fn read_password_message<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// Sends a CancelRequest to the backend that runs client `pid`'s statement, if the secret
 /// matches; like Postgres, says nothing back either way.
-pub(super) async fn forward_cancel(shared: &Shared, pid: i32, secret: i32) {
+pub(super) async fn forward_cancel(shared: &Router, pid: i32, secret: i32) {
     let owner = router_of(pid);
     let routing = shared.routing();
     if owner != routing.config.router_id {

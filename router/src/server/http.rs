@@ -14,8 +14,9 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
-use super::Shared;
-use crate::stats::exposition::{self, PoolGauges, ShardState, Snapshot};
+use crate::routing::snapshot;
+use crate::routing::Router;
+use crate::stats::exposition;
 
 /// Connections served at once.
 const MAX_CONNECTIONS: usize = 64;
@@ -33,7 +34,7 @@ pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, String> {
 }
 
 /// Serves HTTP requests until the process exits.
-pub async fn serve(listener: std::net::TcpListener, shared: Arc<Shared>) {
+pub async fn serve(listener: std::net::TcpListener, shared: Arc<Router>) {
     let listener = match TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {
@@ -89,7 +90,7 @@ fn text(status: StatusCode, content_type: &str, body: String) -> Response<Full<B
     response
 }
 
-async fn answer(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+async fn answer(shared: &Router, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     const PLAIN: &str = "text/plain; charset=utf-8";
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return text(
@@ -102,7 +103,7 @@ async fn answer(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes
         "/metrics" => text(
             StatusCode::OK,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            exposition::render(snapshot(shared).await),
+            exposition::render(snapshot::snapshot(shared).await),
         ),
         "/health" => text(StatusCode::OK, PLAIN, "ok\n".into()),
         "/ready" => {
@@ -110,7 +111,7 @@ async fn answer(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes
                 text(StatusCode::OK, PLAIN, "ready\n".into())
             } else {
                 let why = match shared.lifecycle.phase() {
-                    super::lifecycle::Phase::Serving => "not every shard has answered yet",
+                    crate::routing::Phase::Serving => "not every shard has answered yet",
                     _ => "draining",
                 };
                 text(StatusCode::SERVICE_UNAVAILABLE, PLAIN, format!("{why}\n"))
@@ -122,77 +123,4 @@ async fn answer(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes
             format!("no {other} here; try /metrics, /health or /ready\n"),
         ),
     }
-}
-
-/// Everything `/metrics` shows, read now (every worker folds its counts first).
-pub async fn snapshot(shared: &Shared) -> Snapshot {
-    let totals = shared.stats.harvest().await.without_windows();
-    let routing = shared.routing();
-    let shards = routing
-        .map
-        .shards()
-        .iter()
-        .enumerate()
-        .map(|(i, s)| ShardState {
-            range: s.range.to_string(),
-            primary: s.primary.endpoint(),
-            up: routing.health(i).is_up(),
-        })
-        .collect();
-    let (plan_cache_hits, plan_cache_misses) =
-        shared.stats.plan_cache(routing.planner.cache_stats());
-    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
-    Snapshot {
-        totals,
-        ranges: shared.stats.ranges(),
-        shards,
-        pools: pool_gauges(&routing),
-        clients: shared.clients.count() as u64,
-        clients_accepted: load(&shared.stats.clients_accepted),
-        clients_refused: load(&shared.stats.clients_refused),
-        shardmap_version: routing.map.version(),
-        reloads: load(&shared.stats.reloads),
-        reloads_refused: load(&shared.stats.reloads_refused),
-        plan_cache_hits,
-        plan_cache_misses,
-        ready: shared.is_ready(),
-        failover: {
-            let f = &shared.stats.failover;
-            crate::stats::exposition::FailoverSnapshot {
-                held: load(&f.held),
-                held_failed: load(&f.held_failed),
-                held_micros: load(&f.held_micros),
-                held_max_micros: load(&f.held_max_micros),
-                resent: load(&f.resent),
-            }
-        },
-    }
-}
-
-/// Each pool of the current routing, summed over the workers' own pools of its endpoint.
-pub fn pool_gauges(routing: &super::Routing) -> Vec<PoolGauges> {
-    let mut pools: Vec<PoolGauges> = Vec::new();
-    for w in 0..routing.workers() {
-        for pool in routing.pools_of(w).distinct() {
-            let status = pool.status();
-            let primary = pool.endpoint.name();
-            let i = match pools.iter().position(|p| p.primary == primary) {
-                Some(i) => i,
-                None => {
-                    pools.push(PoolGauges {
-                        primary,
-                        ..Default::default()
-                    });
-                    pools.len() - 1
-                }
-            };
-            let p = &mut pools[i];
-            p.open += status.size as u64;
-            p.idle += status.available as u64;
-            p.in_use += status.size.saturating_sub(status.available) as u64;
-            p.waiting += status.waiting as u64;
-            p.max += status.max_size as u64;
-        }
-    }
-    pools
 }

@@ -12,68 +12,11 @@
 //! No statement is cut in the middle while the drain timeout lasts; a second signal exits at
 //! once.
 
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use crate::routing::{Phase, Router};
 use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::watch;
-
-use super::Shared;
-
-/// Where the router is in its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
-    Serving,
-    /// Ready says no; everything else serves.
-    Draining,
-    /// Listeners closed; sessions end when at rest.
-    Closing,
-}
-
-/// The current phase, for every task to watch.
-pub struct Lifecycle {
-    tx: watch::Sender<Phase>,
-    /// The phase as a number too: sessions look at it before every statement, and an atomic
-    /// load shares no lock between the workers (reading the watch channel takes its lock).
-    now: AtomicU8,
-}
-
-impl Default for Lifecycle {
-    fn default() -> Self {
-        Lifecycle {
-            tx: watch::Sender::new(Phase::Serving),
-            now: AtomicU8::new(Phase::Serving as u8),
-        }
-    }
-}
-
-impl Lifecycle {
-    pub fn phase(&self) -> Phase {
-        *self.tx.borrow()
-    }
-
-    /// Whether the listeners have closed for a drain (one atomic load).
-    pub fn closing(&self) -> bool {
-        self.now.load(Ordering::Acquire) == Phase::Closing as u8
-    }
-
-    pub fn subscribe(&self) -> watch::Receiver<Phase> {
-        self.tx.subscribe()
-    }
-
-    /// Moves on to `phase` (never back).
-    pub fn advance(&self, phase: Phase) {
-        self.tx.send_if_modified(|p| {
-            let later = (*p as u8) < (phase as u8);
-            if later {
-                *p = phase;
-                self.now.store(phase as u8, Ordering::Release);
-            }
-            later
-        });
-    }
-}
 
 /// The signals the router handles, installed before it binds its address: without a handler
 /// `SIGHUP` terminates a process, so one sent while the router starts (say, by a deploy tool
@@ -96,7 +39,7 @@ impl Signals {
 
 /// Runs on the main thread until the router has drained: reloads on `SIGHUP` (and on changed
 /// files, when watched), drains on `SIGTERM`, Ctrl-C or `SHUTDOWN`.
-pub async fn control(shared: Arc<Shared>, signals: Signals) {
+pub async fn control(shared: Arc<Router>, signals: Signals) {
     let Signals { mut hup, mut term } = signals;
     let mut phase = shared.lifecycle.subscribe();
     let mut watched = files(&shared);
@@ -136,7 +79,7 @@ pub async fn control(shared: Arc<Shared>, signals: Signals) {
 /// Reloads, unless SIGTERM or Ctrl-C comes first (a reload may wait for the warming of new
 /// pools, up to `[pool] warm_timeout_ms`): true when the router must stop. A reload given up
 /// before its new routing was stored changes nothing.
-async fn reload_unless_stopped(shared: &Shared, term: &mut tokio::signal::unix::Signal) -> bool {
+async fn reload_unless_stopped(shared: &Router, term: &mut tokio::signal::unix::Signal) -> bool {
     tokio::select! {
         reloaded = shared.reload() => {
             if let Err(e) = reloaded {
@@ -150,7 +93,7 @@ async fn reload_unless_stopped(shared: &Shared, term: &mut tokio::signal::unix::
 }
 
 /// The modification times of the config file, the shard map file and the TLS files.
-fn files(shared: &Shared) -> Vec<Option<SystemTime>> {
+fn files(shared: &Router) -> Vec<Option<SystemTime>> {
     let routing = shared.routing();
     [
         routing.config.source.as_path(),
@@ -162,7 +105,7 @@ fn files(shared: &Shared) -> Vec<Option<SystemTime>> {
     .collect()
 }
 
-async fn drain(shared: &Shared, term: &mut tokio::signal::unix::Signal) {
+async fn drain(shared: &Router, term: &mut tokio::signal::unix::Signal) {
     let config = shared.routing().config.clone();
     let (grace, timeout) = (config.shutdown.drain_grace, config.shutdown.drain_timeout);
     shared.lifecycle.advance(Phase::Draining);

@@ -1,6 +1,6 @@
 //! Starting and running a router: load the config, shard map and TLS material, then serve
 //! clients on one event loop per core ([`accept`]), each client negotiating TLS
-//! ([`negotiate`]), logging in ([`handshake`]) and then running its session. [`Shared`] is what all sessions share; [`clients`] the table cancel requests use.
+//! ([`negotiate`]), logging in ([`handshake`]) and then running its session. [`Router`] is what all sessions share; [`clients`] the table cancel requests use.
 //!
 //! Each worker thread runs its own single-threaded tokio runtime with its own listening socket
 //! on the same address (SO_REUSEPORT: the kernel spreads new connections over them) and its own
@@ -13,33 +13,26 @@ use std::path::Path;
 use std::sync::Arc;
 
 mod accept;
-pub mod clients;
 pub mod handshake;
-mod hold;
 pub mod http;
 pub mod lifecycle;
 mod negotiate;
 mod nofile;
-pub mod pause;
-mod probe;
 mod recovery;
-mod routing;
-mod shared;
-pub mod warm;
 
-pub use routing::{pool_settings, Board, Checkout, Routing};
-pub use shared::{set_worker, worker, Reloaded, Shared};
+use crate::backend::worker::set_worker;
+use crate::routing::{probe, Router};
 
 use crate::config;
 
 /// Loads everything (config, shard map, TLS certificates and keys), or says precisely what is
 /// wrong (file, line, reason). `workers` is the number of worker threads, each with its own
 /// pools.
-pub fn load(config_path: &Path, workers: usize) -> Result<Shared, String> {
+pub fn load(config_path: &Path, workers: usize) -> Result<Router, String> {
     let config = config::load(config_path).map_err(|e| e.to_string())?;
     let map = shardmap::load(&config.shardmap).map_err(|e| e.to_string())?;
     let tls = crate::tls::load(&config).map_err(|e| e.to_string())?;
-    Ok(Shared::new(config, map, tls, workers.max(1)))
+    Ok(Router::new(config, map, tls, workers.max(1)))
 }
 
 /// Fails when something else listens on `addr` already. The router's own sockets share the
@@ -68,7 +61,7 @@ fn listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
 /// Runs the router until it has drained (SIGTERM, Ctrl-C or the admin `SHUTDOWN`; see
 /// [`lifecycle`]). Binds every worker's socket before it starts, so an address in use is
 /// reported at once.
-pub fn run(shared: Shared) -> Result<(), String> {
+pub fn run(shared: Router) -> Result<(), String> {
     // The main thread's runtime, and the signal handlers, before anything else: from here on
     // a SIGHUP is a reload (queued until the router is ready), never the default "terminate".
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -149,7 +142,7 @@ pub fn run(shared: Shared) -> Result<(), String> {
 fn worker_main(
     worker: usize,
     std_listener: std::net::TcpListener,
-    shared: Arc<Shared>,
+    shared: Arc<Router>,
     warmed: Option<std::sync::mpsc::Sender<bool>>,
 ) {
     set_worker(worker);
@@ -200,7 +193,7 @@ fn worker_main(
                         break;
                     }
                 }
-                let learned = crate::backend::catalog::learn(&routing).await;
+                let learned = crate::routing::catalog::learn(&routing).await;
                 let _ = warmed.send(learned);
             });
         }

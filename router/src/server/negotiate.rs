@@ -14,11 +14,11 @@ use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
 use super::handshake::{forward_cancel, read_packet, refuse, HandshakeError};
-use super::Shared;
 use crate::config::TlsMode;
 use crate::errors;
 use crate::protocol::reply::SqlError;
 use crate::protocol::startup::Startup;
+use crate::routing::Router;
 use crate::tls::ClientTls;
 
 /// The client's startup parameters.
@@ -38,7 +38,7 @@ pub enum Negotiated {
 pub async fn run(
     mut tcp: TcpStream,
     buf: &mut BytesMut,
-    shared: &Shared,
+    shared: &Router,
 ) -> Result<Negotiated, HandshakeError> {
     let tls = shared.routing().tls.clients.clone();
     // What was refused already: each may be asked once (libpq asks for GSSAPI, then TLS).
@@ -104,7 +104,7 @@ pub async fn run(
 async fn encrypted(
     mut stream: TlsStream<TcpStream>,
     buf: &mut BytesMut,
-    shared: &Shared,
+    shared: &Router,
 ) -> Result<Negotiated, HandshakeError> {
     match read_packet(&mut stream, buf).await? {
         None => Ok(Negotiated::Done),

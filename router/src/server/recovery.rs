@@ -7,10 +7,10 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::{Routing, Shared};
 use crate::backend::BackendConn;
 use crate::config::CrossShard;
 use crate::multishard::two_phase;
+use crate::routing::{Router, Routing};
 
 /// Refuses to start (the error) when a shard that answers does not allow prepared
 /// transactions; a shard that cannot be reached now is prepared by the first recovery pass
@@ -29,7 +29,7 @@ pub async fn check_shards(routing: &Routing) -> Result<(), String> {
 }
 
 /// Runs until the process exits (on worker 0, whose pools it uses).
-pub async fn run(shared: Arc<Shared>) {
+pub async fn run(shared: Arc<Router>) {
     // Shard databases known to have the decisions table.
     let mut ready: HashSet<String> = HashSet::new();
     loop {

@@ -10,8 +10,8 @@
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+pub use crate::multishard::client::ClientError;
 use crate::protocol::frame::{frames, next_frame};
-use crate::protocol::FrameError;
 use crate::stats::{local, meter::Meter};
 
 /// Answers are flushed to the client once this much is buffered (a big read streams).
@@ -172,14 +172,24 @@ impl<S> Drop for ClientIo<S> {
     }
 }
 
-/// Why reading from the client failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    #[error("client connection: {0}")]
-    Io(std::io::Error),
-    #[error("{0}")]
-    Protocol(FrameError),
-    /// A message longer than `limits.max_message_bytes` (refused before its body is read).
-    #[error("a message of {len} bytes is longer than limits.max_message_bytes ({limit})")]
-    TooLong { len: usize, limit: usize },
+impl<S: AsyncRead + AsyncWrite + Unpin> crate::multishard::client::Client for ClientIo<S> {
+    fn out(&mut self) -> &mut Vec<u8> {
+        &mut self.out
+    }
+
+    async fn flush(&mut self) -> std::io::Result<()> {
+        ClientIo::flush(self).await
+    }
+
+    async fn flush_if_full(&mut self) -> std::io::Result<()> {
+        ClientIo::flush_if_full(self).await
+    }
+
+    async fn read_frame(&mut self) -> Result<Option<BytesMut>, ClientError> {
+        ClientIo::read_frame(self).await
+    }
+
+    fn max_message(&self) -> usize {
+        self.max_message
+    }
 }

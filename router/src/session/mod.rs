@@ -22,7 +22,6 @@
 //! | [`replay`] | a request aborted by a server shutdown, made fit for another connection (sans-IO) |
 //! | [`pin`] | checking a connection out for the client and returning it |
 //! | [`shared`] | a request on the shard's shared connections (multiplexed) |
-//! | [`settings`] | the client's session settings (sans-IO) |
 //! | [`multi`] | statements that run on several shards |
 //! | [`batches`] | extended batches of such a statement, answered by the router until its Sync |
 //! | [`participants`] | a transaction that goes on to other shards |
@@ -47,7 +46,6 @@ mod prepared_sql;
 mod relay;
 mod replay;
 mod replies;
-pub mod settings;
 mod shared;
 mod simple;
 mod state;
@@ -62,17 +60,17 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 pub use client::{ClientError, ClientIo};
-pub use settings::Settings;
 
+use crate::backend::settings::{Changes, Settings};
 use crate::errors;
 use crate::planner::NormalizeBuf;
 use crate::protocol::frontend::Bind;
 use crate::protocol::frontend::Malformed;
 use crate::protocol::reply::SqlError;
 use crate::resolver::{self, Context, Dest, Reroute, Target};
-use crate::server::clients::ClientSlot;
-use crate::server::lifecycle::Phase;
-use crate::server::{Routing, Shared};
+use crate::routing::clients::ClientSlot;
+use crate::routing::Phase;
+use crate::routing::{Router, Routing};
 use outbox::Outbox;
 use pin::Pinned;
 use state::State;
@@ -110,7 +108,7 @@ impl From<client::ClientError> for SessionError {
 }
 
 pub struct Session<S> {
-    shared: Arc<Shared>,
+    shared: Arc<Router>,
     /// The config, shard map, planner and pools the session uses: the current ones whenever
     /// it is at rest, so a transaction finishes on the ones it started with.
     routing: Arc<Routing>,
@@ -129,7 +127,7 @@ pub struct Session<S> {
     /// The client's session settings, applied to whichever connection serves it.
     settings: Settings,
     /// Settings changes of the statement or transaction under way.
-    changes: settings::Changes,
+    changes: Changes,
     nbuf: NormalizeBuf,
     /// The text of the statement being run (for the slow-statement log and settings changes).
     sql: String,
@@ -148,7 +146,7 @@ pub struct Session<S> {
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// A session for a logged-in client; `rbuf` holds what it sent after its login.
     pub fn new(
-        shared: Arc<Shared>,
+        shared: Arc<Router>,
         stream: S,
         rbuf: BytesMut,
         slot: Arc<ClientSlot>,

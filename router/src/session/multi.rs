@@ -43,7 +43,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         match broadcast::combine(&outcomes, &names) {
             broadcast::Combined::Done(tags) => {
                 // The DDL may have changed a sharded table's columns.
-                crate::backend::catalog::learn(&self.routing).await;
+                crate::routing::catalog::learn(&self.routing).await;
                 out = tags;
             }
             broadcast::Combined::PostgresError(frame) => out = frame,
@@ -368,7 +368,7 @@ pub(super) fn error_frame(answer: &[u8]) -> Option<&[u8]> {
 /// Sends `client` the answer of a read across shards, from the shards' `receivers`: merged as
 /// `read.merge` says, or concatenated. `Ok(true)` when it ended with an error.
 async fn answer_read<C: AsyncRead + AsyncWrite + Unpin>(
-    routing: &crate::server::Routing,
+    routing: &crate::routing::Routing,
     client: &mut super::client::ClientIo<C>,
     read: &Read,
     receivers: Vec<Receiver>,

@@ -257,7 +257,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             // A SET ran on some of them, and which is not known: the next client of each
             // gets its settings applied afresh.
             for (_, conn) in &mut open {
-                conn.settings_fp = super::settings::UNKNOWN;
+                conn.settings_fp = crate::backend::settings::UNKNOWN;
             }
         }
         open.sort_by_key(|(shard, _)| *shard);

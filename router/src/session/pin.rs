@@ -16,8 +16,8 @@ use crate::backend::prepared::PreparedSet;
 use crate::errors;
 use crate::protocol::reply::SqlError;
 use crate::resolver::Reroute;
-use crate::server::clients::CancelTarget;
-use crate::server::Checkout;
+use crate::routing::clients::CancelTarget;
+use crate::routing::Checkout;
 use crate::stats::{RouteKind, Stats};
 
 /// The backend connection a client holds.

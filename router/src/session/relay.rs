@@ -229,7 +229,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 if step.ready == Some(TxStatus::Idle) {
                     // The statement or transaction that made these changes is over and kept.
                     if let Some(fp) = self.changes.settle(&mut self.settings) {
-                        if fp == super::settings::UNKNOWN {
+                        if fp == crate::backend::settings::UNKNOWN {
                             tracing::debug!(statement = %truncate(&self.sql, 200), "a settings change the router does not follow; the connection will be reset");
                         }
                         conn.settings_fp = fp;

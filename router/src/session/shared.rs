@@ -21,7 +21,7 @@ use crate::backend::mux::{Cancelled, Inbox, Lane, Reply, Request, ShardMux, Sink
 use crate::errors;
 use crate::protocol::frame::next_frame;
 use crate::protocol::reply::{self, SqlError, TxStatus};
-use crate::server::Checkout;
+use crate::routing::Checkout;
 use crate::stats::RouteKind;
 
 /// The session's end of its shared requests' replies (made at the first).

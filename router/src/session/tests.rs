@@ -16,7 +16,7 @@ use super::*;
 use crate::protocol::frame::{next_frame, put_frame};
 
 /// A router whose four shards are all unreachable.
-fn shared() -> Arc<Shared> {
+fn shared() -> Arc<Router> {
     let config = crate::config::parse(
         "shardmap = \"shardmap.toml\"\ndatabase = \"app\"\nauth = \"trust\"\n\
          [pool]\nconnect_timeout_ms = 2000\ncheckout_timeout_ms = 2000\n\
@@ -30,7 +30,7 @@ fn shared() -> Arc<Shared> {
         .collect();
     let tables = vec![shardmap::Table::new("kv", "id", shardmap::KeyType::BigInt)];
     let map = shardmap::ShardMap::even_split(&urls, tables).expect("a valid map");
-    Arc::new(Shared::new(config, map, crate::tls::Material::none(), 1))
+    Arc::new(Router::new(config, map, crate::tls::Material::none(), 1))
 }
 
 /// The client's end of a session running on its own task.

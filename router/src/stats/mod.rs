@@ -83,7 +83,7 @@ pub struct Stats {
     pub failover: std::sync::Arc<FailoverCounters>,
 }
 
-/// What holding statements through a restart or failover did (`crate::server::hold`).
+/// What holding statements through a restart or failover did (`crate::routing::hold`).
 #[derive(Default, Debug)]
 pub struct FailoverCounters {
     /// Statements that waited for their shard.

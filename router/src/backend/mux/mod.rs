@@ -239,7 +239,7 @@ impl ShardMux {
     fn pick(&self, fp: u64) -> (Option<Arc<Lane>>, bool) {
         let now = self.now_us();
         let slow_us = u64::try_from(SLOW.as_micros()).unwrap_or(u64::MAX);
-        let here = crate::server::worker();
+        let here = crate::backend::worker::worker();
         let lanes = self.lanes();
         let best = lanes
             .iter()
@@ -319,7 +319,7 @@ impl ShardMux {
                     let lane = Arc::new(Lane {
                         pid: conn.pid,
                         secret: conn.secret,
-                        worker: crate::server::worker(),
+                        worker: crate::backend::worker::worker(),
                         state: Mutex::new(LaneState {
                             queued: VecDeque::new(),
                             pipeline: Pipeline::default(),

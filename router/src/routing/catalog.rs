@@ -7,9 +7,9 @@
 
 use std::collections::HashMap;
 
-use super::BackendConn;
-use crate::server::Routing;
-use crate::session::settings::quote_literal;
+use crate::backend::BackendConn;
+use crate::routing::Routing;
+use shardmap::sql::quote_literal;
 
 /// Reads the column order of every sharded table and hands the key positions to the routing's
 /// planner, and whether text sorts by bytes; `false` when the shard could not be asked, which

@@ -11,7 +11,8 @@
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
-use shardmap::predicate::{predicate, quote_ident};
+use shardmap::predicate::predicate;
+use shardmap::sql::{quote_ident, quote_literal};
 use shardmap::{KeyRange, KeyType, Primary, ShardMap, Table};
 
 /// The schema the split keeps its own objects in, on the source and the targets: the marker
@@ -499,11 +500,6 @@ impl CatalogTable {
     pub fn sql_name(&self) -> String {
         format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.name))
     }
-}
-
-/// A SQL string literal.
-pub fn quote_literal(text: &str) -> String {
-    format!("'{}'", text.replace('\'', "''"))
 }
 
 #[cfg(test)]

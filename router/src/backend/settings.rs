@@ -10,6 +10,8 @@
 
 use std::hash::{Hash, Hasher};
 
+use shardmap::sql::quote_literal;
+
 /// Fingerprint of a connection whose settings are not known (an untracked `SET` ran on it):
 /// it is reset before anyone uses it.
 pub const UNKNOWN: u64 = u64::MAX;
@@ -205,11 +207,6 @@ fn is_utf8(v: &str) -> bool {
         v.to_ascii_lowercase().replace(['-', '_'], "").as_str(),
         "utf8" | "unicode"
     )
-}
-
-/// `'value'` with quotes doubled.
-pub fn quote_literal(v: &str) -> String {
-    format!("'{}'", v.replace('\'', "''"))
 }
 
 /// Setting names are identifiers, possibly dotted (`app.user`). Every part is quoted: a part

@@ -9,13 +9,17 @@
 //! flips, truncations, insertions and corrupted length fields. Every target checks that
 //! nothing panics, and where there is a writer or an invariant, that it holds.
 //!
-//! `cargo test -p shardgate --lib fuzz::` runs a short mode (a few thousand cases per target);
+//! `cargo test -p shardgate --test fuzz_parsers` runs a short mode (a few thousand cases per target);
 //! `SHARDGATE_FUZZ_CASES=N` runs N per target and `SHARDGATE_FUZZ_SEED=S` another seed
 //! (`benches/fuzz.sh` runs the long mode). A failing case prints its target, seed and number.
 
+#[path = "fuzz_parsers/login.rs"]
 mod login;
+#[path = "fuzz_parsers/merge.rs"]
 mod merge;
+#[path = "fuzz_parsers/text.rs"]
 mod text;
+#[path = "fuzz_parsers/wire.rs"]
 mod wire;
 
 use rand::rngs::StdRng;

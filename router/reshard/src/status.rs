@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use super::copy::source_tables;
 use super::db::{connect, Db};
-use super::plan::{quote_literal, CatalogTable, Plan};
+use super::plan::{CatalogTable, Plan};
+use shardmap::sql::quote_literal;
 
 /// Where one target's stream stands.
 #[derive(Debug, Default)]

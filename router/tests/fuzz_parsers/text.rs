@@ -1,15 +1,15 @@
-//! Statement text: the normalizer ([`crate::planner::normalize`]), the array literal reader
-//! ([`crate::planner::keys::array_elements_text`]) and the VALUES cutter
-//! ([`crate::planner::values`]), over SQL built from real token shapes, mutated, and
+//! Statement text: the normalizer ([`shardgate::planner::normalize`]), the array literal reader
+//! ([`shardgate::planner::keys::array_elements_text`]) and the VALUES cutter
+//! ([`shardgate::planner::values`]), over SQL built from real token shapes, mutated, and
 //! arbitrary.
 
 use rand::rngs::StdRng;
 use rand::Rng;
 
 use super::{bytes, mutate, run, text};
-use crate::planner::keys::array_elements_text;
-use crate::planner::values::values_rows;
-use crate::planner::{normalize, LiteralKind, NormalizeBuf};
+use shardgate::planner::keys::array_elements_text;
+use shardgate::planner::values::values_rows;
+use shardgate::planner::{normalize, LiteralKind, NormalizeBuf};
 
 /// One SQL token of a shape the normalizer knows.
 fn token(rng: &mut StdRng) -> String {

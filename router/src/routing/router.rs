@@ -14,29 +14,14 @@ use arc_swap::ArcSwap;
 use shardmap::ShardMap;
 
 use super::clients::Clients;
-use super::routing::{Board, Routing};
+use super::generation::{Board, Routing};
 use crate::backend::health::HealthBoard;
 use crate::backend::registry::Registry;
 use crate::config::Config;
 use crate::stats::Stats;
 use crate::tls::Material;
 
-thread_local! {
-    /// Which worker thread this is (0 outside workers).
-    static WORKER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
-/// Marks the calling thread as worker `index` (its sessions use that worker's pools).
-pub fn set_worker(index: usize) {
-    WORKER.with(|w| w.set(index));
-}
-
-/// The worker thread this is.
-pub fn worker() -> usize {
-    WORKER.with(|w| w.get())
-}
-
-pub struct Shared {
+pub struct Router {
     routing: ArcSwap<Routing>,
     /// The current routing's generation, read by sessions on every statement (one atomic load).
     generation: AtomicU64,
@@ -56,7 +41,7 @@ pub struct Shared {
     next_any: AtomicUsize,
     workers: usize,
     /// Serving, draining, closing.
-    pub lifecycle: super::lifecycle::Lifecycle,
+    pub lifecycle: super::Lifecycle,
     /// What the router counts (`/metrics`, `SHOW STATS`).
     pub stats: Stats,
     /// Whether each primary answers.
@@ -81,9 +66,9 @@ pub struct Reloaded {
     pub summary: String,
 }
 
-impl Shared {
+impl Router {
     /// `tls` is what [`crate::tls::load`] read for `config`.
-    pub fn new(config: Config, map: ShardMap, tls: Material, workers: usize) -> Shared {
+    pub fn new(config: Config, map: ShardMap, tls: Material, workers: usize) -> Router {
         let router_id = config.router_id;
         let (stats, health) = (Stats::default(), HealthBoard::default());
         let pauses = Arc::new(super::pause::Pauses::default());
@@ -94,7 +79,7 @@ impl Shared {
             pauses: &pauses,
         };
         let routing = Arc::new(Routing::new(config, map, tls, workers, 1, None, board));
-        Shared {
+        Router {
             routings: Mutex::new(vec![Arc::downgrade(&routing)]),
             routing: ArcSwap::new(routing),
             generation: AtomicU64::new(1),
@@ -120,8 +105,7 @@ impl Shared {
     /// Whether `/ready` says yes: serving (not draining), and every shard's primary has
     /// answered at least once since the start.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
-            && self.lifecycle.phase() == super::lifecycle::Phase::Serving
+        self.ready.load(Ordering::Relaxed) && self.lifecycle.phase() == super::Phase::Serving
     }
 
     /// The start's warming is over (every worker opened its connections, or the warm timeout
@@ -245,7 +229,7 @@ impl Shared {
         drop(current);
         // What the router knows of the shards' catalog is learned for the new map first, and
         // the primaries it brings get their first connections on every worker.
-        crate::backend::catalog::learn(&next).await;
+        super::catalog::learn(&next).await;
         self.warmer.warm(&next, true).await;
         {
             let mut routings = self.routings.lock().unwrap_or_else(|p| p.into_inner());

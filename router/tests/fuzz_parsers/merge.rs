@@ -1,4 +1,4 @@
-//! The value readers of merges across shards ([`crate::merge`]): numeric, float and date text
+//! The value readers of merges across shards ([`shardgate::merge`]): numeric, float and date text
 //! as Postgres prints them, and numeric's binary form. Shards, not clients, write these, but a
 //! value a client stored comes back through them, so they get the same treatment.
 
@@ -6,9 +6,9 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 use super::{bytes, mutate, run};
-use crate::merge::datetime::{sort_key, DateKind};
-use crate::merge::float::parse_f64;
-use crate::merge::numeric::{compare_text, Numeric};
+use shardgate::merge::datetime::{sort_key, DateKind};
+use shardgate::merge::float::parse_f64;
+use shardgate::merge::numeric::{compare_text, Numeric};
 
 /// A numeric as `numeric_out` prints it.
 fn numeric_text(rng: &mut StdRng) -> String {

@@ -9,7 +9,8 @@ use std::process::{Command, Stdio};
 use shardmap::Primary;
 
 use super::db::{self, connect, Db};
-use super::plan::{quote_literal, CatalogTable, Plan, MARKER, SCHEMA, SUBSCRIPTIONS};
+use super::plan::{CatalogTable, Plan, MARKER, SCHEMA, SUBSCRIPTIONS};
+use shardmap::sql::quote_literal;
 
 /// The source's user tables (outside the split's own schema), in name order.
 pub async fn source_tables(source: &Db) -> Result<Vec<CatalogTable>, String> {

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Shared;
+use super::Router;
 use crate::backend::BackendConn;
 
 /// How often unknown or down primaries are tried, before and after the router is ready.
@@ -15,7 +15,7 @@ const UNTIL_READY: Duration = Duration::from_millis(500);
 const WHEN_READY: Duration = Duration::from_secs(5);
 
 /// Runs until the process exits.
-pub async fn run(shared: Arc<Shared>) {
+pub async fn run(shared: Arc<Router>) {
     loop {
         let routing = shared.routing();
         let mut probes = tokio::task::JoinSet::new();

@@ -1,5 +1,5 @@
-//! Frames and the messages a client sends after login ([`crate::protocol::frame`],
-//! [`crate::protocol::frontend`]): arbitrary and mutated byte streams never panic, and
+//! Frames and the messages a client sends after login ([`shardgate::protocol::frame`],
+//! [`shardgate::protocol::frontend`]): arbitrary and mutated byte streams never panic, and
 //! messages written by `postgres-protocol` decode to the fields they were written with.
 
 use bytes::BytesMut;
@@ -9,8 +9,8 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 use super::{bytes, mutate, run, text};
-use crate::protocol::frame::{frames, next_frame};
-use crate::protocol::frontend::{self, Format};
+use shardgate::protocol::frame::{frames, next_frame};
+use shardgate::protocol::frontend::{self, Format};
 
 /// Decodes one frame as the session does for its tag, using every accessor of the result.
 fn decode(frame: &[u8]) {

@@ -1,5 +1,5 @@
-//! The login path: startup packets ([`crate::protocol::startup`]) and the SCRAM exchange
-//! ([`crate::auth::scram`]), driven by arbitrary bytes, by `postgres-protocol`'s own writers and
+//! The login path: startup packets ([`shardgate::protocol::startup`]) and the SCRAM exchange
+//! ([`shardgate::auth::scram`]), driven by arbitrary bytes, by `postgres-protocol`'s own writers and
 //! SCRAM client, and by mutations of what those write.
 
 use bytes::BytesMut;
@@ -9,8 +9,8 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 use super::{bytes, mutate, run, text};
-use crate::auth::{scram_verifier, AuthError, ScramServer, ScramVerifier};
-use crate::protocol::startup::{self, Startup};
+use shardgate::auth::{AuthError, ScramServer, ScramVerifier};
+use shardgate::protocol::startup::{self, Startup};
 
 /// Reads a packet as `server::handshake::read_packet` does: the length first, then the whole
 /// packet.
@@ -73,7 +73,37 @@ fn initial_response(data: &[u8]) -> Vec<u8> {
 /// thousands of exchanges stay cheap.
 fn verifier(rng: &mut StdRng, password: &str) -> ScramVerifier {
     let salt: Vec<u8> = (0..rng.random_range(1..20)).map(|_| rng.random()).collect();
-    scram_verifier(password, &salt, 1)
+    scram_verifier(password, &salt)
+}
+
+/// The verifier Postgres stores for `password` with `salt` and one iteration, in its text
+/// form (RFC 5802: the password SASLprep-normalised where it can be, as libpq does).
+fn scram_verifier(password: &str, salt: &[u8]) -> ScramVerifier {
+    use base64::Engine;
+    use hmac::{KeyInit, Mac};
+    let hmac = |key: &[u8], parts: &[&[u8]]| -> Vec<u8> {
+        let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key).expect("any key length");
+        for part in parts {
+            mac.update(part);
+        }
+        mac.finalize().into_bytes().to_vec()
+    };
+    let prepared = stringprep::saslprep(password).unwrap_or(password.into());
+    // Hi() with one iteration is U1 = HMAC(password, salt || INT(1)).
+    let salted = hmac(prepared.as_bytes(), &[salt, &1u32.to_be_bytes()]);
+    let stored: Vec<u8> = {
+        use sha2::Digest;
+        sha2::Sha256::digest(hmac(&salted, &[b"Client Key"])).to_vec()
+    };
+    let server = hmac(&salted, &[b"Server Key"]);
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let text = format!(
+        "SCRAM-SHA-256$1:{}${}:{}",
+        b64(salt),
+        b64(&stored),
+        b64(&server)
+    );
+    ScramVerifier::parse(&text).expect("a well-formed verifier")
 }
 
 /// What a real client sends in a whole exchange with `password`: (client-first body,

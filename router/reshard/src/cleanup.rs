@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use super::copy::source_tables;
 use super::db::connect;
-use super::plan::{quote_literal, Plan, FENCE_BYPASS, MARKER, SCHEMA, SUBSCRIPTIONS};
+use super::plan::{Plan, FENCE_BYPASS, MARKER, SCHEMA, SUBSCRIPTIONS};
+use shardmap::sql::quote_literal;
 
 pub struct Cleanup {
     pub delete_moved: bool,

@@ -26,8 +26,9 @@ use shardmap::ShardMap;
 
 use super::copy::source_tables;
 use super::db::{connect, connect_admin, Db};
-use super::plan::{quote_literal, Plan, MARKER};
+use super::plan::{Plan, MARKER};
 use super::status::{compare, part_status, print_diffs};
+use shardmap::sql::quote_literal;
 
 /// What `cutover` is told.
 pub struct Cutover<'a> {

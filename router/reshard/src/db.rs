@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use shardmap::sql::quote_literal;
 use shardmap::Primary;
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
 
@@ -154,7 +155,7 @@ impl Db {
 
     /// Whether the table (or other relation) `name` exists.
     pub async fn has_table(&self, name: &str) -> Result<bool, String> {
-        let sql = format!("SELECT to_regclass({})", super::plan::quote_literal(name));
+        let sql = format!("SELECT to_regclass({})", quote_literal(name));
         Ok(self.value(&sql).await?.is_some())
     }
 
@@ -162,7 +163,7 @@ impl Db {
     pub async fn subscription_oid(&self, name: &str) -> Result<Option<String>, String> {
         let sql = format!(
             "SELECT oid FROM pg_subscription WHERE subname = {}",
-            super::plan::quote_literal(name)
+            quote_literal(name)
         );
         self.value(&sql).await
     }
