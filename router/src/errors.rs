@@ -270,6 +270,15 @@ pub fn not_alone_in_batch() -> SqlError {
     .with_hint("send a Sync before and after it")
 }
 
+/// `0A000`: FETCH, MOVE or CLOSE of a cursor the router holds, in the extended protocol.
+pub fn held_cursor_in_extended() -> SqlError {
+    SqlError::new(
+        FEATURE_NOT_SUPPORTED,
+        "the router holds this cursor (its query reads several shards, or it is WITH HOLD), and serves its commands in the simple query protocol only",
+    )
+    .with_hint("send FETCH, MOVE and CLOSE as simple queries (psycopg does for cursors with text results)")
+}
+
 /// `54000`: the rows of a cursor the router holds (its query read several shards, or it is
 /// `WITH HOLD`) passed `limits.max_merge_bytes`, counted over all such cursors of the session.
 pub fn cursor_too_big(limit: usize) -> SqlError {

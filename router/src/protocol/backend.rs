@@ -20,6 +20,13 @@ pub fn error_fields(frame: &[u8]) -> (String, String) {
 
 /// Whether a reply frame only describes (ParseComplete, BindComplete, ParameterDescription,
 /// RowDescription, NoData): nothing of a request has run or been seen to run while its replies
+/// The first ErrorResponse among a shard's answer frames.
+pub fn error_frame(answer: &[u8]) -> Option<&[u8]> {
+    super::frame::frames(answer)
+        .map_while(Result::ok)
+        .find(|f| f[0] == b'E')
+}
+
 /// are only these, so a request a shutdown aborts after them may still be sent again.
 pub fn is_description(tag: u8) -> bool {
     matches!(tag, b'1' | b'2' | b't' | b'T' | b'n')

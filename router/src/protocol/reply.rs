@@ -178,6 +178,15 @@ pub fn close_complete(out: &mut Vec<u8>) {
     put_frame(out, b'3', &[]);
 }
 
+/// The answer to Describe of a statement without rows or parameters (DDL, BEGIN): `t` with no
+/// parameters and `n` for a statement, `n` for a portal.
+pub fn no_data_description(out: &mut Vec<u8>, kind: u8) {
+    if kind == b'S' {
+        put_frame(out, b't', &0i16.to_be_bytes());
+    }
+    put_frame(out, b'n', &[]);
+}
+
 pub fn empty_query(out: &mut Vec<u8>) {
     put_frame(out, b'I', &[]);
 }

@@ -27,6 +27,13 @@ pub fn query(buf: &mut BytesMut, sql: &str) -> Result<(), Unwritable> {
     written("Query", frontend::query(sql, buf))
 }
 
+/// A `Q` message of its own, for a request that is only that.
+pub fn query_message(sql: &str) -> Result<Vec<u8>, Unwritable> {
+    let mut buf = BytesMut::new();
+    query(&mut buf, sql)?;
+    Ok(buf.to_vec())
+}
+
 /// `P`: Parse of `sql` as statement `name`; `param_types` is a Parse message's own section
 /// (count + OIDs, as a client sent it), kept as it came.
 pub fn parse(

@@ -32,22 +32,23 @@
 //! The session is generic over its client stream, so its state machine also runs over an
 //! in-memory pipe (`tests`).
 
-mod batches;
+mod attach;
 mod client;
 mod cursors;
+mod execute;
 mod explain;
 mod extended;
-mod held;
-mod multi;
 mod outbox;
 mod participants;
-mod pin;
+mod pinned;
 mod prepared_sql;
 mod relay;
 mod replay;
 mod replies;
+mod several;
 mod shared;
 mod simple;
+mod spread;
 mod state;
 mod statements;
 
@@ -72,7 +73,7 @@ use crate::routing::clients::ClientSlot;
 use crate::routing::Phase;
 use crate::routing::{Router, Routing};
 use outbox::Outbox;
-use pin::Pinned;
+use pinned::Pinned;
 use state::State;
 use statements::Statements;
 
@@ -140,7 +141,7 @@ pub struct Session<S> {
     /// caller found it shareable); [`Session::attach`] takes it.
     may_share: bool,
     /// Where replies of shared requests arrive (made at the first).
-    channel: Option<shared::Channel>,
+    channel: Option<crate::backend::mux::Channel>,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {

@@ -10,7 +10,7 @@
 
 use bytes::BytesMut;
 
-use super::held::Msg;
+use super::extended::Msg;
 use super::replies::{Audience, Kind, Replies};
 use super::statements::{ClientStatement, Text};
 use crate::backend::prepared::PreparedSet;

@@ -20,7 +20,7 @@ use std::fmt::Write as _;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::task::JoinHandle;
 
-use super::pin::{Link, Pinned};
+use super::pinned::{Link, Pinned};
 use super::replies::Audience;
 use super::state::Tx;
 use super::{Session, SessionError};

@@ -1,7 +1,7 @@
 //! A request on the shard's shared connections (`backend::mux`, `[pool] shared_connections`):
 //! an autocommit statement that leaves nothing on the connection ([`crate::planner::Plan`]'s
 //! `shareable`) is pinned to the shard's mux rather than to a connection of the client's own
-//! ([`super::pin::Link::Shared`]). Its messages are written as for a connection that has every
+//! ([`super::pinned::Link::Shared`]). Its messages are written as for a connection that has every
 //! router statement; once the request is complete (it ends in Sync, or is a Query) it is
 //! handed to a lane, which prepares what it lacks in front of it, and the replies come back
 //! through the session's channel to the same [`super::replies`] bookkeeping as on a
@@ -14,28 +14,15 @@
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::pin::{Link, Pinned};
+use super::pinned::{Link, Pinned};
 use super::replay;
 use super::{Session, SessionError};
-use crate::backend::mux::{Cancelled, Inbox, Lane, Reply, Request, ShardMux, Sink};
+use crate::backend::mux::{Cancelled, Channel, Lane, Reply, Request, ShardMux};
 use crate::errors;
 use crate::protocol::frame::next_frame;
 use crate::protocol::reply::{self, SqlError, TxStatus};
 use crate::routing::Checkout;
 use crate::stats::RouteKind;
-
-/// The session's end of its shared requests' replies (made at the first).
-pub(super) struct Channel {
-    tx: Sink,
-    rx: Inbox,
-}
-
-impl Default for Channel {
-    fn default() -> Self {
-        let (tx, rx) = crate::backend::mux::channel();
-        Channel { tx, rx }
-    }
-}
 
 /// What a request that stands alone on a shared connection ends with.
 #[derive(Debug, PartialEq, Eq)]
@@ -440,7 +427,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             }
             match self.fit(conn, &uses, bound).await {
                 Ok(conn) => break (conn, shard),
-                Err(p) if p.connection_ended && attempt < super::pin::PRELUDE_ATTEMPTS => {}
+                Err(p) if p.connection_ended && attempt < super::attach::PRELUDE_ATTEMPTS => {}
                 Err(p) => {
                     let why = format!("preparing a connection: {}", p.what);
                     return Err(lost(self, shard, &why));

@@ -1,17 +1,16 @@
 //! A simple-protocol Query: planned and resolved as a whole (every statement in it must agree
-//! on one shard), then answered by the router, run on the pinned connection, or run on several
-//! shards.
+//! on one shard), then handed to the executor (`super::execute`), which answers it, runs it on
+//! the pinned connection, or runs it on several shards.
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::cursors::{CursorWork, Declared};
-use super::replies::{Audience, Kind};
+use super::execute::Carrier;
 use super::state::Tx;
 use super::{Session, SessionError};
 use crate::protocol::reply::{self, SqlError};
 use crate::protocol::{frontend, LONG};
-use crate::resolver::{self, Dest, Reroute};
+use crate::resolver::{self, Reroute};
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     pub(super) async fn query(&mut self, frame: BytesMut) -> Result<(), SessionError> {
@@ -54,143 +53,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             self.sql.push_str(sql);
         }
         self.cursors_at(&dest);
-        let dest = match dest {
-            Dest::Declare { .. } | Dest::Cursor { .. } => match self.cursor_work(dest) {
-                CursorWork::Route(dest) => dest,
-                CursorWork::Serve => {
-                    return match self.serve_cursor(sql).await? {
-                        Ok(()) => {
-                            self.ready();
-                            Ok(())
-                        }
-                        Err(err) => self.refuse_query(&err).await,
-                    };
-                }
-                CursorWork::Declare {
-                    name,
-                    hold,
-                    read,
-                    stepwise,
-                } => {
-                    let text = super::cursors::shard_text(sql, &name, &read, stepwise);
-                    let mut request = bytes::BytesMut::new();
-                    crate::protocol::request::query(&mut request, &text)?;
-                    let request = request.to_vec();
-                    let declared = if stepwise {
-                        self.declare_stepwise(name, read, request, None).await?
-                    } else {
-                        self.declare_held(name, hold, read, request, None).await?
-                    };
-                    return match declared {
-                        Declared::Done | Declared::Failed => {
-                            self.ready();
-                            Ok(())
-                        }
-                        Declared::Refused(err) => self.refuse_query(&err).await,
-                    };
-                }
-                CursorWork::CloseAll(shards) => {
-                    let mut close = bytes::BytesMut::new();
-                    crate::protocol::request::query(&mut close, "CLOSE ALL")?;
-                    if let Some(answers) = self.ask_in_transaction(&shards, close.to_vec()).await? {
-                        match answers.iter().find_map(|a| super::multi::error_frame(a)) {
-                            Some(error) => self.client.out.extend_from_slice(error),
-                            None => {
-                                reply::command_complete(&mut self.client.out, "CLOSE CURSOR ALL")
-                            }
-                        }
-                    }
-                    self.ready();
-                    return Ok(());
-                }
-            },
-            dest => dest,
-        };
-        match dest {
-            Dest::Refused(err) => return self.refuse_query(&err).await,
-            Dest::PreparedSql => return self.prepared_sql(sql).await,
-            Dest::ExplainRoute => return self.explain_route(sql).await,
-            Dest::Begin if self.pin.is_none() && self.state.tx == Tx::Idle => {
-                // Sent later, in front of the transaction's first statement, on its shard.
-                self.state.begin(sql);
-                reply::command_complete(&mut self.client.out, "BEGIN");
-                self.ready();
-                return Ok(());
-            }
-            Dest::Commit | Dest::Rollback
-                if self.pin.is_none()
-                    && matches!(self.state.tx, Tx::Pending { .. } | Tx::Failed) =>
-            {
-                // The transaction never reached a shard.
-                let tag = self.state.end_unsent(matches!(dest, Dest::Commit));
-                reply::command_complete(&mut self.client.out, tag);
-                self.ready();
-                return Ok(());
-            }
-            Dest::Commit | Dest::Rollback if !self.parts.is_empty() => {
-                // A transaction on several shards ends on all of them, here, once what an
-                // extended batch sent before this Query is answered.
-                let in_step = self.bring_in_step().await?;
-                let commit = matches!(dest, Dest::Commit) && in_step;
-                let ended = self.end_participants(commit).await;
-                let tag = self.state.end_unsent(commit);
-                match ended {
-                    Ok(()) => reply::command_complete(&mut self.client.out, tag),
-                    Err(err) => err.write(&mut self.client.out),
-                }
-                self.ready();
-                return Ok(());
-            }
-            Dest::Broadcast => {
-                let answer = self.run_broadcast(sql).await;
-                self.client.out.extend_from_slice(&answer);
-            }
-            Dest::Read(read) => {
-                let request = match &read.shard_sql {
-                    Some(text) => {
-                        let mut q = bytes::BytesMut::new();
-                        crate::protocol::request::query(&mut q, text)?;
-                        q.to_vec()
-                    }
-                    None => frame[..].to_vec(),
-                };
-                self.run_read(read, request, &[]).await?;
-            }
-            Dest::Write(write) => {
-                self.run_write(write.shards, frame[..].to_vec(), &[])
-                    .await?;
-            }
-            Dest::SplitInsert(split) => {
-                let requests = crate::multishard::split_insert::requests(&split, None);
-                self.run_split_insert(&split, requests, None, &[]).await?;
-            }
-            Dest::CopyIn { key_type, format } => self.run_copy_in(sql, key_type, format).await?,
-            Dest::Shard(_)
-            | Dest::Any
-            | Dest::Begin
-            | Dest::Commit
-            | Dest::Rollback
-            | Dest::Declare { .. }
-            | Dest::Cursor { .. } => {
-                let wanted = match dest {
-                    Dest::Shard(s) => Some(s),
-                    _ => None,
-                };
-                self.may_share = shareable && matches!(dest, Dest::Shard(_) | Dest::Any);
-                let reached = self.reach_for_query(wanted).await;
-                self.may_share = false;
-                if !reached? {
-                    return Ok(());
-                }
-                self.out.push_frame(frame);
-                self.out.replies.push(Kind::Query, Audience::Client);
-                self.exchange().await?;
-                self.release_if_idle();
-                return Ok(());
-            }
-        }
-        self.ready();
-        Ok(())
+        self.execute(dest, Carrier::Query { frame, shareable })
+            .await
     }
 
     /// The router's error for a simple query. With a connection pinned it is raised there, so

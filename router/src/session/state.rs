@@ -22,8 +22,8 @@
 use crate::protocol::reply::TxStatus;
 use crate::resolver::Transaction;
 
-use super::batches::ScatterBatch;
-use super::held::Held;
+use super::extended::Held;
+use super::spread::ScatterBatch;
 
 /// The client's transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]

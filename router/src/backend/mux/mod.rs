@@ -33,7 +33,7 @@ mod driver;
 mod lane;
 mod sink;
 
-pub use sink::{channel, Inbox, Sink, UNREAD_LIMIT};
+pub use sink::{Channel, Inbox, Sink, UNREAD_LIMIT};
 
 /// Most requests written ahead on one lane: past it, requests wait in the router, where a
 /// cancel can still take them out.

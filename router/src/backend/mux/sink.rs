@@ -24,17 +24,26 @@ pub struct Inbox {
     unread: Arc<AtomicUsize>,
 }
 
-/// A session's channel for the replies of its shared requests.
-pub fn channel() -> (Sink, Inbox) {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let unread = Arc::new(AtomicUsize::new(0));
-    (
-        Sink {
-            tx,
-            unread: unread.clone(),
-        },
-        Inbox { rx, unread },
-    )
+/// A session's channel for the replies of its shared requests (made at the first): the
+/// [`Sink`] each request hands its lane, and the session's [`Inbox`].
+#[derive(Debug)]
+pub struct Channel {
+    pub tx: Sink,
+    pub rx: Inbox,
+}
+
+impl Default for Channel {
+    fn default() -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let unread = Arc::new(AtomicUsize::new(0));
+        Channel {
+            tx: Sink {
+                tx,
+                unread: unread.clone(),
+            },
+            rx: Inbox { rx, unread },
+        }
+    }
 }
 
 impl Sink {

@@ -80,13 +80,13 @@ fn answer_declare(out: &mut Vec<u8>, asked: &[u8], params: &[u8]) {
     for &k in asked {
         match k {
             b'P' => reply::parse_complete(out),
-            b'S' if params.is_empty() => super::extended::no_data_description(out, b'S'),
+            b'S' if params.is_empty() => reply::no_data_description(out, b'S'),
             b'S' => {
                 out.extend_from_slice(params);
                 crate::protocol::frame::put_frame(out, b'n', &[]);
             }
             b'B' => reply::bind_complete(out),
-            b'D' => super::extended::no_data_description(out, b'P'),
+            b'D' => reply::no_data_description(out, b'P'),
             _ => reply::close_complete(out),
         }
     }
@@ -101,12 +101,6 @@ fn shard_declare(name: &str, query: &str) -> String {
 /// A name as a quoted identifier.
 pub(super) fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-fn simple_query(sql: &str) -> Result<Vec<u8>, SessionError> {
-    let mut q = bytes::BytesMut::new();
-    crate::protocol::request::query(&mut q, sql)?;
-    Ok(q.to_vec())
 }
 
 /// What the session does with a cursor statement.
@@ -282,9 +276,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         if command.verb == Verb::Close {
             if let Some(Place::Steps(steps)) = self.cursors.places.get(&name) {
                 let shards = steps.shards.clone();
-                let request = simple_query(&format!("CLOSE {}", quote_ident(&name)))?;
+                let request = crate::protocol::request::query_message(&format!(
+                    "CLOSE {}",
+                    quote_ident(&name)
+                ))?;
                 if let Some(answers) = self.ask_in_transaction(&shards, request).await? {
-                    if let Some(error) = answers.iter().find_map(|a| super::multi::error_frame(a)) {
+                    if let Some(error) = answers
+                        .iter()
+                        .find_map(|a| crate::protocol::backend::error_frame(a))
+                    {
                         self.client.out.extend_from_slice(error);
                         return Ok(Ok(()));
                     }
@@ -423,7 +423,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let Some(answers) = self.ask_in_transaction(&read.shards, request).await? else {
             return Ok(Declared::Failed);
         };
-        if let Some(error) = answers.iter().find_map(|a| super::multi::error_frame(a)) {
+        if let Some(error) = answers
+            .iter()
+            .find_map(|a| crate::protocol::backend::error_frame(a))
+        {
             self.client.out.extend_from_slice(error);
             return Ok(Declared::Failed);
         }

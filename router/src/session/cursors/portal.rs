@@ -30,7 +30,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         };
         if let Some(error) = answers
             .iter()
-            .find_map(|a| crate::session::multi::error_frame(a))
+            .find_map(|a| crate::protocol::backend::error_frame(a))
         {
             self.client.out.extend_from_slice(error);
             return Ok(true);

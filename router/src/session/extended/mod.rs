@@ -8,20 +8,22 @@
 //! by the router, as in the simple protocol. An error found by the router mid-batch skips the
 //! client's messages to its Sync, as Postgres does.
 
+mod held;
+mod scatter;
+
+pub(super) use held::{Held, Msg};
+
 use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::cursors::CursorWork;
-use super::held::Msg;
+use super::execute::Carrier;
 use super::outbox::{synthetic, ConnStatements};
-use super::participants::Joined;
 use super::replies::{Audience, Kind};
 use super::state::{Batch, Tx};
 use super::statements::{ClientStatement, Duplicate};
 use super::{Session, SessionError};
 use crate::errors;
-use crate::protocol::frame::put_frame;
 use crate::protocol::frontend;
 use crate::protocol::reply::{self, SqlError};
 use crate::resolver::{self, Dest};
@@ -147,11 +149,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             // several shards is the router's).
             self.parts.portal = true;
         }
-        let msg = Msg::Bind {
-            portal: b.portal.as_bytes(),
-            tail: b.tail,
-            stmt: stmt.clone(),
-        };
         if self.pin.is_some() && self.state.only_prepared() {
             // The connection only prepared statements for this batch (a Flush needed answers
             // before the key was known), and the resolver saw no transaction there. A statement
@@ -171,115 +168,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             // A driver's BEGIN in front of it (pgjdbc) begins the transaction it declares in.
             self.absorb_held_begin();
         }
-        let dest = match dest {
-            Dest::Declare { .. } | Dest::Cursor { .. } => match self.cursor_work(dest) {
-                CursorWork::Route(dest) => dest,
-                CursorWork::Serve | CursorWork::CloseAll(_) => {
-                    let err = SqlError::new(
-                        errors::FEATURE_NOT_SUPPORTED,
-                        "the router holds this cursor (its query reads several shards, or it is WITH HOLD), and serves its commands in the simple query protocol only",
-                    )
-                    .with_hint("send FETCH, MOVE and CLOSE as simple queries (psycopg does for cursors with text results)");
-                    return self.batch_error(&err).await;
-                }
-                CursorWork::Declare {
-                    name,
-                    hold,
-                    read,
-                    stepwise,
-                } => {
-                    if self.mixed_batch() {
-                        return self.batch_error(&errors::not_alone_in_batch()).await;
-                    }
-                    return self.begin_held_declare(name, hold, read, stepwise, &b, &stmt);
-                }
-            },
-            dest => dest,
-        };
-        match dest {
-            Dest::Refused(err) => self.batch_error(&err).await,
-            Dest::Shard(shard) => {
-                self.may_share = stmt.plan.shareable && self.held_shareable();
-                let reached = self.reach(Some(shard)).await;
-                self.may_share = false;
-                match reached? {
-                    Joined::Ready => {}
-                    Joined::Refused(err) => return self.batch_error(&err).await,
-                    // Skipping to Sync: this message too.
-                    Joined::Failed => return Ok(()),
-                }
-                self.route_or_hold(msg).await
-            }
-            Dest::Broadcast | Dest::Read(_) | Dest::Write(_) | Dest::SplitInsert(_) => {
-                if !matches!(dest, Dest::Broadcast) {
-                    // Inside a transaction it may follow other statements of its batch (a
-                    // driver's BEGIN in front of it, earlier statements on the pinned shard):
-                    // those run first, and it joins the transaction.
-                    self.absorb_held_begin();
-                    if self.parts.batch_began
-                        && matches!(self.state.batch, Batch::OnBackend { executed: true })
-                    {
-                        // The batch's BEGIN ran on the pinned connection.
-                        self.state
-                            .ready(crate::protocol::reply::TxStatus::InTransaction);
-                    }
-                }
-                let spanning = self.routing.config.transactions.cross_shard
-                    != crate::config::CrossShard::Refuse;
-                let after_others = matches!(self.state.batch, Batch::OnBackend { executed: true });
-                if spanning
-                    && self.state.tx == Tx::Idle
-                    && (matches!(dest, Dest::Write(_) | Dest::SplitInsert(_))
-                        || matches!(dest, Dest::Read(_)) && after_others)
-                {
-                    // A write on several shards in a batch, or a read after statements the
-                    // batch ran: the batch is one transaction over them (the read sees the
-                    // batch's writes), which later statements of the batch join, committed at
-                    // its Sync.
-                    if !self.bring_in_step().await? || !self.open_on_first_shard(false).await? {
-                        return Ok(());
-                    }
-                }
-                if self.mixed_batch() {
-                    return self.batch_error(&errors::not_alone_in_batch()).await;
-                }
-                self.begin_multi_batch(dest, &b, &stmt)
-            }
-            Dest::Commit | Dest::Rollback if !self.parts.is_empty() => {
-                // A transaction on several shards ends on all of them, here; the rest of the
-                // batch is answered by the router (`router_batch`) with no connection held.
-                if !self.bring_in_step().await? {
-                    return Ok(());
-                }
-                let ended = self.end_participants(matches!(dest, Dest::Commit)).await;
-                if let Err(err) = ended {
-                    self.state.end_unsent(false);
-                    return self.batch_error(&err).await;
-                }
-                self.route_or_hold(msg).await
-            }
-            Dest::Begin => {
-                self.parts.batch_began = true;
-                // Other shards the transaction goes on to begin it the same way.
-                self.parts.begin = stmt.sql().to_string();
-                self.route_or_hold(msg).await
-            }
-            Dest::Any
-            | Dest::Commit
-            | Dest::Rollback
-            | Dest::Declare { .. }
-            | Dest::Cursor { .. } => self.route_or_hold(msg).await,
-            // Refused by the resolver in the extended protocol.
-            Dest::PreparedSql | Dest::ExplainRoute | Dest::CopyIn { .. } => {
-                self.batch_error(&errors::internal("a simple-protocol statement in a Bind"))
-                    .await
-            }
-        }
+        self.execute(dest, Carrier::Bind { bind: b, stmt }).await
     }
 
     /// Sends a message now when a connection is pinned, or holds it until the batch's shard
     /// is known.
-    async fn route_or_hold(&mut self, msg: Msg<&[u8]>) -> Result<(), SessionError> {
+    pub(super) async fn route_or_hold(&mut self, msg: Msg<&[u8]>) -> Result<(), SessionError> {
         let unshareable = matches!(&msg, Msg::Bind { stmt, .. } if !stmt.plan.shareable);
         if unshareable && self.pin.as_ref().is_some_and(|p| p.conn.is_shared()) {
             // The rest of the batch needs a connection of the client's own.
@@ -337,7 +231,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     }
 
     /// Whether what the batch holds so far may go to a shared connection.
-    fn held_shareable(&self) -> bool {
+    pub(super) fn held_shareable(&self) -> bool {
         !matches!(self.state.batch, Batch::Held) || self.state.held().shareable()
     }
 
@@ -486,7 +380,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             if of_begin {
                 match m {
                     Msg::Parse(_) => reply::parse_complete(&mut out),
-                    Msg::DescribeStatement(_) => no_data_description(&mut out, b'S'),
+                    Msg::DescribeStatement(_) => reply::no_data_description(&mut out, b'S'),
                     Msg::Bind { stmt, .. } => {
                         begin = Some(stmt.clone());
                         reply::bind_complete(&mut out);
@@ -494,7 +388,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     Msg::Forward {
                         kind: Kind::DescribePortal,
                         ..
-                    } => no_data_description(&mut out, b'P'),
+                    } => reply::no_data_description(&mut out, b'P'),
                     _ => {
                         executed = true;
                         reply::command_complete(&mut out, "BEGIN");
@@ -587,11 +481,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     bound = Some((control(stmt)?, stmt.clone()));
                     reply::bind_complete(&mut out);
                 }
-                Msg::DescribeStatement(_) => no_data_description(&mut out, b'S'),
+                Msg::DescribeStatement(_) => reply::no_data_description(&mut out, b'S'),
                 Msg::Forward {
                     kind: Kind::DescribePortal,
                     ..
-                } => no_data_description(&mut out, b'P'),
+                } => reply::no_data_description(&mut out, b'P'),
                 Msg::Forward {
                     kind: Kind::Execute,
                     ..
@@ -688,13 +582,4 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
 
 fn is_begin(plan: &crate::planner::Plan) -> bool {
     matches!(resolver::transaction_control(plan), Some(Dest::Begin))
-}
-
-/// The answer to Describe of a statement without rows or parameters (DDL, BEGIN): `t` with no
-/// parameters and `n` for a statement, `n` for a portal.
-pub(super) fn no_data_description(out: &mut Vec<u8>, kind: u8) {
-    if kind == b'S' {
-        put_frame(out, b't', &0i16.to_be_bytes());
-    }
-    put_frame(out, b'n', &[]);
 }

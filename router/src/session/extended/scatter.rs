@@ -1,69 +1,27 @@
 //! Extended-protocol batches whose statement runs on several shards (DDL on every shard, a
 //! read or write across shards, a split INSERT, a DECLARE of a cursor the router serves): from
 //! the statement's Bind to its Sync the router answers the batch's messages itself, and its
-//! Execute runs the statement (`super::multi` has the runners). Inside a transaction a read's
-//! Execute with a row limit runs its portal step by step (`super::cursors`).
+//! Execute runs the statement (`crate::session::several::Session::run_spread`). Inside a
+//! transaction a read's Execute with a row limit runs its portal step by step
+//! (`crate::session::cursors`).
 
 use std::sync::Arc;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::extended::no_data_description;
-use super::state::Batch;
-use super::statements::ClientStatement;
-use super::{Session, SessionError};
 use crate::errors;
 use crate::merge::Out;
-use crate::multishard::{self, split_insert};
+use crate::multishard;
 use crate::protocol::frame::{begin_frame, end_frame};
 use crate::protocol::frontend::{self, Bind};
 use crate::protocol::reply::{self, SqlError, TxStatus};
 use crate::protocol::request;
-use crate::resolver::{Dest, Read, SplitInsert};
-
-/// A statement on several shards in an extended batch, run at its Execute.
-#[derive(Debug)]
-pub struct ScatterBatch {
-    /// Parse + Describe + Bind + Describe + Execute + Sync of the statement, for every shard.
-    request: Vec<u8>,
-    run: Spread,
-    /// The client's messages of the batch so far, to answer in order: `P` Parse, `S` Describe
-    /// statement, `B` Bind, `D` Describe portal, `C` Close.
-    asked: Vec<u8>,
-    /// Its Execute has run.
-    executed: bool,
-}
-
-/// A read's portal as the client bound it, for running it with a row limit on every shard.
-#[derive(Debug)]
-struct Portal {
-    name: String,
-    sql: String,
-    param_types: Vec<u8>,
-    /// The client's Bind after the statement name (parameters, formats).
-    bind_tail: Vec<u8>,
-}
-
-#[derive(Debug)]
-enum Spread {
-    Read(Read, Option<Box<Portal>>),
-    Write(Vec<usize>),
-    /// `DECLARE` of a cursor the router holds: its query's read, whose answer is kept.
-    Declare {
-        read: Read,
-        name: String,
-        hold: bool,
-        stepwise: bool,
-    },
-    /// A multi-row INSERT split by shard, with each part's messages (made at the Bind) and the
-    /// client's parameter count.
-    Split {
-        split: SplitInsert,
-        requests: Result<Vec<(usize, Vec<u8>)>, SqlError>,
-        params: usize,
-    },
-}
+use crate::resolver::Read;
+use crate::session::spread::{Portal, Ran, ScatterBatch, Spread};
+use crate::session::state::{Batch, Tx};
+use crate::session::statements::ClientStatement;
+use crate::session::{Session, SessionError};
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// What the batch's held messages and its Bind asked the router to answer, in order.
@@ -75,94 +33,134 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         asked
     }
 
-    /// The Bind of a statement on several shards in an extended batch: the held messages and
-    /// the Bind are answered by the router, until the batch's Execute runs it.
-    pub(super) fn begin_multi_batch(
+    /// The Bind of a statement on several shards: the batch becomes one the router answers,
+    /// run at its Execute. Inside a transaction (or after statements of its batch that ran on
+    /// the pinned connection) it joins the transaction; a write, or a read after such
+    /// statements, makes the batch one transaction over every shard it touches, committed at
+    /// its Sync.
+    pub(in crate::session) async fn defer_spread(
         &mut self,
-        dest: Dest,
+        spread: Spread,
+        bind: &Bind<'_>,
+        stmt: &Arc<ClientStatement>,
+    ) -> Result<(), SessionError> {
+        match spread {
+            Spread::Declare {
+                read,
+                name,
+                hold,
+                stepwise,
+            } => {
+                if self.mixed_batch() {
+                    return self.batch_error(&errors::not_alone_in_batch()).await;
+                }
+                return self.begin_held_declare(name, hold, read, stepwise, bind, stmt);
+            }
+            Spread::CopyIn { .. } => {
+                let err = errors::internal("a simple-protocol statement in a Bind");
+                return self.batch_error(&err).await;
+            }
+            Spread::Broadcast { .. } => {}
+            Spread::Read(..) | Spread::Write(_) | Spread::Split { .. } => {
+                // Inside a transaction it may follow other statements of its batch (a
+                // driver's BEGIN in front of it, earlier statements on the pinned shard):
+                // those run first, and it joins the transaction.
+                self.absorb_held_begin();
+                if self.parts.batch_began
+                    && matches!(self.state.batch, Batch::OnBackend { executed: true })
+                {
+                    // The batch's BEGIN ran on the pinned connection.
+                    self.state.ready(TxStatus::InTransaction);
+                }
+            }
+        }
+        let spanning =
+            self.routing.config.transactions.cross_shard != crate::config::CrossShard::Refuse;
+        let after_others = matches!(self.state.batch, Batch::OnBackend { executed: true });
+        if spanning
+            && self.state.tx == Tx::Idle
+            && (matches!(spread, Spread::Write(_) | Spread::Split { .. })
+                || matches!(spread, Spread::Read(..)) && after_others)
+            && (!self.bring_in_step().await? || !self.open_on_first_shard(false).await?)
+        {
+            return Ok(());
+        }
+        if self.mixed_batch() {
+            return self.batch_error(&errors::not_alone_in_batch()).await;
+        }
+        self.begin_spread_batch(spread, bind, stmt)
+    }
+
+    /// The batch of a statement on several shards: the held messages and the Bind are
+    /// answered by the router, until the batch's Execute runs it.
+    fn begin_spread_batch(
+        &mut self,
+        spread: Spread,
         bind: &Bind<'_>,
         stmt: &Arc<ClientStatement>,
     ) -> Result<(), SessionError> {
         let asked = self.asked_with_bind();
-        let run = match dest {
-            Dest::Broadcast => {
+        let (sql, group) = match spread {
+            Spread::Broadcast { sql } => {
                 let mut out = Vec::new();
                 for k in &asked {
                     match k {
                         b'P' => reply::parse_complete(&mut out),
-                        b'S' => no_data_description(&mut out, b'S'),
-                        b'D' => no_data_description(&mut out, b'P'),
+                        b'S' => reply::no_data_description(&mut out, b'S'),
+                        b'D' => reply::no_data_description(&mut out, b'P'),
                         b'B' => reply::bind_complete(&mut out),
                         _ => reply::close_complete(&mut out),
                     }
                 }
                 self.out.replies.push_synthetic(out);
-                self.state.set_batch(Batch::Broadcast {
-                    sql: stmt.sql().to_string(),
-                });
+                self.state.set_batch(Batch::Broadcast { sql });
                 return Ok(());
             }
-            Dest::Read(read) => {
+            Spread::Split { .. } => {
+                // Each part's request was made with the Bind.
+                self.set_scatter(Vec::new(), spread, asked);
+                return Ok(());
+            }
+            Spread::Read(read, _) => {
                 // Inside a transaction a row limit at Execute runs the portal step by step.
                 let steps = self.in_transaction()
                     && !read.labels
                     && read.merge.as_ref().is_none_or(|m| m.group.is_none());
+                let sql = read.shard_sql.as_deref().unwrap_or(stmt.sql());
+                let group = read.merge.as_ref().and_then(|m| m.group.as_deref());
+                let request = shard_request(sql, stmt.param_types(), bind, group)?;
                 let portal = steps.then(|| {
                     Box::new(Portal {
                         name: bind.portal.to_string(),
-                        sql: read
-                            .shard_sql
-                            .clone()
-                            .unwrap_or_else(|| stmt.sql().to_string()),
+                        sql: sql.to_string(),
                         param_types: stmt.param_types().to_vec(),
                         bind_tail: bind.tail.to_vec(),
                     })
                 });
-                Spread::Read(read, portal)
-            }
-            Dest::Write(write) => Spread::Write(write.shards),
-            Dest::SplitInsert(split) => {
-                let requests = split_insert::requests(&split, Some((bind, stmt.param_types())));
-                self.state.set_batch(Batch::Scatter(Box::new(ScatterBatch {
-                    request: Vec::new(),
-                    run: Spread::Split {
-                        split,
-                        requests,
-                        params: bind.param_count,
-                    },
-                    asked,
-                    executed: false,
-                })));
+                self.set_scatter(request, Spread::Read(read, portal), asked);
                 return Ok(());
             }
-            _ => {
-                return Err(SessionError::Protocol(
-                    "internal: not a multi-shard batch".into(),
-                ))
-            }
-        };
-        let (sql, group) = match &run {
-            Spread::Read(r, _) => (
-                r.shard_sql.as_deref().unwrap_or(stmt.sql()),
-                r.merge.as_ref().and_then(|m| m.group.as_deref()),
-            ),
-            Spread::Write(_) | Spread::Split { .. } | Spread::Declare { .. } => (stmt.sql(), None),
+            Spread::Write(_) | Spread::Declare { .. } | Spread::CopyIn { .. } => (stmt.sql(), None),
         };
         let request = shard_request(sql, stmt.param_types(), bind, group)?;
+        self.set_scatter(request, spread, asked);
+        Ok(())
+    }
+
+    fn set_scatter(&mut self, request: Vec<u8>, run: Spread, asked: Vec<u8>) {
         self.state.set_batch(Batch::Scatter(Box::new(ScatterBatch {
             request,
             run,
             asked,
             executed: false,
         })));
-        Ok(())
     }
 
-    /// The Bind of a DECLARE of a cursor the router serves ([`super::cursors`]): the batch is
+    /// The Bind of a DECLARE of a cursor the router serves ([`crate::session::cursors`]): the batch is
     /// answered by the router, and its Execute runs, with the client's parameters, the DECLARE
     /// on each shard (`stepwise`), or the cursor's query with text results (what FETCH sends
     /// in the simple protocol), whose answer is kept.
-    pub(super) fn begin_held_declare(
+    fn begin_held_declare(
         &mut self,
         name: String,
         hold: bool,
@@ -172,7 +170,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         stmt: &Arc<ClientStatement>,
     ) -> Result<(), SessionError> {
         let asked = self.asked_with_bind();
-        let text = super::cursors::shard_text(stmt.sql(), &name, &read, stepwise);
+        let text = crate::session::cursors::shard_text(stmt.sql(), &name, &read, stepwise);
         let mut request = BytesMut::new();
         request::parse(&mut request, "", &text, stmt.param_types())?;
         request::describe_statement(&mut request, "")?;
@@ -186,23 +184,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         }
         request::execute(&mut request);
         request::sync(&mut request);
-        self.state.set_batch(Batch::Scatter(Box::new(ScatterBatch {
-            request: request.to_vec(),
-            run: Spread::Declare {
-                read,
-                name,
-                hold,
-                stepwise,
-            },
-            asked,
-            executed: false,
-        })));
+        let run = Spread::Declare {
+            read,
+            name,
+            hold,
+            stepwise,
+        };
+        self.set_scatter(request.to_vec(), run, asked);
         Ok(())
     }
 
     /// A read's portal with a row limit inside a transaction: bound on every shard as
     /// `sg_<portal>` and merged step by step ([`Session::portal_in_steps`]).
-    async fn portal_run_in_steps(
+    pub(in crate::session) async fn portal_run_in_steps(
         &mut self,
         read: Read,
         portal: Portal,
@@ -232,7 +226,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let body = &frame[5..];
         let mut out = Vec::new();
         match frame[0] {
-            b'D' => no_data_description(&mut out, frontend::target(body, "Describe")?.kind),
+            b'D' => reply::no_data_description(&mut out, frontend::target(body, "Describe")?.kind),
             b'C' => {
                 let t = frontend::target(body, "Close")?;
                 if t.kind == b'S' {
@@ -245,8 +239,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     Batch::Broadcast { sql } => sql.clone(),
                     _ => String::new(),
                 };
-                out = self.run_broadcast(&sql).await;
-                if out.first() == Some(&b'E') {
+                // Its answer follows what the router answered for the batch so far.
+                self.out.replies.drain_synthetic(&mut self.client.out);
+                let spread = Spread::Broadcast { sql };
+                if !matches!(
+                    self.run_spread(spread, Vec::new(), &[], 0).await?,
+                    Ran::Done
+                ) {
                     self.state.skip_to_sync();
                 }
             }
@@ -294,45 +293,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 let run = std::mem::replace(&mut batch.run, Spread::Write(Vec::new()));
                 self.out.replies.drain_synthetic(&mut self.client.out);
                 let in_transaction = self.in_transaction();
-                let limit = frontend::execute_target(body).map_or(0, |(_, n)| n);
+                let max_rows = frontend::execute_target(body).map_or(0, |(_, n)| n);
                 let read = matches!(run, Spread::Read(..));
-                let failed = match run {
-                    Spread::Read(read, Some(portal)) if limit > 0 => {
-                        self.portal_run_in_steps(read, *portal, limit as u64, &asked)
-                            .await?
-                    }
-                    Spread::Read(read, _) => self.run_read(read, request, &asked).await?,
-                    Spread::Declare {
-                        read,
-                        name,
-                        hold,
-                        stepwise,
-                    } => {
-                        let declared = if stepwise {
-                            self.declare_stepwise(name, read, request, Some(&asked))
-                                .await?
-                        } else {
-                            self.declare_held(name, hold, read, request, Some(&asked))
-                                .await?
-                        };
-                        match declared {
-                            super::cursors::Declared::Done => false,
-                            super::cursors::Declared::Failed => true,
-                            super::cursors::Declared::Refused(err) => {
-                                self.batch_error(&err).await?;
-                                return Ok(());
-                            }
-                        }
-                    }
-                    Spread::Write(shards) => self.run_write(shards, request, &asked).await?,
-                    Spread::Split {
-                        split,
-                        requests,
-                        params,
-                    } => {
-                        self.run_split_insert(&split, requests, Some(params), &asked)
-                            .await?
-                    }
+                let ran = self
+                    .run_spread(run, request, &asked, u64::try_from(max_rows).unwrap_or(0))
+                    .await?;
+                let failed = match ran {
+                    Ran::Done => false,
+                    Ran::Failed => true,
+                    Ran::Refused(err) => return self.batch_error(&err).await,
                 };
                 if failed {
                     self.state.skip_to_sync();

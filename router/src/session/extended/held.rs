@@ -9,8 +9,8 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::replies::Kind;
-use super::statements::ClientStatement;
+use crate::session::replies::Kind;
+use crate::session::statements::ClientStatement;
 
 /// One client message, ready to be sent on. `B` is where its bytes are: borrowed from the
 /// client's frame (`&[u8]`), or a range of [`Held`]'s buffer.
@@ -137,7 +137,7 @@ impl Held {
     pub fn clear(&mut self) {
         self.msgs.clear();
         self.bytes.clear();
-        if self.bytes.capacity() > super::client::KEEP_AT_REST {
+        if self.bytes.capacity() > crate::session::client::KEEP_AT_REST {
             self.bytes = Vec::new();
         }
     }

@@ -5,15 +5,18 @@
 //! (`[transactions] cross_shard = "multi"`) run on the transaction's connections, each shard
 //! joining it as it is first touched ([`super::participants`]).
 //!
-//! In the extended protocol such a statement must be the only one of its batch
-//! ([`super::batches`]): from its Bind to its Sync the router answers the batch's messages
-//! itself, and its Execute runs it.
+//! What runs is a [`Spread`], made by the executor (`super::execute`) from the statement's
+//! destination: a simple Query runs it at once; in the extended protocol it must be the only
+//! statement of its batch (`super::extended::spread`): from its Bind to its Sync the router
+//! answers the batch's messages itself, and its Execute runs it. Either way [`Session::run_spread`]
+//! is the one place that runs it.
 
 use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::participants::Requests;
+use super::spread::{Ran, Spread};
 use super::state::Tx;
 use super::{Session, SessionError};
 use crate::errors;
@@ -27,8 +30,65 @@ type Receiver = tokio::sync::mpsc::Receiver<fanout::Chunk>;
 type Handle = tokio::task::JoinHandle<Returned>;
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
-    /// Runs DDL on every shard and returns the client's answer (without ReadyForQuery).
-    pub(super) async fn run_broadcast(&mut self, sql: &str) -> Vec<u8> {
+    /// Runs a statement on several shards and writes the client's answer, without
+    /// ReadyForQuery. `request` is what each shard runs (the same for all, when the statement
+    /// has one), `asked` the messages of its extended batch to answer first, and `max_rows` the
+    /// row limit of its Execute (0 for none).
+    pub(super) async fn run_spread(
+        &mut self,
+        spread: Spread,
+        request: Vec<u8>,
+        asked: &[u8],
+        max_rows: u64,
+    ) -> Result<Ran, SessionError> {
+        let failed = match spread {
+            Spread::Broadcast { sql } => self.run_broadcast(&sql).await,
+            Spread::Read(read, Some(portal)) if max_rows > 0 => {
+                self.portal_run_in_steps(read, *portal, max_rows, asked)
+                    .await?
+            }
+            Spread::Read(read, _) => self.run_read(read, request, asked).await?,
+            Spread::Write(shards) => self.run_write(shards, request, asked).await?,
+            Spread::Split {
+                split,
+                requests,
+                params,
+            } => {
+                self.run_split_insert(&split, requests, params, asked)
+                    .await?
+            }
+            Spread::CopyIn {
+                sql,
+                key_type,
+                format,
+            } => {
+                self.run_copy_in(&sql, key_type, format).await?;
+                false
+            }
+            Spread::Declare {
+                read,
+                name,
+                hold,
+                stepwise,
+            } => {
+                let asked = (!asked.is_empty()).then_some(asked);
+                let declared = if stepwise {
+                    self.declare_stepwise(name, read, request, asked).await?
+                } else {
+                    self.declare_held(name, hold, read, request, asked).await?
+                };
+                match declared {
+                    super::cursors::Declared::Done => false,
+                    super::cursors::Declared::Failed => true,
+                    super::cursors::Declared::Refused(err) => return Ok(Ran::Refused(err)),
+                }
+            }
+        };
+        Ok(if failed { Ran::Failed } else { Ran::Done })
+    }
+
+    /// Runs DDL on every shard and writes the client's answer; `true` when it failed.
+    async fn run_broadcast(&mut self, sql: &str) -> bool {
         self.client.meter.route(RouteKind::Broadcast, NO_SHARD);
         let started = std::time::Instant::now();
         let outcomes = broadcast::run(&self.routing, sql, &self.settings).await;
@@ -53,11 +113,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             }
         }
         tracing::info!(shards = names.len(), elapsed_ms = started.elapsed().as_secs_f64() * 1e3, statement = %super::relay::truncate(sql, 300), "DDL broadcast");
-        out
+        self.client.out.extend_from_slice(&out);
+        out.first() == Some(&b'E')
     }
 
     /// A read on several shards; `Ok(true)` when it ended with an error.
-    pub(super) async fn run_read(
+    async fn run_read(
         &mut self,
         read: Read,
         request: Vec<u8>,
@@ -107,7 +168,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             }
             answers.push(answer);
         }
-        let failed = answers.iter().any(|a| error_frame(a).is_some());
+        let failed = answers
+            .iter()
+            .any(|a| crate::protocol::backend::error_frame(a).is_some());
         self.fanned_in(members, &Ok(failed)).await;
         Ok(Some(answers))
     }
@@ -204,7 +267,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     }
 
     /// A write on several shards; `Ok(true)` when it ended with an error.
-    pub(super) async fn run_write(
+    async fn run_write(
         &mut self,
         shards: Vec<usize>,
         request: Vec<u8>,
@@ -239,7 +302,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// A multi-row INSERT split by shard, its parts' `requests` from
     /// [`split_insert::requests`]; `Ok(true)` when it failed. In the extended protocol
     /// (`extended`: the client's parameter count) the batch's `asked` messages are answered.
-    pub(super) async fn run_split_insert(
+    async fn run_split_insert(
         &mut self,
         split: &SplitInsert,
         requests: Result<Vec<(usize, Vec<u8>)>, SqlError>,
@@ -332,7 +395,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         Ok(outcome)
     }
 
-    pub(super) async fn run_copy_in(
+    async fn run_copy_in(
         &mut self,
         sql: &str,
         key_type: shardmap::KeyType,
@@ -356,13 +419,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             copy_in::ClientFailed::TooLong { len, limit } => SessionError::TooLong { len, limit },
         })
     }
-}
-
-/// The first ErrorResponse among a shard's answer frames.
-pub(super) fn error_frame(answer: &[u8]) -> Option<&[u8]> {
-    crate::protocol::frame::frames(answer)
-        .map_while(Result::ok)
-        .find(|f| f[0] == b'E')
 }
 
 /// Sends `client` the answer of a read across shards, from the shards' `receivers`: merged as
