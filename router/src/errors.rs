@@ -270,6 +270,15 @@ pub fn not_alone_in_batch() -> SqlError {
     .with_hint("send a Sync before and after it")
 }
 
+/// `0A000`: SQL `EXECUTE` of a prepared statement that does not run on one shard.
+pub fn execute_on_several_shards(name: &str) -> SqlError {
+    SqlError::new(
+        FEATURE_NOT_SUPPORTED,
+        format!("prepared statement \"{name}\" does not run on one shard; EXECUTE runs statements of one shard"),
+    )
+    .with_hint("send the statement itself (it can then run on every shard), or give it a key")
+}
+
 /// `0A000`: FETCH, MOVE or CLOSE of a cursor the router holds, in the extended protocol.
 pub fn held_cursor_in_extended() -> SqlError {
     SqlError::new(

@@ -124,6 +124,7 @@ fn explain(config: &std::path::Path, sql: &str) -> Result<(), String> {
         manual: None,
         allow_scatter_writes: config.transactions.scatter_writes,
         cross_shard: false,
+        keeps: Default::default(),
     };
     let target = resolver::resolve(&stmt, &cx);
     let rows: Vec<Vec<String>> = explain::rows(&target, inner)

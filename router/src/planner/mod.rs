@@ -154,6 +154,27 @@ pub struct Plan {
     pub shareable: bool,
 }
 
+/// A text that is only `BEGIN`, `COMMIT` or `ROLLBACK`: transaction control the router may
+/// answer itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Control {
+    Begin,
+    Commit,
+    Rollback,
+}
+
+impl Plan {
+    /// The transaction control this plan is, if that is all it is.
+    pub fn control(&self) -> Option<Control> {
+        match self.statements.as_slice() {
+            [Route::Begin] => Some(Control::Begin),
+            [Route::Commit] => Some(Control::Commit),
+            [Route::Rollback] => Some(Control::Rollback),
+            _ => None,
+        }
+    }
+}
+
 #[cfg(test)]
 impl Plan {
     /// A plan of no statements, for tests of what holds plans.

@@ -73,6 +73,25 @@ impl Fixture {
         cross_shard: bool,
         check: impl FnOnce(&Target<'_>, String) -> T,
     ) -> T {
+        let cx = Context {
+            map: &self.map,
+            transaction: tx,
+            manual,
+            allow_scatter_writes,
+            cross_shard,
+            keeps: Keeps::default(),
+        };
+        self.resolving(sql, bind, &cx, check)
+    }
+
+    /// Resolves `sql` (with `bind`'s body as the Bind) in `cx`.
+    fn resolving<T>(
+        &self,
+        sql: &str,
+        bind: Option<&[u8]>,
+        cx: &Context<'_>,
+        check: impl FnOnce(&Target<'_>, String) -> T,
+    ) -> T {
         let mut buf = NormalizeBuf::new();
         let planned = self.planner.plan(sql, &mut buf);
         let decoded: Option<Bind<'_>> = bind.map(|b| frontend::bind(b).expect("a valid Bind"));
@@ -85,14 +104,7 @@ impl Fixture {
                 literals: &planned,
             },
         };
-        let cx = Context {
-            map: &self.map,
-            transaction: tx,
-            manual,
-            allow_scatter_writes,
-            cross_shard,
-        };
-        let target = resolve(&stmt, &cx);
+        let target = resolve(&stmt, cx);
         let text = target.to_string();
         check(&target, text)
     }
@@ -531,6 +543,60 @@ fn with_cross_shard_transactions_a_transaction_goes_where_its_statements_go() {
         )
         .0;
     assert_eq!(refused(&failed).0, "25P02");
+}
+
+#[test]
+fn what_holds_a_transaction_to_its_shard_keeps_its_statements_there() {
+    let f = Fixture::new();
+    let (a, b) = f.keys_on_two_shards();
+    let pinned = Some(f.shard_of(a));
+    let in_tx = |sql: &str, keeps: Keeps| {
+        let cx = Context {
+            map: &f.map,
+            transaction: Transaction::Open { shard: pinned },
+            manual: None,
+            allow_scatter_writes: false,
+            cross_shard: true,
+            keeps: Keeps { pinned, ..keeps },
+        };
+        f.resolving(sql, None, &cx, take).0
+    };
+    let to_b = format!("SELECT * FROM kv WHERE id = {b}");
+    let to_a = format!("SELECT * FROM kv WHERE id = {a}");
+    assert!(matches!(in_tx(&to_b, Keeps::default()), Dest::Shard(_)));
+    for (anchor, what) in [
+        (Anchor::Savepoint, "a savepoint"),
+        (Anchor::Portal, "an open portal"),
+    ] {
+        let keeps = Keeps {
+            anchor: Some(anchor),
+            ..Keeps::default()
+        };
+        let dest = in_tx(&to_b, keeps);
+        let (code, message) = refused(&dest);
+        assert_eq!(code, "0A000");
+        assert!(message.contains(what), "{message}");
+        assert!(
+            matches!(in_tx(&to_a, keeps), Dest::Shard(_)),
+            "its own shard"
+        );
+        assert_eq!(refused(&in_tx("SELECT count(*) FROM kv", keeps)).0, "0A000");
+    }
+    let failed = Keeps {
+        failed: true,
+        ..Keeps::default()
+    };
+    assert_eq!(refused(&in_tx(&to_b, failed)).0, "25P02");
+    assert!(
+        matches!(in_tx(&to_a, failed), Dest::Shard(_)),
+        "its own shard's backend judges what a failed transaction accepts"
+    );
+    let spread = Keeps {
+        spread: true,
+        ..Keeps::default()
+    };
+    assert_eq!(refused(&in_tx("SAVEPOINT s", spread)).0, "0A000");
+    assert!(matches!(in_tx("SAVEPOINT s", Keeps::default()), Dest::Any));
 }
 
 #[test]

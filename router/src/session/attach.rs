@@ -69,7 +69,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     Ok((conn, waited)) => (conn, waited, shard),
                     Err(Checkout::Refused(err)) => return Err(err),
                     // Shards of the transaction are held under the map it started with.
-                    Err(Checkout::MapChanged) if !self.parts.is_empty() => {
+                    Err(Checkout::MapChanged) if self.spans_shards() => {
                         return Err(errors::map_changed_while_paused(&self.shard_name(shard)))
                     }
                     Err(Checkout::MapChanged) => self.checkout_after_reload(shard).await?,
@@ -97,13 +97,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         });
         self.point_cancel_at_pin();
         if with_begin {
+            // Other shards the transaction goes on to begin it the same way.
             if let Some(begin) = self.state.take_begin() {
                 // Its error, if any, is the client's; its ReadyForQuery is not.
                 self.out
                     .query(&begin, Audience::Router)
                     .map_err(errors::internal)?;
-                // Other shards the transaction goes on to begin it the same way.
-                self.parts.begin = begin;
             }
         }
         Ok(())
@@ -309,14 +308,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// Returns the connection to its pool once the client is at rest between transactions. It
     /// keeps the client's settings; the next client with other settings resets them.
     pub(super) fn release_if_idle(&mut self) {
-        if self.state.at_rest() && self.out.replies.is_empty() && self.parts.is_empty() {
+        if self.state.at_rest() && self.out.replies.is_empty() && !self.spans_shards() {
             self.release();
         }
     }
 
     /// Returns the pinned connection to its pool.
     pub(super) fn release(&mut self) {
-        self.parts.forget_transaction();
         if self.pin.take().is_some() {
             self.slot.set_running(None);
         }

@@ -45,6 +45,13 @@ pub(super) enum Carrier<'a> {
         bind: Bind<'a>,
         stmt: Arc<ClientStatement>,
     },
+    /// SQL `EXECUTE name (args)` (a simple Query): the client's statement `name`, and the
+    /// Bind of it with the arguments as text parameters.
+    SqlExecute {
+        name: &'a str,
+        stmt: Arc<ClientStatement>,
+        bind: BytesMut,
+    },
 }
 
 impl Carrier<'_> {
@@ -53,25 +60,25 @@ impl Carrier<'_> {
         match self {
             // Read once already (`simple::query`): it is a valid Query.
             Carrier::Query { frame, .. } => frontend::query(&frame[5..]).unwrap_or_default(),
-            Carrier::Bind { stmt, .. } => stmt.sql(),
+            Carrier::Bind { stmt, .. } | Carrier::SqlExecute { stmt, .. } => stmt.sql(),
         }
     }
 
     /// What each shard runs for the rows of a split INSERT that belong to it.
     fn split_requests(&self, split: &SplitInsert) -> Result<Vec<(usize, Vec<u8>)>, SqlError> {
         match self {
-            Carrier::Query { .. } => split_insert::requests(split, None),
             Carrier::Bind { bind, stmt } => {
                 split_insert::requests(split, Some((bind, stmt.param_types())))
             }
+            _ => split_insert::requests(split, None),
         }
     }
 
     /// The client's parameter count, for a Bind.
     fn params(&self) -> Option<usize> {
         match self {
-            Carrier::Query { .. } => None,
             Carrier::Bind { bind, .. } => Some(bind.param_count),
+            _ => None,
         }
     }
 }
@@ -83,6 +90,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         dest: Dest,
         carrier: Carrier<'_>,
     ) -> Result<(), SessionError> {
+        if let Carrier::SqlExecute { name, .. } = carrier {
+            if !matches!(dest, Dest::Shard(_) | Dest::Any | Dest::Refused(_)) {
+                let err = errors::execute_on_several_shards(name);
+                return self.refuse_query(&err).await;
+            }
+        }
         let dest = match dest {
             Dest::Declare { .. } | Dest::Cursor { .. } => match self.cursor_work(dest) {
                 CursorWork::Route(dest) => dest,
@@ -108,7 +121,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         match dest {
             Dest::Refused(err) => self.refuse(&err, &carrier).await,
             // (The resolver refuses both in the extended protocol.)
-            Dest::PreparedSql | Dest::ExplainRoute if matches!(carrier, Carrier::Bind { .. }) => {
+            Dest::PreparedSql | Dest::ExplainRoute if !matches!(carrier, Carrier::Query { .. }) => {
                 let err = errors::internal("a simple-protocol statement in a Bind");
                 self.refuse(&err, &carrier).await
             }
@@ -155,8 +168,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// (a Query gets its ReadyForQuery; an extended batch skips to its Sync).
     async fn refuse(&mut self, err: &SqlError, carrier: &Carrier<'_>) -> Result<(), SessionError> {
         match carrier {
-            Carrier::Query { .. } => self.refuse_query(err).await,
             Carrier::Bind { .. } => self.batch_error(err).await,
+            Carrier::Query { .. } | Carrier::SqlExecute { .. } => self.refuse_query(err).await,
         }
     }
 
@@ -170,13 +183,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.ready();
                 Ok(())
             }
-            Carrier::Query { .. } => self.on_one(None, false, carrier).await,
-            Carrier::Bind { ref stmt, .. } => {
-                self.parts.batch_began = true;
-                // Other shards the transaction goes on to begin it the same way.
-                self.parts.begin = stmt.sql().to_string();
+            Carrier::Query { .. } | Carrier::SqlExecute { .. } => {
                 self.on_one(None, false, carrier).await
             }
+            // Sent with its batch (`State::sent_to_backend` notes that the batch began the
+            // client's transaction).
+            Carrier::Bind { .. } => self.on_one(None, false, carrier).await,
         }
     }
 
@@ -192,7 +204,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.ready();
                 Ok(())
             }
-            Carrier::Query { .. } if !self.parts.is_empty() => {
+            Carrier::Query { .. } if self.spans_shards() => {
                 // Once what an extended batch sent before this Query is answered.
                 let in_step = self.bring_in_step().await?;
                 let commit = commit && in_step;
@@ -205,7 +217,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.ready();
                 Ok(())
             }
-            Carrier::Bind { .. } if !self.parts.is_empty() => {
+            Carrier::Bind { .. } if self.spans_shards() => {
                 // The rest of the batch is answered by the router (`router_batch`), with no
                 // connection held.
                 if !self.bring_in_step().await? {
@@ -264,6 +276,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 };
                 self.route_or_hold(msg).await
             }
+            Carrier::SqlExecute { stmt, bind, .. } => {
+                if !self.reach_for_query(wanted).await? {
+                    return Ok(());
+                }
+                self.write_sql_execute(&stmt, &bind)?;
+                self.exchange().await?;
+                self.release_if_idle();
+                Ok(())
+            }
         }
     }
 
@@ -273,6 +294,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let frame = match carrier {
             Carrier::Query { frame, .. } => frame,
             Carrier::Bind { bind, stmt } => return self.defer_spread(spread, &bind, &stmt).await,
+            Carrier::SqlExecute { name, .. } => {
+                return self
+                    .refuse_query(&errors::execute_on_several_shards(name))
+                    .await
+            }
         };
         let sql = frontend::query(&frame[5..]).unwrap_or_default();
         let request = match &spread {

@@ -19,7 +19,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             );
             return self.refuse_query(&err).await;
         };
-        let pinned = self.pinned();
+        let pinned = self.pinned_shard();
         let (rows, cache) = {
             let planned = self.routing.planner.plan(inner, &mut self.nbuf);
             let stmt = resolver::Statement::from_text(inner, &planned);

@@ -120,8 +120,9 @@ pub struct Session<S> {
     state: State,
     /// The backend connection the client holds, if any.
     pin: Option<Pinned>,
-    /// The other shards of a transaction that went on to several.
-    parts: participants::Participants,
+    /// The connections of the transaction's other shards, when it went on to several (each
+    /// at rest inside the transaction).
+    others: Vec<Pinned>,
     /// What goes to the pinned connection next.
     out: Outbox,
     statements: Statements,
@@ -164,7 +165,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             slot,
             state: State::default(),
             pin: None,
-            parts: Default::default(),
+            others: Vec::new(),
             out: Outbox::default(),
             statements: Statements::default(),
             settings,
@@ -254,7 +255,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// reloaded routing, or end for a drain.
     fn at_rest(&self) -> bool {
         self.pin.is_none()
-            && self.parts.is_empty()
+            && !self.spans_shards()
             && self.state.at_rest()
             && self.out.replies.is_empty()
     }
@@ -297,39 +298,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             .replan(&self.routing.planner, &mut self.nbuf);
     }
 
-    /// Resolves one statement of the client against the current transaction (`tx`: where it
-    /// is, and what keeps it there).
+    /// Resolves one statement of the client against its transaction (`pinned`: the shard of
+    /// the pinned connection).
     fn resolve<'a>(
         routing: &'a Routing,
         settings: &'a Settings,
         state: &State,
-        tx: TxView,
+        pinned: Option<usize>,
         stmt: &resolver::Statement<'a>,
     ) -> Target<'a> {
-        let mut target = Self::resolve_plain(routing, settings, state, tx, stmt);
-        if let Some(err) = tx.keeps_from(&target.dest, state, stmt.plan) {
-            target.dest = Dest::Refused(err);
-        }
-        target
-    }
-
-    fn resolve_plain<'a>(
-        routing: &'a Routing,
-        settings: &'a Settings,
-        state: &State,
-        TxView { pinned, spread, .. }: TxView,
-        stmt: &resolver::Statement<'a>,
-    ) -> Target<'a> {
-        let transaction = match state.tx {
-            // On one shard, the backend decides what a failed transaction accepts (ROLLBACK
-            // TO SAVEPOINT too); across shards, the router does: any shard but the one that
-            // failed would accept anything.
-            state::Tx::Failed if spread => resolver::Transaction::Failed,
-            _ => state.transaction(pinned),
-        };
         let cx = Context {
             map: &routing.map,
-            transaction,
+            transaction: state.transaction(pinned),
             manual: settings.get(resolver::manual::SETTING),
             allow_scatter_writes: match settings.get("shardgate.allow_scatter_writes") {
                 Some(v) => matches!(
@@ -340,6 +320,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             },
             cross_shard: routing.config.transactions.cross_shard
                 != crate::config::CrossShard::Refuse,
+            keeps: state.keeps(pinned),
         };
         resolver::resolve(stmt, &cx)
     }
@@ -351,25 +332,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             plan: &stmt.plan,
             params: stmt.params(Some(bind)),
         };
+        let pinned = self.pinned_shard();
         let target = Self::resolve(
             &self.routing,
             &self.settings,
             &self.state,
-            self.pinned(),
+            pinned,
             &resolved,
         );
         self.reroute = target.reroute();
         target.dest
-    }
-
-    /// Where the client's transaction is, for the resolver.
-    fn pinned(&self) -> TxView {
-        TxView {
-            pinned: self.pinned_shard(),
-            spread: !self.parts.is_empty(),
-            savepoint: self.parts.savepoint,
-            portal: self.parts.portal,
-        }
     }
 
     fn shard_name(&self, shard: usize) -> String {
@@ -381,60 +353,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     fn refuse_here(&mut self, err: &SqlError) {
         err.write(&mut self.client.out);
         self.state.refused();
-    }
-}
-
-/// Where the client's transaction is, as resolving a statement needs it.
-#[derive(Clone, Copy)]
-struct TxView {
-    /// The shard of the pinned connection.
-    pinned: Option<usize>,
-    /// The transaction spans shards.
-    spread: bool,
-    /// It made a savepoint, or bound a named portal, on the pinned shard.
-    savepoint: bool,
-    portal: bool,
-}
-
-impl TxView {
-    /// Why a statement with this destination cannot run in the transaction, if it cannot: it
-    /// would take a transaction that failed, or one held to its shard by a savepoint or a
-    /// portal, to other shards; or it makes a savepoint in a transaction that spans shards.
-    fn keeps_from(
-        &self,
-        dest: &Dest,
-        state: &State,
-        plan: &crate::planner::Plan,
-    ) -> Option<crate::protocol::reply::SqlError> {
-        let pinned = self.pinned?;
-        let leaves = leaves_shard(dest, pinned);
-        let savepoint = plan
-            .statements
-            .iter()
-            .any(|r| matches!(r, crate::planner::Route::Savepoint));
-        if savepoint && self.spread {
-            return Some(errors::savepoint_across_shards());
-        }
-        if !leaves {
-            return None;
-        }
-        if state.tx == state::Tx::Failed {
-            return Some(errors::in_failed_transaction());
-        }
-        if self.savepoint || self.portal {
-            return Some(errors::held_to_its_shard(self.savepoint));
-        }
-        None
-    }
-}
-
-/// Whether `dest` runs anywhere but on shard `pinned` (a DECLARE: where its query runs).
-fn leaves_shard(dest: &Dest, pinned: usize) -> bool {
-    match dest {
-        Dest::Shard(s) => *s != pinned,
-        Dest::Read(_) | Dest::Write(_) | Dest::SplitInsert(_) => true,
-        Dest::Declare { query, .. } => leaves_shard(query, pinned),
-        _ => false,
     }
 }
 

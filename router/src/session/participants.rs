@@ -4,7 +4,7 @@
 //!
 //! The pinned connection ([`super::pin`]) stays the one the client's messages go to; when a
 //! statement names another shard, the pinned connection is brought in step (everything sent
-//! on it answered) and joins [`Participants`], and the statement's shard becomes the pinned one:
+//! on it answered) and joins the session's others, and the statement's shard becomes the pinned one:
 //! a connection it already has, or a new one that begins the same transaction (the client's
 //! `BEGIN`, so its isolation level and read-only mode). An extended-protocol batch that
 //! touches a second shard before its Sync is an implicit transaction in Postgres: its first
@@ -27,60 +27,6 @@ use super::{Session, SessionError};
 use crate::multishard::{commit, fanout, two_phase};
 use crate::protocol::reply::SqlError;
 
-/// The other shards of a transaction that spans several.
-#[derive(Default)]
-pub struct Participants {
-    /// Their connections, each at rest inside the transaction.
-    pub others: Vec<Pinned>,
-    /// The transaction is an extended-protocol batch's (the client never said BEGIN): it ends
-    /// at the client's Sync.
-    pub implicit: bool,
-    /// How each joining shard begins: the client's `BEGIN` (empty: a plain `BEGIN`).
-    pub begin: String,
-    /// The current batch has bound a `BEGIN`: the batch is not an implicit transaction even
-    /// though no ReadyForQuery has said so yet.
-    pub batch_began: bool,
-    /// The transaction has spanned shards, even if a shard's part is gone since (a broken
-    /// connection): it can only end, and it ends here, on all of them.
-    pub spanned: bool,
-    /// The transaction made a savepoint (on the shard of that statement), or bound a named
-    /// portal there: it cannot go on to other shards, which the savepoint would not cover and
-    /// where the portal does not exist.
-    pub savepoint: bool,
-    pub portal: bool,
-}
-
-impl Participants {
-    /// The transaction (if any) runs on one shard only, as it would without this module.
-    pub fn is_empty(&self) -> bool {
-        self.others.is_empty() && !self.spanned && !self.implicit
-    }
-
-    /// Remembers that the transaction (`in_transaction`) makes a savepoint (`plan` is one,
-    /// and runs at `dest`): from then on it stays on its shard.
-    pub fn note_savepoint(
-        &mut self,
-        plan: &crate::planner::Plan,
-        dest: &crate::resolver::Dest,
-        in_transaction: bool,
-    ) {
-        let makes = plan
-            .statements
-            .iter()
-            .any(|r| matches!(r, crate::planner::Route::Savepoint));
-        if makes && in_transaction && !matches!(dest, crate::resolver::Dest::Refused(_)) {
-            self.savepoint = true;
-        }
-    }
-
-    /// What a transaction on one shard leaves here, forgotten when it ends.
-    pub fn forget_transaction(&mut self) {
-        self.begin.clear();
-        self.savepoint = false;
-        self.portal = false;
-    }
-}
-
 /// What a statement on several shards sends each: the same messages, or each its own (in the
 /// order of the shards).
 pub enum Requests {
@@ -99,6 +45,12 @@ pub enum Joined {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
+    /// The transaction (if any) runs on several shards, or has: it ends here, on all of them.
+    /// Otherwise it runs on one shard only, as it would without this module.
+    pub(super) fn spans_shards(&self) -> bool {
+        !self.others.is_empty() || self.state.spread()
+    }
+
     /// Whether a statement for `shard` needs the transaction to move there.
     fn moves_to(&self, shard: usize) -> bool {
         self.pin.as_ref().is_some_and(|p| p.shard != shard)
@@ -147,26 +99,26 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         if !self.bring_in_step().await? {
             return Ok(Joined::Failed);
         }
-        if self.parts.is_empty() && !self.open_on_first_shard(true).await? {
+        if !self.spans_shards() && !self.open_on_first_shard(true).await? {
             return Ok(Joined::Failed);
         }
         let Some(current) = self.pin.take() else {
             return Ok(Joined::Failed);
         };
-        self.parts.others.push(current);
-        if let Some(i) = self.parts.others.iter().position(|p| p.shard == shard) {
-            self.pin = Some(self.parts.others.swap_remove(i));
-            self.parts.spanned = true;
+        self.others.push(current);
+        if let Some(i) = self.others.iter().position(|p| p.shard == shard) {
+            self.pin = Some(self.others.swap_remove(i));
+            self.state.spans();
             self.point_cancel_at_pin();
             return Ok(Joined::Ready);
         }
         if let Err(err) = self.attach(Some(shard), false).await {
             // The transaction stays where it was.
-            self.pin = self.parts.others.pop();
+            self.pin = self.others.pop();
             self.point_cancel_at_pin();
             return Ok(Joined::Refused(err));
         }
-        self.parts.spanned = true;
+        self.state.spans();
         let begin = self.joining_prelude(&replay, true);
         if let Some(pin) = self.pin.as_mut() {
             // Inside a transaction: never sent again elsewhere.
@@ -186,7 +138,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         &mut self,
         lock_timeout: bool,
     ) -> Result<bool, SessionError> {
-        let implicit = self.state.tx == Tx::Idle && !self.parts.batch_began;
+        let implicit = self.state.opens_implicit();
         if self.pin.is_some() {
             let mut sql = String::new();
             if implicit {
@@ -208,7 +160,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 }
             }
         }
-        self.parts.implicit |= implicit;
+        if implicit {
+            self.state.open_implicit();
+        }
         Ok(true)
     }
 
@@ -243,7 +197,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     pub(super) async fn end_participants(&mut self, commit: bool) -> Result<(), SqlError> {
         let commit = commit && self.state.tx != Tx::Failed;
         let mut open: Vec<_> = self
-            .parts
             .others
             .drain(..)
             .filter_map(|p| Some((p.shard, p.conn.into_own()?)))
@@ -261,7 +214,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             }
         }
         open.sort_by_key(|(shard, _)| *shard);
-        self.parts = Participants::default();
+        self.state.ended_on_every_shard();
         let transactions = &self.routing.config.transactions;
         let ended = if commit
             && open.len() > 1
@@ -282,12 +235,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// The connections of a transaction that cannot go on (its pinned connection was lost, the
     /// client left): closed, which rolls each back.
     pub(super) fn abandon_participants(&mut self) {
-        for p in self.parts.others.drain(..) {
+        for p in self.others.drain(..) {
             if let Some(conn) = p.conn.into_own() {
                 crate::backend::pool::discard(conn);
             }
         }
-        self.parts = Participants::default();
+        self.state.ended_on_every_shard();
     }
 
     /// The transaction's part on each of `shards` for a statement that runs on all of them:
@@ -300,12 +253,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         requests: Requests,
     ) -> Result<Vec<fanout::Member>, SqlError> {
         let replay = self.changes_to_replay()?;
-        if let Some(begin) = self.state.take_begin() {
-            self.parts.begin = begin;
-        }
+        // A pending `BEGIN`: the transaction starts with this statement.
+        self.state.take_begin();
         let spans = shards.len() > 1 || self.pin.as_ref().is_some_and(|p| p.shard != shards[0]);
-        let first_spread = spans && self.parts.is_empty();
-        self.parts.spanned |= spans;
+        let first_spread = spans && !self.spans_shards();
+        if spans {
+            self.state.spans();
+        }
         // A shared connection is nobody's to lend: the statement begins the transaction on a
         // connection of the client's own there.
         let mut held: Vec<Pinned> = self
@@ -314,7 +268,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             .filter(|p| !p.conn.is_shared())
             .into_iter()
             .collect();
-        held.append(&mut self.parts.others);
+        held.append(&mut self.others);
         let mut members = Vec::with_capacity(shards.len());
         for (i, &shard) in shards.iter().enumerate() {
             let mut prelude = String::new();
@@ -343,7 +297,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             });
         }
         // Shards of the transaction the statement does not touch stay as they are.
-        self.parts.others = held;
+        self.others = held;
         Ok(members)
     }
 
@@ -374,7 +328,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let mut all_back = true;
         for handle in handles {
             match handle.await {
-                Ok((shard, Some(conn))) => self.parts.others.push(Pinned {
+                Ok((shard, Some(conn))) => self.others.push(Pinned {
                     shard,
                     conn: Link::Own(conn),
                     // The statement replaced the unnamed statement there.
@@ -389,7 +343,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             }
         }
         if self.pin.is_none() {
-            self.pin = self.parts.others.pop();
+            self.pin = self.others.pop();
         }
         self.point_cancel_at_pin();
         all_back
@@ -399,10 +353,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// the settings statements the transaction ran so far (`replay`), and, when it spans
     /// shards, its lock timeout.
     fn joining_prelude(&self, replay: &[String], spans: bool) -> String {
-        let mut sql = if self.parts.begin.is_empty() {
-            "BEGIN".to_string()
-        } else {
-            self.parts.begin.clone()
+        let mut sql = match self.state.begin_text() {
+            "" => "BEGIN".to_string(),
+            begin => begin.to_string(),
         };
         for text in replay {
             sql.push_str(";\n");

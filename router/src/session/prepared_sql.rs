@@ -10,17 +10,17 @@
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use super::execute::Carrier;
 use super::outbox::{synthetic, ConnStatements};
 use super::replies::{Audience, Kind};
 use super::state::Tx;
-use super::statements::{Duplicate, Text};
+use super::statements::{ClientStatement, Duplicate, Text};
 use super::{Session, SessionError};
 use crate::errors;
 use crate::planner::prepared_sql::{self, PreparedSql};
 use crate::protocol::frontend;
 use crate::protocol::reply::{self, SqlError};
 use crate::protocol::request;
-use crate::resolver::Dest;
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     pub(super) async fn prepared_sql(&mut self, sql: &str) -> Result<(), SessionError> {
@@ -162,22 +162,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             let b = frontend::bind(&bind[5..])?;
             self.resolve_bound(&stmt, &b)
         };
-        let wanted = match dest {
-            Dest::Shard(s) => Some(s),
-            Dest::Any => None,
-            Dest::Refused(err) => return self.refuse_query(&err).await,
-            _ => {
-                let err = SqlError::new(
-                    errors::FEATURE_NOT_SUPPORTED,
-                    format!("prepared statement \"{name}\" does not run on one shard; EXECUTE runs statements of one shard"),
-                )
-                .with_hint("send the statement itself (it can then run on every shard), or give it a key");
-                return self.refuse_query(&err).await;
-            }
-        };
-        if !self.reach_for_query(wanted).await? {
-            return Ok(());
-        }
+        // Boxed: the executor runs this very `EXECUTE` (`Dest::PreparedSql`).
+        Box::pin(self.execute(dest, Carrier::SqlExecute { name, stmt, bind })).await
+    }
+
+    /// `EXECUTE` of `stmt` with `bind` (its arguments as text parameters) for the pinned
+    /// connection: Bind, Describe of the portal, Execute and Sync, with the replies of a simple
+    /// query (the Bind's and a NoData hidden).
+    pub(super) fn write_sql_execute(
+        &mut self,
+        stmt: &ClientStatement,
+        bind: &[u8],
+    ) -> Result<(), SessionError> {
         let Some(pin) = self.pin.as_mut() else {
             return Err(SessionError::Protocol(
                 "internal: EXECUTE without a connection".into(),
@@ -187,16 +183,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             prepared: pin.conn.prepared(),
             unnamed: &mut pin.unnamed,
         };
-        self.out.ready(&mut conn, &stmt)?;
-        self.out.bytes.extend_from_slice(&bind);
+        self.out.ready(&mut conn, stmt)?;
+        self.out.bytes.extend_from_slice(bind);
         self.out.replies.push(Kind::Bind, Audience::Router);
         request::describe_portal(&mut self.out.bytes);
         self.out.replies.push(Kind::DescribeRows, Audience::Client);
         request::execute(&mut self.out.bytes);
         self.out.replies.push(Kind::Execute, Audience::Client);
         self.out.sync(Audience::Client);
-        self.exchange().await?;
-        self.release_if_idle();
         Ok(())
     }
 }

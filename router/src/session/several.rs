@@ -17,7 +17,6 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::participants::Requests;
 use super::spread::{Ran, Spread};
-use super::state::Tx;
 use super::{Session, SessionError};
 use crate::errors;
 use crate::multishard::fanout::{self, Returned};
@@ -206,7 +205,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
 
     /// A transaction is open: the client's, or an extended batch's that spans shards.
     pub(super) fn in_transaction(&self) -> bool {
-        self.state.tx != Tx::Idle || self.parts.implicit
+        self.state.in_transaction()
     }
 
     /// Sends `request` to each of `shards`: in the client's transaction when one is open (the

@@ -94,7 +94,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     ) -> Option<(usize, std::sync::Arc<ShardMux>)> {
         // (`wanted: None`: any shard; its shared connections may be passed over later for a
         // shard that can give a connection at once, `Session::unshare`.)
-        if self.state.tx != super::state::Tx::Idle || !self.parts.is_empty() {
+        if self.state.in_transaction() || self.spans_shards() {
             return None;
         }
         let shard =

@@ -6,7 +6,6 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::execute::Carrier;
-use super::state::Tx;
 use super::{Session, SessionError};
 use crate::protocol::reply::{self, SqlError};
 use crate::protocol::{frontend, LONG};
@@ -26,7 +25,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             // that there, so the Query is routed on its own.
             self.finish_preparation().await?;
         }
-        let pinned = self.pinned();
+        let pinned = self.pinned_shard();
         let shareable;
         let dest = {
             let planned = self.routing.planner.plan(sql, &mut self.nbuf);
@@ -40,8 +39,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             } else {
                 Reroute::No
             };
-            self.parts
-                .note_savepoint(&planned, &target.dest, self.state.tx != Tx::Idle);
+            self.state
+                .anchor(super::state::anchor_of(&planned, &target.dest, false));
             target.dest
         };
         // A text the normalizer gave up on (too long to plan) may still be routed by hand

@@ -20,13 +20,14 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use super::execute::Carrier;
 use super::outbox::{synthetic, ConnStatements};
 use super::replies::{Audience, Kind};
-use super::state::{Batch, Tx};
+use super::state::{anchor_of, Batch, Tx};
 use super::statements::{ClientStatement, Duplicate};
 use super::{Session, SessionError};
 use crate::errors;
+use crate::planner::Control;
 use crate::protocol::frontend;
 use crate::protocol::reply::{self, SqlError};
-use crate::resolver::{self, Dest};
+use crate::resolver::Dest;
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     pub(super) async fn extended(&mut self, frame: &[u8]) -> Result<(), SessionError> {
@@ -139,16 +140,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         self.sql.clear();
         self.sql.push_str(stmt.sql());
         let dest = self.resolve_bound(&stmt, &b);
-        self.parts
-            .note_savepoint(&stmt.plan, &dest, self.state.tx != Tx::Idle);
-        if !b.portal.is_empty()
-            && self.state.tx != Tx::Idle
-            && matches!(dest, Dest::Shard(_) | Dest::Any)
-        {
-            // A named portal lives on its shard until the transaction ends (one that reads
-            // several shards is the router's).
-            self.parts.portal = true;
-        }
+        // A named portal lives on its shard until the transaction ends.
+        self.state
+            .anchor(anchor_of(&stmt.plan, &dest, !b.portal.is_empty()));
         if self.pin.is_some() && self.state.only_prepared() {
             // The connection only prepared statements for this batch (a Flush needed answers
             // before the key was known), and the resolver saw no transaction there. A statement
@@ -212,8 +206,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     prepared: pin.conn.prepared(),
                     unnamed: &mut pin.unnamed,
                 };
+                let begins = match &msg {
+                    Msg::Bind { stmt, .. } if is_begin(&stmt.plan) => Some(stmt.clone()),
+                    _ => None,
+                };
                 self.out.send(&mut conn, msg)?;
-                self.state.sent_to_backend(executes);
+                self.state
+                    .sent_to_backend(executes, begins.as_deref().map(ClientStatement::sql));
             }
             None => match msg {
                 Msg::CloseStatement => self
@@ -266,12 +265,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let synced = self.sync_batch().await;
         // The batch is over, and what failed in it with it.
         self.out.replies.take_error();
-        self.parts.batch_began = false;
+        self.state.batch_over();
         synced
     }
 
     async fn sync_batch(&mut self) -> Result<(), SessionError> {
-        if self.parts.implicit {
+        if self.state.tx == Tx::Implicit {
             return self.sync_on_every_shard().await;
         }
         if self.state.skipping() {
@@ -416,7 +415,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         });
         self.state.keep_held(held);
         self.state.begin(stmt.sql());
-        self.parts.begin = stmt.sql().to_string();
         self.out.replies.push_synthetic(out);
     }
 
@@ -462,14 +460,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             return None;
         }
         let held = self.state.held();
-        let control = |s: &ClientStatement| resolver::transaction_control(&s.plan);
+        let control = |s: &ClientStatement| s.plan.control();
         let mut out = Vec::new();
         /// What the batch does to the client's transaction.
         enum Effect {
             Begin(Arc<ClientStatement>),
             End { commit: bool },
         }
-        let mut bound: Option<(Dest, Arc<ClientStatement>)> = None;
+        let mut bound: Option<(Control, Arc<ClientStatement>)> = None;
         let mut effect: Option<Effect> = None;
         for m in held.iter() {
             match m {
@@ -490,17 +488,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     kind: Kind::Execute,
                     ..
                 } => {
-                    let (d, stmt) = bound.as_ref()?;
-                    let tag = match d {
-                        Dest::Begin => "BEGIN",
-                        Dest::Commit if self.state.tx != Tx::Failed => "COMMIT",
+                    let (c, stmt) = bound.as_ref()?;
+                    let tag = match c {
+                        Control::Begin => "BEGIN",
+                        Control::Commit if self.state.tx != Tx::Failed => "COMMIT",
                         _ => "ROLLBACK",
                     };
                     reply::command_complete(&mut out, tag);
-                    effect = Some(match d {
-                        Dest::Begin => Effect::Begin(stmt.clone()),
-                        d => Effect::End {
-                            commit: matches!(d, Dest::Commit),
+                    effect = Some(match c {
+                        Control::Begin => Effect::Begin(stmt.clone()),
+                        c => Effect::End {
+                            commit: *c == Control::Commit,
                         },
                     });
                 }
@@ -581,5 +579,5 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
 }
 
 fn is_begin(plan: &crate::planner::Plan) -> bool {
-    matches!(resolver::transaction_control(plan), Some(Dest::Begin))
+    plan.control() == Some(Control::Begin)
 }

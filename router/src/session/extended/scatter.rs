@@ -66,7 +66,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 // driver's BEGIN in front of it, earlier statements on the pinned shard):
                 // those run first, and it joins the transaction.
                 self.absorb_held_begin();
-                if self.parts.batch_began
+                if self.state.began_in_batch()
                     && matches!(self.state.batch, Batch::OnBackend { executed: true })
                 {
                     // The batch's BEGIN ran on the pinned connection.
@@ -324,7 +324,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     let asked = std::mem::take(&mut batch.asked);
                     multishard::gather::answer_asked(&mut self.client.out, &asked, &[], &[]);
                 }
-                if self.parts.implicit {
+                if self.state.tx == Tx::Implicit {
                     return self.sync_on_every_shard().await;
                 }
                 self.state.synced();
