@@ -11,16 +11,20 @@ use crate::routing::snapshot::pool_gauges;
 use crate::routing::{Router, Routing};
 use crate::stats::Stats;
 
+/// The first columns of `SHOW CLIENTS` and `SHOW SERVERS`, as PgBouncer's tables of those
+/// names begin: one end of a link, whose address and port.
+const LINK_COLUMNS: &[&str] = &["type", "user", "database", "state", "addr", "port"];
+
 /// A table of text values, as every admin answer is.
 pub struct Table {
-    pub columns: &'static [&'static str],
+    pub columns: Vec<&'static str>,
     pub rows: Vec<Vec<Option<String>>>,
 }
 
 impl Table {
     /// RowDescription, DataRows, CommandComplete.
     pub fn write(&self, out: &mut Vec<u8>) {
-        reply::text_row_description(out, self.columns);
+        reply::text_row_description(out, &self.columns);
         for row in &self.rows {
             let values: Vec<Option<&str>> = row.iter().map(|v| v.as_deref()).collect();
             reply::text_data_row(out, &values);
@@ -93,7 +97,7 @@ pub fn shards(shared: &Router) -> Table {
         })
         .collect();
     Table {
-        columns: &[
+        columns: vec![
             "shard",
             "range",
             "primary",
@@ -141,7 +145,7 @@ pub fn pools(shared: &Router) -> Table {
         })
         .collect();
     Table {
-        columns: &[
+        columns: vec![
             "database",
             "host",
             "port",
@@ -185,20 +189,18 @@ pub fn clients(shared: &Router) -> Table {
         })
         .collect();
     Table {
-        columns: &[
-            "type",
-            "user",
-            "database",
-            "state",
-            "addr",
-            "port",
-            "connect_time",
-            "application_name",
-            "tls",
-            "id",
-            "shard",
-            "remote_pid",
-        ],
+        columns: [
+            LINK_COLUMNS,
+            &[
+                "connect_time",
+                "application_name",
+                "tls",
+                "id",
+                "shard",
+                "remote_pid",
+            ],
+        ]
+        .concat(),
         rows,
     }
 }
@@ -233,17 +235,7 @@ pub fn servers(shared: &Router) -> Table {
         }
     }
     Table {
-        columns: &[
-            "type",
-            "user",
-            "database",
-            "state",
-            "addr",
-            "port",
-            "remote_pid",
-            "shard",
-            "link",
-        ],
+        columns: [LINK_COLUMNS, &["remote_pid", "shard", "link"]].concat(),
         rows,
     }
 }
@@ -309,7 +301,7 @@ pub async fn stats(shared: &Router) -> Table {
         })
         .collect();
     Table {
-        columns: &[
+        columns: vec![
             "shard",
             "primary",
             "total_query_count",
@@ -341,11 +333,48 @@ fn file(f: Option<&crate::config::FileSetting>) -> String {
     f.map_or(String::new(), |f| f.path.display().to_string())
 }
 
+/// `SHOW CONFIG`: every setting of the running config, and whether a reload can change it.
 pub fn config(shared: &Router) -> Table {
     let routing = shared.routing();
     let c = &routing.config;
-    let ms = |d: std::time::Duration| d.as_millis().to_string();
-    let opt_ms = |d: Option<std::time::Duration>| d.map_or("0".to_string(), ms);
+    let settings = [
+        identity_settings(c, routing.map.version()),
+        pool_settings(c),
+        life_settings(c, shared.workers()),
+    ]
+    .concat();
+    Table {
+        columns: vec!["key", "value", "changeable"],
+        rows: settings
+            .into_iter()
+            .map(|(k, v)| {
+                vec![
+                    Some(k.to_string()),
+                    Some(v),
+                    Some(
+                        if NEED_RESTART.contains(&k) {
+                            "no"
+                        } else {
+                            "yes"
+                        }
+                        .to_string(),
+                    ),
+                ]
+            })
+            .collect(),
+    }
+}
+
+fn ms(d: std::time::Duration) -> String {
+    d.as_millis().to_string()
+}
+
+fn opt_ms(d: Option<std::time::Duration>) -> String {
+    d.map_or("0".to_string(), ms)
+}
+
+/// Where the router listens, what it routes with, who logs in, and how it reaches the shards.
+fn identity_settings(c: &crate::config::Config, map_version: u64) -> Vec<(&'static str, String)> {
     let users: Vec<String> = c
         .users
         .iter()
@@ -357,7 +386,7 @@ pub fn config(shared: &Router) -> Table {
             }
         })
         .collect();
-    let settings: Vec<(&str, String)> = vec![
+    vec![
         ("listen", c.listen.to_string()),
         ("router_id", c.router_id.to_string()),
         (
@@ -365,7 +394,7 @@ pub fn config(shared: &Router) -> Table {
             c.http.map_or("off".to_string(), |a| a.to_string()),
         ),
         ("shardmap", c.shardmap.display().to_string()),
-        ("shardmap.version", routing.map.version().to_string()),
+        ("shardmap.version", map_version.to_string()),
         ("database", c.database.clone()),
         (
             "auth",
@@ -395,6 +424,12 @@ pub fn config(shared: &Router) -> Table {
         ("tls.mode", c.tls.mode.name().to_string()),
         ("tls.cert", file(c.tls.cert.as_ref())),
         ("tls.key", file(c.tls.key.as_ref())),
+    ]
+}
+
+/// The pools and the limits.
+fn pool_settings(c: &crate::config::Config) -> Vec<(&'static str, String)> {
+    vec![
         ("pool.max_size", c.pool.max_size.to_string()),
         ("pool.min_idle", c.pool.min_idle.to_string()),
         ("pool.connect_timeout_ms", ms(c.pool.connect_timeout)),
@@ -436,6 +471,12 @@ pub fn config(shared: &Router) -> Table {
             c.limits.max_message_bytes.to_string(),
         ),
         ("limits.max_plan_bytes", c.limits.max_plan_bytes.to_string()),
+    ]
+}
+
+/// Shutdown, reloads, failover holding, transactions across shards, the fleet, the workers.
+fn life_settings(c: &crate::config::Config, workers: usize) -> Vec<(&'static str, String)> {
+    vec![
         ("shutdown.drain_grace_ms", ms(c.shutdown.drain_grace)),
         ("shutdown.drain_timeout_ms", ms(c.shutdown.drain_timeout)),
         ("reload.watch", c.reload.watch.to_string()),
@@ -475,34 +516,14 @@ pub fn config(shared: &Router) -> Table {
                 .collect::<Vec<_>>()
                 .join(", "),
         ),
-        ("workers", shared.workers().to_string()),
+        ("workers", workers.to_string()),
         ("reuse_port", c.reuse_port.to_string()),
-    ];
-    Table {
-        columns: &["key", "value", "changeable"],
-        rows: settings
-            .into_iter()
-            .map(|(k, v)| {
-                vec![
-                    Some(k.to_string()),
-                    Some(v),
-                    Some(
-                        if NEED_RESTART.contains(&k) {
-                            "no"
-                        } else {
-                            "yes"
-                        }
-                        .to_string(),
-                    ),
-                ]
-            })
-            .collect(),
-    }
+    ]
 }
 
 pub fn version() -> Table {
     Table {
-        columns: &["version"],
+        columns: vec!["version"],
         rows: vec![vec![Some(format!(
             "shardgate {}",
             env!("CARGO_PKG_VERSION")
@@ -512,7 +533,7 @@ pub fn version() -> Table {
 
 pub fn help() -> Table {
     Table {
-        columns: &["command", "what"],
+        columns: vec!["command", "what"],
         rows: super::command::HELP
             .iter()
             .map(|(c, w)| vec![Some(c.to_string()), Some(w.to_string())])

@@ -164,10 +164,19 @@ pub async fn run<C: Client>(
     let mut budget = Budget::new(m.max_bytes, m.router_bytes);
     let result = match start_streams(&mut streams, extended).await {
         Err(e) => Err(e),
-        Ok(desc) if m.plan.group.is_some() => {
-            grouped(client, &mut streams, desc, m, &mut budget).await
+        Ok(desc) => {
+            let shards = Shards {
+                streams: &mut streams,
+                budget: &mut budget,
+                desc,
+                m,
+            };
+            if m.plan.group.is_some() {
+                grouped(client, shards).await
+            } else {
+                sorted(client, shards).await
+            }
         }
-        Ok(desc) => sorted(client, &mut streams, desc, m, &mut budget).await,
     };
     // The read's bytes go back to the router-wide budget before the client is answered.
     drop(budget);
@@ -195,17 +204,23 @@ async fn start_streams(streams: &mut [Stream], extended: bool) -> Result<Descrip
     Ok(desc)
 }
 
+/// What a merge runs over: the shards' streams of rows, the bytes they hold, shard 0's
+/// descriptions, and how to merge.
+struct Shards<'r> {
+    streams: &'r mut [Stream],
+    budget: &'r mut Budget,
+    desc: Descriptions,
+    m: &'r Merging<'r>,
+}
+
 async fn flush_if_full<C: Client>(client: &mut C) -> Result<(), Failure> {
     client.flush_if_full().await.map_err(Failure::Client)
 }
 
-async fn sorted<C: Client>(
-    client: &mut C,
-    streams: &mut [Stream],
-    desc: Descriptions,
-    m: &Merging<'_>,
-    budget: &mut Budget,
-) -> Result<(), Failure> {
+/// Sorted streams merged: the shards' rows in the read's order, past its offset, up to its
+/// limit.
+async fn sorted<C: Client>(client: &mut C, shards: Shards<'_>) -> Result<(), Failure> {
+    let (streams, budget, desc, m) = (shards.streams, shards.budget, shards.desc, shards.m);
     let (plan, limit, offset, asked) = (m.plan, m.limit, m.offset, m.asked);
     let extended = !asked.is_empty();
     let row_description = if extended { &desc.portal } else { &desc.simple };
@@ -289,13 +304,10 @@ pub fn sort_keys(
     Ok(order)
 }
 
-async fn grouped<C: Client>(
-    client: &mut C,
-    streams: &mut [Stream],
-    desc: Descriptions,
-    m: &Merging<'_>,
-    budget: &mut Budget,
-) -> Result<(), Failure> {
+/// Groups combined: every shard's partial groups folded into one answer, then sorted, cut
+/// and sent.
+async fn grouped<C: Client>(client: &mut C, shards: Shards<'_>) -> Result<(), Failure> {
+    let (streams, budget, desc, m) = (shards.streams, shards.budget, shards.desc, shards.m);
     let (plan, limit, offset, asked) = (m.plan, m.limit, m.offset, m.asked);
     let extended = !asked.is_empty();
     let out = plan.group.clone().unwrap_or_default();

@@ -104,6 +104,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         Ok(())
     }
 
+    /// One exchange with the pinned connection of the client's own: writes the outbox,
+    /// forwards replies until none is owed, relays COPY data, cancels past the statement
+    /// timeout, logs a slow statement.
     async fn pump(&mut self) -> Result<(), Failed> {
         let Some(pin) = self.pin.as_mut() else {
             return Err(Failed::Backend(
@@ -114,7 +117,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         // Only the first request on a newly pinned connection outside a transaction: later
         // ones may use a portal or transaction of an earlier one, which is gone with it. (Nor
         // one with a long message in its tail: sending again reads the request's bytes only.)
-        let mut replayable = pin.fresh && self.state.tx == Tx::Idle && self.out.tail.is_empty();
+        let replayable = pin.fresh && self.state.tx == Tx::Idle && self.out.tail.is_empty();
         pin.fresh = false;
         self.client
             .meter
@@ -133,21 +136,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         self.out.replies.drain_synthetic(&mut self.client.out);
         // While the request may be sent again, what it has answered so far stays in the
         // client's buffer from here on, to be taken back if the server aborts it.
-        let mut mark = self.client.out.len();
+        let mut resend = Resend {
+            allowed: replayable,
+            mark: self.client.out.len(),
+        };
         if replayable {
             self.out.replies.record();
         }
-        // A request almost always fits the socket buffer: write it straight away, and only
-        // fall back to writing while reading (below) when the kernel would block (or the
-        // connection is TLS, whose records the async path writes and flushes).
-        let mut written = 0;
-        if !self.out.bytes.is_empty() {
-            match conn.stream.try_write(&self.out.bytes) {
-                Ok(n) => written = n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(Failed::Backend(e.to_string())),
-            }
-        }
+        let written = write_at_once(conn, &self.out.bytes)?;
         let mut request = Outgoing::with_tail(&self.out.bytes, &self.out.tail, written);
         loop {
             let want_read = self.out.replies.awaits_backend();
@@ -165,123 +161,204 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 tokio::select! {
                     _ = tokio::time::sleep_until(deadline.unwrap_or(started)), if deadline.is_some() => {
                         deadline = None;
-                        let endpoint = &self.routing.pools().for_shard(shard).endpoint;
-                        let (host, port, pid, secret) = (endpoint.host.clone(), endpoint.port, conn.pid, conn.secret);
-                        tracing::info!(shard = %self.routing.map.shards()[shard].range, "statement timeout: cancelling");
-                        tokio::spawn(async move {
-                            if let Err(e) = crate::backend::cancel::send_cancel((host.as_str(), port), pid, secret).await {
-                                tracing::warn!("could not cancel a statement past the statement timeout: {e}");
-                            }
-                        });
+                        cancel_past_timeout(&self.routing, shard, conn);
                     }
                     r = io => r.map_err(|e| Failed::Backend(e.to_string()))?,
                 }
             }
-            let mut copy_in = false;
-            loop {
-                if !self.out.replies.awaits_backend() {
-                    // Whatever follows the last reply owed (a server ending the session at a
-                    // shutdown sends its FATAL right after a ReadyForQuery) is no answer to
-                    // this request: it stays unread, so the pool will not reuse the
-                    // connection, and a transaction's next request reads it.
-                    break;
-                }
-                let h = match next_frame(&conn.rbuf) {
-                    Ok(Some(h)) => h,
-                    Ok(None) => break,
-                    Err(e) => return Err(Failed::Backend(e.to_string())),
-                };
-                if replayable
-                    && self.out.replies.is_recording()
-                    && h.tag == b'E'
-                    && crate::protocol::backend::is_shutdown(&conn.rbuf[..h.total])
-                {
-                    // Nothing of the request reached the client: take back what it answered
-                    // so far and expect its replies again.
-                    self.client.out.truncate(mark);
-                    self.out.replies.rewind();
-                    let (code, message) =
-                        crate::protocol::backend::error_fields(&conn.rbuf[..h.total]);
-                    return Err(Failed::Aborted(format!("{message} (SQLSTATE {code})")));
-                }
-                let seen = self.client.out.len();
-                let step = self
-                    .out
-                    .replies
-                    .on_frame(h.tag, &conn.rbuf[5..h.total])
-                    .map_err(|d| Failed::Backend(d.to_string()))?;
-                forward(&mut self.client.out, step.action, &conn.rbuf[..h.total]);
-                if let Some(status) = step.ready {
-                    self.state.ready(status);
-                }
-                match step.completion {
-                    Some(Completion::Settings) => self.changes.push(&self.sql),
-                    Some(Completion::DiscardAll) => {
-                        self.changes.push(&self.sql);
-                        // Like Postgres: the client's prepared statements are gone too.
-                        self.statements.clear();
-                        conn.prepared.clear();
-                    }
-                    Some(Completion::DeallocateAll) => conn.prepared.clear(),
-                    Some(Completion::Rollback) => self.changes.rollback(),
-                    None => {}
-                }
-                if step.ready == Some(TxStatus::Idle) {
-                    // The statement or transaction that made these changes is over and kept.
-                    if let Some(fp) = self.changes.settle(&mut self.settings) {
-                        if fp == crate::backend::settings::UNKNOWN {
-                            tracing::debug!(statement = %truncate(&self.sql, 200), "a settings change the router does not follow; the connection will be reset");
-                        }
-                        conn.settings_fp = fp;
-                    }
-                }
-                copy_in |= step.copy_in;
-                conn.rbuf.advance(h.total);
-                self.out.replies.drain_synthetic(&mut self.client.out);
-                if replayable && !only_descriptions(&self.client.out[seen..]) {
-                    // Rows, a command's completion, a notice: the client must not see them
-                    // twice (and what completed may have run).
-                    replayable = false;
-                    self.out.replies.stop_recording();
-                }
-                for (id, clients_own) in self.out.replies.take_failed() {
-                    conn.prepared.remove(&id);
-                    if clients_own {
-                        self.statements.forget(id);
-                    }
-                }
-            }
-            if replayable && self.client.out.len() > mark {
+            let mut replies = Replying {
+                replies: &mut self.out.replies,
+                client: &mut self.client.out,
+                state: &mut self.state,
+                changes: &mut self.changes,
+                settings: &mut self.settings,
+                statements: &mut self.statements,
+                sql: &self.sql,
+            };
+            let copy_in = replies.take(conn, &mut resend)?;
+            if resend.allowed && self.client.out.len() > resend.mark {
                 // Sent, it cannot be taken back.
-                replayable = false;
+                resend.allowed = false;
                 self.out.replies.stop_recording();
             }
             self.client.flush().await.map_err(Failed::Client)?;
             // What was before the mark is gone to the client: the request's answers start
             // at the (now empty) buffer's start.
-            mark = self.client.out.len();
+            resend.mark = self.client.out.len();
             if copy_in {
                 relay_copy_in(&mut self.client, conn).await?;
             }
         }
         self.out.bytes.clear();
         self.out.tail = bytes::BytesMut::new();
-        if replayable {
+        if resend.allowed {
             self.out.replies.stop_recording();
         }
-        if let Some(threshold) = limits.slow_statement {
-            let elapsed = started.elapsed();
-            if elapsed >= threshold {
-                tracing::warn!(
-                    shard = %self.routing.map.shards()[shard].range,
-                    elapsed_ms = elapsed.as_secs_f64() * 1e3,
-                    statement = %truncate(&self.sql, 300),
-                    "slow statement"
-                );
-            }
-        }
+        self.log_if_slow(shard, started.elapsed());
         Ok(())
     }
+
+    /// The slow-statement log (`[limits] slow_statement_ms`).
+    fn log_if_slow(&self, shard: usize, elapsed: std::time::Duration) {
+        let Some(threshold) = self.routing.config.limits.slow_statement else {
+            return;
+        };
+        if elapsed >= threshold {
+            tracing::warn!(
+                shard = %self.routing.map.shards()[shard].range,
+                elapsed_ms = elapsed.as_secs_f64() * 1e3,
+                statement = %truncate(&self.sql, 300),
+                "slow statement"
+            );
+        }
+    }
+}
+
+/// Whether the request under way may still be sent again elsewhere ([`super::replay`]), and
+/// where in the client's buffer its answers start.
+struct Resend {
+    allowed: bool,
+    mark: usize,
+}
+
+/// The parts of a session that reading replies changes (borrowed apart from the pinned
+/// connection the replies come from).
+struct Replying<'a> {
+    replies: &'a mut super::replies::Replies,
+    client: &'a mut Vec<u8>,
+    state: &'a mut super::state::State,
+    changes: &'a mut crate::backend::settings::Changes,
+    settings: &'a mut crate::backend::settings::Settings,
+    statements: &'a mut super::statements::Statements,
+    sql: &'a str,
+}
+
+impl Replying<'_> {
+    /// Handles every whole reply frame read so far, while replies are owed: each goes through
+    /// [`super::replies`], and what the client sees is forwarded. `Ok(true)` when the backend
+    /// asked for COPY data.
+    fn take(
+        &mut self,
+        conn: &mut crate::backend::BackendConn,
+        resend: &mut Resend,
+    ) -> Result<bool, Failed> {
+        let mut copy_in = false;
+        // Whatever follows the last reply owed (a server ending the session at a shutdown
+        // sends its FATAL right after a ReadyForQuery) is no answer to this request: it stays
+        // unread, so the pool will not reuse the connection, and a transaction's next request
+        // reads it.
+        while self.replies.awaits_backend() {
+            let h = match next_frame(&conn.rbuf) {
+                Ok(Some(h)) => h,
+                Ok(None) => break,
+                Err(e) => return Err(Failed::Backend(e.to_string())),
+            };
+            let frame = &conn.rbuf[..h.total];
+            if resend.allowed
+                && self.replies.is_recording()
+                && h.tag == b'E'
+                && crate::protocol::backend::is_shutdown(frame)
+            {
+                // Nothing of the request reached the client: take back what it answered so
+                // far and expect its replies again.
+                self.client.truncate(resend.mark);
+                self.replies.rewind();
+                let (code, message) = crate::protocol::backend::error_fields(frame);
+                return Err(Failed::Aborted(format!("{message} (SQLSTATE {code})")));
+            }
+            let seen = self.client.len();
+            let step = self
+                .replies
+                .on_frame(h.tag, &frame[5..])
+                .map_err(|d| Failed::Backend(d.to_string()))?;
+            forward(self.client, step.action, frame);
+            if let Some(status) = step.ready {
+                self.state.ready(status);
+            }
+            self.completed(step.completion, step.ready, conn);
+            copy_in |= step.copy_in;
+            conn.rbuf.advance(h.total);
+            self.replies.drain_synthetic(self.client);
+            if resend.allowed && !only_descriptions(&self.client[seen..]) {
+                // Rows, a command's completion, a notice: the client must not see them twice
+                // (and what completed may have run).
+                resend.allowed = false;
+                self.replies.stop_recording();
+            }
+            for (id, clients_own) in self.replies.take_failed() {
+                conn.prepared.remove(&id);
+                if clients_own {
+                    self.statements.forget(id);
+                }
+            }
+        }
+        Ok(copy_in)
+    }
+
+    /// What a completed statement changed of the session and of the connection: settings
+    /// (kept once the statement or transaction is over), prepared statements.
+    fn completed(
+        &mut self,
+        completion: Option<Completion>,
+        ready: Option<TxStatus>,
+        conn: &mut crate::backend::BackendConn,
+    ) {
+        match completion {
+            Some(Completion::Settings) => self.changes.push(self.sql),
+            Some(Completion::DiscardAll) => {
+                self.changes.push(self.sql);
+                // Like Postgres: the client's prepared statements are gone too.
+                self.statements.clear();
+                conn.prepared.clear();
+            }
+            Some(Completion::DeallocateAll) => conn.prepared.clear(),
+            Some(Completion::Rollback) => self.changes.rollback(),
+            None => {}
+        }
+        if ready == Some(TxStatus::Idle) {
+            // The statement or transaction that made these changes is over and kept.
+            if let Some(fp) = self.changes.settle(self.settings) {
+                if fp == crate::backend::settings::UNKNOWN {
+                    tracing::debug!(statement = %truncate(self.sql, 200), "a settings change the router does not follow; the connection will be reset");
+                }
+                conn.settings_fp = fp;
+            }
+        }
+    }
+}
+
+/// Writes what it can of `bytes` at once. A request almost always fits the socket buffer:
+/// written straight away, it needs no write while reading, which is the fallback when the
+/// kernel would block (or the connection is TLS, whose records the async path writes and
+/// flushes). How much was written.
+fn write_at_once(conn: &mut crate::backend::BackendConn, bytes: &[u8]) -> Result<usize, Failed> {
+    if bytes.is_empty() {
+        return Ok(0);
+    }
+    match conn.stream.try_write(bytes) {
+        Ok(n) => Ok(n),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(0),
+        Err(e) => Err(Failed::Backend(e.to_string())),
+    }
+}
+
+/// Cancels the statement running on `conn` (shard `shard`): the router's statement timeout
+/// passed, and Postgres answers 57014 as for any cancel.
+fn cancel_past_timeout(
+    routing: &crate::routing::Routing,
+    shard: usize,
+    conn: &crate::backend::BackendConn,
+) {
+    let endpoint = &routing.pools().for_shard(shard).endpoint;
+    let (host, port, pid, secret) = (endpoint.host.clone(), endpoint.port, conn.pid, conn.secret);
+    tracing::info!(shard = %routing.map.shards()[shard].range, "statement timeout: cancelling");
+    tokio::spawn(async move {
+        if let Err(e) =
+            crate::backend::cancel::send_cancel((host.as_str(), port), pid, secret).await
+        {
+            tracing::warn!("could not cancel a statement past the statement timeout: {e}");
+        }
+    });
 }
 
 /// Writes a reply frame for the client as [`super::replies`] says: as it came, without the

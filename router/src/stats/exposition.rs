@@ -143,220 +143,246 @@ fn one(value: u64) -> [(Labels, u64); 1] {
 impl Collector for Exposition {
     fn encode(&self, mut e: DescriptorEncoder<'_>) -> std::fmt::Result {
         let s = &self.0;
-        let t = &s.totals;
-        let range = |id: usize| s.ranges.get(id).cloned().unwrap_or_default();
-        let kinds = || RouteKind::ALL.iter().map(|&k| (k, &t.kinds[k as usize]));
-        counter(
-            &mut e,
-            "statements",
-            "Client requests (a Query, or extended-protocol messages up to Sync) that ended with ReadyForQuery, by route and outcome.",
-            kinds().flat_map(|(k, r)| {
-                [
-                    (vec![("route", k.label().to_string()), ("outcome", "ok".to_string())], r.ok),
-                    (vec![("route", k.label().to_string()), ("outcome", "error".to_string())], r.failed),
-                ]
-            }),
-        )?;
-        histogram(
-            &mut e,
-            "statement_duration_seconds",
-            "Time from a request's first message to its ReadyForQuery, by route.",
-            kinds().map(|(k, r)| (vec![("route", k.label().to_string())], &r.latency)),
-        )?;
-        let shards = || {
-            t.shards
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| s.requests.latency.count > 0)
-        };
-        counter(
-            &mut e,
-            "shard_statements",
-            "Single-shard requests by shard (key range) and outcome.",
-            shards().flat_map(|(id, s)| {
-                [
-                    (
-                        vec![("shard", range(id)), ("outcome", "ok".to_string())],
-                        s.requests.ok,
-                    ),
-                    (
-                        vec![("shard", range(id)), ("outcome", "error".to_string())],
-                        s.requests.failed,
-                    ),
-                ]
-            }),
-        )?;
-        histogram(
-            &mut e,
-            "shard_statement_duration_seconds",
-            "Time from a single-shard request's first message to its ReadyForQuery, by shard.",
-            shards().map(|(id, s)| (vec![("shard", range(id))], &s.requests.latency)),
-        )?;
-        histogram(
-            &mut e,
-            "pool_checkout_wait_seconds",
-            "Time a request waited for a backend connection from its shard's pool.",
-            shards()
-                .filter(|(_, s)| s.wait.count > 0)
-                .map(|(id, s)| (vec![("shard", range(id))], &s.wait)),
-        )?;
-        counter(
-            &mut e,
-            "errors",
-            "Error responses sent to clients, by SQLSTATE class (the first two characters).",
-            t.errors.iter().map(|(class, n)| {
-                (
-                    vec![("class", String::from_utf8_lossy(class).into_owned())],
-                    *n,
-                )
-            }),
-        )?;
-        counter(
-            &mut e,
-            "client_bytes_received",
-            "Bytes read from clients.",
-            one(t.bytes_in),
-        )?;
-        counter(
-            &mut e,
-            "client_bytes_sent",
-            "Bytes written to clients.",
-            one(t.bytes_out),
-        )?;
-        gauge(
-            &mut e,
-            "client_connections",
-            "Clients connected now.",
-            one(s.clients),
-        )?;
-        counter(
-            &mut e,
-            "client_connections_accepted",
-            "Clients that logged in since the router started.",
-            one(s.clients_accepted),
-        )?;
-        counter(
-            &mut e,
-            "client_connections_refused",
-            "Connections refused: too many clients, a failed login, TLS required, a drain.",
-            one(s.clients_refused),
-        )?;
-        let pools = |f: fn(&PoolGauges) -> u64| {
-            s.pools
-                .iter()
-                .map(move |p| (vec![("primary", p.primary.clone())], f(p)))
-                .collect::<Vec<_>>()
-        };
-        gauge(
-            &mut e,
-            "pool_open_connections",
-            "Backend connections open, per pool (host:port/database).",
-            pools(|p| p.open),
-        )?;
-        gauge(
-            &mut e,
-            "pool_idle_connections",
-            "Backend connections idle in the pool.",
-            pools(|p| p.idle),
-        )?;
-        gauge(
-            &mut e,
-            "pool_in_use_connections",
-            "Backend connections held by clients.",
-            pools(|p| p.in_use),
-        )?;
-        gauge(
-            &mut e,
-            "pool_waiting_clients",
-            "Requests waiting for a connection.",
-            pools(|p| p.waiting),
-        )?;
-        gauge(
-            &mut e,
-            "pool_max_connections",
-            "The pools' size limit (summed over worker threads).",
-            pools(|p| p.max),
-        )?;
-        gauge(
-            &mut e,
-            "shard_up",
-            "1 when the shard's primary answered the last connection attempt, 0 when it failed.",
-            s.shards.iter().map(|sh| {
-                (
-                    vec![("shard", sh.range.clone()), ("primary", sh.primary.clone())],
-                    u64::from(sh.up),
-                )
-            }),
-        )?;
-        counter(
-            &mut e,
-            "plan_cache_hits",
-            "Statements planned from the plan cache.",
-            one(s.plan_cache_hits),
-        )?;
-        counter(
-            &mut e,
-            "plan_cache_misses",
-            "Statements parsed and planned.",
-            one(s.plan_cache_misses),
-        )?;
-        gauge(
-            &mut e,
-            "shardmap_version",
-            "Version of the shard map in use.",
-            one(s.shardmap_version),
-        )?;
-        counter(
-            &mut e,
-            "reloads",
-            "Reloads that took effect.",
-            one(s.reloads),
-        )?;
-        counter(
-            &mut e,
-            "reloads_refused",
-            "Reloads refused (invalid files); the running config stayed.",
-            one(s.reloads_refused),
-        )?;
-        gauge(
-            &mut e,
-            "ready",
-            "1 when /ready answers 200.",
-            one(u64::from(s.ready)),
-        )?;
-        let f = &s.failover;
-        counter(
-            &mut e,
-            "failover_held_statements",
-            "Statements that waited for an unreachable shard ([failover] hold_ms).",
-            one(f.held),
-        )?;
-        counter(
-            &mut e,
-            "failover_held_failed_statements",
-            "Held statements that failed in the end (the window passed, or too many were held).",
-            one(f.held_failed),
-        )?;
-        counter(
-            &mut e,
-            "failover_held_milliseconds",
-            "Time statements waited for unreachable shards, summed.",
-            one(f.held_micros / 1000),
-        )?;
-        gauge(
-            &mut e,
-            "failover_held_max_milliseconds",
-            "The longest any statement waited for an unreachable shard since the start.",
-            one(f.held_max_micros / 1000),
-        )?;
-        counter(
-            &mut e,
-            "failover_resent_statements",
-            "Statements sent again because a shard's shutdown aborted them before they ran.",
-            one(f.resent),
-        )?;
-        Ok(())
+        statements(&mut e, s)?;
+        clients(&mut e, s)?;
+        pools(&mut e, s)?;
+        routing(&mut e, s)?;
+        failover(&mut e, s)
     }
+}
+
+/// Requests by route and by shard, their latency, the wait for a pooled connection, and the
+/// errors clients got.
+fn statements(e: &mut DescriptorEncoder<'_>, s: &Snapshot) -> std::fmt::Result {
+    let t = &s.totals;
+    let range = |id: usize| s.ranges.get(id).cloned().unwrap_or_default();
+    let kinds = || RouteKind::ALL.iter().map(|&k| (k, &t.kinds[k as usize]));
+    counter(
+        e,
+        "statements",
+        "Client requests (a Query, or extended-protocol messages up to Sync) that ended with ReadyForQuery, by route and outcome.",
+        kinds().flat_map(|(k, r)| {
+            [
+                (vec![("route", k.label().to_string()), ("outcome", "ok".to_string())], r.ok),
+                (vec![("route", k.label().to_string()), ("outcome", "error".to_string())], r.failed),
+            ]
+        }),
+    )?;
+    histogram(
+        e,
+        "statement_duration_seconds",
+        "Time from a request's first message to its ReadyForQuery, by route.",
+        kinds().map(|(k, r)| (vec![("route", k.label().to_string())], &r.latency)),
+    )?;
+    let shards = || {
+        t.shards
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.requests.latency.count > 0)
+    };
+    counter(
+        e,
+        "shard_statements",
+        "Single-shard requests by shard (key range) and outcome.",
+        shards().flat_map(|(id, s)| {
+            [
+                (
+                    vec![("shard", range(id)), ("outcome", "ok".to_string())],
+                    s.requests.ok,
+                ),
+                (
+                    vec![("shard", range(id)), ("outcome", "error".to_string())],
+                    s.requests.failed,
+                ),
+            ]
+        }),
+    )?;
+    histogram(
+        e,
+        "shard_statement_duration_seconds",
+        "Time from a single-shard request's first message to its ReadyForQuery, by shard.",
+        shards().map(|(id, s)| (vec![("shard", range(id))], &s.requests.latency)),
+    )?;
+    histogram(
+        e,
+        "pool_checkout_wait_seconds",
+        "Time a request waited for a backend connection from its shard's pool.",
+        shards()
+            .filter(|(_, s)| s.wait.count > 0)
+            .map(|(id, s)| (vec![("shard", range(id))], &s.wait)),
+    )?;
+    counter(
+        e,
+        "errors",
+        "Error responses sent to clients, by SQLSTATE class (the first two characters).",
+        t.errors.iter().map(|(class, n)| {
+            (
+                vec![("class", String::from_utf8_lossy(class).into_owned())],
+                *n,
+            )
+        }),
+    )?;
+    Ok(())
+}
+
+/// Client bytes and connections.
+fn clients(e: &mut DescriptorEncoder<'_>, s: &Snapshot) -> std::fmt::Result {
+    let t = &s.totals;
+    counter(
+        e,
+        "client_bytes_received",
+        "Bytes read from clients.",
+        one(t.bytes_in),
+    )?;
+    counter(
+        e,
+        "client_bytes_sent",
+        "Bytes written to clients.",
+        one(t.bytes_out),
+    )?;
+    gauge(
+        e,
+        "client_connections",
+        "Clients connected now.",
+        one(s.clients),
+    )?;
+    counter(
+        e,
+        "client_connections_accepted",
+        "Clients that logged in since the router started.",
+        one(s.clients_accepted),
+    )?;
+    counter(
+        e,
+        "client_connections_refused",
+        "Connections refused: too many clients, a failed login, TLS required, a drain.",
+        one(s.clients_refused),
+    )?;
+    Ok(())
+}
+
+/// The pools, summed over the workers.
+fn pools(e: &mut DescriptorEncoder<'_>, s: &Snapshot) -> std::fmt::Result {
+    let pools = |f: fn(&PoolGauges) -> u64| {
+        s.pools
+            .iter()
+            .map(move |p| (vec![("primary", p.primary.clone())], f(p)))
+            .collect::<Vec<_>>()
+    };
+    gauge(
+        e,
+        "pool_open_connections",
+        "Backend connections open, per pool (host:port/database).",
+        pools(|p| p.open),
+    )?;
+    gauge(
+        e,
+        "pool_idle_connections",
+        "Backend connections idle in the pool.",
+        pools(|p| p.idle),
+    )?;
+    gauge(
+        e,
+        "pool_in_use_connections",
+        "Backend connections held by clients.",
+        pools(|p| p.in_use),
+    )?;
+    gauge(
+        e,
+        "pool_waiting_clients",
+        "Requests waiting for a connection.",
+        pools(|p| p.waiting),
+    )?;
+    gauge(
+        e,
+        "pool_max_connections",
+        "The pools' size limit (summed over worker threads).",
+        pools(|p| p.max),
+    )?;
+    Ok(())
+}
+
+/// The shards' health, the plan cache, the shard map and its reloads, readiness.
+fn routing(e: &mut DescriptorEncoder<'_>, s: &Snapshot) -> std::fmt::Result {
+    gauge(
+        e,
+        "shard_up",
+        "1 when the shard's primary answered the last connection attempt, 0 when it failed.",
+        s.shards.iter().map(|sh| {
+            (
+                vec![("shard", sh.range.clone()), ("primary", sh.primary.clone())],
+                u64::from(sh.up),
+            )
+        }),
+    )?;
+    counter(
+        e,
+        "plan_cache_hits",
+        "Statements planned from the plan cache.",
+        one(s.plan_cache_hits),
+    )?;
+    counter(
+        e,
+        "plan_cache_misses",
+        "Statements parsed and planned.",
+        one(s.plan_cache_misses),
+    )?;
+    gauge(
+        e,
+        "shardmap_version",
+        "Version of the shard map in use.",
+        one(s.shardmap_version),
+    )?;
+    counter(e, "reloads", "Reloads that took effect.", one(s.reloads))?;
+    counter(
+        e,
+        "reloads_refused",
+        "Reloads refused (invalid files); the running config stayed.",
+        one(s.reloads_refused),
+    )?;
+    gauge(
+        e,
+        "ready",
+        "1 when /ready answers 200.",
+        one(u64::from(s.ready)),
+    )?;
+    Ok(())
+}
+
+/// What holding statements through restarts and failovers did (`[failover]`).
+fn failover(e: &mut DescriptorEncoder<'_>, s: &Snapshot) -> std::fmt::Result {
+    let f = &s.failover;
+    counter(
+        e,
+        "failover_held_statements",
+        "Statements that waited for an unreachable shard ([failover] hold_ms).",
+        one(f.held),
+    )?;
+    counter(
+        e,
+        "failover_held_failed_statements",
+        "Held statements that failed in the end (the window passed, or too many were held).",
+        one(f.held_failed),
+    )?;
+    counter(
+        e,
+        "failover_held_milliseconds",
+        "Time statements waited for unreachable shards, summed.",
+        one(f.held_micros / 1000),
+    )?;
+    gauge(
+        e,
+        "failover_held_max_milliseconds",
+        "The longest any statement waited for an unreachable shard since the start.",
+        one(f.held_max_micros / 1000),
+    )?;
+    counter(
+        e,
+        "failover_resent_statements",
+        "Statements sent again because a shard's shutdown aborted them before they ran.",
+        one(f.resent),
+    )?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -45,16 +45,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         stmt: &Arc<ClientStatement>,
     ) -> Result<(), SessionError> {
         match spread {
-            Spread::Declare {
-                read,
-                name,
-                hold,
-                stepwise,
-            } => {
+            Spread::Declare { .. } => {
                 if self.mixed_batch() {
                     return self.batch_error(&errors::not_alone_in_batch()).await;
                 }
-                return self.begin_held_declare(name, hold, read, stepwise, bind, stmt);
+                return self.begin_held_declare(spread, bind, stmt);
             }
             Spread::CopyIn { .. } => {
                 let err = errors::internal("a simple-protocol statement in a Bind");
@@ -156,21 +151,28 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         })));
     }
 
-    /// The Bind of a DECLARE of a cursor the router serves ([`crate::session::cursors`]): the batch is
-    /// answered by the router, and its Execute runs, with the client's parameters, the DECLARE
-    /// on each shard (`stepwise`), or the cursor's query with text results (what FETCH sends
-    /// in the simple protocol), whose answer is kept.
+    /// The Bind of a DECLARE of a cursor the router serves ([`crate::session::cursors`]): the
+    /// batch is answered by the router, and its Execute runs, with the client's parameters, the
+    /// DECLARE on each shard (`stepwise`), or the cursor's query with text results (what FETCH
+    /// sends in the simple protocol), whose answer is kept.
     fn begin_held_declare(
         &mut self,
-        name: String,
-        hold: bool,
-        read: Read,
-        stepwise: bool,
+        declare: Spread,
         bind: &Bind<'_>,
         stmt: &Arc<ClientStatement>,
     ) -> Result<(), SessionError> {
+        let Spread::Declare {
+            read,
+            name,
+            stepwise,
+            ..
+        } = &declare
+        else {
+            return Err(SessionError::Protocol("internal: not a DECLARE".into()));
+        };
+        let stepwise = *stepwise;
         let asked = self.asked_with_bind();
-        let text = crate::session::cursors::shard_text(stmt.sql(), &name, &read, stepwise);
+        let text = crate::session::cursors::shard_text(stmt.sql(), name, read, stepwise);
         let mut request = BytesMut::new();
         request::parse(&mut request, "", &text, stmt.param_types())?;
         request::describe_statement(&mut request, "")?;
@@ -184,13 +186,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         }
         request::execute(&mut request);
         request::sync(&mut request);
-        let run = Spread::Declare {
-            read,
-            name,
-            hold,
-            stepwise,
-        };
-        self.set_scatter(request.to_vec(), run, asked);
+        self.set_scatter(request.to_vec(), declare, asked);
         Ok(())
     }
 
