@@ -3,16 +3,17 @@
 //! copies'), the publications and the split's own tables; the source keeps WAL for a slot
 //! until it is dropped, so a slot left behind fills its disk.
 //!
-//! Whether the split was cut over is read from the source itself: the fence is up exactly
-//! then. After a cut-over the fence stays (the source's moved rows must never be written
-//! again) and the moved rows are deleted only with `--delete-moved`. Abandoned, the source is
-//! left as it was before `start`; the targets keep what was copied unless `--reset-targets`.
+//! Whether the split was cut over is read from the source itself: the cut-over's row in the
+//! marker table (the fence up without that row is a cut-over interrupted, and refused). After
+//! a cut-over the fence stays (the source's moved rows must never be written again) and the
+//! moved rows are deleted only with `--delete-moved`. Abandoned, the source is left as it was
+//! before `start`; the targets keep what was copied unless `--reset-targets`.
 
 use std::time::{Duration, Instant};
 
 use super::copy::source_tables;
-use super::db::connect;
-use super::plan::{Plan, FENCE_BYPASS, MARKER, SCHEMA, SUBSCRIPTIONS};
+use super::db::{connect, Db};
+use super::plan::{CatalogTable, Plan, FENCE_BYPASS, MARKER, SCHEMA, SUBSCRIPTIONS};
 use shardmap::sql::quote_literal;
 
 pub struct Cleanup {
@@ -20,9 +21,42 @@ pub struct Cleanup {
     pub reset_targets: bool,
 }
 
-/// `reshard cleanup`; prints what it did and what it could not.
+/// `reshard cleanup`; prints what it did and what it could not. The steps of the cleanup in
+/// docs/resharding.md, in its order.
 pub async fn cleanup(plan: &Plan, opts: &Cleanup) -> Result<(), String> {
     let source = connect(&plan.source, "the source").await?;
+    let found = find_what_the_split_left(plan, &source, opts).await?;
+    drop_subscriptions(plan, &found, opts).await?;
+    drop_slots(plan, &source, &found.oids).await?;
+    drop_publications(plan, &source).await?;
+    if found.cut_over {
+        keep_the_fence(plan, &source, &found.tables, opts).await
+    } else {
+        restore_the_source(plan, &source, &found.tables).await
+    }
+}
+
+/// What step 1 finds on the source.
+struct Found {
+    cut_over: bool,
+    /// The OIDs of the targets' subscriptions (recorded on the source): they name the slots
+    /// of the subscriptions' table copies.
+    oids: Vec<String>,
+    tables: Vec<CatalogTable>,
+}
+
+/// The publications, subscriptions and slots of the split: one name per part that moves.
+fn part_names(plan: &Plan) -> Vec<String> {
+    plan.moving().map(|(i, _)| plan.part_name(i)).collect()
+}
+
+/// Step 1 of the cleanup (docs/resharding.md): what the split left, read on the source;
+/// refused after an interrupted cut-over, and `--delete-moved` refused unless cut over.
+async fn find_what_the_split_left(
+    plan: &Plan,
+    source: &Db,
+    opts: &Cleanup,
+) -> Result<Found, String> {
     let fenced = source.value(&plan.fenced_sql()).await?.as_deref() == Some("t");
     let cut_over = source.has_table(MARKER).await?
         && source
@@ -52,7 +86,6 @@ pub async fn cleanup(plan: &Plan, opts: &Cleanup) -> Result<(), String> {
     if opts.delete_moved && !cut_over {
         return Err("--delete-moved after a split that was not cut over would delete the only copy: refused".into());
     }
-    let names: Vec<String> = plan.moving().map(|(i, _)| plan.part_name(i)).collect();
     let oids: Vec<String> = if source.has_table(SUBSCRIPTIONS).await? {
         source
             .rows(&format!("SELECT target_oid FROM {SUBSCRIPTIONS}"))
@@ -63,8 +96,18 @@ pub async fn cleanup(plan: &Plan, opts: &Cleanup) -> Result<(), String> {
     } else {
         Vec::new()
     };
-    let tables = source_tables(&source).await?;
+    let tables = source_tables(source).await?;
+    Ok(Found {
+        cut_over,
+        oids,
+        tables,
+    })
+}
 
+/// Step 2 of the cleanup (docs/resharding.md): the targets, on each the subscription dropped
+/// and the split's tables or (with `--reset-targets`) the copied ones; a target that cannot be
+/// reached keeps its subscription, and the statements to drop it there are printed.
+async fn drop_subscriptions(plan: &Plan, found: &Found, opts: &Cleanup) -> Result<(), String> {
     for (i, part) in plan.moving() {
         let name = plan.part_name(i);
         let target = match connect(&part.primary, &format!("target {}", part.range)).await {
@@ -86,12 +129,13 @@ pub async fn cleanup(plan: &Plan, opts: &Cleanup) -> Result<(), String> {
                 .await?;
             println!("{}: subscription {name} dropped", target.name);
         }
-        if cut_over {
+        if found.cut_over {
             target
                 .exec(&format!("DROP TABLE IF EXISTS {MARKER}, {SUBSCRIPTIONS}"))
                 .await?;
         } else if opts.reset_targets {
-            let drops: Vec<String> = tables
+            let drops: Vec<String> = found
+                .tables
                 .iter()
                 .map(|t| format!("DROP TABLE IF EXISTS {} CASCADE", t.sql_name()))
                 .collect();
@@ -112,9 +156,13 @@ pub async fn cleanup(plan: &Plan, opts: &Cleanup) -> Result<(), String> {
             );
         }
     }
+    Ok(())
+}
 
-    // The slots: the subscriptions' own and those of their table copies.
-    let patterns: Vec<String> = names.iter().map(|n| quote_literal(n)).collect();
+/// Step 3 of the cleanup (docs/resharding.md): the slots on the source, the subscriptions' own
+/// and those of their table copies; a slot still held by a stream has its sender ended.
+async fn drop_slots(plan: &Plan, source: &Db, oids: &[String]) -> Result<(), String> {
+    let patterns: Vec<String> = part_names(plan).iter().map(|n| quote_literal(n)).collect();
     let sync: Vec<String> = oids
         .iter()
         .map(|o| {
@@ -155,7 +203,7 @@ pub async fn cleanup(plan: &Plan, opts: &Cleanup) -> Result<(), String> {
             ))
             .await?;
         if left.as_deref() == Some("0") {
-            break;
+            return Ok(());
         }
         if Instant::now() > deadline {
             return Err(format!(
@@ -165,50 +213,72 @@ pub async fn cleanup(plan: &Plan, opts: &Cleanup) -> Result<(), String> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    for name in &names {
+}
+
+/// Step 4 of the cleanup (docs/resharding.md): the publications on the source.
+async fn drop_publications(plan: &Plan, source: &Db) -> Result<(), String> {
+    for name in &part_names(plan) {
         source
             .exec(&format!("DROP PUBLICATION IF EXISTS {name}"))
             .await?;
     }
     println!("the source: publications dropped");
+    Ok(())
+}
 
-    if cut_over {
-        // The marker stays: its row says the split was cut over (a second cleanup reads it).
-        source
-            .exec(&format!("DROP TABLE IF EXISTS {SUBSCRIPTIONS}"))
-            .await?;
-        if opts.delete_moved {
-            for t in &tables {
-                let Some(sharded) = plan.sharded(&t.schema, &t.name) else {
-                    continue;
-                };
-                // The fence refuses these deletes from everyone else; the bypass is for this one only.
-                let rows = source
-                    .rows(&format!(
-                        "BEGIN; SET LOCAL {FENCE_BYPASS} = on; \
-                         WITH gone AS (DELETE FROM {} WHERE {} RETURNING 1) SELECT count(*) FROM gone; COMMIT",
-                        t.sql_name(),
-                        plan.moved_predicate(sharded)
-                    ))
-                    .await?;
-                let n = rows
-                    .first()
-                    .and_then(|r| r.first().cloned().flatten())
-                    .unwrap_or_default();
-                println!("the source: {n} moved rows of {} deleted", t.sql_name());
-            }
+/// Step 5 of the cleanup (docs/resharding.md), the source's own tables after a cut-over: the
+/// record of subscriptions dropped, with `--delete-moved` the moved rows deleted; the fence
+/// and the marker stay.
+async fn keep_the_fence(
+    plan: &Plan,
+    source: &Db,
+    tables: &[CatalogTable],
+    opts: &Cleanup,
+) -> Result<(), String> {
+    // The marker stays: its row says the split was cut over (a second cleanup reads it).
+    source
+        .exec(&format!("DROP TABLE IF EXISTS {SUBSCRIPTIONS}"))
+        .await?;
+    if opts.delete_moved {
+        for t in tables {
+            let Some(sharded) = plan.sharded(&t.schema, &t.name) else {
+                continue;
+            };
+            // The fence refuses these deletes from everyone else; the bypass is for this one only.
+            let rows = source
+                .rows(&format!(
+                    "BEGIN; SET LOCAL {FENCE_BYPASS} = on; \
+                     WITH gone AS (DELETE FROM {} WHERE {} RETURNING 1) SELECT count(*) FROM gone; COMMIT",
+                    t.sql_name(),
+                    plan.moved_predicate(sharded)
+                ))
+                .await?;
+            let n = rows
+                .first()
+                .and_then(|r| r.first().cloned().flatten())
+                .unwrap_or_default();
+            println!("the source: {n} moved rows of {} deleted", t.sql_name());
         }
-        println!("the fence stays on the source: its moved rows must not be written again");
-    } else {
-        source.exec(&plan.unfence_sql(&tables).join(";\n")).await?;
-        // The schema goes only if nothing else is in it (the fence of an earlier split may be).
-        source
-            .exec(&format!(
-                "DROP TABLE IF EXISTS {MARKER}, {SUBSCRIPTIONS};\n\
-                 DO $$ BEGIN DROP SCHEMA IF EXISTS {SCHEMA}; EXCEPTION WHEN dependent_objects_still_exist THEN NULL; END $$"
-            ))
-            .await?;
-        println!("the source: the split's tables dropped; the source is as before the split");
     }
+    println!("the fence stays on the source: its moved rows must not be written again");
+    Ok(())
+}
+
+/// Step 5 of the cleanup (docs/resharding.md), the source's own tables for an abandoned
+/// split: the fence and the split's tables dropped, the source as before `start`.
+async fn restore_the_source(
+    plan: &Plan,
+    source: &Db,
+    tables: &[CatalogTable],
+) -> Result<(), String> {
+    source.exec(&plan.unfence_sql(tables).join(";\n")).await?;
+    // The schema goes only if nothing else is in it (the fence of an earlier split may be).
+    source
+        .exec(&format!(
+            "DROP TABLE IF EXISTS {MARKER}, {SUBSCRIPTIONS};\n\
+             DO $$ BEGIN DROP SCHEMA IF EXISTS {SCHEMA}; EXCEPTION WHEN dependent_objects_still_exist THEN NULL; END $$"
+        ))
+        .await?;
+    println!("the source: the split's tables dropped; the source is as before the split");
     Ok(())
 }

@@ -11,8 +11,10 @@
 //!    awaited on every target: everything before it has been applied there.
 //! 5. Verify (counts and checksums, exact now: nothing moves).
 //! 6. The new map written to every `--shardmap` file (and `--publish-command` run), RELOAD on
-//!    every router, each checked to show the new ranges.
-//! 7. RESUME on every router: the held statements are routed again, with the new map.
+//!    every router, each checked to show the new ranges; last, a row on the source records
+//!    that the split is cut over (`cleanup` reads it).
+//! 7. RESUME on every router, the new ranges first: the held statements are routed again, with
+//!    the new map.
 //!
 //! A failure or the `--max-pause` bound passed before step 7 rolls everything back: the old
 //! map restored and reloaded where it was replaced, the fence dropped, every router resumed.
@@ -241,6 +243,41 @@ pub async fn cutover(c: &Cutover<'_>) -> Result<Report, String> {
     }
 }
 
+/// The pause's clock: what is left of `--max-pause`, and each step's time for the report.
+struct Clock<'s> {
+    start: Instant,
+    max_pause: Duration,
+    mark: Instant,
+    steps: &'s mut Vec<(&'static str, Duration)>,
+}
+
+impl Clock<'_> {
+    fn left(&self) -> Duration {
+        self.max_pause.saturating_sub(self.start.elapsed())
+    }
+
+    /// Prints and records the step just done, timed from the end of the one before.
+    fn step(&mut self, name: &'static str) {
+        let d = self.mark.elapsed();
+        println!("  {name:<40} {}", elapsed_ms(d));
+        self.steps.push((name, d));
+        self.mark = Instant::now();
+    }
+
+    fn over(&self, what: &str) -> Result<(), String> {
+        if self.start.elapsed() > self.max_pause {
+            Err(format!(
+                "{what} took the pause past --max-pause {:?}",
+                self.max_pause
+            ))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// The steps of the cut-over in docs/resharding.md, in its order; an error from any of them
+/// before step 7 is rolled back by the caller.
 #[allow(clippy::too_many_arguments)]
 async fn switch(
     c: &Cutover<'_>,
@@ -254,45 +291,63 @@ async fn switch(
     done: &mut Done,
 ) -> Result<(), String> {
     let plan = c.plan;
-    let left = || c.max_pause.saturating_sub(start.elapsed());
-    let mut mark = Instant::now();
-    let mut step = |name: &'static str, steps: &mut Vec<(&'static str, Duration)>| {
-        let d = mark.elapsed();
-        println!("  {name:<40} {}", elapsed_ms(d));
-        steps.push((name, d));
-        mark = Instant::now();
+    let mut clock = Clock {
+        start,
+        max_pause: c.max_pause,
+        mark: Instant::now(),
+        steps,
     };
-    let over = |what: &str| -> Result<(), String> {
-        if start.elapsed() > c.max_pause {
-            Err(format!(
-                "{what} took the pause past --max-pause {:?}",
-                c.max_pause
-            ))
-        } else {
-            Ok(())
-        }
-    };
+    let ranges = pause_order(plan);
+    pause_every_router(routers, &ranges, &mut clock, done).await?;
+    wait_until_source_quiet(source, &mut clock).await?;
+    put_up_fence(plan, source, tables, &mut clock, done).await?;
+    catch_up(plan, source, targets, &mut clock).await?;
+    if c.verify {
+        verify_exactly(plan, &mut clock).await?;
+    }
+    switch_to_new_map(c, source, routers, new_text, &mut clock, done).await?;
+    resume_every_router(routers, &ranges, &mut clock, done).await;
+    Ok(())
+}
 
-    // 1. Pause: the new ranges, then the source's.
-    let ranges = [
+/// The new ranges first: no shard has them yet, so a router holds their statements until the
+/// reload that brings them; then the source's range.
+fn pause_order(plan: &Plan) -> [String; 3] {
+    [
         plan.parts[0].range.to_string(),
         plan.parts[1].range.to_string(),
         plan.range.to_string(),
-    ];
-    for range in &ranges {
+    ]
+}
+
+/// Step 1 of the cut-over (docs/resharding.md): pause on every router.
+async fn pause_every_router(
+    routers: &[Db],
+    ranges: &[String; 3],
+    clock: &mut Clock<'_>,
+    done: &mut Done,
+) -> Result<(), String> {
+    for range in ranges {
         // Recorded before it is sent: a PAUSE that times out may still have paused.
         done.paused
             .extend((0..routers.len()).map(|i| (i, range.clone())));
-        let results =
-            on_every_router(routers, &format!("PAUSE {}", quote_literal(range)), left()).await;
+        let results = on_every_router(
+            routers,
+            &format!("PAUSE {}", quote_literal(range)),
+            clock.left(),
+        )
+        .await;
         for r in results {
             r?;
         }
     }
-    step("paused on every router", steps);
-    over("pausing")?;
+    clock.step("paused on every router");
+    clock.over("pausing")
+}
 
-    // 2. No transaction left open on the source.
+/// Step 2 of the cut-over (docs/resharding.md): the source is quiet, no client transaction
+/// open on it from anyone (a router that was not paused, or a client of the source itself).
+async fn wait_until_source_quiet(source: &Db, clock: &mut Clock<'_>) -> Result<(), String> {
     let busy = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
                 AND pid <> pg_backend_pid() AND backend_type = 'client backend' \
                 AND xact_start IS NOT NULL";
@@ -301,22 +356,33 @@ async fn switch(
         if n == "0" {
             break;
         }
-        if start.elapsed() > c.max_pause {
+        if clock.start.elapsed() > clock.max_pause {
             return Err(format!(
                 "{n} transactions still open on the source at --max-pause {:?}",
-                c.max_pause
+                clock.max_pause
             ));
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    step("no transaction open on the source", steps);
+    clock.step("no transaction open on the source");
+    Ok(())
+}
 
-    // 3. The fence, inside the time left.
+/// Step 3 of the cut-over (docs/resharding.md): the fence, row triggers on the source that
+/// refuse writes of moved rows; its locks are waited for only inside the time left.
+async fn put_up_fence(
+    plan: &Plan,
+    source: &Db,
+    tables: &[super::plan::CatalogTable],
+    clock: &mut Clock<'_>,
+    done: &mut Done,
+) -> Result<(), String> {
     let fence = plan.fence_sql(tables);
-    let lock_timeout = left().as_millis().max(1);
+    let lock_timeout = clock.left().as_millis().max(1);
+    // Set before it is sent: a fence whose answer never came may still be up.
     done.fenced = true;
     within(
-        left(),
+        clock.left(),
         "putting up the fence",
         source.exec(&format!(
             "BEGIN; SET LOCAL lock_timeout = {lock_timeout}; {}; COMMIT",
@@ -324,9 +390,18 @@ async fn switch(
         )),
     )
     .await?;
-    step("fence up on the source", steps);
+    clock.step("fence up on the source");
+    Ok(())
+}
 
-    // 4. Sequences, then the marker.
+/// Step 4 of the cut-over (docs/resharding.md): catch-up, the sequences set on the targets to
+/// the source's values, then a marker row written on the source and awaited on every target.
+async fn catch_up(
+    plan: &Plan,
+    source: &Db,
+    targets: &[Db],
+    clock: &mut Clock<'_>,
+) -> Result<(), String> {
     let sequences = source
         .rows("SELECT format('%I.%I', schemaname, sequencename), last_value FROM pg_sequences WHERE last_value IS NOT NULL")
         .await?;
@@ -358,35 +433,50 @@ async fn switch(
         quote_literal(&token)
     );
     for target in targets {
-        while within(left(), "waiting for the marker", target.value(&seen))
+        while within(clock.left(), "waiting for the marker", target.value(&seen))
             .await?
             .as_deref()
             != Some("1")
         {
-            over(&format!(
+            clock.over(&format!(
                 "waiting for {} to apply the source's changes",
                 target.name
             ))?;
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
-    step("targets caught up", steps);
+    clock.step("targets caught up");
+    Ok(())
+}
 
-    // 5. Verify, exactly.
-    if c.verify {
-        let diffs = within(left(), "verifying", compare(plan)).await?;
-        if !diffs.iter().all(|d| d.matches()) {
-            print_diffs(&diffs);
-            return Err("the targets do not match the source".into());
-        }
-        step("verified (counts and checksums)", steps);
-        over("verifying")?;
+/// Step 5 of the cut-over (docs/resharding.md): verify, counts and checksums, exact now that
+/// nothing moves.
+async fn verify_exactly(plan: &Plan, clock: &mut Clock<'_>) -> Result<(), String> {
+    let diffs = within(clock.left(), "verifying", compare(plan)).await?;
+    if !diffs.iter().all(|d| d.matches()) {
+        print_diffs(&diffs);
+        return Err("the targets do not match the source".into());
     }
+    clock.step("verified (counts and checksums)");
+    clock.over("verifying")
+}
 
-    // 6. The new map.
+/// Step 6 of the cut-over (docs/resharding.md): the new map written to every file, RELOAD on
+/// every router and each checked to show the new ranges; last, the source records that the
+/// split is cut over.
+async fn switch_to_new_map(
+    c: &Cutover<'_>,
+    source: &Db,
+    routers: &[Db],
+    new_text: &str,
+    clock: &mut Clock<'_>,
+    done: &mut Done,
+) -> Result<(), String> {
+    let plan = c.plan;
+    // Set before the first file is written: a publish that fails half-way is undone too.
     done.map_written = true;
     publish(c, new_text)?;
-    for r in on_every_router(routers, "RELOAD", left().max(Duration::from_secs(1))).await {
+    for r in on_every_router(routers, "RELOAD", clock.left().max(Duration::from_secs(1))).await {
         r?;
     }
     for r in routers {
@@ -411,10 +501,19 @@ async fn switch(
             quote_literal(&plan.done_token())
         ))
         .await?;
-    step("new map on every router", steps);
+    clock.step("new map on every router");
+    Ok(())
+}
 
-    // 7. Resume: the new ranges first, then the source's (its held statements are routed again).
-    for range in &ranges {
+/// Step 7 of the cut-over (docs/resharding.md): resume on every router, the new ranges first,
+/// then the source's (its held statements are routed again, with the new map).
+async fn resume_every_router(
+    routers: &[Db],
+    ranges: &[String; 3],
+    clock: &mut Clock<'_>,
+    done: &mut Done,
+) {
+    for range in ranges {
         let command = format!("RESUME {}", quote_literal(range));
         let mut failed = Vec::new();
         for (i, r) in on_every_router(routers, &command, Duration::from_secs(5))
@@ -435,8 +534,7 @@ async fn switch(
         }
     }
     done.paused.clear();
-    step("resumed on every router", steps);
-    Ok(())
+    clock.step("resumed on every router");
 }
 
 async fn roll_back(
