@@ -15,7 +15,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor;
 
 use crate::compare::Comparison;
-use crate::report::{Report, SecondReport};
+use crate::report::{ms, Report, SecondReport};
 use crate::stats;
 
 type Failure = String;
@@ -39,10 +39,6 @@ fn rate_text(r: f64) -> String {
         r if r >= 1.0 => format!("{r:.1}"),
         r => format!("{r:.3}"),
     }
-}
-
-fn ms(us: u64) -> f64 {
-    us as f64 / 1000.0
 }
 
 /// Draws a report's chart into an SVG file.

@@ -471,6 +471,19 @@ impl Report {
     /// The human table.
     pub fn render(&self) -> String {
         let mut o = String::new();
+        self.render_heading(&mut o);
+        self.render_throughput(&mut o);
+        self.render_latency(&mut o);
+        self.render_errors(&mut o);
+        self.render_shards(&mut o);
+        self.render_routers(&mut o);
+        self.render_hosts(&mut o);
+        self.render_cpu_and_warnings(&mut o);
+        o
+    }
+
+    /// The table's first lines: what was run against what, and how.
+    fn render_heading(&self, o: &mut String) {
         let s = &self.settings;
         let _ = writeln!(
             o,
@@ -488,6 +501,10 @@ impl Report {
             s.connections, s.pipeline, s.protocol, s.mix, s.keys, s.rate, self.duration_s, s.warmup_s, s.timeout_ms
         );
         let _ = writeln!(o);
+    }
+
+    /// The table's throughput section: overall, its spread over shards and per operation.
+    fn render_throughput(&self, o: &mut String) {
         let _ = writeln!(o, "throughput");
         match self.target_qps {
             Some(t) if t > 0.0 => {
@@ -530,8 +547,11 @@ impl Report {
             let _ = writeln!(o, "  by operation   {}", ops.join(", "));
         }
         let _ = writeln!(o);
+    }
+
+    /// The table's latency section, with the send lag in open loop.
+    fn render_latency(&self, o: &mut String) {
         let l = &self.latency_us;
-        let ms = |us: u64| us as f64 / 1000.0;
         let _ = writeln!(
             o,
             "latency, ms from the intended send time ({} successful requests)",
@@ -555,6 +575,10 @@ impl Report {
             );
         }
         let _ = writeln!(o);
+    }
+
+    /// The table's errors and timeouts section.
+    fn render_errors(&self, o: &mut String) {
         let _ = writeln!(
             o,
             "errors          {:.2}/s   {:.1} per million requests   timeouts {} ({:.1} per million)",
@@ -569,15 +593,11 @@ impl Report {
             let _ = writeln!(o, "  by SQLSTATE   {}", codes.join(", "));
         }
         let _ = writeln!(o);
-        let shown: Vec<&ShardReport> = if self.shards.len() <= 32 {
-            self.shards.iter().collect()
-        } else {
-            let mut by_qps: Vec<&ShardReport> = self.shards.iter().collect();
-            by_qps.sort_by(|a, b| a.qps.total_cmp(&b.qps));
-            let mut v: Vec<&ShardReport> = by_qps.iter().take(5).copied().collect();
-            v.extend(by_qps.iter().rev().take(5).rev().copied());
-            v
-        };
+    }
+
+    /// The table's per-shard section.
+    fn render_shards(&self, o: &mut String) {
+        let shown = self.shards_shown();
         let _ = writeln!(
             o,
             "per shard{}",
@@ -611,51 +631,77 @@ impl Report {
             );
         }
         let _ = writeln!(o);
-        if !self.routers.is_empty() {
-            let _ = writeln!(o, "per router");
+    }
+
+    /// The shards the table lists: all of them, or of many only the 5 slowest and 5 fastest.
+    fn shards_shown(&self) -> Vec<&ShardReport> {
+        if self.shards.len() <= 32 {
+            return self.shards.iter().collect();
+        }
+        let mut by_qps: Vec<&ShardReport> = self.shards.iter().collect();
+        by_qps.sort_by(|a, b| a.qps.total_cmp(&b.qps));
+        let mut v: Vec<&ShardReport> = by_qps.iter().take(5).copied().collect();
+        v.extend(by_qps.iter().rev().take(5).rev().copied());
+        v
+    }
+
+    /// The table's per-router section, when the run went through routers.
+    fn render_routers(&self, o: &mut String) {
+        if self.routers.is_empty() {
+            return;
+        }
+        let _ = writeln!(o, "per router");
+        let _ = writeln!(
+            o,
+            "  {:<40} {:>12} {:>8} {:>8} {:>9} {:>9} {:>9}",
+            "target", "qps", "errors", "timeouts", "p50 ms", "p99 ms", "max ms"
+        );
+        for r in &self.routers {
             let _ = writeln!(
                 o,
-                "  {:<40} {:>12} {:>8} {:>8} {:>9} {:>9} {:>9}",
-                "target", "qps", "errors", "timeouts", "p50 ms", "p99 ms", "max ms"
+                "  {:<40} {:>12.1} {:>8} {:>8} {:>9.3} {:>9.3} {:>9.3}",
+                r.target,
+                r.qps,
+                r.counts.errors,
+                r.counts.timeouts,
+                ms(r.latency_us.p50),
+                ms(r.latency_us.p99),
+                ms(r.latency_us.max)
             );
-            for r in &self.routers {
-                let _ = writeln!(
-                    o,
-                    "  {:<40} {:>12.1} {:>8} {:>8} {:>9.3} {:>9.3} {:>9.3}",
-                    r.target,
-                    r.qps,
-                    r.counts.errors,
-                    r.counts.timeouts,
-                    ms(r.latency_us.p50),
-                    ms(r.latency_us.p99),
-                    ms(r.latency_us.max)
-                );
-            }
-            let _ = writeln!(o);
         }
-        if self.hosts.len() > 1 {
-            let _ = writeln!(o, "per host");
+        let _ = writeln!(o);
+    }
+
+    /// The table's per-host section, for a report merged from several hosts.
+    fn render_hosts(&self, o: &mut String) {
+        if self.hosts.len() <= 1 {
+            return;
+        }
+        let _ = writeln!(o, "per host");
+        let _ = writeln!(
+            o,
+            "  {:<24} {:>12} {:>8} {:>8} {:>9} {:>9} {:>12} {:>8}",
+            "label", "qps", "errors", "timeouts", "p50 ms", "p99 ms", "lag p99 µs", "cpu µs/q"
+        );
+        for h in &self.hosts {
             let _ = writeln!(
                 o,
-                "  {:<24} {:>12} {:>8} {:>8} {:>9} {:>9} {:>12} {:>8}",
-                "label", "qps", "errors", "timeouts", "p50 ms", "p99 ms", "lag p99 µs", "cpu µs/q"
+                "  {:<24} {:>12.1} {:>8} {:>8} {:>9.3} {:>9.3} {:>12} {:>8.1}",
+                h.label(),
+                h.qps,
+                h.errors,
+                h.timeouts,
+                ms(h.latency_us.p50),
+                ms(h.latency_us.p99),
+                h.send_lag_us.map_or("-".to_string(), |g| g.p99.to_string()),
+                h.cpu.us_per_query
             );
-            for h in &self.hosts {
-                let _ = writeln!(
-                    o,
-                    "  {:<24} {:>12.1} {:>8} {:>8} {:>9.3} {:>9.3} {:>12} {:>8.1}",
-                    h.label(),
-                    h.qps,
-                    h.errors,
-                    h.timeouts,
-                    ms(h.latency_us.p50),
-                    ms(h.latency_us.p99),
-                    h.send_lag_us.map_or("-".to_string(), |g| g.p99.to_string()),
-                    h.cpu.us_per_query
-                );
-            }
-            let _ = writeln!(o);
         }
+        let _ = writeln!(o);
+    }
+
+    /// The table's last lines: loadgen's own CPU use, then the warnings.
+    fn render_cpu_and_warnings(&self, o: &mut String) {
         let c = &self.cpu;
         let _ = writeln!(
             o,
@@ -665,8 +711,12 @@ impl Report {
         for w in &self.warnings {
             let _ = writeln!(o, "warning: {w}");
         }
-        o
     }
+}
+
+/// Microseconds as milliseconds, for the human table and the charts.
+pub(crate) fn ms(us: u64) -> f64 {
+    us as f64 / 1000.0
 }
 
 fn quantile(h: &Histogram<u64>, q: f64) -> u64 {

@@ -10,7 +10,7 @@
 use bytes::BytesMut;
 
 use super::broadcast::{self, Combined, Outcome};
-use super::client::Client;
+use super::client::{Client, ClientError};
 use crate::backend::pool::{discard, PooledConn};
 use crate::backend::settings::Settings;
 use crate::errors;
@@ -46,7 +46,38 @@ pub async fn run<C: Client>(
     key_type: shardmap::KeyType,
     format: Format,
 ) -> Result<(), ClientFailed> {
-    // CopyInResponse: text format, one text column per listed column.
+    copy_in_response(client, &format)
+        .await
+        .map_err(ClientFailed::Io)?;
+    let mut split = Split {
+        routing,
+        settings,
+        sql,
+        key_type,
+        targets: (0..routing.map.shards().len()).map(|_| None).collect(),
+        rows: Rows::new(format),
+        format,
+        header: None,
+        failure: None,
+        batch: Vec::new(),
+    };
+    let client_failed = match split.read(client).await {
+        Ok(failed) => failed,
+        Err(why) => {
+            // The client leaving or breaking the protocol mid-COPY commits nothing anywhere:
+            // every shard's COPY is abandoned with its connection (Postgres rolls it back).
+            for t in split.targets.iter_mut().flatten() {
+                t.abandon();
+            }
+            return Err(why);
+        }
+    };
+    split.finish(client_failed, client.out()).await;
+    Ok(())
+}
+
+/// CopyInResponse: text format, one text column per listed column.
+async fn copy_in_response<C: Client>(client: &mut C, format: &Format) -> std::io::Result<()> {
     let mut g = Vec::with_capacity(8 + 2 * format.columns);
     g.push(0);
     g.extend_from_slice(&(format.columns as i16).to_be_bytes());
@@ -54,84 +85,106 @@ pub async fn run<C: Client>(
         g.extend_from_slice(&0i16.to_be_bytes());
     }
     put_frame(client.out(), b'G', &g);
-    client.flush().await.map_err(ClientFailed::Io)?;
+    client.flush().await
+}
 
-    let map = &routing.map;
-    let mut targets: Vec<Option<CopyTarget>> = (0..map.shards().len()).map(|_| None).collect();
-    let mut rows = Rows::new(format);
-    let mut header: Option<Vec<u8>> = None;
-    let mut failure: Option<SqlError> = None;
-    let mut batch: Vec<Vec<u8>> = Vec::new();
-    // The client leaving or breaking the protocol mid-COPY commits nothing anywhere: every
-    // shard's COPY is abandoned with its connection (Postgres rolls it back).
-    let abandon = |targets: &mut Vec<Option<CopyTarget>>, why: ClientFailed| {
-        for t in targets.iter_mut().flatten() {
-            t.abandon();
-        }
-        Err(why)
-    };
-    let client_failed: Option<String> = loop {
-        let frame = match client.read_frame().await {
-            Ok(Some(frame)) => frame,
-            Ok(None) => {
-                let left = std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    "the client left during COPY",
-                );
-                return abandon(&mut targets, ClientFailed::Io(left));
-            }
-            Err(super::client::ClientError::Io(e)) => {
-                return abandon(&mut targets, ClientFailed::Io(e))
-            }
-            Err(super::client::ClientError::Protocol(e)) => {
-                return abandon(&mut targets, ClientFailed::Protocol(e.to_string()))
-            }
-            Err(super::client::ClientError::TooLong { len, limit }) => {
-                return abandon(&mut targets, ClientFailed::TooLong { len, limit })
-            }
-        };
-        let tag = frame[0];
-        match tag {
-            b'd' => {
-                rows.feed(&frame[5..], |row| batch.push(row.to_vec()));
-                // A row that never ends would grow without bound: it is bounded like a message.
-                if rows.pending_len() > client.max_message() {
-                    rows.abandon();
-                    failure.get_or_insert_with(|| errors::copy_row_too_long(client.max_message()));
+/// A COPY under way: the client's rows cut out of its CopyData and sent to their shards.
+struct Split<'r> {
+    routing: &'r Routing,
+    settings: &'r Settings,
+    sql: &'r str,
+    key_type: shardmap::KeyType,
+    format: Format,
+    /// Each shard's COPY, once a row went to it.
+    targets: Vec<Option<CopyTarget>>,
+    rows: Rows,
+    /// The header line (`HEADER`), sent in front of every shard's rows.
+    header: Option<Vec<u8>>,
+    /// The router's error that fails the whole COPY (a key it cannot read, a shard it cannot
+    /// reach, a row too long): rows after it are dropped.
+    failure: Option<SqlError>,
+    /// Rows cut out of the last message, not yet sent.
+    batch: Vec<Vec<u8>>,
+}
+
+impl Split<'_> {
+    /// Reads the client's COPY messages to its CopyDone (`Ok(None)`) or CopyFail
+    /// (`Ok(Some(its message))`), sending each row to its shard on the way.
+    async fn read<C: Client>(&mut self, client: &mut C) -> Result<Option<String>, ClientFailed> {
+        loop {
+            let frame = match client.read_frame().await {
+                Ok(Some(frame)) => frame,
+                Ok(None) => {
+                    return Err(ClientFailed::Io(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "the client left during COPY",
+                    )))
+                }
+                Err(ClientError::Io(e)) => return Err(ClientFailed::Io(e)),
+                Err(ClientError::Protocol(e)) => return Err(ClientFailed::Protocol(e.to_string())),
+                Err(ClientError::TooLong { len, limit }) => {
+                    return Err(ClientFailed::TooLong { len, limit })
+                }
+            };
+            let tag = frame[0];
+            let batch = &mut self.batch;
+            match tag {
+                b'd' => {
+                    self.rows.feed(&frame[5..], |row| batch.push(row.to_vec()));
+                    // A row that never ends would grow without bound: it is bounded like a
+                    // message.
+                    if self.rows.pending_len() > client.max_message() {
+                        self.rows.abandon();
+                        let limit = client.max_message();
+                        self.failure
+                            .get_or_insert_with(|| errors::copy_row_too_long(limit));
+                    }
+                }
+                b'c' => self.rows.finish(|row| batch.push(row.to_vec())),
+                b'f' => {
+                    let body = &frame[5..];
+                    let why = body.strip_suffix(b"\0").unwrap_or(body);
+                    return Ok(Some(String::from_utf8_lossy(why).into_owned()));
+                }
+                b'H' | b'S' => {}
+                other => {
+                    let why = format!(
+                        "unexpected message type {} during COPY from stdin",
+                        other as char
+                    );
+                    return Err(ClientFailed::Protocol(why));
                 }
             }
-            b'c' => rows.finish(|row| batch.push(row.to_vec())),
-            b'f' => {
-                let body = &frame[5..];
-                break Some(
-                    String::from_utf8_lossy(body.strip_suffix(b"\0").unwrap_or(body)).into_owned(),
-                );
-            }
-            b'H' | b'S' => {}
-            other => {
-                let why = format!(
-                    "unexpected message type {} during COPY from stdin",
-                    other as char
-                );
-                return abandon(&mut targets, ClientFailed::Protocol(why));
+            self.route_rows().await;
+            if tag == b'c' {
+                return Ok(None);
             }
         }
+    }
+
+    /// Sends the rows of the batch to the shards of their keys, opening a shard's COPY at its
+    /// first row.
+    async fn route_rows(&mut self) {
+        let map = &self.routing.map;
+        // Taken out while rows go (a shard's COPY is opened on the way), and given back empty
+        // with its room.
+        let mut batch = std::mem::take(&mut self.batch);
         for row in batch.drain(..) {
-            if failure.is_some() {
+            if self.failure.is_some() {
                 continue;
             }
-            if format.header && header.is_none() {
-                header = Some(row);
+            if self.format.header && self.header.is_none() {
+                self.header = Some(row);
                 continue;
             }
-            let shard = match key_of(&row, &format) {
+            let shard = match key_of(&row, &self.format) {
                 // A NULL key is refused by Postgres itself (it is the primary key); let the
                 // default shard say so.
                 None => map.default_shard(),
-                Some(text) => match key_type.parse_key(&text) {
+                Some(text) => match self.key_type.parse_key(&text) {
                     Ok(key) => map.shard_for_key(&key),
                     Err(e) => {
-                        failure = Some(SqlError::new(
+                        self.failure = Some(SqlError::new(
                             errors::INVALID_TEXT_REPRESENTATION,
                             e.to_string(),
                         ));
@@ -139,64 +192,65 @@ pub async fn run<C: Client>(
                     }
                 },
             };
-            if targets[shard].is_none() {
-                match CopyTarget::open(routing, shard, sql, settings, header.as_deref()).await {
-                    Ok(t) => targets[shard] = Some(t),
+            if self.targets[shard].is_none() {
+                let header = self.header.as_deref();
+                match CopyTarget::open(self.routing, shard, self.sql, self.settings, header).await {
+                    Ok(t) => self.targets[shard] = Some(t),
                     Err(e) => {
-                        failure = Some(e);
+                        self.failure = Some(e);
                         continue;
                     }
                 }
             }
-            if let Some(t) = targets[shard].as_mut() {
+            if let Some(t) = self.targets[shard].as_mut() {
                 t.push(&row).await;
             }
         }
-        if tag == b'c' {
-            break None;
-        }
-    };
+        self.batch = batch;
+    }
 
-    let mut outcomes = Vec::new();
-    let mut names = Vec::new();
-    let why_fail = client_failed
-        .as_deref()
-        .or(failure.as_ref().map(|_| "rejected by the router"));
-    for (shard, t) in targets.into_iter().enumerate() {
-        if let Some(t) = t {
-            outcomes.push(t.finish(why_fail).await);
-            names.push(map.shards()[shard].range.to_string());
+    /// Ends every shard's COPY (committed, or failed on purpose when the client or the router
+    /// failed it) and writes the client's one answer into `out`.
+    async fn finish(self, client_failed: Option<String>, out: &mut Vec<u8>) {
+        let mut outcomes = Vec::new();
+        let mut names = Vec::new();
+        let why_fail = client_failed
+            .as_deref()
+            .or(self.failure.as_ref().map(|_| "rejected by the router"));
+        for (shard, t) in self.targets.into_iter().enumerate() {
+            if let Some(t) = t {
+                outcomes.push(t.finish(why_fail).await);
+                names.push(self.routing.map.shards()[shard].range.to_string());
+            }
+        }
+        if let Some(msg) = client_failed {
+            SqlError::new(
+                errors::QUERY_CANCELED,
+                format!("COPY from stdin failed: {msg}"),
+            )
+            .write(out);
+            return;
+        }
+        if let Some(err) = self.failure {
+            // Nothing was committed: every shard's COPY was failed on purpose.
+            err.write(out);
+            return;
+        }
+        match broadcast::combine(&outcomes, &names) {
+            Combined::Done(_) => {
+                let rows: u64 = outcomes
+                    .iter()
+                    .map(|o| match o {
+                        Outcome::Done(tags) => rows_in_tag(tags.get(5..).unwrap_or_default()),
+                        _ => 0,
+                    })
+                    .sum();
+                reply::command_complete(out, &format!("COPY {rows}"));
+            }
+            Combined::PostgresError(frame) => out.extend_from_slice(&frame),
+            Combined::Error(e) => e.write(out),
         }
     }
-    let out = client.out();
-    if let Some(msg) = client_failed {
-        SqlError::new(
-            errors::QUERY_CANCELED,
-            format!("COPY from stdin failed: {msg}"),
-        )
-        .write(out);
-        return Ok(());
-    }
-    if let Some(err) = failure {
-        // Nothing was committed: every shard's COPY was failed on purpose.
-        err.write(out);
-        return Ok(());
-    }
-    match broadcast::combine(&outcomes, &names) {
-        Combined::Done(_) => {
-            let rows: u64 = outcomes
-                .iter()
-                .map(|o| match o {
-                    Outcome::Done(tags) => rows_in_tag(tags.get(5..).unwrap_or_default()),
-                    _ => 0,
-                })
-                .sum();
-            reply::command_complete(out, &format!("COPY {rows}"));
-        }
-        Combined::PostgresError(frame) => out.extend_from_slice(&frame),
-        Combined::Error(e) => e.write(out),
-    }
-    Ok(())
 }
 
 /// One shard's end of a split COPY FROM STDIN.
