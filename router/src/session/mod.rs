@@ -2,28 +2,30 @@
 //!
 //! The loop ([`Session::run`]) reads whatever the client sent and handles each whole message:
 //! a simple Query ([`simple`]) or an extended-protocol message ([`extended`]). Either way the
-//! statement is planned (`crate::planner`), resolved to a target (`crate::resolver`), and the
-//! target executed: on the pinned backend connection ([`pin`], [`outbox`], [`relay`]), by the
-//! router itself (`BEGIN`, answers to a batch it runs), or on several shards ([`multi`], over
+//! statement is planned (`crate::planner`) and resolved to a target (`crate::resolver`), and
+//! the protocol file hands the target to the one executor ([`execute`]), which runs it: on the
+//! pinned backend connection ([`attach`], [`outbox`], [`relay`]), by the router itself
+//! (`BEGIN`, cursors it serves), or on several shards ([`several`], over
 //! `crate::multishard`). What the session is doing is its [`State`]; what it knows of the
-//! client's statements and settings is in [`statements`] and [`settings`].
+//! client's statements is in [`statements`].
 //!
 //! | file | job |
 //! |---|---|
 //! | [`client`] | the client's socket and buffers |
-//! | [`state`] | transaction and batch state, every transition |
-//! | [`simple`] | Query messages |
-//! | [`extended`] | Parse, Bind, Describe, Execute, Close, Flush, Sync |
-//! | [`held`] | extended messages decoded once, held until their batch has a shard |
+//! | [`state`] | transaction and batch state, every transition (sans-IO) |
+//! | [`simple`] | Query messages: decode, plan, resolve |
+//! | [`extended`] | Parse, Bind, Describe, Execute, Close, Flush, Sync (`held`: messages held until their batch has a shard; `scatter`: batches of a statement on several shards) |
+//! | [`execute`] | the one executor of a resolved statement, for both protocols |
 //! | [`statements`] | the client's named and unnamed statements |
 //! | [`outbox`] | client messages rewritten for the pinned connection (sans-IO) |
 //! | [`replies`] | which backend replies the client sees (sans-IO) |
 //! | [`relay`] | the I/O of one exchange with the pinned connection, COPY relay |
 //! | [`replay`] | a request aborted by a server shutdown, made fit for another connection (sans-IO) |
-//! | [`pin`] | checking a connection out for the client and returning it |
+//! | [`pinned`] | the connection a client holds (its own, or the shard's shared ones) |
+//! | [`attach`] | checking a connection out for the client, sending again after a shutdown, returning it |
 //! | [`shared`] | a request on the shard's shared connections (multiplexed) |
-//! | [`multi`] | statements that run on several shards |
-//! | [`batches`] | extended batches of such a statement, answered by the router until its Sync |
+//! | [`spread`] | a statement on several shards as data ([`spread::Spread`]) |
+//! | [`several`] | running a statement on several shards (`run_spread`) |
 //! | [`participants`] | a transaction that goes on to other shards |
 //! | [`prepared_sql`] | SQL-level PREPARE / EXECUTE / DEALLOCATE |
 //! | [`cursors`] | SQL cursors: on their shard, or held by the router |
