@@ -399,6 +399,30 @@ pub struct Replies<'c> {
 }
 
 impl Replies<'_> {
+    /// Reads past the replies of the request's first `queries` Query messages: the router's
+    /// own prelude in front of a client's statement (the client's settings, a `BEGIN`), whose
+    /// answers are the router's business. Each ErrorResponse among them goes to `on_error`:
+    /// the statement behind them ran with the wrong settings or in a failed transaction, so
+    /// the error may be the caller's to report. `false` when the replies ended first.
+    pub async fn skip_prelude(
+        &mut self,
+        queries: usize,
+        mut on_error: impl FnMut(&[u8]),
+    ) -> std::io::Result<bool> {
+        let mut left = queries;
+        while left > 0 {
+            let Some(frame) = self.next().await? else {
+                return Ok(false);
+            };
+            match frame[0] {
+                b'Z' => left -= 1,
+                b'E' => on_error(frame),
+                _ => {}
+            }
+        }
+        Ok(true)
+    }
+
     /// The next reply frame; `None` once the last ReadyForQuery has been handed out.
     pub async fn next(&mut self) -> std::io::Result<Option<&[u8]>> {
         self.conn.rbuf.advance(std::mem::take(&mut self.read));

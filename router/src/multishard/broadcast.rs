@@ -75,16 +75,21 @@ async fn on_shard(routing: &Routing, shard: usize, sql: &str, settings: &Setting
         return Outcome::Unavailable(errors::internal(e));
     }
     // Skip the settings query's replies, then collect the statement's.
-    let readies = if apply { 2 } else { 1 };
-    let (mut seen, mut tags, mut error) = (0, Vec::new(), None::<Vec<u8>>);
-    let result = pooled
-        .round_trip(&out, readies, |frame| match frame[0] {
-            b'Z' => seen += 1,
-            b'C' if seen + 1 == readies => tags.extend_from_slice(frame),
-            b'E' if seen + 1 == readies && error.is_none() => error = Some(frame.to_vec()),
-            _ => {}
-        })
-        .await;
+    let prelude = usize::from(apply);
+    let (mut tags, mut error) = (Vec::new(), None::<Vec<u8>>);
+    let result = async {
+        let mut replies = pooled.request(&out, prelude + 1).await?;
+        replies.skip_prelude(prelude, |_| {}).await?;
+        while let Some(frame) = replies.next().await? {
+            match frame[0] {
+                b'C' => tags.extend_from_slice(frame),
+                b'E' if error.is_none() => error = Some(frame.to_vec()),
+                _ => {}
+            }
+        }
+        Ok::<(), std::io::Error>(())
+    }
+    .await;
     match result {
         Ok(()) => {
             pooled.settings_fp = settings.fingerprint();

@@ -48,14 +48,17 @@ impl Part<'_> {
     /// The next reply frame of the request, up to its ReadyForQuery; an I/O error means the
     /// connection is lost.
     pub async fn next(&mut self) -> std::io::Result<Option<&[u8]>> {
-        while self.skip > 0 {
-            let Some(frame) = self.replies.next().await? else {
+        if self.skip > 0 {
+            let early = &mut self.early;
+            let skipped = self
+                .replies
+                .skip_prelude(self.skip, |error| {
+                    early.get_or_insert_with(|| error.to_vec());
+                })
+                .await?;
+            self.skip = 0;
+            if !skipped {
                 return Ok(None);
-            };
-            match frame[0] {
-                b'Z' => self.skip -= 1,
-                b'E' if self.early.is_none() => self.early = Some(frame.to_vec()),
-                _ => {}
             }
         }
         if self.early.is_none() {

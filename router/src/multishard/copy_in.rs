@@ -296,17 +296,14 @@ impl CopyTarget {
             .map_err(errors::internal)?;
         request::query(&mut out, sql).map_err(errors::internal)?;
         conn.settings_fp = settings.fingerprint();
-        let (mut skip, mut error, mut started, mut ended) =
-            (usize::from(settings_sent), None, false, false);
+        let prelude = usize::from(settings_sent);
+        let (mut error, mut started, mut ended) = (None, false, false);
         {
             // Up to the CopyInResponse, or to the ReadyForQuery of a COPY that failed at once.
-            let mut replies = conn.request(&out, 1 + skip).await.map_err(lost)?;
+            let mut replies = conn.request(&out, 1 + prelude).await.map_err(lost)?;
+            // The settings query's replies are the router's business.
+            replies.skip_prelude(prelude, |_| {}).await.map_err(lost)?;
             while let Some(frame) = replies.next().await.map_err(lost)? {
-                if skip > 0 {
-                    // The settings query's replies are the router's business.
-                    skip -= usize::from(frame[0] == b'Z');
-                    continue;
-                }
                 match frame[0] {
                     b'G' => {
                         started = true;

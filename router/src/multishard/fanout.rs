@@ -228,15 +228,12 @@ async fn relay(
         .request_parts(head, request, skip + 1)
         .await
         .map_err(Stopped::Lost)?;
-    let mut skipped = 0;
     let mut chunk = Vec::new();
+    replies
+        .skip_prelude(skip, |error| chunk.extend_from_slice(error))
+        .await
+        .map_err(Stopped::Lost)?;
     while let Some(frame) = replies.next().await.map_err(Stopped::Lost)? {
-        if skipped < skip {
-            skipped += usize::from(frame[0] == b'Z');
-            if frame[0] != b'E' {
-                continue;
-            }
-        }
         chunk.extend_from_slice(frame);
         let full = frame[0] == b'Z' || chunk.len() >= CHUNK;
         if full && tx.send(Ok(std::mem::take(&mut chunk))).await.is_err() {

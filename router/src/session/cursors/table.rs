@@ -68,9 +68,9 @@ impl AsyncRead for Keep {
     }
 }
 
-/// A cursor the router holds.
+/// A cursor the router holds: its answer, kept.
 #[derive(Debug)]
-pub(super) struct Held {
+pub(super) struct Kept {
     /// Its RowDescription (or NoData).
     pub(super) description: Vec<u8>,
     /// Its DataRow frames, back to back.
@@ -110,7 +110,7 @@ impl std::fmt::Debug for Steps {
 #[derive(Debug)]
 pub(super) enum Place {
     Shard(usize),
-    Held(Held),
+    Held(Kept),
     Steps(Box<Steps>),
 }
 
@@ -204,7 +204,7 @@ impl Cursors {
         self.held_bytes += rows.len() + description.len();
         self.places.insert(
             name,
-            Place::Held(Held {
+            Place::Held(Kept {
                 description,
                 rows,
                 at: 0,
@@ -224,7 +224,7 @@ pub(super) fn forward_only() -> SqlError {
     .with_hint("use FETCH NEXT, FETCH FORWARD n or FETCH ALL; or give the query a key, so that the cursor lives on its shard")
 }
 
-impl Held {
+impl Kept {
     /// FETCH (rows to `out`) or MOVE forward by `count`; writes the command tag.
     pub(super) fn advance(
         &mut self,
