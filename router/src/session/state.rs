@@ -205,9 +205,11 @@ impl State {
         tag
     }
 
-    /// The router answered a statement with an error: a transaction fails, as on Postgres.
+    /// The router answered a statement with an error: the client's transaction fails, as on
+    /// Postgres. An implicit transaction stays what it is: the batch skips to its Sync, which
+    /// rolls it back on every shard.
     pub fn refused(&mut self) {
-        if self.tx != Tx::Idle {
+        if matches!(self.tx, Tx::Pending { .. } | Tx::Open) {
             self.tx = Tx::Failed;
         }
     }
@@ -508,6 +510,12 @@ mod tests {
         assert_eq!(s.status(), TxStatus::Idle, "the client never said BEGIN");
         assert!(s.in_transaction() && s.spread() && !s.at_rest());
         assert_eq!(s.transaction(Some(3)), Transaction::Open { shard: Some(3) });
+        s.refused();
+        assert_eq!(
+            s.tx,
+            Tx::Implicit,
+            "an error skips the batch to its Sync, which rolls back every shard"
+        );
         s.ended_on_every_shard();
         assert_eq!(s.tx, Tx::Idle);
         assert!(!s.spread());
