@@ -3,8 +3,13 @@
 //! cannot break a lower one. This test reads every `crate::...` path in the router's source
 //! (test code left out) and fails on any import from a folder to one at its own level or above,
 //! other than the few named side by side below. No server is needed: it reads files.
+//!
+//! With `SHARDGATE_LAYERS_DOT=FILE` it also writes the folders' import graph in Graphviz's DOT
+//! language (each edge labelled with the number of files that import across it):
+//! `SHARDGATE_LAYERS_DOT=/tmp/layers.dot cargo test -p shardgate --test layers && dot -Tsvg
+//! /tmp/layers.dot > docs/layers.svg` draws docs/layers.svg.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Each folder (or top-level file) of `router/src` and its floor, the lowest first.
@@ -131,6 +136,7 @@ fn no_folder_imports_one_at_its_floor_or_above() {
     rust_files(&src, &mut files);
     let mut wrong = Vec::new();
     let mut unknown = BTreeSet::new();
+    let mut graph: BTreeMap<(String, String), usize> = BTreeMap::new();
     for file in &files {
         let rel = file.strip_prefix(&src).expect("under src");
         let folder = rel
@@ -156,6 +162,7 @@ fn no_folder_imports_one_at_its_floor_or_above() {
                 unknown.insert(to);
                 continue;
             };
+            *graph.entry((folder.clone(), to.clone())).or_default() += 1;
             let sideways = SIDEWAYS.contains(&(folder.as_str(), to.as_str()));
             if to_level >= from && !sideways {
                 wrong.push(format!(
@@ -164,6 +171,9 @@ fn no_folder_imports_one_at_its_floor_or_above() {
                 ));
             }
         }
+    }
+    if let Some(path) = std::env::var_os("SHARDGATE_LAYERS_DOT") {
+        std::fs::write(&path, dot(&graph)).expect("write the DOT file");
     }
     assert!(
         unknown.is_empty(),
@@ -174,6 +184,24 @@ fn no_folder_imports_one_at_its_floor_or_above() {
         "imports from a floor to one at its level or above:\n{}",
         wrong.join("\n")
     );
+}
+
+/// The folders' import graph in DOT, one rank per floor, the highest on top.
+fn dot(graph: &BTreeMap<(String, String), usize>) -> String {
+    let mut out = String::from("digraph layers {\n  rankdir=TB; node [shape=box];\n");
+    let mut floors: BTreeMap<u8, Vec<&str>> = BTreeMap::new();
+    for (folder, floor) in LAYERS {
+        floors.entry(*floor).or_default().push(folder);
+    }
+    for folders in floors.values().rev() {
+        let names: Vec<String> = folders.iter().map(|f| format!("\"{f}\"")).collect();
+        out.push_str(&format!("  {{ rank=same; {} }}\n", names.join("; ")));
+    }
+    for ((from, to), files) in graph {
+        out.push_str(&format!("  \"{from}\" -> \"{to}\" [label=\"{files}\"];\n"));
+    }
+    out.push_str("}\n");
+    out
 }
 
 #[test]
