@@ -9,6 +9,7 @@
 # Why one 1-shard cluster: through the router every key goes to the shard that owns it, so a
 # fair comparison needs all three paths to end at the same database with the same rows.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() {
     cat <<'EOF'
@@ -71,8 +72,6 @@ ratios within one run, and repeat before believing a small difference.
 EOF
 }
 
-die() { echo "compare.sh: $*" >&2; exit 1; }
-
 duration=10 clients=16 also_clients=200 jobs="" rows=100000 modes="simple,extended,prepared"
 targets="" warmup=2 router_threads="" pool_size=20 keep=0 baseline_rev="" baseline_bin="" syscall_seconds=5
 shared_connections=2 open_loop=2000
@@ -122,10 +121,7 @@ wants() { [[ ",$targets," == *",$1,"* ]]; }
 if wants baseline && [[ -z "$baseline_rev$baseline_bin" ]]; then die "target baseline needs --baseline REV or --baseline-bin PATH"; fi
 [[ -z "$baseline_bin" || -x "$baseline_bin" ]] || die "--baseline-bin $baseline_bin is not an executable"
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-for tool in pgbench psql ss cargo git; do
-    command -v "$tool" >/dev/null || die "$tool is not installed"
-done
+need_tools pgbench psql ss cargo git
 
 # --- PgBouncer --------------------------------------------------------------------------------
 pgbouncer_bin=""
@@ -185,19 +181,11 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-taken=" "
-free_port() {
-    # A random high port that nothing listens on and that this script has not handed out yet.
-    local p
-    for _ in $(seq 200); do
-        p=$((20000 + RANDOM % 40000))
-        [[ "$taken" == *" $p "* ]] && continue
-        if [[ -z "$(ss -Htln "sport = :$p")" ]]; then taken+="$p "; echo "$p"; return; fi
-    done
-    die "found no free port"
-}
-pg_port="$(free_port)" router_port="$(free_port)" pgbouncer_port="$(free_port)" baseline_port="$(free_port)"
-shared_port="$(free_port)"
+free_port pg_port
+free_port router_port
+free_port pgbouncer_port
+free_port baseline_port
+free_port shared_port
 
 # --- the baseline build (an older shardgate, side by side) ---------------------------------------
 if [[ -n "$baseline_rev" ]]; then
@@ -215,9 +203,7 @@ echo "building (release) and starting a 1-shard cluster with a router in $tmp/cl
 if [[ -n "$router_threads" ]]; then
     # shardgate-cluster has no option for the router's threads: wrap the binary.
     (cd "$root" && cargo build --release -q -p shardgate-cluster -p shardgate)
-    built="${CARGO_TARGET_DIR:-$root/target}"
-    case "$built" in /*) ;; *) built="$root/$built" ;; esac
-    printf '#!/bin/sh\nexec %q "$@" --threads %q\n' "$built/release/shardgate" "$router_threads" >"$tmp/shardgate"
+    printf '#!/bin/sh\nexec %q "$@" --threads %q\n' "$(release_dir)/shardgate" "$router_threads" >"$tmp/shardgate"
     chmod 755 "$tmp/shardgate"
     export SHARDGATE_BIN="$tmp/shardgate"
 fi
@@ -232,10 +218,9 @@ fi
 router_pid="$(awk '/"router": *\{/ { r = 1 } r && /"pid":/ { gsub(/[^0-9]/, ""); print; exit }' "$tmp/cluster/cluster.json")"
 [[ -n "$router_pid" ]] || die "no router pid in $tmp/cluster/cluster.json"
 router_log="$tmp/cluster/router.log"
-target_dir="${CARGO_TARGET_DIR:-$root/target}"
-case "$target_dir" in /*) ;; *) target_dir="$root/$target_dir" ;; esac
-cluster_bin="$target_dir/release/shardgate-cluster"
-loadgen_bin="$target_dir/release/loadgen"
+release="$(release_dir)"
+cluster_bin="$release/shardgate-cluster"
+loadgen_bin="$release/loadgen"
 clk_tck="$("$cluster_bin" cpu $$ | awk '$1 == "ticks_per_second" { print $2 }')"
 
 # start_router NAME BIN PORT [SED-EXPRESSION...]: another router in front of the same shard, from

@@ -5,6 +5,7 @@
 # several shard counts with a fixed rate per shard, to show how throughput and p99 scale.
 # See docs/benchmarks.md.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() {
     cat <<'EOF'
@@ -32,8 +33,6 @@ Options:
 EOF
 }
 
-die() { echo "fleet_local.sh: $*" >&2; exit 1; }
-
 shard_list=64 routers=3 loadgens=2 rate=50 duration=20 warmup=5 conns=12 rows=1000 out=""
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -59,11 +58,8 @@ IFS=, read -r -a shard_counts <<<"$shard_list"
 for n in "${shard_counts[@]}"; do
     [[ "$n" =~ ^[0-9]+$ && "$n" -gt 0 ]] || die "--shards takes shard counts like 4,16,64, not '$n'"
 done
-for tool in psql python3 cargo; do
-    command -v "$tool" >/dev/null || die "$tool is not installed"
-done
+need_tools psql python3 cargo
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/shardgate-fleet.XXXXXX")"
 chmod 755 "$tmp"
 loadgen_pids=()
@@ -89,26 +85,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-free_port() { # $1 = how many consecutive free ports (default 1): prints the first
-    python3 - "${1:-1}" <<'PY'
-import socket, sys
-n = int(sys.argv[1])
-for _ in range(200):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close()
-    try:
-        held = []
-        for k in range(n):
-            t = socket.socket(); t.bind(("127.0.0.1", p + k)); held.append(t)
-        for t in held: t.close()
-        print(p); break
-    except OSError:
-        for t in held: t.close()
-PY
-}
-
 echo "building loadgen and shardgate (release) ..." >&2
 (cd "$root" && cargo build --release -q -p loadgen -p shardgate -p shardgate-cluster)
-loadgen="${CARGO_TARGET_DIR:-$root/target}/release/loadgen"
+loadgen="$(release_dir)/loadgen"
 [[ -x "$loadgen" ]] || die "no loadgen at $loadgen after the build"
 
 # One run at `shards` shards: writes "shards qps p50_us p99_us max_us errors timeouts min max" to
@@ -118,7 +97,7 @@ run_at() {
     local shards="$1" dir="$tmp/c$1" urls=() base_port router_port servers k
     servers=$((shards < 4 ? shards : 4))
     # One block of free ports: the servers', then the routers'.
-    base_port="$(free_port $((servers + routers)))"
+    free_port base_port $((servers + routers))
     router_port=$((base_port + servers))
     echo "[$shards shards] cluster up ($servers servers, $routers routers from port $router_port) ..." >&2
     "$root/deploy/local/cluster" up --shards "$shards" --servers "$servers" --dir "$dir" \

@@ -4,6 +4,7 @@
 # older loadgen build (before/after). Ends with `loadgen compare` of direct vs through the
 # router: the router's cost as users see it. See docs/loadgen.md and docs/benchmarks.md.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() {
     cat <<'EOF'
@@ -35,8 +36,6 @@ Options:
 EOF
 }
 
-die() { echo "open_loop.sh: $*" >&2; exit 1; }
-
 shards=4 rate=500 duration=10 conns=2 rows=100000 baseline_bin="" out=""
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -56,11 +55,8 @@ for n in shards duration conns rows; do
 done
 [[ "$rate" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--rate must be a number, not '$rate'"
 [[ -z "$baseline_bin" || -x "$baseline_bin" ]] || die "--baseline-bin $baseline_bin is not an executable"
-for tool in pgbench psql python3 cargo; do
-    command -v "$tool" >/dev/null || die "$tool is not installed"
-done
+need_tools pgbench psql python3 cargo
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/shardgate-open-loop.XXXXXX")"
 chmod 755 "$tmp"
 cleanup() {
@@ -73,17 +69,14 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
 echo "building loadgen and shardgate (release) ..." >&2
 (cd "$root" && cargo build --release -q -p loadgen -p shardgate -p shardgate-cluster)
-loadgen="${CARGO_TARGET_DIR:-$root/target}/release/loadgen"
+loadgen="$(release_dir)/loadgen"
 
 servers=$((shards < 4 ? shards : 4))
-# Servers listen on BASE .. BASE+servers-1: take a free port well away from the usual 5433.
-base_port="$(free_port)" router_port="$(free_port)"
+# Servers listen on BASE .. BASE+servers-1: a free block well away from the usual 5433.
+free_port base_port "$servers"
+free_port router_port
 echo "starting $shards shards on $servers servers and a router in $tmp/cluster ..." >&2
 "$root/deploy/local/cluster" up --shards "$shards" --servers "$servers" --dir "$tmp/cluster" \
     --base-port "$base_port" --router-port "$router_port" >"$tmp/up.log" 2>&1 ||

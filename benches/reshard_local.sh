@@ -5,6 +5,7 @@
 # the cut-over's steps and pause, the load's errors and per-second p99/max around the switch,
 # and the placement check of every shard of the new map. See docs/resharding.md.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() {
     cat <<'EOF'
@@ -26,8 +27,6 @@ Options:
 EOF
 }
 
-die() { echo "reshard_local.sh: $*" >&2; exit 1; }
-
 shards=4 split=1 rate=200 duration=30 rows=100000 out=""
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -46,11 +45,8 @@ for n in shards rate duration rows; do
 done
 [[ "$split" =~ ^[0-9]+$ && "$split" -lt "$shards" ]] || die "--split must be a shard number below --shards"
 [[ "$duration" -ge 15 ]] || die "--duration must be at least 15 s (the split runs in the middle)"
-for tool in psql python3 cargo; do
-    command -v "$tool" >/dev/null || die "$tool is not installed"
-done
+need_tools psql python3 cargo
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/shardgate-reshard.XXXXXX")"
 chmod 755 "$tmp"
 dir="$tmp/cluster"
@@ -70,7 +66,7 @@ trap 'exit 130' INT TERM
 
 echo "building loadgen, shardgate and the cluster tool (release) ..." >&2
 (cd "$root" && cargo build --release -q -p loadgen -p shardgate -p shardgate-cluster)
-bin="${CARGO_TARGET_DIR:-$root/target}/release"
+bin="$(release_dir)"
 loadgen="$bin/loadgen" shardgate="$bin/shardgate"
 
 servers=$((shards < 4 ? shards : 4))

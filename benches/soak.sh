@@ -3,8 +3,7 @@
 # router's RSS, open fds and backend connections are sampled every 10 s. Issue 13, point 6.
 # See docs/benchmarks.md ("Soak") and `benches/soak.sh --help`.
 set -euo pipefail
-
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() {
     cat <<'EOF'
@@ -50,11 +49,9 @@ Options:
   --help                this text
 
 Needs: psql, pgbench and pg_ctl (PostgreSQL client and server binaries; PG_BINDIR or the
-highest /usr/lib/postgresql/*/bin), python3, curl, ss. As root the servers run as `postgres`.
+highest /usr/lib/postgresql/*/bin), python3, curl. As root the servers run as `postgres`.
 EOF
 }
-
-die() { echo "soak.sh: $*" >&2; exit 1; }
 
 duration_s=300 bin_dir="" out="" shards=4 rate_per_shard=200 connections=8 rows=10000
 restart_every_s=120 timeout_arg=15s
@@ -93,16 +90,12 @@ if [[ -z "${PG_BINDIR:-}" ]]; then
 fi
 export PG_BINDIR
 export PATH="$PATH:$PG_BINDIR"
-for tool in psql pgbench pg_ctl python3 curl ss timeout; do
-    command -v "$tool" >/dev/null || die "$tool is not installed"
-done
+need_tools psql pgbench pg_ctl python3 curl timeout
 
 if [[ -z "$bin_dir" ]]; then
     echo "building shardgate, loadgen, shardgate-cluster (release) ..."
     (cd "$root" && cargo build --release -q -p shardgate -p loadgen -p shardgate-cluster) || die "build failed"
-    bin_dir="${CARGO_TARGET_DIR:-$root/target}"
-    case "$bin_dir" in /*) ;; *) bin_dir="$root/$bin_dir" ;; esac
-    bin_dir="$bin_dir/release"
+    bin_dir="$(release_dir)"
 fi
 bin_dir="$(cd "$bin_dir" && pwd)"
 for b in shardgate loadgen shardgate-cluster; do
@@ -122,27 +115,10 @@ cdir="$out/cluster"
 stop="$out/.stop"
 rm -f "$stop"
 
-taken=" "
-free_port() {
-    local p
-    for _ in $(seq 200); do
-        p=$((20000 + RANDOM % 40000))
-        [[ "$taken" == *" $p "* ]] && continue
-        if [[ -z "$(ss -Htln "sport = :$p")" ]]; then taken+="$p "; echo "$p"; return; fi
-    done
-    die "found no free port"
-}
-# The servers take base .. base+shards-1: find a base whose whole block is free.
-base_port=""
-for _ in $(seq 50); do
-    b=$((20000 + RANDOM % 40000)) ok=1
-    for ((i = 0; i < shards; i++)); do
-        [[ -z "$(ss -Htln "sport = :$((b + i))")" ]] || { ok=0; break; }
-    done
-    if ((ok)); then base_port=$b; for ((i = 0; i < shards; i++)); do taken+="$((b + i)) "; done; break; fi
-done
-[[ -n "$base_port" ]] || die "found no free block of $shards ports"
-router_port="$(free_port)" http_port="$(free_port)"
+# The servers take base .. base+shards-1: a block that is free as a whole.
+free_port base_port "$shards"
+free_port router_port
+free_port http_port
 
 bg_pids=() loadgen_pid="" router_pid="" cluster_started=0
 alive() { [[ -r /proc/$1/status ]] && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null; }

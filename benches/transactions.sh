@@ -7,6 +7,7 @@
 # reading them back through an asyncpg cursor (a portal run with a row limit, in a transaction).
 # See docs/benchmarks.md ("Transactions across shards").
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() {
     cat <<'EOF2'
@@ -21,7 +22,6 @@ Needs the Python venv with asyncpg that router/tests/drivers/install.sh makes
 (SHARDGATE_DRIVERS_CACHE, else XDG_CACHE_HOME or ~/.cache, /shardgate-drivers/venv).
 EOF2
 }
-die() { echo "transactions.sh: $*" >&2; exit 1; }
 
 transactions=2000 rows=10000 threads=2
 while [[ $# -gt 0 ]]; do
@@ -33,12 +33,11 @@ while [[ $# -gt 0 ]]; do
         *) usage >&2; die "unknown option $1" ;;
     esac
 done
-for tool in psql python3 cargo curl; do command -v "$tool" >/dev/null || die "$tool is not installed"; done
+need_tools psql python3 cargo curl
 cache="${SHARDGATE_DRIVERS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/shardgate-drivers}"
 python="$cache/venv/bin/python"
 "$python" -c 'import asyncpg' 2>/dev/null || die "no asyncpg in $cache/venv: run router/tests/drivers/install.sh"
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/shardgate-tx.XXXXXX")"
 chmod 755 "$tmp"
 dir="$tmp/cluster" pids=()
@@ -56,10 +55,7 @@ trap 'exit 130' INT TERM
 
 echo "building (release) ..." >&2
 (cd "$root" && cargo build --release -q -p shardgate -p shardgate-cluster)
-bin="${CARGO_TARGET_DIR:-$root/target}"
-case "$bin" in /*) ;; *) bin="$root/$bin" ;; esac
-bin="$bin/release"
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+bin="$(release_dir)"
 echo "cluster up: 4 shards on 2 servers ..." >&2
 "$root/deploy/local/cluster" up --shards 4 --servers 2 --no-router --dir "$dir" >"$tmp/up.log" 2>&1 ||
     { cat "$tmp/up.log" >&2; die "cluster up failed"; }
@@ -70,7 +66,7 @@ psql "$direct" -qc "CREATE TABLE kv (id bigint PRIMARY KEY, v text NOT NULL)" >/
 
 urls=()
 for mode in multi two_phase; do
-    port="$(free_port)"
+    free_port port
     config="$dir/router-$mode.toml"
     cat >"$config" <<EOT
 listen = "127.0.0.1:$port"

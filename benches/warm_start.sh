@@ -6,6 +6,7 @@
 # ready, and the same window again on the warm router (the steady state). See docs/benchmarks.md
 # ("Warm start").
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() {
     cat <<'EOF'
@@ -19,7 +20,6 @@ Usage: benches/warm_start.sh [OPTIONS]
   -h, --help              this text
 EOF
 }
-die() { echo "warm_start.sh: $*" >&2; exit 1; }
 
 shards=512 rate=20 duration=10 warm_list=0,1 threads=2
 while [[ $# -gt 0 ]]; do
@@ -33,9 +33,8 @@ while [[ $# -gt 0 ]]; do
         *) usage >&2; die "unknown option $1" ;;
     esac
 done
-for tool in psql python3 cargo curl; do command -v "$tool" >/dev/null || die "$tool is not installed"; done
+need_tools psql python3 cargo curl
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/shardgate-warm.XXXXXX")"
 chmod 755 "$tmp"
 dir="$tmp/cluster" router_pid=""
@@ -53,10 +52,8 @@ trap 'exit 130' INT TERM
 
 echo "building (release) ..." >&2
 (cd "$root" && cargo build --release -q -p loadgen -p shardgate -p shardgate-cluster)
-bin="${CARGO_TARGET_DIR:-$root/target}"
-case "$bin" in /*) ;; *) bin="$root/$bin" ;; esac
-bin="$bin/release"
-http_port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+bin="$(release_dir)"
+free_port http_port
 echo "cluster up: $shards shards on 4 servers ..." >&2
 "$root/deploy/local/cluster" up --shards "$shards" --servers 4 --http-port "$http_port" --dir "$dir" \
     >"$tmp/up.log" 2>&1 || { cat "$tmp/up.log" >&2; die "cluster up failed"; }

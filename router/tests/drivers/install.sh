@@ -16,7 +16,7 @@ say() { echo "drivers/install.sh: $*"; }
 hash_of() { sha256sum "$@" | sha256sum | cut -c1-16; }
 
 for tool in java javac python3 node npm cargo; do
-  command -v "$tool" >/dev/null || { say "$tool is not on PATH; the driver matrix needs it" >&2; exit 1; }
+  command -v "$tool" >/dev/null || { say "$tool is not on PATH; the driver matrix needs it (deploy/local/install-deps --tests installs what is missing)" >&2; exit 1; }
 done
 
 # pgjdbc from Debian.

@@ -9,29 +9,15 @@ use std::process::{Command, ExitCode};
 use clap::Args;
 
 use crate::state::ClusterState;
-use crate::up::{self, UpArgs};
+use crate::up::{self, ClusterArgs, UpArgs};
 use crate::{DirArgs, Result};
 
 #[derive(Debug, Args)]
 pub struct DemoArgs {
-    /// Number of shard databases (when the cluster is not up yet)
-    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=4096))]
-    pub shards: u64,
-
-    /// Number of PostgreSQL servers [default: min(N, 4)]
-    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..=256))]
-    pub servers: Option<u64>,
-
+    // The cluster to bring up, as for `up` (the same options and defaults); a cluster that is
+    // already up is reused as it is.
     #[command(flatten)]
-    pub dir: DirArgs,
-
-    /// Port of the first server; server i listens on P+i
-    #[arg(long, value_name = "P", default_value_t = 5433)]
-    pub base_port: u16,
-
-    /// Port of the router
-    #[arg(long, value_name = "PORT", default_value_t = 6432)]
-    pub router_port: u16,
+    pub cluster: ClusterArgs,
 
     /// Rows loaded into each shard (keys 1, 2, 3, ... as the shard map places them)
     #[arg(long, value_name = "N", default_value_t = 10_000)]
@@ -51,32 +37,14 @@ pub struct DemoArgs {
 }
 
 pub fn run(args: &DemoArgs) -> Result<ExitCode> {
-    let up_args = UpArgs {
-        shards: args.shards,
-        servers: args.servers,
-        dir: DirArgs {
-            dir: args.dir.dir.clone(),
-        },
-        base_port: args.base_port,
-        schema: None,
-        max_connections: 200,
-        shared_buffers: "64MB".into(),
-        router_port: args.router_port,
-        user: "app".into(),
-        password: "app".into(),
-        no_router: false,
-        routers: 1,
-        // loadgen connects without TLS; a cluster made with `up --tls` still serves it
-        // (its router's [tls] mode is "allow").
-        tls: false,
-        http_port: None,
-        spare: 0,
-    };
+    // Every other option of `up` at its default: one router, no TLS (loadgen connects without
+    // it; a cluster made with `up --tls` still serves it, its router's [tls] mode is "allow").
+    let up_args = UpArgs::with_defaults(args.cluster.clone())?;
     let code = up::run(&up_args)?;
     if code != ExitCode::SUCCESS {
         return Ok(code);
     }
-    let dir = args.dir.resolve()?;
+    let dir = args.cluster.dir.resolve()?;
     let state = ClusterState::load(&dir)?.ok_or("the cluster state file is missing after `up`")?;
     let router = state.router.as_ref().ok_or(
         "the cluster has no router (it was started with --no-router): run `cluster down` first",
@@ -132,7 +100,10 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
         chart.display()
     );
     println!("router:  psql {}", router.url);
-    println!("stop:    deploy/local/cluster down{}", dir_flag(&args.dir));
+    println!(
+        "stop:    deploy/local/cluster down{}",
+        dir_flag(&args.cluster.dir)
+    );
     Ok(ExitCode::SUCCESS)
 }
 

@@ -62,7 +62,7 @@ fn cpu(pids: &[u32]) -> Result<ExitCode> {
 }
 
 /// Where the cluster lives.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct DirArgs {
     /// Cluster directory, holding cluster.json (state) and shardmap.toml [default: <repo>/.cluster]
     #[arg(long, value_name = "DIR")]
@@ -131,5 +131,41 @@ fn main() -> ExitCode {
             }
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::{Cli, Command};
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    /// `demo` brings the cluster up with the options it shares with `up`, and the same defaults.
+    #[test]
+    fn demo_and_up_share_their_cluster_options() {
+        let up = match Cli::try_parse_from(["cluster", "up"]) {
+            Ok(Cli {
+                command: Command::Up(a),
+            }) => a,
+            other => panic!("`cluster up` does not parse as up: {other:?}"),
+        };
+        let demo = match Cli::try_parse_from(["cluster", "demo"]) {
+            Ok(Cli {
+                command: Command::Demo(a),
+            }) => a,
+            other => panic!("`cluster demo` does not parse as demo: {other:?}"),
+        };
+        assert_eq!(format!("{:?}", up.cluster), format!("{:?}", demo.cluster));
+        let from_demo = match crate::up::UpArgs::with_defaults(demo.cluster) {
+            Ok(a) => a,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(format!("{up:?}"), format!("{from_demo:?}"));
+        assert!(Cli::try_parse_from(["cluster", "up", "--no-router", "--http-port", "1"]).is_err());
     }
 }

@@ -199,6 +199,27 @@ pub fn write_config(dir: &Path, opts: &RouterOptions) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// The HTTP side port a router config serves (`[http] listen = "127.0.0.1:PORT"`, as
+/// [`write_config`] writes it); `None` when it has no `[http]` table.
+pub fn configured_http_port(config: &Path) -> Result<Option<u16>> {
+    let text = std::fs::read_to_string(config)
+        .map_err(|e| format!("reading {}: {e}", config.display()))?;
+    http_port_of(&text).map_err(|e| format!("{}: {e}", config.display()).into())
+}
+
+fn http_port_of(config: &str) -> std::result::Result<Option<u16>, String> {
+    let doc: toml::Table = config.parse().map_err(|e| format!("not valid TOML: {e}"))?;
+    let Some(listen) = doc.get("http").and_then(|h| h.get("listen")) else {
+        return Ok(None);
+    };
+    listen
+        .as_str()
+        .and_then(|l| l.rsplit_once(':'))
+        .and_then(|(_, port)| port.parse().ok())
+        .map(Some)
+        .ok_or_else(|| format!("[http] listen = {listen} is not \"HOST:PORT\""))
+}
+
 /// Starts `bin --config CONFIG` detached from this command (own session, so neither Ctrl-C in
 /// this terminal nor closing it reaches the router), output to `DIR/router.log`, and waits
 /// until it is ready (pgharness's launcher). If it exits first, or is not ready in time, the
@@ -339,6 +360,30 @@ mod tests {
             connection_url("a b", "p@ss:w/rd", 1),
             "postgres://a%20b:p%40ss%3Aw%2Frd@127.0.0.1:1/app"
         );
+    }
+
+    #[test]
+    fn the_http_port_is_read_back_from_the_config() {
+        let dir =
+            std::env::temp_dir().join(format!("shardgate-cluster-http-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let mut opts = RouterOptions {
+            index: 1,
+            port: 6432,
+            user: "app".into(),
+            password: "app".into(),
+            pool_size: 1,
+            connect_timeout_ms: 1,
+            tls: false,
+            http_port: None,
+        };
+        let config = write_config(&dir, &opts).expect("config");
+        assert_eq!(configured_http_port(&config).ok(), Some(None));
+        opts.http_port = Some(9187);
+        let config = write_config(&dir, &opts).expect("config");
+        assert_eq!(configured_http_port(&config).ok(), Some(Some(9187)));
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(http_port_of("[http]\nlisten = \"nowhere\"\n").is_err());
     }
 
     #[test]

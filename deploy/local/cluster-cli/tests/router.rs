@@ -120,6 +120,25 @@ async fn up_starts_a_router_that_routes_and_down_stops_it() {
     assert!(again.status.success());
     assert!(stdout(&again).contains("already up"));
     assert!(stdout(&again).contains(&format!("router pid {pid}")));
+    assert!(
+        !stdout(&again).contains("metrics:"),
+        "no HTTP port was asked for"
+    );
+
+    // `--http-port` on the running cluster, whose router serves none: refused (nothing would
+    // listen there), and the router is left alone.
+    let http_port = free_port().to_string();
+    let mut with_http = up_args.clone();
+    with_http.extend(["--http-port", &http_port]);
+    let refused = cluster(&router, &with_http);
+    assert!(!refused.status.success(), "up --http-port was not refused");
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        err.contains("without an HTTP port") && err.contains("cluster down"),
+        "unclear refusal: {err}"
+    );
+    assert!(!stdout(&refused).contains("metrics:"));
+    assert!(pid_alive(pid));
 
     let down = cluster(&router, &["down", "--dir", &dir_arg]);
     assert!(down.status.success());

@@ -16,7 +16,8 @@ use pgharness::{Cluster, ClusterOptions, Readiness, Schema, Server, ServerOption
 
 use crate::router::{self, RouterOptions};
 use crate::state::{
-    stable_hash, ClusterState, Phase, ServerState, ShardState, SpareState, SHARDMAP_FILE,
+    stable_hash, ClusterState, Phase, RouterState, ServerState, ShardState, SpareState,
+    SHARDMAP_FILE,
 };
 use crate::{down, repo_root, DirArgs, Result};
 
@@ -37,12 +38,16 @@ pub const SERVER_SETTINGS: [(&str, &str); 3] = [
     ("max_replication_slots", "16"),
 ];
 
-/// Options of `cluster up`.
-#[derive(Debug, Args)]
-pub struct UpArgs {
-    /// Number of shard databases (the keyspace is split evenly over them)
+/// Shard databases of a new cluster when `--shards` is not given (`up` and `demo` alike).
+pub const DEFAULT_SHARDS: u64 = 4;
+
+/// What cluster to make and where it listens: the options `up` and `demo` share, declared once
+/// so that both have the same defaults. A cluster that is already up keeps its own.
+#[derive(Debug, Clone, Args)]
+pub struct ClusterArgs {
+    /// Number of shard databases (the keyspace is split evenly over them) [default: 4]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=4096))]
-    pub shards: u64,
+    pub shards: Option<u64>,
 
     /// Number of PostgreSQL servers; shard i lives on server i % K [default: min(N, 4)]
     #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..=256))]
@@ -54,6 +59,17 @@ pub struct UpArgs {
     /// Port of server 0; server i listens on 127.0.0.1:(P + i)
     #[arg(long, value_name = "P", default_value_t = 5433)]
     pub base_port: u16,
+
+    /// Port of the router (shardgate); clients connect to 127.0.0.1:PORT, database `app`
+    #[arg(long, value_name = "PORT", default_value_t = 6432)]
+    pub router_port: u16,
+}
+
+/// Options of `cluster up`.
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
 
     /// SQL applied to every shard database [default: <repo>/deploy/local/schema.sql]
     #[arg(long, value_name = "FILE")]
@@ -67,23 +83,13 @@ pub struct UpArgs {
     #[arg(long, value_name = "SIZE", default_value = "64MB")]
     pub shared_buffers: String,
 
-    /// Port of the router (shardgate); clients connect to 127.0.0.1:PORT, database `app`
-    #[arg(
-        long,
-        value_name = "PORT",
-        default_value_t = 6432,
-        conflicts_with = "no_router"
-    )]
-    pub router_port: u16,
-
     /// Routers to start, all on the same shard map: router k listens on --router-port + k - 1
     /// (and --http-port + k - 1), with DIR/router-K.toml and DIR/router-K.log from the second on
     #[arg(
         long,
         value_name = "N",
         default_value_t = 1,
-        value_parser = clap::value_parser!(u64).range(1..=64),
-        conflicts_with = "no_router"
+        value_parser = clap::value_parser!(u64).range(1..=64)
     )]
     pub routers: u64,
 
@@ -96,7 +102,7 @@ pub struct UpArgs {
     pub password: String,
 
     /// Start only the PostgreSQL servers, no router
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["router_port", "routers", "http_port"])]
     pub no_router: bool,
 
     /// Turn TLS on: make a CA and certificates in DIR/tls, start the servers with ssl = on, and
@@ -104,7 +110,9 @@ pub struct UpArgs {
     #[arg(long)]
     pub tls: bool,
 
-    /// Also serve the router's HTTP side port on 127.0.0.1:PORT (/metrics, /health, /ready)
+    /// Also serve the router's HTTP side port on 127.0.0.1:PORT (/metrics, /health, /ready).
+    /// Only when the router starts: a running cluster's router keeps what it was started with
+    /// (`up` refuses a different --http-port then; `cluster down` first)
     #[arg(long, value_name = "PORT")]
     pub http_port: Option<u16>,
 
@@ -121,6 +129,21 @@ pub struct UpArgs {
     pub spare: u64,
 }
 
+impl UpArgs {
+    /// `up` with the cluster options `cluster` and every other option at its default, as
+    /// declared above (what `demo` runs).
+    pub fn with_defaults(cluster: ClusterArgs) -> Result<UpArgs> {
+        use clap::FromArgMatches;
+        let matches = UpArgs::augment_args(clap::Command::new("up"))
+            .try_get_matches_from(["up"])
+            .map_err(|e| format!("internal error: the defaults of `up`: {e}"))?;
+        let mut args = UpArgs::from_arg_matches(&matches)
+            .map_err(|e| format!("internal error: the defaults of `up`: {e}"))?;
+        args.cluster = cluster;
+        Ok(args)
+    }
+}
+
 /// Everything `up` decided and started so far.
 struct Up {
     dir: PathBuf,
@@ -131,6 +154,8 @@ struct Up {
     schema: PathBuf,
     shards: usize,
     servers: usize,
+    /// Whether `--shards` or `--servers` was given (rather than the defaults).
+    layout_given: bool,
     base_port: u16,
     server_options: ServerOptions,
     /// The first router to start; `None` with `--no-router`.
@@ -182,9 +207,10 @@ pub fn run(args: &UpArgs) -> Result<ExitCode> {
 
 /// Step 1: resolve defaults and decide where the data goes.
 fn plan(args: &UpArgs) -> Result<Up> {
-    let dir = args.dir.resolve()?;
-    let shards = args.shards as usize;
-    let servers = args.servers.map(|k| k as usize).unwrap_or(shards.min(4));
+    let c = &args.cluster;
+    let dir = c.dir.resolve()?;
+    let shards = c.shards.unwrap_or(DEFAULT_SHARDS) as usize;
+    let servers = c.servers.map(|k| k as usize).unwrap_or(shards.min(4));
     if servers > shards {
         return Err(format!(
             "--servers {servers} is more than --shards {shards}; every server needs a shard"
@@ -192,19 +218,19 @@ fn plan(args: &UpArgs) -> Result<Up> {
         .into());
     }
     let spare_count = args.spare as usize;
-    if usize::from(args.base_port) + servers + spare_count - 1 > usize::from(u16::MAX)
-        || args.base_port == 0
+    if usize::from(c.base_port) + servers + spare_count - 1 > usize::from(u16::MAX)
+        || c.base_port == 0
     {
         return Err(format!(
             "--base-port {} leaves no room for {servers} servers and {spare_count} spare servers",
-            args.base_port
+            c.base_port
         )
         .into());
     }
     if args.user.is_empty() || args.password.is_empty() {
         return Err("--user and --password must not be empty".into());
     }
-    if !args.no_router && args.router_port == 0 {
+    if !args.no_router && c.router_port == 0 {
         return Err("--router-port 0 is not a port; pick a free one, e.g. 6432".into());
     }
     let routers = if args.no_router {
@@ -212,10 +238,10 @@ fn plan(args: &UpArgs) -> Result<Up> {
     } else {
         args.routers as usize
     };
-    if routers > 0 && usize::from(args.router_port) + routers - 1 > usize::from(u16::MAX) {
+    if routers > 0 && usize::from(c.router_port) + routers - 1 > usize::from(u16::MAX) {
         return Err(format!(
             "--router-port {} leaves no room for {routers} routers",
-            args.router_port
+            c.router_port
         )
         .into());
     }
@@ -234,7 +260,7 @@ fn plan(args: &UpArgs) -> Result<Up> {
     }
     let router = (!args.no_router).then(|| RouterOptions {
         index: 1,
-        port: args.router_port,
+        port: c.router_port,
         user: args.user.clone(),
         password: args.password.clone(),
         pool_size: router::pool_size(max_connections, shards, servers, workers),
@@ -273,7 +299,8 @@ fn plan(args: &UpArgs) -> Result<Up> {
         schema,
         shards,
         servers,
-        base_port: args.base_port,
+        layout_given: c.shards.is_some() || c.servers.is_some(),
+        base_port: c.base_port,
         server_options: ServerOptions {
             persistent: true,
             max_connections,
@@ -595,15 +622,17 @@ fn print_summary(up: &Up) {
         spares::print_urls(state);
         if let Some(r) = &state.router {
             println!("connect:    psql {}", r.url);
-            print_urls(up, &r.url);
+            print_urls(up, r);
         }
         print_loadgen_targets(state);
     }
 }
 
 /// With TLS, how to connect with the certificate checked (`sslmode=verify-full`); the admin
-/// console (the cluster's user is an admin); the HTTP side port when there is one.
-fn print_urls(up: &Up, url: &str) {
+/// console (the cluster's user is an admin); the HTTP side port when the router serves one (as
+/// its config says, whatever this invocation's `--http-port`).
+fn print_urls(up: &Up, router: &RouterState) {
+    let url = router.url.as_str();
     if up.tls {
         println!(
             "with TLS:   psql '{}'",
@@ -613,7 +642,7 @@ fn print_urls(up: &Up, url: &str) {
     if let Some((base, _)) = url.rsplit_once('/') {
         println!("admin:      psql {base}/shardgate -c 'SHOW SHARDS'");
     }
-    if let Some(port) = up.router.as_ref().and_then(|r| r.http_port) {
+    if let Ok(Some(port)) = router::configured_http_port(&router.config) {
         println!("metrics:    curl http://127.0.0.1:{port}/metrics");
     }
 }

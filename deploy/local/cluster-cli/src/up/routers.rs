@@ -12,8 +12,10 @@ use crate::Result;
 /// `up` on a cluster whose shard servers all run: start the spare servers that stopped and add
 /// those `--spare` asks for beyond the cluster's ([`super::spares::keep_spares`]), start the
 /// router if it is wanted and not running (it crashed, was killed, or the cluster was made with
-/// `--no-router`), change nothing else.
+/// `--no-router`), change nothing else. A `--http-port` the router would not serve is refused
+/// before anything starts ([`check_http_port`]).
 pub(super) fn keep_running(up: &mut Up) -> Result<ExitCode> {
+    check_http_port(up)?;
     let state = up.state.as_ref().ok_or("internal error: no state")?;
     if up.tls != state.tls {
         println!(
@@ -34,7 +36,7 @@ pub(super) fn keep_running(up: &mut Up) -> Result<ExitCode> {
         state.servers.len(),
         state.shard_count
     );
-    if state.shard_count != up.shards || state.servers.len() != up.servers {
+    if up.layout_given && (state.shard_count != up.shards || state.servers.len() != up.servers) {
         println!(
             "note: you asked for {} shards on {} servers; the servers were not changed",
             up.shards, up.servers
@@ -53,7 +55,7 @@ pub(super) fn keep_running(up: &mut Up) -> Result<ExitCode> {
             }
             println!("  router pid {} on 127.0.0.1:{}", running.pid, running.port);
             println!("connect:  psql {}", running.url);
-            print_urls(up, &running.url);
+            print_urls(up, running);
         }
         (_, None) => println!("  no router (--no-router)"),
         (previous, Some(wanted)) => {
@@ -79,12 +81,48 @@ pub(super) fn keep_running(up: &mut Up) -> Result<ExitCode> {
             if let Some(r) = up.state.as_ref().and_then(|s| s.router.as_ref()) {
                 println!("  router pid {} on 127.0.0.1:{}", r.pid, r.port);
                 println!("connect:  psql {}", r.url);
-                print_urls(up, &r.url);
+                print_urls(up, r);
             }
         }
     }
     keep_more_routers(up)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `up --http-port P` on a running cluster: a router that ran before (running now or not) keeps
+/// the config it was started with, HTTP port included, so a P it does not serve is an error
+/// rather than ignored (nothing would listen on P). A cluster that has no router yet (made with
+/// `--no-router`) gets one with P.
+fn check_http_port(up: &Up) -> Result<()> {
+    let Some(wanted) = up.router.as_ref().and_then(|r| r.http_port) else {
+        return Ok(());
+    };
+    let state = up.state.as_ref().ok_or("internal error: no state")?;
+    // A router whose config is gone starts afresh, with this invocation's options.
+    let Some(r) = state.router.as_ref().filter(|r| r.config.is_file()) else {
+        return Ok(());
+    };
+    let has = router::configured_http_port(&r.config)?;
+    if has == Some(wanted) {
+        return Ok(());
+    }
+    let runs = if router::is_running(r) {
+        "runs"
+    } else {
+        "was started"
+    };
+    let serves = match has {
+        Some(p) => format!("with its HTTP port on 127.0.0.1:{p}"),
+        None => "without an HTTP port".into(),
+    };
+    Err(format!(
+        "--http-port {wanted}: the cluster in {} is already up, and its router {runs} {serves} ({}); \
+         `up` leaves a running cluster as it is, so nothing would listen on port {wanted}.\n\
+         Run `cluster down` first (it deletes the cluster's data), then `cluster up --http-port {wanted}`",
+        up.dir.display(),
+        r.config.display()
+    )
+    .into())
 }
 
 /// The routers after the first on a running cluster: start those that stopped, as many as the
