@@ -249,7 +249,7 @@ fi
 # The shared-connections router: the same build and config, its statements pipelined over
 # --shared-connections backend connections.
 if wants shared; then
-    start_router shared "$target_dir/release/shardgate" "$shared_port" \
+    start_router shared "$release/shardgate" "$shared_port" \
         "s|^\[pool\]\$|[pool]\nshared_connections = $shared_connections|"
     grep -q "^shared_connections = $shared_connections" "$tmp/shared/router.toml" ||
         die "the cluster's router.toml has no [pool] section to add shared_connections to"
