@@ -1,15 +1,22 @@
 //! One independent pool of backend connections per (host, port, database).
 //!
-//! Pools are deadpool `managed::Pool`s with our own manager. Each has its own lock, size and
-//! wait queue, so a slow or dead host only ever delays the clients whose statements go to it.
-//! Shards that share a database endpoint share its pool.
+//! Each pool has its own lock, size and waiters, so a slow or dead host only ever delays the
+//! clients whose statements go to it; shards that share a database endpoint share its pool.
+//! Every worker thread has pools of its own, so a pool's lock is in practice only ever taken by
+//! one thread (and by the metrics reader now and then): taking it is two uncontended atomic
+//! operations. A checkout that finds an idle connection reads no clock, allocates nothing and
+//! moves a pointer: connections live in boxes, handed out and given back whole.
+//!
+//! (deadpool's managed pool did this job before; per statement it cost more than the rest of
+//! the checkout: a semaphore and a lock, hooks, a clock read for its metrics, and the
+//! connection moved by value through several layers. docs/architecture.md says more.)
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use deadpool::managed::{self, Metrics, Object, PoolError, RecycleError, RecycleResult, Timeouts};
 use shardmap::ShardMap;
+use tokio::sync::Notify;
 
 use super::conn::{BackendConn, BackendError, Endpoint};
 
@@ -29,31 +36,6 @@ pub struct PoolSettings {
     /// `[backend] sslmode` and its certificate authorities.
     pub tls: crate::tls::BackendTls,
 }
-
-pub struct Manager {
-    endpoint: Endpoint,
-}
-
-impl managed::Manager for Manager {
-    type Type = BackendConn;
-    type Error = BackendError;
-
-    async fn create(&self) -> Result<BackendConn, BackendError> {
-        BackendConn::connect(&self.endpoint).await
-    }
-
-    async fn recycle(&self, conn: &mut BackendConn, _: &Metrics) -> RecycleResult<BackendError> {
-        if conn.is_idle_healthy() {
-            Ok(())
-        } else {
-            Err(RecycleError::message(
-                "the connection was closed or left in an unknown state",
-            ))
-        }
-    }
-}
-
-pub type PooledConn = Object<Manager>;
 
 impl Endpoint {
     /// How the router logs in to `primary`: as the user and with the password of its URL, else
@@ -80,24 +62,135 @@ impl Endpoint {
 
 /// Whether a connection just checked out was opened for this checkout (never used before).
 pub fn opened_for_this(conn: &PooledConn) -> bool {
-    Object::metrics(conn).recycled.is_none()
+    conn.opened
 }
 
 /// Closes a connection instead of returning it to its pool: it may hold state another client
 /// must not see (an open transaction, a half-read reply), or it broke.
-pub fn discard(conn: PooledConn) {
-    drop(Object::take(conn));
+pub fn discard(mut conn: PooledConn) {
+    conn.conn = None;
 }
 
 /// The pool of one endpoint.
 pub struct ShardPool {
     pub endpoint: Endpoint,
-    pool: managed::Pool<Manager>,
+    /// Its connections, shared with a pool that kept them through a reload.
+    slots: Arc<Slots>,
     checkout_timeout: Duration,
     min_idle: usize,
     idle_timeout: Option<Duration>,
     /// Made for this routing, not kept through a reload ([`ShardPool::is_new`]).
     new: bool,
+}
+
+/// The connections of one pool, and who waits for one.
+struct Slots {
+    state: Mutex<State>,
+    /// Woken when a connection comes back or a slot frees up.
+    freed: Notify,
+}
+
+struct State {
+    /// Connections at rest, the most recently used last (handed out first: its socket and
+    /// its server process are warm).
+    idle: Vec<Idle>,
+    /// Connections open or being opened, idle ones included.
+    size: usize,
+    max_size: usize,
+    /// Checkouts waiting for a connection.
+    waiting: usize,
+}
+
+struct Idle {
+    conn: Box<BackendConn>,
+    /// When the pool's maintenance first saw it idle (not read per statement: a checkout and
+    /// a return read no clock); `None` until then.
+    seen_idle: Option<Instant>,
+}
+
+/// How a pool stands (`SHOW POOLS`, `/metrics`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Status {
+    pub max_size: usize,
+    /// Connections open (idle or in use) or being opened.
+    pub size: usize,
+    /// Idle connections.
+    pub available: usize,
+    /// Checkouts waiting for a connection.
+    pub waiting: usize,
+}
+
+/// A connection checked out of its pool; it goes back when dropped, unless it is broken, left
+/// in an unknown state, or taken out with [`discard`].
+pub struct PooledConn {
+    conn: Option<Box<BackendConn>>,
+    slots: Arc<Slots>,
+    /// Opened for this checkout (never used before).
+    opened: bool,
+}
+
+impl std::ops::Deref for PooledConn {
+    type Target = BackendConn;
+    fn deref(&self) -> &BackendConn {
+        // Only `discard` and `drop` take the connection out, and both consume the guard.
+        self.conn.as_deref().unwrap_or_else(|| unreachable!())
+    }
+}
+
+impl std::ops::DerefMut for PooledConn {
+    fn deref_mut(&mut self) -> &mut BackendConn {
+        self.conn.as_deref_mut().unwrap_or_else(|| unreachable!())
+    }
+}
+
+impl Drop for PooledConn {
+    fn drop(&mut self) {
+        // Whether it is still good is checked when it is next checked out (a server may close
+        // it meanwhile anyway); one known to be broken is closed now.
+        let back = self.conn.take().filter(|c| !c.broken);
+        let mut state = self.slots.lock();
+        match back {
+            Some(conn) if state.size <= state.max_size => state.idle.push(Idle {
+                conn,
+                seen_idle: None,
+            }),
+            // Closed (dropped here), and its slot is free: a pool shrunk by a reload closes
+            // connections beyond its new size as they come back.
+            _ => state.size -= 1,
+        }
+        let waiters = state.waiting > 0;
+        drop(state);
+        if waiters {
+            self.slots.freed.notify_one();
+        }
+    }
+}
+
+impl Slots {
+    fn new(max_size: usize) -> Slots {
+        Slots {
+            state: Mutex::new(State {
+                idle: Vec::new(),
+                size: 0,
+                max_size,
+                waiting: 0,
+            }),
+            freed: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding it leaves counts that are still true: go on with them.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// What a checkout found.
+enum Found {
+    Idle(Box<BackendConn>),
+    /// A free slot, reserved: the caller opens the connection.
+    Room,
+    Full,
 }
 
 impl Endpoint {
@@ -138,18 +231,9 @@ pub enum CheckoutError {
 
 impl ShardPool {
     fn new(endpoint: Endpoint, s: &PoolSettings) -> ShardPool {
-        let manager = Manager {
-            endpoint: endpoint.clone(),
-        };
-        let pool = managed::Pool::builder(manager)
-            .max_size(s.max_size)
-            .runtime(deadpool::Runtime::Tokio1)
-            .build()
-            // Only fails when a timeout is set without a runtime; the runtime is set above.
-            .unwrap_or_else(|e| panic!("pool builder: {e}"));
         ShardPool {
             endpoint,
-            pool,
+            slots: Arc::new(Slots::new(s.max_size)),
             checkout_timeout: s.checkout_timeout,
             min_idle: s.min_idle.min(s.max_size),
             idle_timeout: s.idle_timeout,
@@ -157,37 +241,100 @@ impl ShardPool {
         }
     }
 
+    /// [`ShardPool::find`], unless checkouts are waiting already: they come first, in turn.
+    fn find_unless_queued(&self) -> Found {
+        let mut state = self.slots.lock();
+        if state.waiting > 0 {
+            return Found::Full;
+        }
+        Self::found(&mut state)
+    }
+
+    /// An idle connection that is still good (a broken one is closed and the next tried), or
+    /// room to open one.
+    fn find(&self) -> Found {
+        Self::found(&mut self.slots.lock())
+    }
+
+    fn found(state: &mut State) -> Found {
+        while let Some(idle) = state.idle.pop() {
+            if idle.conn.is_idle_healthy() {
+                return Found::Idle(idle.conn);
+            }
+            // The server closed it while it was idle (a restart, an idle timeout of its own).
+            state.size -= 1;
+        }
+        if state.size < state.max_size {
+            state.size += 1;
+            return Found::Room;
+        }
+        Found::Full
+    }
+
+    fn checked_out(&self, conn: Box<BackendConn>, opened: bool) -> PooledConn {
+        PooledConn {
+            conn: Some(conn),
+            slots: self.slots.clone(),
+            opened,
+        }
+    }
+
+    /// Opens a connection in a slot [`ShardPool::find`] reserved; the slot is freed again when
+    /// it fails.
+    async fn open(&self) -> Result<PooledConn, CheckoutError> {
+        match BackendConn::connect(&self.endpoint).await {
+            Ok(conn) => Ok(self.checked_out(Box::new(conn), true)),
+            Err(e) => {
+                let waiters = {
+                    let mut state = self.slots.lock();
+                    state.size -= 1;
+                    state.waiting > 0
+                };
+                if waiters {
+                    self.slots.freed.notify_one();
+                }
+                Err(CheckoutError::Unreachable(e))
+            }
+        }
+    }
+
     /// Closes connections idle longer than the idle timeout, then opens connections until
     /// `min_idle` are there. Runs in the background, never on a client's path.
     async fn maintain(&self) {
-        if let Some(limit) = self.idle_timeout {
-            let mut keep = self.min_idle;
-            // The first `min_idle` stale connections found are kept open rather than reopened.
-            let retained = self.pool.retain(|_, m| {
-                if m.last_used() < limit {
-                    return true;
-                }
-                if keep > 0 {
-                    keep -= 1;
-                    return true;
-                }
-                false
-            });
-            if !retained.removed.is_empty() {
-                tracing::debug!(endpoint = %self.endpoint.name(), closed = retained.removed.len(), "closed idle connections");
+        let now = Instant::now();
+        let closed = {
+            let mut state = self.slots.lock();
+            for idle in &mut state.idle {
+                idle.seen_idle.get_or_insert(now);
             }
+            let mut closed = Vec::new();
+            if let Some(limit) = self.idle_timeout {
+                // The least recently used are first; `min_idle` connections stay open anyway.
+                let stale = state
+                    .idle
+                    .iter()
+                    .take_while(|i| i.seen_idle.is_some_and(|t| now - t >= limit))
+                    .count();
+                let keep = self.min_idle.saturating_sub(state.size - stale);
+                let close = stale.saturating_sub(keep);
+                closed.extend(state.idle.drain(..close));
+                state.size -= close;
+            }
+            closed
+        };
+        if !closed.is_empty() {
+            tracing::debug!(endpoint = %self.endpoint.name(), closed = closed.len(), "closed idle connections");
+            self.slots.freed.notify_one();
         }
-        let status = self.pool.status();
-        let missing = self.min_idle.saturating_sub(status.size);
-        if missing > 0 {
-            let mut opened = Vec::with_capacity(missing);
-            for _ in 0..missing {
-                match self.pool.get().await {
-                    Ok(c) => opened.push(c),
-                    Err(e) => {
-                        tracing::debug!(endpoint = %self.endpoint.name(), "could not open an idle connection: {e}");
-                        break;
-                    }
+        let missing = self.min_idle.saturating_sub(self.status().size);
+        let mut opened = Vec::with_capacity(missing);
+        for _ in 0..missing {
+            match self.get_now().await {
+                Ok(Some(c)) => opened.push(c),
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::debug!(endpoint = %self.endpoint.name(), "could not open an idle connection: {e:?}");
+                    break;
                 }
             }
         }
@@ -200,55 +347,56 @@ impl ShardPool {
     }
 
     /// [`ShardPool::get`], and how long the caller waited for the connection (to open it, or
-    /// for a busy pool). The common case, a free connection at once, reads no clock.
+    /// for a busy pool). The common case, an idle connection at once, reads no clock.
     pub async fn get_timed(&self) -> Result<(PooledConn, Duration), CheckoutError> {
-        // Most checkouts find a free connection: try that without arming a timer, and only
-        // then wait with the timeout.
-        if let Some(conn) = self.get_now().await? {
-            // A connection handed out for the first time was opened for this checkout.
-            let waited = if opened_for_this(&conn) {
-                conn.connect_time
-            } else {
-                Duration::ZERO
-            };
-            return Ok((conn, waited));
+        match self.find_unless_queued() {
+            Found::Idle(conn) => return Ok((self.checked_out(conn, false), Duration::ZERO)),
+            Found::Room => {
+                let conn = self.open().await?;
+                let waited = conn.connect_time;
+                return Ok((conn, waited));
+            }
+            Found::Full => {}
         }
-        let timeouts = Timeouts {
-            wait: Some(self.checkout_timeout),
-            create: None,
-            recycle: None,
-        };
-        let asked = std::time::Instant::now();
-        match self.pool.timeout_get(&timeouts).await {
-            Ok(conn) => Ok((conn, asked.elapsed())),
-            Err(PoolError::Backend(e)) => Err(CheckoutError::Unreachable(e)),
-            Err(PoolError::Timeout(_)) => Err(CheckoutError::Exhausted {
+        let asked = Instant::now();
+        let deadline = tokio::time::Instant::from_std(asked + self.checkout_timeout);
+        self.slots.lock().waiting += 1;
+        let got = self.wait_until(deadline).await;
+        self.slots.lock().waiting -= 1;
+        match got {
+            Some(Found::Idle(conn)) => Ok((self.checked_out(conn, false), asked.elapsed())),
+            Some(Found::Room) => self.open().await.map(|conn| (conn, asked.elapsed())),
+            Some(Found::Full) | None => Err(CheckoutError::Exhausted {
                 endpoint: self.endpoint.name(),
                 waited: self.checkout_timeout,
             }),
-            Err(other) => Err(CheckoutError::Unreachable(BackendError::Protocol {
-                endpoint: self.endpoint.name(),
-                why: other.to_string(),
-            })),
+        }
+    }
+
+    /// Waits for a connection or a free slot, until `deadline`.
+    async fn wait_until(&self, deadline: tokio::time::Instant) -> Option<Found> {
+        loop {
+            // Registered before looking, so a connection given back in between is not missed.
+            let freed = self.slots.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            match self.find() {
+                Found::Full => {}
+                found => return Some(found),
+            }
+            if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                return None;
+            }
         }
     }
 
     /// An idle connection, or a new one if the pool has room; `None` at once when every
-    /// connection is busy (a zero wait makes deadpool try its semaphore once, no timer).
+    /// connection is busy.
     pub async fn get_now(&self) -> Result<Option<PooledConn>, CheckoutError> {
-        let immediate = Timeouts {
-            wait: Some(Duration::ZERO),
-            create: None,
-            recycle: None,
-        };
-        match self.pool.timeout_get(&immediate).await {
-            Ok(conn) => Ok(Some(conn)),
-            Err(PoolError::Timeout(_)) => Ok(None),
-            Err(PoolError::Backend(e)) => Err(CheckoutError::Unreachable(e)),
-            Err(other) => Err(CheckoutError::Unreachable(BackendError::Protocol {
-                endpoint: self.endpoint.name(),
-                why: other.to_string(),
-            })),
+        match self.find_unless_queued() {
+            Found::Idle(conn) => Ok(Some(self.checked_out(conn, false))),
+            Found::Room => self.open().await.map(Some),
+            Found::Full => Ok(None),
         }
     }
 
@@ -258,28 +406,48 @@ impl ShardPool {
         self.new
     }
 
-    pub fn status(&self) -> deadpool::Status {
-        self.pool.status()
+    pub fn status(&self) -> Status {
+        let state = self.slots.lock();
+        Status {
+            max_size: state.max_size,
+            size: state.size,
+            available: state.idle.len(),
+            waiting: state.waiting,
+        }
     }
 
-    /// The backend pid of each idle connection and how long it has been idle (for the admin
-    /// console; takes the pool's lock once).
+    /// The backend pid of each idle connection and how long it has been idle, as far as the
+    /// pool's maintenance has seen (for the admin console).
     pub fn idle(&self) -> Vec<(i32, Duration)> {
-        let mut idle = Vec::new();
-        self.pool.retain(|conn, m| {
-            idle.push((conn.pid, m.last_used()));
-            true
-        });
-        idle
+        let state = self.slots.lock();
+        state
+            .idle
+            .iter()
+            .map(|i| {
+                (
+                    i.conn.pid,
+                    i.seen_idle.map_or(Duration::ZERO, |t| t.elapsed()),
+                )
+            })
+            .collect()
     }
 
     /// This pool with new sizes and timeouts, keeping its connections (a reload that changes
     /// pool settings but not where or how to log in).
     fn retuned(&self, endpoint: Endpoint, s: &PoolSettings) -> ShardPool {
-        self.pool.resize(s.max_size);
+        {
+            let mut state = self.slots.lock();
+            state.max_size = s.max_size;
+            // Idle connections beyond the new size close now; those in use as they come back.
+            while state.size > state.max_size && !state.idle.is_empty() {
+                state.idle.remove(0);
+                state.size -= 1;
+            }
+        }
+        self.slots.freed.notify_waiters();
         ShardPool {
             endpoint,
-            pool: self.pool.clone(),
+            slots: self.slots.clone(),
             checkout_timeout: s.checkout_timeout,
             min_idle: s.min_idle.min(s.max_size),
             idle_timeout: s.idle_timeout,
