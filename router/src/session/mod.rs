@@ -205,6 +205,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     }
 
     async fn serve(&mut self) -> Result<(), SessionError> {
+        // A drain closes sessions that wait at rest. The wait is made once, not per message:
+        // registering a waiter with the phase's channel on every wait cost as much as a tenth
+        // of routing a statement.
+        let mut phase = self.phase.clone();
+        let closing = phase.wait_for(|p| *p == Phase::Closing);
+        tokio::pin!(closing);
+        let mut closed = false;
         loop {
             while let Some(frame) = self.client.next_frame()? {
                 self.client
@@ -235,20 +242,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             self.out.replies.drain_synthetic(&mut self.client.out);
             self.client.flush().await.map_err(SessionError::Client)?;
             self.trim();
-            let closing = |p: &Phase| *p == Phase::Closing;
             if self.at_rest() && self.shared.lifecycle.closing() {
                 return self.terminate().await;
             }
             let at_rest = self.at_rest();
-            let (client, phase) = (&mut self.client, &mut self.phase);
             tokio::select! {
-                more = client.fill() => {
+                biased;
+                more = self.client.fill() => {
                     if !more.map_err(SessionError::Client)? {
                         return Ok(());
                     }
                 }
-                // A drain closes sessions that wait at rest.
-                _ = phase.wait_for(closing), if at_rest => {}
+                _ = &mut closing, if at_rest && !closed => closed = true,
             }
         }
     }

@@ -238,7 +238,15 @@ impl Replies {
     }
 
     /// Moves the synthetic replies at the head of the queue to `out`.
+    #[inline]
     pub fn drain_synthetic(&mut self, out: &mut Vec<u8>) {
+        // Called for every message and reply frame; there is rarely one.
+        if matches!(self.queue.front(), Some(Expect::Synthetic(_))) {
+            self.move_synthetic(out);
+        }
+    }
+
+    fn move_synthetic(&mut self, out: &mut Vec<u8>) {
         while matches!(self.queue.front(), Some(Expect::Synthetic(_))) {
             let Some(e) = self.queue.pop_front() else {
                 break;

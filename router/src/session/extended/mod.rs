@@ -237,6 +237,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// Sends the held messages, in order, now that a connection is pinned (or answers them
     /// when none is needed).
     fn release_held(&mut self) -> Result<(), SessionError> {
+        if !matches!(self.state.batch, Batch::Held) {
+            // Nothing held (the common case: the batch's shard was known at its first Bind).
+            return Ok(());
+        }
         let mut held = self.state.take_held();
         let sent = held.drain(|msg| self.send(msg));
         self.state.keep_held(held);
