@@ -177,37 +177,36 @@ impl Router {
         let map = shardmap::load(&config.shardmap).map_err(|e| e.to_string())?;
         let tls = crate::tls::load(&config).map_err(|e| e.to_string())?;
         let mut restart = Vec::new();
-        if config.listen != current.config.listen {
-            restart.push(format!(
-                "listen {} (still {} until a restart)",
-                config.listen, current.config.listen
-            ));
-            config.listen = current.config.listen;
-        }
-        if config.router_id != current.config.router_id {
-            restart.push(format!(
-                "router_id {} (still {} until a restart)",
-                config.router_id, current.config.router_id
-            ));
-            config.router_id = current.config.router_id;
-        }
-        if config.http != current.config.http {
-            let show =
-                |a: Option<std::net::SocketAddr>| a.map_or("off".to_string(), |a| a.to_string());
-            restart.push(format!(
-                "http.listen {} (still {} until a restart)",
-                show(config.http),
-                show(current.config.http)
-            ));
-            config.http = current.config.http;
-        }
-        if config.reuse_port != current.config.reuse_port {
-            restart.push(format!(
-                "reuse_port {} (still {} until a restart)",
-                config.reuse_port, current.config.reuse_port
-            ));
-            config.reuse_port = current.config.reuse_port;
-        }
+        let running = &current.config;
+        let shown = |a: &std::net::SocketAddr| a.to_string();
+        keep_running(
+            &mut restart,
+            "listen",
+            &mut config.listen,
+            &running.listen,
+            shown,
+        );
+        keep_running(
+            &mut restart,
+            "router_id",
+            &mut config.router_id,
+            &running.router_id,
+            |id| id.to_string(),
+        );
+        keep_running(
+            &mut restart,
+            "http.listen",
+            &mut config.http,
+            &running.http,
+            |a| a.map_or("off".to_string(), |a| a.to_string()),
+        );
+        keep_running(
+            &mut restart,
+            "reuse_port",
+            &mut config.reuse_port,
+            &running.reuse_port,
+            |r| r.to_string(),
+        );
         let generation = current.generation + 1;
         let (old_version, shards) = (current.map.version(), map.shards().len());
         let new_version = map.version();
@@ -294,4 +293,23 @@ fn default_server_params() -> Vec<(String, String)> {
     .iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect()
+}
+
+/// A setting that cannot change while the router runs: when the reloaded file changes it, the
+/// running value stays (`new` is set back to it) and `restart` says so.
+fn keep_running<T: PartialEq + Clone>(
+    restart: &mut Vec<String>,
+    name: &str,
+    new: &mut T,
+    running: &T,
+    show: impl Fn(&T) -> String,
+) {
+    if new != running {
+        restart.push(format!(
+            "{name} {} (still {} until a restart)",
+            show(new),
+            show(running)
+        ));
+        *new = running.clone();
+    }
 }
