@@ -26,6 +26,8 @@ Options:
   -n, --statements N      statements per client in the measured run       [default: 2500]
   -c, --clients N         pgbench clients                                 [default: 4]
   -r, --rows N            rows in kv                                      [default: 10000]
+      --shared-connections N  run the routers with [pool] shared_connections = N (the
+                          clients' statements pipelined over N backend connections)  [default: 0]
       --baseline-bin PATH the same for this (older) shardgate binary, and the ratios
       --profile DIR       keep the callgrind files in DIR and print the top functions
       --top N             functions listed per build with --profile       [default: 25]
@@ -37,6 +39,7 @@ EOF
 }
 
 modes="simple,extended,prepared" statements=2500 clients=4 rows=10000 baseline_bin="" profile="" top=25
+shared=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
         -m|--modes) modes="$2"; shift 2 ;;
@@ -44,6 +47,7 @@ while [[ $# -gt 0 ]]; do
         -c|--clients) clients="$2"; shift 2 ;;
         -r|--rows) rows="$2"; shift 2 ;;
         --baseline-bin) baseline_bin="$2"; shift 2 ;;
+        --shared-connections) shared="$2"; shift 2 ;;
         --profile) profile="$2"; shift 2 ;;
         --top) top="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
@@ -53,6 +57,7 @@ done
 for n in statements clients rows top; do
     [[ "${!n}" =~ ^[0-9]+$ && "${!n}" -gt 0 ]] || die "--${n} must be a whole number above 0, not '${!n}'"
 done
+[[ "$shared" =~ ^[0-9]+$ ]] || die "--shared-connections must be a whole number, not '$shared'"
 for m in ${modes//,/ }; do [[ "$m" =~ ^(simple|extended|prepared)$ ]] || die "unknown mode '$m'"; done
 [[ -z "$baseline_bin" || -x "$baseline_bin" ]] || die "--baseline-bin $baseline_bin is not an executable"
 need_tools valgrind callgrind_control pgbench psql python3 cargo
@@ -82,6 +87,10 @@ printf '\\set id random(1, %s)\nSELECT v FROM kv WHERE id = :id;\n' "$rows" >"$t
 sed -e "s|^listen = .*|listen = \"127.0.0.1:$port\"|" \
     -e "s|^shardmap = .*|shardmap = \"$tmp/cluster/shardmap.toml\"|" \
     -e "/^admin = /d" "$tmp/cluster/router.toml" >"$tmp/router.toml"
+if ((shared > 0)); then
+    sed -i "s|^\[pool\]\$|[pool]\nshared_connections = $shared|" "$tmp/router.toml"
+    grep -q "^shared_connections = $shared" "$tmp/router.toml" || die "the cluster's router.toml has no [pool] section"
+fi
 export PGPASSWORD=app
 
 # measure NAME BIN MODE: prints the instructions per statement of BIN in MODE.
@@ -124,7 +133,7 @@ for mode in ${modes//,/ }; do
 done
 
 echo
-echo "$(date -u '+%Y-%m-%d %H:%M UTC'), callgrind, router with 1 worker thread, pgbench -c $clients -t $statements"
+echo "$(date -u '+%Y-%m-%d %H:%M UTC'), callgrind, router with 1 worker thread, shared_connections = $shared, pgbench -c $clients -t $statements"
 printf '%-10s %-10s %16s\n' mode build "instr/statement"
 for mode in ${modes//,/ }; do
     for b in "${builds[@]}"; do printf '%-10s %-10s %16s\n' "$mode" "$b" "${per_stmt[$b,$mode]}"; done
