@@ -15,8 +15,9 @@ use plotters::prelude::*;
 use plotters::style::text_anchor;
 
 use crate::compare::Comparison;
-use crate::report::{ms, Report, SecondReport};
+use crate::report::{Report, SecondReport};
 use crate::stats;
+use crate::table::ms;
 
 type Failure = String;
 

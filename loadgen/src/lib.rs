@@ -23,6 +23,7 @@ pub mod report;
 pub mod run;
 pub mod schedule;
 pub mod stats;
+pub mod table;
 pub mod target;
 pub mod workload;
 
