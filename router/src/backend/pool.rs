@@ -185,6 +185,22 @@ impl Slots {
     }
 }
 
+/// A checkout counted among the pool's waiters for as long as it lives.
+struct Waiting<'s>(&'s Slots);
+
+impl<'s> Waiting<'s> {
+    fn new(slots: &'s Slots) -> Waiting<'s> {
+        slots.lock().waiting += 1;
+        Waiting(slots)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.lock().waiting -= 1;
+    }
+}
+
 /// What a checkout found.
 enum Found {
     Idle(Box<BackendConn>),
@@ -360,9 +376,11 @@ impl ShardPool {
         }
         let asked = Instant::now();
         let deadline = tokio::time::Instant::from_std(asked + self.checkout_timeout);
-        self.slots.lock().waiting += 1;
-        let got = self.wait_until(deadline).await;
-        self.slots.lock().waiting -= 1;
+        let got = {
+            // Counted as waiting until this ends, also if the checkout is given up midway.
+            let _waiting = Waiting::new(&self.slots);
+            self.wait_until(deadline).await
+        };
         match got {
             Some(Found::Idle(conn)) => Ok((self.checked_out(conn, false), asked.elapsed())),
             Some(Found::Room) => self.open().await.map(|conn| (conn, asked.elapsed())),
