@@ -7,12 +7,28 @@ use std::process::Command;
 use common::{run, shardgate_bin};
 use shardmap::{Key, KeyRange};
 
-fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("shardgate-cli-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join(name);
-    std::fs::write(&path, text).expect("write");
-    path
+/// A directory for one test's files, removed when the test ends (also when it fails).
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(test: &str) -> TempDir {
+        let dir =
+            std::env::temp_dir().join(format!("shardgate-cli-test-{}-{test}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        TempDir(dir)
+    }
+
+    fn file(&self, name: &str, text: &str) -> std::path::PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, text).expect("write");
+        path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 fn shardgate(args: &[&str]) -> (bool, String, String) {
@@ -21,6 +37,7 @@ fn shardgate(args: &[&str]) -> (bool, String, String) {
 
 #[test]
 fn split_check_locate_and_predicate() {
+    let tmp = TempDir::new("split");
     let (ok, map_text, err) = shardgate(&[
         "shardmap",
         "split",
@@ -40,7 +57,7 @@ fn split_check_locate_and_predicate() {
     assert_eq!(map.shards().len(), 3);
     assert_eq!(map.shards()[1].primary.host, "10.0.0.2");
     assert_eq!(map.shards()[2].primary.database, "shard_002");
-    let file = temp_file("map.toml", &map_text);
+    let file = tmp.file("map.toml", &map_text);
     let file_s = file.to_str().expect("utf-8 path");
 
     let (ok, out, _) = shardgate(&["shardmap", "check", file_s]);
@@ -126,7 +143,8 @@ fn split_check_locate_and_predicate() {
 
 #[test]
 fn bad_input_gets_a_clear_error() {
-    let bad = temp_file(
+    let tmp = TempDir::new("bad-input");
+    let bad = tmp.file(
         "bad.toml",
         "version = 1\n[[shards]]\nrange = \"-8\"\nprimary = \"postgres://h/a\"\n",
     );
@@ -137,7 +155,7 @@ fn bad_input_gets_a_clear_error() {
         "{err}"
     );
 
-    let good = temp_file("good.toml", "version = 1\n[[tables]]\nname = \"kv\"\nkey = \"id\"\ntype = \"bigint\"\n[[shards]]\nrange = \"-\"\nprimary = \"postgres://h/a\"\n");
+    let good = tmp.file("good.toml", "version = 1\n[[tables]]\nname = \"kv\"\nkey = \"id\"\ntype = \"bigint\"\n[[shards]]\nrange = \"-\"\nprimary = \"postgres://h/a\"\n");
     let g = good.to_str().expect("path");
     let (ok, _, err) = shardgate(&["locate", "--shardmap", g, "--table", "kv", "abc"]);
     assert!(!ok);
@@ -176,6 +194,7 @@ fn bad_input_gets_a_clear_error() {
 /// `shardgate explain` prints where a statement goes, from the config and its shard map alone.
 #[test]
 fn explain_without_a_network() {
+    let tmp = TempDir::new("explain");
     let (ok, map_text, err) = shardgate(&[
         "shardmap",
         "split",
@@ -186,8 +205,8 @@ fn explain_without_a_network() {
     ]);
     assert!(ok, "{err}");
     let map = shardmap::parse(&map_text, "split output").expect("a valid map");
-    let map_file = temp_file("explain-map.toml", &map_text);
-    let config = temp_file(
+    let map_file = tmp.file("explain-map.toml", &map_text);
+    let config = tmp.file(
         "explain-router.toml",
         &format!(
             "shardmap = \"{}\"\ndatabase = \"app\"\nauth = \"trust\"\n",
