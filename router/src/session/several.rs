@@ -203,11 +203,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         })
     }
 
-    /// A transaction is open: the client's, or an extended batch's that spans shards.
-    pub(super) fn in_transaction(&self) -> bool {
-        self.state.in_transaction()
-    }
-
     /// Sends `request` to each of `shards`: in the client's transaction when one is open (the
     /// handles give its connections back), else each on a pooled connection of its own.
     /// `None` when it cannot run: the client has the error.
@@ -217,7 +212,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         request: Vec<u8>,
         ordered: bool,
     ) -> Result<Option<(Vec<Receiver>, Vec<Handle>)>, SessionError> {
-        if !self.in_transaction() {
+        if !self.state.in_transaction() {
             let receivers = fanout::start(&self.routing, shards, request, &self.settings);
             return Ok(Some((receivers, Vec::new())));
         }
@@ -275,7 +270,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         self.client
             .meter
             .route(RouteKind::MultiShardWrite, NO_SHARD);
-        if self.in_transaction() {
+        if self.state.in_transaction() {
             // Inside the client's transaction, which commits or rolls back as a whole.
             let Some((receivers, members)) = self.fan_out(&shards, request, true).await? else {
                 return Ok(true);
@@ -313,7 +308,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             .route(RouteKind::MultiShardWrite, NO_SHARD);
         let outcome = match requests {
             Err(err) => split_insert::Outcome::Failed(err),
-            Ok(requests) if self.in_transaction() => self.split_in_transaction(requests).await?,
+            Ok(requests) if self.state.in_transaction() => {
+                self.split_in_transaction(requests).await?
+            }
             Ok(requests) => split_insert::run(&self.routing, &requests, &self.settings).await,
         };
         let out = &mut self.client.out;

@@ -141,7 +141,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
 
     /// What a DECLARE or a cursor command comes to (the module documentation says why).
     pub(super) fn cursor_work(&mut self, dest: Dest) -> CursorWork {
-        if !self.in_transaction() {
+        if !self.state.in_transaction() {
             self.cursors.outside_transaction();
         }
         if self.state.tx == Tx::Failed && self.pin.is_some() {
@@ -194,7 +194,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                         format!("cursor \"{name}\" already exists"),
                     )));
                 }
-                let in_transaction = self.in_transaction();
+                let in_transaction = self.state.in_transaction();
                 let here = self
                     .pinned_shard()
                     .unwrap_or_else(|| self.routing.map.default_shard());
@@ -485,7 +485,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     ) -> Result<Declared, SessionError> {
         let limit = self.routing.config.limits.max_merge_bytes;
         let room = limit.saturating_sub(self.cursors.held_bytes);
-        let pending = self.in_transaction();
+        let pending = self.state.in_transaction();
         // The statement's descriptions come first in an extended answer: what the client's
         // Describe messages are answered with.
         let asked: &[u8] = if extended.is_some() { b"SD" } else { b"" };

@@ -448,7 +448,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// The batch so far ran statements a statement on several shards cannot follow: outside a
     /// transaction, or held ones that run something.
     fn mixed_batch(&self) -> bool {
-        matches!(self.state.batch, Batch::OnBackend { executed: true }) && !self.in_transaction()
+        matches!(self.state.batch, Batch::OnBackend { executed: true })
+            && !self.state.in_transaction()
             || matches!(self.state.batch, Batch::Held)
                 && self
                     .state

@@ -118,7 +118,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             }
             Spread::Read(read, _) => {
                 // Inside a transaction a row limit at Execute runs the portal step by step.
-                let steps = self.in_transaction()
+                let steps = self.state.in_transaction()
                     && !read.labels
                     && read.merge.as_ref().is_none_or(|m| m.group.is_none());
                 let sql = read.shard_sql.as_deref().unwrap_or(stmt.sql());
@@ -288,7 +288,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 let asked = std::mem::take(&mut batch.asked);
                 let run = std::mem::replace(&mut batch.run, Spread::Write(Vec::new()));
                 self.out.replies.drain_synthetic(&mut self.client.out);
-                let in_transaction = self.in_transaction();
+                let in_transaction = self.state.in_transaction();
                 let max_rows = frontend::execute_target(body).map_or(0, |(_, n)| n);
                 let read = matches!(run, Spread::Read(..));
                 let ran = self
