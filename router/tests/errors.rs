@@ -279,13 +279,14 @@ async fn a_client_killed_mid_transaction_leaves_nothing_behind() {
 
 /// Pools are per host and bounded: when shard 0's only connection is held by an open
 /// transaction, another client waiting for shard 0 gets 53300 naming the shard after the
-/// checkout timeout, while statements for the other shards go straight through.
+/// checkout timeout, while statements for the other shards go straight through. (Sharing
+/// off: with it, autocommit statements would not need the pool at all.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exhausted_pool_says_53300_and_blocks_only_its_shard() {
     let env = shared_env();
     let router = Router::start_threads_pub(
         &env.map,
-        "[pool]\nmax_size = 1\ncheckout_timeout_ms = 300\nconnect_timeout_ms = 1000\n",
+        "[pool]\nmax_size = 1\ncheckout_timeout_ms = 300\nconnect_timeout_ms = 1000\nshared_connections = 0\n",
         1,
     );
     let a = env.key_on(0, 6_400_000);

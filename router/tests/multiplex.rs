@@ -493,3 +493,70 @@ async fn a_transaction_keeps_a_connection_of_its_own_beside_shared_ones() {
         .expect("after commit");
     assert_eq!(row.get::<_, String>(0), "in-tx");
 }
+
+/// A client whose settings Postgres refuses (a startup option it does not know) gets that
+/// error for its own statements, as on a connection of its own, and the clients whose
+/// statements share the connection with it see nothing of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_setting_postgres_refuses_fails_only_its_own_client() {
+    let env = env(1, "");
+    let setup = env.router.connect().await;
+    fill(&setup, 20).await;
+    let mut bystanders = Vec::new();
+    for b in 0..4i64 {
+        let url = env.router.url();
+        bystanders.push(tokio::spawn(async move {
+            let client = common::connect(&url).await.expect("connect");
+            let mut errors = Vec::new();
+            for i in 0..300i64 {
+                let id = (i + b) % 20 + 1;
+                match client
+                    .query_one("SELECT v FROM kv WHERE id = $1", &[&id])
+                    .await
+                {
+                    Ok(row) => assert_eq!(row.get::<_, String>(0), format!("v{id}")),
+                    Err(e) => errors.push(format!("{e:?}")),
+                }
+            }
+            errors
+        }));
+    }
+    let bad_url = format!("{}?options=-c%20no_such_setting_here%3D1", env.router.url());
+    for round in 0..10 {
+        let bad = common::connect(&bad_url)
+            .await
+            .expect("the login itself is accepted");
+        for _ in 0..3 {
+            let err = bad
+                .query_one("SELECT v FROM kv WHERE id = $1", &[&(round % 20 + 1)])
+                .await
+                .expect_err("Postgres refuses the setting");
+            assert_eq!(sqlstate(&err), "42704", "{err:?}");
+            assert!(
+                format!("{err:?}").contains("no_such_setting_here"),
+                "{err:?}"
+            );
+        }
+    }
+    // A setting Postgres knows works the same way, from its first statement.
+    let good_url = format!("{}?options=-c%20TimeZone%3DAsia/Tokyo", env.router.url());
+    let good = common::connect(&good_url).await.expect("connect");
+    let row = good
+        .query_one(
+            "SELECT current_setting('TimeZone') FROM kv WHERE id = $1",
+            &[&1i64],
+        )
+        .await
+        .expect("select");
+    assert_eq!(row.get::<_, String>(0), "Asia/Tokyo");
+    for b in bystanders {
+        let errors = b.await.expect("bystander");
+        assert!(
+            errors.is_empty(),
+            "a bystander saw errors: {:?}",
+            &errors[..errors.len().min(3)]
+        );
+    }
+    let backends = backends_per_shard(&env).await;
+    assert!(within(&backends, 1), "{backends:?} (all, clients')");
+}

@@ -29,7 +29,7 @@ async fn clients_beyond_the_pool_wait_their_turn_and_all_get_through() {
     // One connection per pool, one worker: eight clients at once take turns on it.
     let router = Router::start_threads_pub(
         &env.map,
-        "[pool]\nmax_size = 1\ncheckout_timeout_ms = 20000\n",
+        "[pool]\nmax_size = 1\ncheckout_timeout_ms = 20000\nshared_connections = 0\n",
         1,
     );
     let key = env.key_on(0, 6_500_000);
@@ -69,7 +69,7 @@ async fn a_connection_closed_while_idle_is_replaced_unseen() {
     let env = shared_env();
     let router = Router::start_threads_pub(
         &env.map,
-        "[backend]\napplication_name = \"pool-test\"\n[pool]\nmax_size = 2\n",
+        "[backend]\napplication_name = \"pool-test\"\n[pool]\nmax_size = 2\nshared_connections = 0\n",
         1,
     );
     let key = env.key_on(0, 6_510_000);
@@ -108,7 +108,7 @@ async fn min_idle_opens_ahead_and_idle_timeout_closes_the_rest() {
     let router = Router::start_threads_pub(
         &env.map,
         "[backend]\napplication_name = \"pool-test\"\n\
-         [pool]\nmax_size = 4\nmin_idle = 1\nidle_timeout_ms = 1000\nwarm_connections = 0\n",
+         [pool]\nmax_size = 4\nmin_idle = 1\nidle_timeout_ms = 1000\nwarm_connections = 0\nshared_connections = 0\n",
         1,
     );
     // min_idle opens one ahead of any client (the pool's maintenance, within 5 s).

@@ -440,7 +440,7 @@ pub(super) fn pool(p: &RawPool, check: &mut Checker<'_>) -> Pool {
         checkout_timeout: check.timeout(&p.checkout_timeout_ms, "pool.checkout_timeout_ms", 5000),
         idle_timeout: check.optional_ms(&p.idle_timeout_ms, "pool.idle_timeout_ms", 600_000),
         pause_timeout: check.timeout(&p.pause_timeout_ms, "pool.pause_timeout_ms", 60_000),
-        shared_connections: check.count(&p.shared_connections, "pool.shared_connections", 0, 0),
+        shared_connections: check.count(&p.shared_connections, "pool.shared_connections", 2, 0),
     }
 }
 

@@ -186,7 +186,7 @@ fn defaults() {
             pause_timeout: Duration::from_secs(60),
             warm_connections: 1,
             warm_timeout: Duration::from_secs(10),
-            shared_connections: 0,
+            shared_connections: 2,
         }
     );
     assert_eq!(

@@ -55,9 +55,10 @@ pub struct ClientSlot {
     /// The backend's pid (high half) and secret (low half).
     key: AtomicU64,
     /// Cancel requests received while no connection of the client's own ran its statement
-    /// (it may be on a shared connection), counted, and the session's wake-up for them.
+    /// (it may be on a shared connection), counted, and the session's wake-up for them: its
+    /// channel for shared replies, once it has one.
     cancels: AtomicU64,
-    cancel_asked: tokio::sync::Notify,
+    cancel_sink: OnceLock<crate::backend::mux::Sink>,
 }
 
 impl ClientSlot {
@@ -70,7 +71,7 @@ impl ClientSlot {
             generation: AtomicU64::new(0),
             key: AtomicU64::new(0),
             cancels: AtomicU64::new(0),
-            cancel_asked: tokio::sync::Notify::new(),
+            cancel_sink: OnceLock::new(),
         }
     }
 
@@ -78,7 +79,9 @@ impl ClientSlot {
     /// of the connection's statements is its own).
     pub fn ask_cancel(&self) {
         self.cancels.fetch_add(1, Ordering::AcqRel);
-        self.cancel_asked.notify_waiters();
+        if let Some(sink) = self.cancel_sink.get() {
+            sink.cancel_asked();
+        }
     }
 
     /// How many cancels were asked so far ([`ClientSlot::ask_cancel`]).
@@ -86,10 +89,11 @@ impl ClientSlot {
         self.cancels.load(Ordering::Acquire)
     }
 
-    /// Wakes when a cancel is asked; enable it before reading [`ClientSlot::cancels`] so that
-    /// none is missed in between.
-    pub fn cancel_asked(&self) -> tokio::sync::futures::Notified<'_> {
-        self.cancel_asked.notified()
+    /// Where [`ClientSlot::ask_cancel`] wakes the session: the channel its shared requests'
+    /// replies come on (set once, when the session makes it). A session that waits there
+    /// reads [`ClientSlot::cancels`] after each message, so none is missed.
+    pub fn hear_cancels(&self, sink: crate::backend::mux::Sink) {
+        let _ = self.cancel_sink.set(sink);
     }
 
     /// Says who the client is (once, after its login).

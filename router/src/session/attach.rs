@@ -243,6 +243,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 crate::backend::pool::discard(conn);
                 return Err(PreludeProblem {
                     what,
+                    refused: None,
                     connection_ended: false,
                 });
             }
@@ -348,6 +349,9 @@ pub(super) const PRELUDE_ATTEMPTS: usize = 3;
 /// What went wrong with a prelude.
 pub(super) struct PreludeProblem {
     pub what: String,
+    /// The server refused the prelude with this error (not a shutdown): the client's own
+    /// settings or a statement it uses, on any connection, so the client's error.
+    pub refused: Option<crate::protocol::reply::SqlError>,
     /// The connection broke or the server ended it at a shutdown: nothing of the request was
     /// sent on it, so another connection may be tried.
     pub connection_ended: bool,
@@ -361,6 +365,7 @@ async fn run_prelude(
 ) -> Option<PreludeProblem> {
     let ended = |e: std::io::Error| PreludeProblem {
         what: e.to_string(),
+        refused: None,
         connection_ended: true,
     };
     let mut replies = match conn.request(prelude, readies).await {
@@ -372,9 +377,11 @@ async fn run_prelude(
         match replies.next().await {
             Ok(Some(frame)) if frame[0] == b'E' => {
                 let (code, message) = crate::protocol::backend::error_fields(frame);
+                let shutdown = crate::protocol::backend::is_shutdown(frame);
                 problem.get_or_insert(PreludeProblem {
                     what: format!("{message} (SQLSTATE {code})"),
-                    connection_ended: crate::protocol::backend::is_shutdown(frame),
+                    refused: (!shutdown).then(|| SqlError::with_code(code, message)),
+                    connection_ended: shutdown,
                 });
             }
             Ok(Some(_)) => {}

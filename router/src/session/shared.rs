@@ -133,8 +133,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         self.client
             .meter
             .route(RouteKind::SingleShard, self.routing.stats_id(shard));
-        let mut channel = self.channel.take().unwrap_or_default();
-        let started = tokio::time::Instant::now();
+        let mut channel = self.channel.take().unwrap_or_else(|| {
+            // Cancel requests reach the session through the channel it waits on anyway.
+            let channel = Channel::default();
+            self.slot.hear_cancels(channel.tx.clone());
+            channel
+        });
+        // When the client's request began (the meter read the clock for it already).
+        let started = self.client.meter.started();
         let outcome = self
             .run_shared(
                 &mux,
@@ -192,7 +198,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         self.client.flush().await.map_err(SessionError::Client)?;
         self.out.bytes.clear();
         self.out.tail = BytesMut::new();
-        if let Some(threshold) = self.routing.config.limits.slow_statement {
+        if let (Some(threshold), Some(started)) =
+            (self.routing.config.limits.slow_statement, started)
+        {
             let elapsed = started.elapsed();
             if elapsed >= threshold {
                 tracing::warn!(
@@ -241,7 +249,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 simple,
                 settings_fp: fp,
                 sink: channel.tx.clone(),
-                touches_prepared: !uses.prepared.is_empty() || !uses.closed.is_empty(),
+                // Waiting in the router for a turn on a busy lane is bounded like a pool
+                // checkout: the lane takes the request out ([`Reply::Expired`]).
+                max_wait: self.routing.config.pool.checkout_timeout,
             },
             |out, prepared| {
                 replay::preparation(out, uses, prepared, |id| {
@@ -259,27 +269,22 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         };
         self.out.replies.drain_synthetic(&mut self.client.out);
         let mut cancels_seen = cancels;
-        // Waiting in the router for a turn on a busy lane is bounded like a pool checkout.
-        let checkout = self.routing.config.pool.checkout_timeout;
-        let mut queued_until = Some(tokio::time::Instant::now() + checkout);
         // The router's statement timeout counts running time, not time spent behind others'
         // statements: a deadline that finds the request not yet running starts again.
         let timeout = self.routing.config.limits.statement_timeout;
         let mut deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         let slot = self.slot.clone();
         loop {
-            let asked = slot.cancel_asked();
-            tokio::pin!(asked);
-            asked.as_mut().enable();
             let mut cancel_why = None;
             if slot.cancels() != cancels_seen {
                 cancels_seen = slot.cancels();
                 cancel_why = Some("canceling statement due to user request");
             } else {
                 tokio::select! {
+                    biased;
                     reply = channel.rx.recv() => match reply {
                         Some(Reply::Frames(s, frames)) if s == seq => {
-                            self.take_shared(&frames, lane)?;
+                            self.take_shared(&frames, Some(lane))?;
                             if !self.out.replies.awaits_backend() {
                                 return Ok(Outcome::Answered);
                             }
@@ -295,24 +300,25 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                             });
                         }
                         Some(Reply::Overflow(s)) if s == seq => return Ok(Outcome::Overflow),
-                        // Left over from a request the session stopped waiting for.
-                        Some(_) => {}
-                        None => return Ok(Outcome::Lost("the shared connection's channel closed".into())),
-                    },
-                    () = &mut asked => {}
-                    () = tokio::time::sleep_until(queued_until.unwrap_or_else(tokio::time::Instant::now)), if queued_until.is_some() => {
-                        queued_until = None;
-                        if lane.withdraw(seq) {
+                        Some(Reply::Expired(s)) if s == seq => {
                             let shard = self.pin.as_ref().map_or(0, |p| p.shard);
                             let err = errors::pool_exhausted(
                                 &self.shard_name(shard),
                                 &mux.endpoint.name(),
-                                checkout,
+                                self.routing.config.pool.checkout_timeout,
                             );
-                            self.answer_unsent(&err, readies, lane)?;
+                            self.answer_unsent(&err, readies)?;
                             return Ok(Outcome::Answered);
                         }
-                    }
+                        Some(Reply::Refused(s, error)) if s == seq => {
+                            self.answer_refused(&error, readies)?;
+                            return Ok(Outcome::Answered);
+                        }
+                        // A cancel (counted in the slot, read above), or left over from a
+                        // request the session stopped waiting for.
+                        Some(_) => {}
+                        None => return Ok(Outcome::Lost("the shared connection's channel closed".into())),
+                    },
                     () = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
                         if !lane.is_running(seq) {
                             deadline = timeout.map(|t| tokio::time::Instant::now() + t);
@@ -326,7 +332,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             if let Some(why) = cancel_why {
                 if lane.cancel(seq) == Cancelled::Removed {
                     // Never written: the router answers as Postgres would have.
-                    self.answer_unsent(&SqlError::new(errors::QUERY_CANCELED, why), readies, lane)?;
+                    self.answer_unsent(&SqlError::new(errors::QUERY_CANCELED, why), readies)?;
                     return Ok(Outcome::Answered);
                 }
             }
@@ -335,23 +341,27 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
 
     /// Answers a request the lane never wrote with `err` at each of its `readies` Syncs, as
     /// Postgres answers a request that fails at its start.
-    fn answer_unsent(
-        &mut self,
-        err: &SqlError,
-        readies: usize,
-        lane: &Lane,
-    ) -> Result<(), SessionError> {
-        let mut answer = Vec::new();
+    fn answer_unsent(&mut self, err: &SqlError, readies: usize) -> Result<(), SessionError> {
+        let mut frame = Vec::new();
+        err.write(&mut frame);
+        self.answer_refused(&frame, readies)
+    }
+
+    /// The same with an ErrorResponse frame as Postgres sent it.
+    fn answer_refused(&mut self, error: &[u8], readies: usize) -> Result<(), SessionError> {
+        let mut answer = Vec::with_capacity(readies * (error.len() + 6));
         for _ in 0..readies {
-            err.write(&mut answer);
+            answer.extend_from_slice(error);
             reply::ready_for_query(&mut answer, TxStatus::Idle);
         }
-        self.take_shared(&answer, lane)
+        self.take_shared(&answer, None)
     }
 
     /// Hands reply frames of the session's shared request to its bookkeeping, and what the
-    /// client sees to the client's buffer.
-    fn take_shared(&mut self, mut frames: &[u8], lane: &Lane) -> Result<(), SessionError> {
+    /// client sees to the client's buffer. `lane`: where the request ran; `None` for the
+    /// router's answer to a request the lane took out unwritten, whose Parse and Close ran
+    /// there all the same ([`crate::backend::mux::Reply::Refused`]).
+    fn take_shared(&mut self, mut frames: &[u8], lane: Option<&Lane>) -> Result<(), SessionError> {
         while let Ok(Some(h)) = next_frame(frames) {
             let frame = &frames[..h.total];
             let step = self
@@ -366,7 +376,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             self.out.replies.drain_synthetic(&mut self.client.out);
             for (id, clients_own) in self.out.replies.take_failed() {
                 // Its Parse failed: the lane does not have it after all.
-                lane.forget_prepared(id);
+                if let Some(lane) = lane {
+                    lane.forget_prepared(id);
+                }
                 if clients_own {
                     self.statements.forget(id);
                 }
@@ -428,6 +440,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             match self.fit(conn, &uses, bound).await {
                 Ok(conn) => break (conn, shard),
                 Err(p) if p.connection_ended && attempt < super::attach::PRELUDE_ATTEMPTS => {}
+                // Nothing of the request ran: the client gets what the server said.
+                Err(p) if p.refused.is_some() => {
+                    return Err(p.refused.unwrap_or_else(|| lost(self, shard, &p.what)))
+                }
                 Err(p) => {
                     let why = format!("preparing a connection: {}", p.what);
                     return Err(lost(self, shard, &why));

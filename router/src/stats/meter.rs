@@ -91,6 +91,11 @@ impl Meter {
         }
     }
 
+    /// When the newest open request's first message arrived.
+    pub fn started(&self) -> Option<Instant> {
+        self.open.back().map(|r| r.started)
+    }
+
     /// `n` bytes were read from the client.
     pub fn read(&mut self, n: usize) {
         self.bytes_in += n as u64;

@@ -2,13 +2,14 @@
 //! hands the replies out, sends cancels when they are due, and ends the lane with its
 //! connection.
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use bytes::BytesMut;
 use tokio::io::AsyncReadExt;
 
-use super::{Lane, Reply, ShardMux, CANCEL_CHECK, IDLE_CHECK};
+use std::time::Duration;
+
+use super::{now_us, Lane, Reply, ShardMux, Sink, CANCEL_CHECK};
 use crate::backend::conn::BackendConn;
 use crate::backend::stream::Outgoing;
 
@@ -34,35 +35,41 @@ async fn run(mux: &Weak<ShardMux>, lane: &Arc<Lane>, conn: &mut BackendConn) -> 
     // Kept across polls like `written`: a TLS stream may take the bytes and flush later.
     let mut flushed = true;
     let mut cancels: Vec<tokio::task::JoinHandle<()>> = Vec::new();
+    // When the first request waiting in the router must be taken out ([`super::now_us`]):
+    // the timer for it is set again only when that changes.
+    let mut armed = None;
+    let timer = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(timer);
     loop {
         let Some(m) = mux.upgrade() else {
             return Ok(());
         };
-        if written == wbuf.len() && flushed {
+        let until = if written == wbuf.len() && flushed {
             wbuf.clear();
             written = 0;
-            if lane.fill(&m, &mut wbuf) {
+            let fill = lane.fill(&mut wbuf);
+            if fill.done {
                 return Ok(());
             }
+            expired(fill.expired);
+            fill.until
+        } else {
+            // Still writing: requests queued meanwhile may wait too long all the same.
+            let (gone, next) = lane.expire_now();
+            expired(gone);
+            next
+        };
+        if until != armed {
+            if let Some(u) = until {
+                let left = Duration::from_micros(u.saturating_sub(now_us()));
+                timer.as_mut().reset(tokio::time::Instant::now() + left);
+            }
+            armed = until;
         }
-        if let Some(seq) = lane.cancel_due(&m) {
-            let (host, port) = (m.endpoint.host.clone(), m.endpoint.port);
-            let (pid, secret) = (conn.pid, conn.secret);
-            let l = lane.clone();
+        if let Some(seq) = lane.cancel_due() {
             cancels.retain(|c| !c.is_finished());
-            cancels.push(tokio::spawn(async move {
-                if let Err(e) =
-                    crate::backend::cancel::send_cancel((host.as_str(), port), pid, secret).await
-                {
-                    tracing::warn!(
-                        pid,
-                        "could not cancel a statement on a shared connection: {e}"
-                    );
-                }
-                l.cancel_delivered(seq);
-            }));
+            cancels.push(send_cancel(&m, lane, conn, seq));
         }
-        let idle = lane.load.load(Ordering::Relaxed) == 0;
         let cancel_waits = lane.cancel_waits();
         drop(m);
         let io = std::future::poll_fn(|cx| {
@@ -76,10 +83,17 @@ async fn run(mux: &Weak<ShardMux>, lane: &Arc<Lane>, conn: &mut BackendConn) -> 
             flushed = out.flushed;
             r
         });
+        // Timers only while something waits on one: most turns set up none.
         let broken = tokio::select! {
-            r = io => r.err().map(|e| e.to_string()),
+            biased;
             _ = lane.wake.notified() => continue,
-            _ = tokio::time::sleep(IDLE_CHECK), if idle => continue,
+            r = io => r.err().map(|e| e.to_string()),
+            _ = &mut timer, if armed.is_some() => {
+                // The turn above takes out what waited too long; the timer is set again
+                // even when the next wait ends at the same time.
+                armed = None;
+                continue;
+            }
             _ = tokio::time::sleep(CANCEL_CHECK), if cancel_waits => continue,
         };
         if broken.is_some() {
@@ -95,7 +109,11 @@ async fn run(mux: &Weak<ShardMux>, lane: &Arc<Lane>, conn: &mut BackendConn) -> 
         drop(m);
         for (sink, reply) in replies {
             let seq = match &reply {
-                Reply::Frames(seq, _) | Reply::Lost { seq, .. } | Reply::Overflow(seq) => *seq,
+                Reply::Frames(seq, _)
+                | Reply::Lost { seq, .. }
+                | Reply::Overflow(seq)
+                | Reply::Refused(seq, _) => *seq,
+                Reply::Expired(_) | Reply::CancelAsked => continue,
             };
             if !sink.deliver(reply) {
                 // The client left: the rest of its replies are dropped.
@@ -110,6 +128,37 @@ async fn run(mux: &Weak<ShardMux>, lane: &Arc<Lane>, conn: &mut BackendConn) -> 
             return Err(why);
         }
     }
+}
+
+/// Tells the sessions whose requests waited too long.
+fn expired(gone: Vec<(Sink, u64)>) {
+    for (sink, seq) in gone {
+        sink.deliver(Reply::Expired(seq));
+    }
+}
+
+/// Sends the cancel of request `seq` (the one running) on its own connection, and tells the
+/// lane once it is delivered.
+fn send_cancel(
+    m: &ShardMux,
+    lane: &Arc<Lane>,
+    conn: &BackendConn,
+    seq: u64,
+) -> tokio::task::JoinHandle<()> {
+    let (host, port) = (m.endpoint.host.clone(), m.endpoint.port);
+    let (pid, secret) = (conn.pid, conn.secret);
+    let l = lane.clone();
+    tokio::spawn(async move {
+        if let Err(e) =
+            crate::backend::cancel::send_cancel((host.as_str(), port), pid, secret).await
+        {
+            tracing::warn!(
+                pid,
+                "could not cancel a statement on a shared connection: {e}"
+            );
+        }
+        l.cancel_delivered(seq);
+    })
 }
 
 /// Reads what a broken connection still holds, until it ends (at once, for a reset one).

@@ -5,14 +5,25 @@
 use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 
 use super::{
-    CancelState, Cancelled, Lane, LaneState, Queued, Reply, Request, ShardMux, Sink, DEPTH, SLOW,
+    now_us, us, CancelState, Cancelled, Lane, LaneState, Proving, Queued, Reply, Request, ShardMux,
+    Sink, DEPTH, SLOW,
 };
 use crate::backend::pipeline::{Unplaced, Written};
 use crate::backend::prepared::PreparedSet;
 use crate::protocol::frame::next_frame;
+
+/// What a driver's turn at the queue did.
+pub(super) struct Fill {
+    /// The lane is retired and empty: it closes.
+    pub done: bool,
+    /// Requests that waited too long, taken out: their sessions are told.
+    pub expired: Vec<(Sink, u64)>,
+    /// When the next queued request's wait ends ([`super::now_us`]).
+    pub until: Option<u64>,
+}
 
 impl Lane {
     pub(super) fn state(&self) -> MutexGuard<'_, LaneState> {
@@ -47,14 +58,17 @@ impl Lane {
                 self.retire(&mut st);
                 return None;
             }
+            let proves =
+                (!mux.is_proven(req.settings_fp)).then_some((req.settings_fp, st.settings_fp));
             st.queued.push_back(Queued {
                 seq: 0,
+                proves,
+                until: u64::MAX,
                 bytes: set,
                 readies: 1,
                 simple: true,
                 hidden: 0,
                 sink: None,
-                touches_prepared: false,
             });
             self.load.fetch_add(1, Ordering::Relaxed);
             st.settings_fp = req.settings_fp;
@@ -65,12 +79,13 @@ impl Lane {
         let seq = mux.seq.fetch_add(1, Ordering::Relaxed);
         st.queued.push_back(Queued {
             seq,
+            proves: None,
+            until: now_us().saturating_add(us(req.max_wait)),
             bytes,
             readies: req.readies,
             simple: req.simple,
             hidden,
             sink: Some(req.sink),
-            touches_prepared: hidden > 0 || req.touches_prepared,
         });
         self.load.fetch_add(1, Ordering::Relaxed);
         drop(st);
@@ -115,22 +130,16 @@ impl Lane {
     /// whether it was.
     pub fn withdraw(&self, seq: u64) -> bool {
         let mut st = self.state();
-        match st.queued.iter().position(|q| q.seq == seq) {
-            Some(i) => {
-                if st.queued.remove(i).is_some_and(|q| q.touches_prepared) {
-                    // The record counts its Parse or Close done: no longer true.
-                    self.retire(&mut st);
-                }
-                self.load.fetch_sub(1, Ordering::Relaxed);
-                true
-            }
-            None => false,
-        }
+        let Some(i) = st.queued.iter().position(|q| q.seq == seq) else {
+            return false;
+        };
+        self.take_out(&mut st, i);
+        true
     }
 
     /// Moves queued requests into `wbuf` (at most [`DEPTH`] written ahead; none while a cancel
-    /// waits, or behind a slow request). Returns whether the lane is done: retired and empty.
-    pub(super) fn fill(&self, mux: &ShardMux, wbuf: &mut BytesMut) -> bool {
+    /// waits, or behind a slow request), and takes out those that waited too long.
+    pub(super) fn fill(&self, wbuf: &mut BytesMut) -> Fill {
         let mut st = self.state();
         let st = &mut *st;
         let pipeline = &st.pipeline;
@@ -138,16 +147,21 @@ impl Lane {
             .retain(|c| pipeline.contains(c.seq) || (c.sent && !c.delivered));
         if st.cancels.is_empty() {
             let since = self.front_since.load(Ordering::Relaxed);
-            let slow = since != 0
-                && mux.now_us().saturating_sub(since)
-                    > u64::try_from(SLOW.as_micros()).unwrap_or(u64::MAX);
-            while !slow && st.pipeline.len() < DEPTH {
+            let slow = since != 0 && now_us().saturating_sub(since) > us(SLOW);
+            while !slow && st.pipeline.len() < DEPTH && st.proving.is_none() {
                 let Some(q) = st.queued.pop_front() else {
                     break;
                 };
                 wbuf.extend_from_slice(&q.bytes);
+                if let Some((fp, before)) = q.proves {
+                    st.proving = Some(Proving {
+                        fp,
+                        before,
+                        error: None,
+                    });
+                }
                 if st.pipeline.is_empty() {
-                    self.front_since.store(mux.now_us(), Ordering::Relaxed);
+                    self.front_since.store(now_us(), Ordering::Relaxed);
                 }
                 st.pipeline.push(Written {
                     seq: q.seq,
@@ -159,12 +173,75 @@ impl Lane {
                 });
             }
         }
-        st.retiring && st.queued.is_empty() && st.pipeline.is_empty()
+        let (expired, until) = self.expire(st);
+        Fill {
+            done: st.retiring && st.queued.is_empty() && st.pipeline.is_empty(),
+            expired,
+            until,
+        }
+    }
+
+    /// Takes out the queued requests whose wait is over: who to tell, and when the next
+    /// wait ends.
+    fn expire(&self, st: &mut LaneState) -> (Vec<(Sink, u64)>, Option<u64>) {
+        let mut expired = Vec::new();
+        if st.queued.is_empty() {
+            return (expired, None);
+        }
+        let now = now_us();
+        let mut i = 0;
+        while i < st.queued.len() {
+            if st.queued[i].until > now {
+                i += 1;
+                continue;
+            }
+            let (sink, seq, kept) = self.take_out(st, i);
+            expired.extend(sink.map(|s| (s, seq)));
+            i += usize::from(kept);
+        }
+        (expired, st.queued.iter().map(|q| q.until).min())
+    }
+
+    /// Takes queued request `i` out unwritten: its sink and number, and whether something of
+    /// it stays queued. Its Parse and Close messages stay (the router's preparation and the
+    /// client's own), alone and ended by a Sync: the lane's record of prepared statements
+    /// already counts them done, and the requests queued behind may rely on them.
+    fn take_out(&self, st: &mut LaneState, i: usize) -> (Option<Sink>, u64, bool) {
+        let q = &mut st.queued[i];
+        let (sink, seq) = (q.sink.take(), q.seq);
+        let mut kept = BytesMut::new();
+        let mut acks = 0;
+        let mut rest: &[u8] = &q.bytes;
+        while let Ok(Some(h)) = next_frame(rest) {
+            if matches!(h.tag, b'P' | b'C') {
+                kept.extend_from_slice(&rest[..h.total]);
+                acks += 1;
+            }
+            rest = &rest[h.total..];
+        }
+        if acks == 0 {
+            st.queued.remove(i);
+            self.load.fetch_sub(1, Ordering::Relaxed);
+            return (sink, seq, false);
+        }
+        crate::protocol::request::sync(&mut kept);
+        q.bytes = kept;
+        q.readies = 1;
+        q.simple = false;
+        q.hidden = acks;
+        q.until = u64::MAX;
+        (sink, seq, true)
+    }
+
+    /// Takes out the queued requests whose wait is over (see [`Lane::fill`]).
+    pub(super) fn expire_now(&self) -> (Vec<(Sink, u64)>, Option<u64>) {
+        let mut st = self.state();
+        self.expire(&mut st)
     }
 
     /// The cancel to send now, if any: for the request running, when nothing is written
     /// behind it, or when it has run for [`SLOW`] (see the module documentation).
-    pub(super) fn cancel_due(&self, mux: &ShardMux) -> Option<u64> {
+    pub(super) fn cancel_due(&self) -> Option<u64> {
         let mut st = self.state();
         let st = &mut *st;
         if st.cancels.is_empty() {
@@ -172,9 +249,7 @@ impl Lane {
         }
         let front = st.pipeline.front().map(|w| w.seq)?;
         let since = self.front_since.load(Ordering::Relaxed);
-        let slow = since != 0
-            && mux.now_us().saturating_sub(since)
-                >= u64::try_from(SLOW.as_micros()).unwrap_or(u64::MAX);
+        let slow = since != 0 && now_us().saturating_sub(since) >= us(SLOW);
         let alone = st.pipeline.len() == 1;
         let c = st.cancels.iter_mut().find(|c| c.seq == front && !c.sent)?;
         if !(alone || slow) {
@@ -208,6 +283,7 @@ impl Lane {
     ) -> (Vec<(Sink, Reply)>, Option<(String, bool)>) {
         let mut st = self.state();
         let mut runs: Vec<(Sink, u64, std::ops::Range<usize>)> = Vec::new();
+        let mut refused = Vec::new();
         let mut at = 0;
         let mut failure = None;
         let mut shutdown = false;
@@ -271,12 +347,20 @@ impl Lane {
             if routed.preparation_failed {
                 self.retire(&mut st);
             }
-            if h.tag == b'E'
-                && st
-                    .pipeline
-                    .front()
-                    .is_some_and(|f| f.sink.is_none() && f.seq == 0)
-            {
+            let settings_request = st
+                .pipeline
+                .front()
+                .is_some_and(|f| f.sink.is_none() && f.seq == 0);
+            if h.tag == b'E' && settings_request && st.pipeline.len() == 1 {
+                if let Some(proving) = &mut st.proving {
+                    // Settings applied here for the first time (nothing is written behind
+                    // them): only their own requests fail, at the ReadyForQuery.
+                    proving.error = Some(Bytes::copy_from_slice(&rbuf[at..at + h.total]));
+                    at += h.total;
+                    continue;
+                }
+            }
+            if h.tag == b'E' && settings_request {
                 // The router's own request (the client's settings) failed: the connection does
                 // not hold what the request behind it assumes. Closed before it runs further.
                 failure = Some("applying a client's settings on a shared connection failed".into());
@@ -287,11 +371,12 @@ impl Lane {
             if routed.ended {
                 st.pipeline.pop_front();
                 self.load.fetch_sub(1, Ordering::Relaxed);
-                let next = if st.pipeline.is_empty() {
-                    0
-                } else {
-                    mux.now_us()
-                };
+                if st.pipeline.is_empty() {
+                    if let Some(proving) = st.proving.take() {
+                        refused.extend(self.proven(mux, &mut st, proving));
+                    }
+                }
+                let next = if st.pipeline.is_empty() { 0 } else { now_us() };
                 self.front_since.store(next, Ordering::Relaxed);
                 if routed.not_idle {
                     // Nothing shared may run inside a transaction: the requests behind it
@@ -310,8 +395,32 @@ impl Lane {
         let out = runs
             .into_iter()
             .map(|(sink, seq, range)| (sink, Reply::Frames(seq, chunk.slice(range))))
+            .chain(refused)
             .collect();
         (out, failure.map(|why| (why, shutdown)))
+    }
+
+    /// Settings applied for the first time are answered: proven for the endpoint, or failed,
+    /// when the requests queued behind them with the same settings are taken out and refused
+    /// with the same error (what each client would have got on a connection of its own).
+    fn proven(&self, mux: &ShardMux, st: &mut LaneState, proving: Proving) -> Vec<(Sink, Reply)> {
+        let Some(error) = proving.error else {
+            mux.prove(proving.fp);
+            return Vec::new();
+        };
+        let mut refused = Vec::new();
+        let mut i = 0;
+        while st.queued.get(i).is_some_and(|q| q.seq != 0) {
+            let (sink, seq, kept) = self.take_out(st, i);
+            refused.extend(sink.map(|s| (s, Reply::Refused(seq, error.clone()))));
+            i += usize::from(kept);
+        }
+        if !st.queued.iter().any(|q| q.seq == 0) {
+            // Postgres rolled the failed `SET`s back: the lane holds what it held before.
+            st.settings_fp = proving.before;
+            self.settings_fp.store(proving.before, Ordering::Relaxed);
+        }
+        refused
     }
 
     /// Forgets that router statement `id` is prepared here: its Parse failed.

@@ -17,10 +17,10 @@
 //! out, one written is cancelled on the backend only while it is the one running, and the
 //! lane writes nothing new until that cancel has been delivered.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::sync::Notify;
@@ -46,9 +46,6 @@ pub const SLOW: Duration = Duration::from_millis(20);
 /// How often a driver with a cancel waiting checks whether it may send it.
 const CANCEL_CHECK: Duration = Duration::from_millis(2);
 
-/// How often an idle driver checks that its mux is still in use.
-const IDLE_CHECK: Duration = Duration::from_secs(1);
-
 /// What a session receives for its request.
 #[derive(Debug)]
 pub enum Reply {
@@ -68,6 +65,16 @@ pub enum Reply {
     /// The client read request `seq`'s replies too slowly ([`UNREAD_LIMIT`]): the rest of
     /// them are dropped.
     Overflow(u64),
+    /// Request `seq` waited in the router (behind a full or slow lane) longer than it may
+    /// ([`Request::max_wait`]): taken out, nothing of it ran.
+    Expired(u64),
+    /// Request `seq` was never written: the client's settings, applied on the lane in front
+    /// of it for the first time, failed with this ErrorResponse frame (the client's error, as
+    /// on a connection of its own).
+    Refused(u64, Bytes),
+    /// A cancel request arrived for the session (its count is in the client's slot): a
+    /// wake-up on the channel the session already waits on, rather than a second one.
+    CancelAsked,
 }
 
 /// The answer to a cancel of a request.
@@ -97,8 +104,14 @@ pub struct ShardMux {
     /// A lane was added, or an opening failed.
     changed: Notify,
     seq: AtomicU64,
-    epoch: Instant,
+    /// Settings fingerprints a lane of this endpoint has applied without an error: a switch
+    /// to one of them is written with the requests behind it, any other alone first
+    /// ([`LaneState::proving`]).
+    proven: Mutex<HashSet<u64>>,
 }
+
+/// Most fingerprints [`ShardMux::proven`] keeps; past it, it starts again empty.
+const PROVEN_KEPT: usize = 4096;
 
 /// One shared connection.
 pub struct Lane {
@@ -109,7 +122,7 @@ pub struct Lane {
     wake: Notify,
     /// Requests queued or written and not answered.
     load: AtomicUsize,
-    /// When the request now running began, in µs since the mux's epoch (0: none).
+    /// When the request now running began, in coarse µs ([`now_us`]; 0: none).
     front_since: AtomicU64,
     /// The settings fingerprint the lane holds once what is queued has run.
     settings_fp: AtomicU64,
@@ -128,17 +141,34 @@ struct LaneState {
     /// A preparation failed here: what the lane has prepared is unknown; it takes nothing new
     /// and closes once answered.
     retiring: bool,
+    /// Settings never applied on this endpoint before are written alone: nothing is written
+    /// behind them until they are answered, so that a client's bad setting fails only its own
+    /// requests (those queued behind it with the same settings) and never the lane.
+    proving: Option<Proving>,
+}
+
+/// A first application of settings, written and not yet answered.
+struct Proving {
+    fp: u64,
+    /// What the lane held before: it holds it again if the settings fail (Postgres rolls back
+    /// the `SET`s of a Query that fails).
+    before: u64,
+    /// The ErrorResponse it failed with.
+    error: Option<Bytes>,
 }
 
 struct Queued {
     seq: u64,
+    /// The router's settings request for fingerprint `fp`, applied here for the first time
+    /// ([`LaneState::proving`]), and what the lane held before it.
+    proves: Option<(u64, u64)>,
+    /// Past this ([`now_us`]) it is taken out unwritten ([`Reply::Expired`]).
+    until: u64,
     bytes: BytesMut,
     readies: usize,
     simple: bool,
     hidden: usize,
     sink: Option<Sink>,
-    /// It prepares or closes statements: the lane's record already counts them done.
-    touches_prepared: bool,
 }
 
 struct CancelState {
@@ -158,8 +188,29 @@ pub struct Request<'a> {
     pub simple: bool,
     pub settings_fp: u64,
     pub sink: Sink,
-    /// The request itself prepares or closes router statements (the client's own Parse).
-    pub touches_prepared: bool,
+    /// How long it may wait in the router before it is written (`checkout_timeout_ms`).
+    pub max_wait: Duration,
+}
+
+/// Now, in µs of the coarse monotonic clock (never 0). The lanes' clock: whether a request
+/// has run for [`SLOW`] or waited past a checkout timeout needs milliseconds, not the fine
+/// clock's nanoseconds, and the coarse one is read from memory without the fine clock's
+/// conversion, several times a statement.
+fn now_us() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC_COARSE exists on every
+    // Linux the router supports, and clock_gettime only writes `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    let us = u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000
+        + u64::try_from(ts.tv_nsec).unwrap_or(0) / 1_000;
+    us.max(1)
+}
+
+fn us(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 impl ShardMux {
@@ -173,7 +224,7 @@ impl ShardMux {
             taken: AtomicUsize::new(0),
             changed: Notify::new(),
             seq: AtomicU64::new(1),
-            epoch: Instant::now(),
+            proven: Mutex::new(HashSet::new()),
         }
     }
 
@@ -199,16 +250,14 @@ impl ShardMux {
             .collect()
     }
 
-    fn now_us(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_micros())
-            .unwrap_or(u64::MAX)
-            .max(1)
-    }
-
     /// The lane for a request with settings `fp`, opening one when none can take it at once
     /// and the limit allows. `None` when no lane could be opened in time: the caller uses a
     /// connection of its own instead (which reports why the shard cannot be reached).
     pub async fn lane(self: &Arc<Self>, fp: u64, wait: Duration) -> Option<Arc<Lane>> {
+        // Nearly always a lane can take it at once: no wake-up is set up for that.
+        if let (best, true) = self.pick(fp) {
+            return best;
+        }
         let deadline = tokio::time::Instant::now() + wait;
         let mut opened = false;
         loop {
@@ -237,8 +286,8 @@ impl ShardMux {
 
     /// The best lane and whether it can take the request at once (not slow, not full).
     fn pick(&self, fp: u64) -> (Option<Arc<Lane>>, bool) {
-        let now = self.now_us();
-        let slow_us = u64::try_from(SLOW.as_micros()).unwrap_or(u64::MAX);
+        let now = now_us();
+        let slow_us = us(SLOW);
         let here = crate::backend::worker::worker();
         let lanes = self.lanes();
         let best = lanes
@@ -328,6 +377,7 @@ impl ShardMux {
                             cancels: Vec::new(),
                             ended: None,
                             retiring: false,
+                            proving: None,
                         }),
                         wake: Notify::new(),
                         load: AtomicUsize::new(0),
@@ -352,6 +402,23 @@ impl ShardMux {
         });
     }
 
+    fn proven(&self) -> MutexGuard<'_, HashSet<u64>> {
+        self.proven.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether settings `fp` applied without an error on a lane here before.
+    fn is_proven(&self, fp: u64) -> bool {
+        fp == 0 || self.proven().contains(&fp)
+    }
+
+    fn prove(&self, fp: u64) {
+        let mut proven = self.proven();
+        if proven.len() >= PROVEN_KEPT {
+            proven.clear();
+        }
+        proven.insert(fp);
+    }
+
     fn remove(&self, lane: &Arc<Lane>) {
         let mut lanes = self.lanes();
         let before = lanes.len();
@@ -361,5 +428,15 @@ impl ShardMux {
         }
         drop(lanes);
         self.changed.notify_waiters();
+    }
+}
+
+impl Drop for ShardMux {
+    /// The drivers hold the mux only weakly: each is woken to see that it is gone and end
+    /// its lane (no driver polls for that on a timer).
+    fn drop(&mut self) {
+        for lane in self.lanes().iter() {
+            lane.wake.notify_one();
+        }
     }
 }

@@ -62,6 +62,13 @@ impl Sink {
     }
 }
 
+impl Sink {
+    /// Wakes the session for a cancel request ([`Reply::CancelAsked`]).
+    pub fn cancel_asked(&self) {
+        let _ = self.tx.send(Reply::CancelAsked);
+    }
+}
+
 impl Inbox {
     pub async fn recv(&mut self) -> Option<Reply> {
         let reply = self.rx.recv().await?;
