@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Point selects with pgbench, side by side in one run: (a) direct to a shard, (b) through
-# shardgate, (c) through shardgate with shared connections (`[pool] shared_connections`: the
-# clients' statements pipelined over a few backend connections), (d) through PgBouncer
-# (transaction pooling) in front of the same shard, and optionally (e) through another build
-# of shardgate (--baseline REV: an older commit, built side by side). Prints throughput and the proxy's CPU time per statement (user and system,
-# read from /proc by `cluster cpu`), and the ratios. See docs/benchmarks.md.
+# shardgate as configured by default (its autocommit statements pipelined over a few shared
+# backend connections), (c) through shardgate with sharing off (`[pool] shared_connections = 0`:
+# a pooled connection per statement in flight), (d) through PgBouncer (transaction pooling) in
+# front of the same shard, and optionally (e) through another build of shardgate (--baseline
+# REV: an older commit, built side by side). Prints throughput, the proxy's CPU time per
+# statement (user and system, read from /proc by `cluster cpu`), the tail at a fixed rate, the
+# ratios, and whether the goals of docs/benchmarks.md are met. See docs/benchmarks.md.
 #
 # Why one 1-shard cluster: through the router every key goes to the shard that owns it, so a
 # fair comparison needs all three paths to end at the same database with the same rows.
@@ -32,11 +34,11 @@ Options:
   -r, --rows N            rows in kv (ids 1..N)                          [default: 100000]
   -m, --modes LIST        pgbench -M modes, comma-separated:
                           simple,extended,prepared                       [default: all three]
-  -t, --targets LIST      comma-separated: direct,shardgate,shared,pgbouncer,baseline
-                                                 [default: direct,shardgate,shared,pgbouncer,
+  -t, --targets LIST      comma-separated: direct,shardgate,pooled,pgbouncer,baseline
+                          (shardgate: the default configuration; pooled: a second process of
+                          the same build and config with [pool] shared_connections = 0)
+                                                 [default: direct,shardgate,pooled,pgbouncer,
                                                   and baseline when --baseline is given]
-      --shared-connections N  the "shared" target: a second shardgate process (same build,
-                          same config) with [pool] shared_connections = N  [default: 2]
       --baseline REV      also run a shardgate built from git revision REV (e.g. HEAD~3, a tag)
                           in front of the same shard, with the same config: "baseline" in the
                           tables, and sg/base ratios. Built in a git worktree under the temp dir
@@ -49,10 +51,13 @@ Options:
       --syscalls SECONDS  after each mode's runs, count the proxies' system calls per statement
                           over a SECONDS run under `strace -c -f` (0: not; needs strace)
                                                                          [default: 5]
-      --open-loop RATE    after each client count's runs, the same point select at a fixed
-                          RATE requests a second in total (open loop, loadgen) through each
-                          target, mode by mode: p50, p99 and max latency from each request's
-                          scheduled time, errors and timeouts (0: not)    [default: 2000]
+      --open-loop-fraction F  after each client count's runs, the same point select at a
+                          fixed rate (open loop, loadgen) through each target, mode by mode:
+                          F times PgBouncer's simple-mode TPS at that client count in this run
+                          (its closed-loop maximum); p50, p99 and max latency from each
+                          request's scheduled time, errors and timeouts (0: not) [default: 0.5]
+      --open-loop RATE    a fixed rate in requests a second instead (0: use the fraction)
+                                                                         [default: 0]
       --keep              keep the temp dir (logs, configs) and print its path; the cluster
                           and PgBouncer are still stopped
   -h, --help              this text
@@ -66,23 +71,25 @@ pgbench completed; "direct" has no proxy. "backends" is the number of the target
 the shard's server halfway through the run (pgbench's own for direct, the proxy's otherwise).
 "syscalls per statement" counts every system call of the proxy process (all threads) over a
 short extra run under strace. The open-loop table is loadgen's (docs/loadgen.md): latency
-counts from when each request was due, so a proxy that falls behind shows it. "busy" is the whole machine's CPU use during the run: near 100%
-means the machine, not the proxy, is the limit. The machine is shared and noisy: compare
-ratios within one run, and repeat before believing a small difference.
+counts from when each request was due, so a proxy that falls behind shows it. "busy" is the
+whole machine's CPU use during the run: near 100% means the machine, not the proxy, is the
+limit. The last table ("goals") checks the default shardgate against PgBouncer as
+docs/benchmarks.md sets the goals. The machine is shared and noisy: compare ratios within one
+run, and repeat before believing a small difference.
 EOF
 }
 
 duration=10 clients=16 also_clients=200 jobs="" rows=100000 modes="simple,extended,prepared"
 targets="" warmup=2 router_threads="" pool_size=20 keep=0 baseline_rev="" baseline_bin="" syscall_seconds=5
-shared_connections=2 open_loop=2000
+open_loop=0 open_loop_fraction=0.5
 while [[ $# -gt 0 ]]; do
     case "$1" in
         -T|--duration) duration="${2:?}"; shift 2 ;;
         -c|--clients) clients="${2:?}"; shift 2 ;;
         --also-clients) also_clients="${2:?}"; shift 2 ;;
         --syscalls) syscall_seconds="${2:?}"; shift 2 ;;
-        --shared-connections) shared_connections="${2:?}"; shift 2 ;;
         --open-loop) open_loop="${2:?}"; shift 2 ;;
+        --open-loop-fraction) open_loop_fraction="${2:?}"; shift 2 ;;
         -j|--jobs) jobs="${2:?}"; shift 2 ;;
         -r|--rows) rows="${2:?}"; shift 2 ;;
         -m|--modes) modes="${2:?}"; shift 2 ;;
@@ -97,10 +104,11 @@ while [[ $# -gt 0 ]]; do
         *) usage >&2; die "unknown option: $1" ;;
     esac
 done
-for n in duration clients also_clients syscall_seconds shared_connections open_loop rows warmup pool_size ${jobs:+jobs} ${router_threads:+router_threads}; do
+for n in duration clients also_clients syscall_seconds open_loop rows warmup pool_size ${jobs:+jobs} ${router_threads:+router_threads}; do
     [[ "${!n}" =~ ^[0-9]+$ ]] || die "--${n//_/-} must be a whole number, not '${!n}'"
 done
 ((duration > 0 && clients > 0 && rows > 0 && pool_size > 0)) || die "--duration, --clients, --rows and --pool-size must be more than 0"
+[[ "$open_loop_fraction" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--open-loop-fraction must be a number, not '$open_loop_fraction'"
 jobs_given="$jobs"
 jobs="${jobs_given:-$((clients < 2 ? clients : 2))}"
 if ((syscall_seconds > 0)) && ! command -v strace >/dev/null; then
@@ -109,14 +117,13 @@ if ((syscall_seconds > 0)) && ! command -v strace >/dev/null; then
 fi
 [[ -z "$baseline_rev" || -z "$baseline_bin" ]] || die "--baseline and --baseline-bin exclude each other"
 if [[ -z "$targets" ]]; then
-    targets="direct,shardgate,shared,pgbouncer"
+    targets="direct,shardgate,pooled,pgbouncer"
     [[ -z "$baseline_rev$baseline_bin" ]] || targets+=",baseline"
 fi
 IFS=, read -r -a mode_list <<<"$modes"
 IFS=, read -r -a target_list <<<"$targets"
 for m in "${mode_list[@]}"; do [[ "$m" =~ ^(simple|extended|prepared)$ ]] || die "unknown mode '$m'"; done
-for t in "${target_list[@]}"; do [[ "$t" =~ ^(direct|shardgate|shared|pgbouncer|baseline)$ ]] || die "unknown target '$t'"; done
-((shared_connections > 0)) || die "--shared-connections must be more than 0"
+for t in "${target_list[@]}"; do [[ "$t" =~ ^(direct|shardgate|pooled|pgbouncer|baseline)$ ]] || die "unknown target '$t'"; done
 wants() { [[ ",$targets," == *",$1,"* ]]; }
 if wants baseline && [[ -z "$baseline_rev$baseline_bin" ]]; then die "target baseline needs --baseline REV or --baseline-bin PATH"; fi
 [[ -z "$baseline_bin" || -x "$baseline_bin" ]] || die "--baseline-bin $baseline_bin is not an executable"
@@ -154,7 +161,7 @@ fi
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/shardgate-bench.XXXXXX")"
 # As root PostgreSQL and PgBouncer run as `postgres`, which must be able to enter this dir.
 chmod 755 "$tmp"
-pgbouncer_pid="" baseline_pid="" baseline_tree="" shared_pid=""
+pgbouncer_pid="" baseline_pid="" baseline_tree="" pooled_pid=""
 # stop PID: TERM, up to 5 s to end, then KILL.
 stop() {
     [[ -n "$1" ]] && kill -0 "$1" 2>/dev/null || return 0
@@ -168,7 +175,7 @@ cleanup() {
     set +e
     stop "$baseline_pid"
     [[ -z "$baseline_tree" ]] || git -C "$root" worktree remove --force "$baseline_tree" >/dev/null 2>&1
-    stop "$shared_pid"
+    stop "$pooled_pid"
     stop "$pgbouncer_pid"
     if [[ -f "$tmp/cluster/cluster.json" ]]; then
         "$root/deploy/local/cluster" down --dir "$tmp/cluster" >/dev/null 2>&1 ||
@@ -185,7 +192,7 @@ free_port pg_port
 free_port router_port
 free_port pgbouncer_port
 free_port baseline_port
-free_port shared_port
+free_port pooled_port
 
 # --- the baseline build (an older shardgate, side by side) ---------------------------------------
 if [[ -n "$baseline_rev" ]]; then
@@ -211,7 +218,7 @@ fi
     --base-port "$pg_port" --router-port "$router_port" --user app --password app \
     --max-connections "$(( (clients > also_clients ? clients : also_clients) + pool_size * (2 * ${router_threads:-$(nproc)} + 1) + 50 ))" \
     >"$tmp/cluster-up.log" 2>&1 || { cat "$tmp/cluster-up.log" >&2; die "cluster up failed"; }
-if ((open_loop > 0)); then
+if ((open_loop > 0)) || awk -v f="$open_loop_fraction" 'BEGIN { exit !(f > 0) }'; then
     (cd "$root" && cargo build --release -q -p loadgen) || die "building loadgen failed"
 fi
 # The router's pid: the first "pid" after "router" in the state file (servers have pids too).
@@ -246,14 +253,14 @@ if wants baseline; then
     start_router baseline "$baseline_bin" "$baseline_port" "/^admin = /d"
     baseline_log="$tmp/baseline/router.log"
 fi
-# The shared-connections router: the same build and config, its statements pipelined over
-# --shared-connections backend connections.
-if wants shared; then
-    start_router shared "$release/shardgate" "$shared_port" \
-        "s|^\[pool\]\$|[pool]\nshared_connections = $shared_connections|"
-    grep -q "^shared_connections = $shared_connections" "$tmp/shared/router.toml" ||
+# The pooled router: the same build and config with sharing off, every statement on a pooled
+# connection of its own.
+if wants pooled; then
+    start_router pooled "$release/shardgate" "$pooled_port" \
+        "s|^\[pool\]\$|[pool]\nshared_connections = 0|"
+    grep -q "^shared_connections = 0" "$tmp/pooled/router.toml" ||
         die "the cluster's router.toml has no [pool] section to add shared_connections to"
-    shared_log="$tmp/shared/router.log"
+    pooled_log="$tmp/pooled/router.log"
 fi
 shard_db="shard_000"
 export PGPASSWORD=postgres # direct and loading; the router and PgBouncer get app/app below
@@ -321,7 +328,7 @@ endpoint_of() {
     case "$1" in
         direct) echo "$pg_port postgres $shard_db" ;;
         shardgate) echo "$router_port app app" ;;
-        shared) echo "$shared_port app app" ;;
+        pooled) echo "$pooled_port app app" ;;
         pgbouncer) echo "$pgbouncer_port app app" ;;
         baseline) echo "$baseline_port app app" ;;
     esac
@@ -340,7 +347,7 @@ password_of() { local user; read -r _ user _ < <(endpoint_of "$1"); echo "$user"
 pid_of() {
     case "$1" in
         shardgate) echo "$router_pid" ;;
-        shared) echo "$shared_pid" ;;
+        pooled) echo "$pooled_pid" ;;
         pgbouncer) echo "$pgbouncer_pid" ;;
         baseline) echo "$baseline_pid" ;;
         *) echo "" ;;
@@ -468,7 +475,7 @@ measure() {
     echo | tee -a "$results"
     printf '%-9s %-10s %12s %16s %15s %17s %14s\n' ratios proxy 'TPS x/pgb' 'user/stmt x/pgb' 'sys/stmt x/pgb' 'total/stmt x/pgb' 'TPS x/direct' | tee -a "$results"
     for mode in "${mode_list[@]}"; do
-        for proxy in shardgate shared; do
+        for proxy in shardgate pooled; do
             wants "$proxy" || continue
             sg="$clients/$mode/$proxy" pb="$clients/$mode/pgbouncer" dr="$clients/$mode/direct"
             printf '%-9s %-10s %12s %16s %15s %17s %14s\n' "$mode" "$proxy" \
@@ -503,44 +510,61 @@ measure() {
     fi
 }
 
-# open_loop_runs CLIENTS: every mode through every target at --open-loop requests a second in
-# total over CLIENTS connections (loadgen, latency from each request's scheduled time), then the
-# p99 ratios.
-declare -A p99
+# open_loop_rate CLIENTS: the fixed rate for CLIENTS: --open-loop, or --open-loop-fraction of
+# PgBouncer's simple-mode TPS at CLIENTS in this run (empty when neither applies).
+open_loop_rate() {
+    if ((open_loop > 0)); then echo "$open_loop"; return; fi
+    local pgb="${tps["$1/simple/pgbouncer"]:-}"
+    [[ -n "$pgb" ]] || return 0
+    awk -v t="$pgb" -v f="$open_loop_fraction" 'BEGIN { r = int(t * f); if (r > 0) print r }'
+}
+
+# open_loop_runs CLIENTS: every mode through every target at the fixed rate over CLIENTS
+# connections (loadgen, latency from each request's scheduled time), then the p99 ratios.
+declare -A p99 p50 rate_of
 open_loop_runs() {
-    local n="$1" mode t out row p key
+    local n="$1" mode t out row p q key rate
+    rate="$(open_loop_rate "$n")"
+    if [[ -z "$rate" ]]; then
+        echo "open loop at $n clients: skipped (no PgBouncer simple-mode figure to take a fraction of; give --open-loop RATE)" | tee -a "$results"
+        return
+    fi
+    rate_of[$n]="$rate"
     echo | tee -a "$results"
-    printf 'open loop: %s requests/s in total over %d connections, %ds per run (loadgen); latency in ms\n' \
-        "$open_loop" "$n" "$duration" | tee -a "$results"
+    printf 'open loop: %s requests/s in total (%s) over %d connections, %ds per run (loadgen); latency in ms\n' \
+        "$rate" "$( ((open_loop > 0)) && echo "--open-loop" || echo "$open_loop_fraction x PgBouncer's simple TPS")" \
+        "$n" "$duration" | tee -a "$results"
     printf '%-9s %-10s %9s %8s %8s %8s %8s %7s %9s\n' mode target QPS p50 p99 p99.9 max errors timeouts | tee -a "$results"
     for mode in "${mode_list[@]}"; do
         for t in "${target_list[@]}"; do
             [[ "$t" == pgbouncer && "$mode" == prepared ]] && ((!pgbouncer_prepared)) && continue
             out="$tmp/open-$mode-$t-$n.json"
-            if ! "$loadgen_bin" run --target "$(url_of "$t")" --rows-per-shard "$rows" -c "$n" --rate "$open_loop" \
+            if ! "$loadgen_bin" run --target "$(url_of "$t")" --rows-per-shard "$rows" -c "$n" --rate "$rate" \
                 --protocol "$mode" -d "${duration}s" --warmup 1s --quiet --json "$out" >"$out.log" 2>&1; then
                 printf '%-9s %-10s   loadgen failed; its output ends:\n' "$mode" "$t" | tee -a "$results"
                 tail -5 "$out.log" | sed 's/^/    /' | tee -a "$results"
                 continue
             fi
-            # loadgen's report: its p99 in µs on the first line, the table's columns on the second.
-            { read -r p; IFS= read -r row; } < <(python3 - "$out" <<'PY'
+            # loadgen's report: its p99 and p50 in µs on the first line, the table's columns on
+            # the second.
+            { read -r p q; IFS= read -r row; } < <(python3 - "$out" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 l = r["latency_us"]
 ms = lambda us: f"{us / 1000:8.2f}"
-print(l["p99"])
+print(l["p99"], l["p50"])
 print(f'{r["qps"]:9.0f} {ms(l["p50"])} {ms(l["p99"])} {ms(l["p999"])} {ms(l["max"])} {r["errors"]:7d} {r["timeouts"]:9d}')
 PY
             )
             p99["$n/$mode/$t"]="$p"
+            p50["$n/$mode/$t"]="$q"
             printf '%-9s %-10s %s\n' "$mode" "$t" "$row" | tee -a "$results"
         done
     done
     echo | tee -a "$results"
     printf '%-9s %-10s %14s %17s\n' ratios proxy 'p99 x/pgb' 'p99 x/direct' | tee -a "$results"
     for mode in "${mode_list[@]}"; do
-        for t in shardgate shared; do
+        for t in shardgate pooled; do
             wants "$t" || continue
             key="$n/$mode"
             printf '%-9s %-10s %14s %17s\n' "$mode" "$t" "$(ratio "${p99[$key/$t]:-}" "${p99[$key/pgbouncer]:-}")" \
@@ -549,20 +573,71 @@ PY
     done
 }
 
+# goal WHAT CLIENTS MODE VALUE LIMIT OP: one line of the goals table; OP is <= or >=, VALUE
+# "-" when it was not measured.
+goal() {
+    local verdict
+    verdict="$(awk -v v="$4" -v l="$5" -v op="$6" 'BEGIN {
+        if (v == "" || v == "-") { print "not measured"; exit }
+        ok = (op == "<=") ? (v + 0 <= l + 0) : (v + 0 >= l + 0)
+        print ok ? "met" : "NOT MET" }')"
+    printf '%-34s %7s %-9s %10s %8s %s\n' "$1" "$2" "$3" "${4:--}" "$6 $5" "$verdict" | tee -a "$results"
+}
+
+# goals: the default shardgate against PgBouncer, as docs/benchmarks.md sets the goals.
+goals() {
+    local n mode sg pb
+    wants shardgate && wants pgbouncer || return 0
+    echo | tee -a "$results"
+    echo "goals: the default shardgate against PgBouncer in this run (docs/benchmarks.md)" | tee -a "$results"
+    printf '%-34s %7s %-9s %10s %8s %s\n' goal clients mode value limit verdict | tee -a "$results"
+    for n in "$clients_first" ${also_clients/#0/}; do
+        for mode in simple extended; do
+            [[ ",$modes," == *",$mode,"* ]] || continue
+            sg="$n/$mode/shardgate" pb="$n/$mode/pgbouncer"
+            goal "total CPU/stmt x PgBouncer" "$n" "$mode" \
+                "$(ratio "$(sum "${user_us[$sg]:-}" "${sys_us[$sg]:-}")" "$(sum "${user_us[$pb]:-}" "${sys_us[$pb]:-}")")" 1.00 "<="
+            goal "user CPU us/stmt" "$n" "$mode" "${user_us[$sg]:--}" 3 "<="
+            goal "TPS x PgBouncer" "$n" "$mode" "$(ratio "${tps[$sg]:-}" "${tps[$pb]:-}")" 1.00 ">="
+            if [[ -n "${rate_of[$n]:-}" ]]; then
+                goal "p99 at ${rate_of[$n]}/s x PgBouncer" "$n" "$mode" "$(ratio "${p99[$sg]:-}" "${p99[$pb]:-}")" 1.00 "<="
+                goal "p50 at ${rate_of[$n]}/s - PgBouncer's, us" "$n" "$mode" \
+                    "$(awk -v a="${p50[$sg]:-}" -v b="${p50[$pb]:-}" 'BEGIN { if (a == "" || b == "") print "-"; else print a - b }')" 100 "<="
+            fi
+        done
+        if [[ ",$modes," == *",prepared,"* ]]; then
+            for mode in simple extended; do
+                sg="$n/prepared/shardgate" pb="$n/$mode/shardgate"
+                goal "prepared CPU/stmt x $mode's" "$n" prepared \
+                    "$(ratio "$(sum "${user_us[$sg]:-}" "${sys_us[$sg]:-}")" "$(sum "${user_us[$pb]:-}" "${sys_us[$pb]:-}")")" 1.00 "<="
+            done
+        fi
+        if ((n >= 200)); then
+            for mode in "${mode_list[@]}"; do
+                goal "backend connections" "$n" "$mode" "${conns[$n/$mode/shardgate]:--}" 4 "<="
+            done
+        fi
+    done
+}
+
+# Whether there is an open-loop phase at all.
+open_loop_on() { ((open_loop > 0)) || awk -v f="$open_loop_fraction" 'BEGIN { exit !(f > 0) }'; }
+clients_first="$clients"
 measure "$clients"
-((open_loop > 0)) && open_loop_runs "$clients"
+if open_loop_on; then open_loop_runs "$clients"; fi
 if ((also_clients > 0)); then
     measure "$also_clients"
-    ((open_loop > 0)) && open_loop_runs "$also_clients"
+    if open_loop_on; then open_loop_runs "$also_clients"; fi
 fi
+goals
 
 # Anything the router complained about during the measured runs is worth a look.
-if wants shared; then
-    shared_lines="$(grep -E ' (WARN|ERROR) ' "$shared_log" || true)"
-    if [[ -n "$shared_lines" ]]; then
+if wants pooled; then
+    pooled_lines="$(grep -E ' (WARN|ERROR) ' "$pooled_log" || true)"
+    if [[ -n "$pooled_lines" ]]; then
         echo
-        echo "shardgate (shared) logged $(wc -l <<<"$shared_lines") warnings/errors; the first 20:"
-        head -20 <<<"$shared_lines" | sed 's/^/    /'
+        echo "shardgate (pooled) logged $(wc -l <<<"$pooled_lines") warnings/errors; the first 20:"
+        head -20 <<<"$pooled_lines" | sed 's/^/    /'
     fi
 fi
 if wants shardgate; then

@@ -249,7 +249,7 @@ pub struct Pool {
     /// Default 10000; more than 0.
     pub warm_timeout: Duration,
     /// `shared_connections`: connections per router and primary on which the autocommit
-    /// statements of all clients are pipelined (`backend::mux`). Default 0 = off: every
+    /// statements of all clients are pipelined (`backend::mux`). Default 2; 0 = off: every
     /// statement borrows a pooled connection of its own.
     pub shared_connections: usize,
 }
