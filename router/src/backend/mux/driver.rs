@@ -38,39 +38,37 @@ async fn run(mux: &Weak<ShardMux>, lane: &Arc<Lane>, conn: &mut BackendConn) -> 
     // When the first request waiting in the router must be taken out ([`super::now_us`]):
     // the timer for it is set again only when that changes.
     let mut armed = None;
+    // Kept between turns, so that a turn allocates nothing for its replies.
+    let (mut runs, mut replies) = (Vec::new(), Vec::new());
     let timer = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(timer);
     loop {
         let Some(m) = mux.upgrade() else {
             return Ok(());
         };
-        let until = if written == wbuf.len() && flushed {
+        // Nothing left to write: the turn fills the buffer again.
+        let idle_writer = written == wbuf.len() && flushed;
+        if idle_writer {
             wbuf.clear();
             written = 0;
-            let fill = lane.fill(&mut wbuf);
-            if fill.done {
-                return Ok(());
-            }
-            expired(fill.expired);
-            fill.until
-        } else {
-            // Still writing: requests queued meanwhile may wait too long all the same.
-            let (gone, next) = lane.expire_now();
-            expired(gone);
-            next
-        };
-        if until != armed {
-            if let Some(u) = until {
+        }
+        let turn = lane.turn(idle_writer.then_some(&mut wbuf));
+        if turn.done {
+            return Ok(());
+        }
+        expired(turn.expired);
+        if turn.until != armed {
+            if let Some(u) = turn.until {
                 let left = Duration::from_micros(u.saturating_sub(now_us()));
                 timer.as_mut().reset(tokio::time::Instant::now() + left);
             }
-            armed = until;
+            armed = turn.until;
         }
-        if let Some(seq) = lane.cancel_due() {
+        if let Some(seq) = turn.cancel {
             cancels.retain(|c| !c.is_finished());
             cancels.push(send_cancel(&m, lane, conn, seq));
         }
-        let cancel_waits = lane.cancel_waits();
+        let cancel_waits = turn.cancel_waits;
         drop(m);
         let io = std::future::poll_fn(|cx| {
             let mut out = Outgoing::new(&wbuf, written);
@@ -89,8 +87,8 @@ async fn run(mux: &Weak<ShardMux>, lane: &Arc<Lane>, conn: &mut BackendConn) -> 
             _ = lane.wake.notified() => continue,
             r = io => r.err().map(|e| e.to_string()),
             _ = &mut timer, if armed.is_some() => {
-                // The turn above takes out what waited too long; the timer is set again
-                // even when the next wait ends at the same time.
+                // The next turn takes out what waited too long; the timer is set again even
+                // when the next wait ends at the same time.
                 armed = None;
                 continue;
             }
@@ -105,9 +103,9 @@ async fn run(mux: &Weak<ShardMux>, lane: &Arc<Lane>, conn: &mut BackendConn) -> 
         let Some(m) = mux.upgrade() else {
             return Ok(());
         };
-        let (replies, failure) = lane.demux(&m, &mut conn.rbuf);
+        let failure = lane.demux(&m, &mut conn.rbuf, &mut runs, &mut replies);
         drop(m);
-        for (sink, reply) in replies {
+        for (sink, reply) in replies.drain(..) {
             let seq = match &reply {
                 Reply::Frames(seq, _)
                 | Reply::Lost { seq, .. }

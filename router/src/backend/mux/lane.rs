@@ -15,14 +15,22 @@ use crate::backend::pipeline::{Unplaced, Written};
 use crate::backend::prepared::PreparedSet;
 use crate::protocol::frame::next_frame;
 
-/// What a driver's turn at the queue did.
-pub(super) struct Fill {
+/// A run of whole reply frames for one request: its sink, its number, and where the frames
+/// are in the read buffer.
+pub(super) type Run = (Sink, u64, std::ops::Range<usize>);
+
+/// What a driver's turn at the lane ([`Lane::turn`]) found to do.
+pub(super) struct Turn {
     /// The lane is retired and empty: it closes.
     pub done: bool,
     /// Requests that waited too long, taken out: their sessions are told.
     pub expired: Vec<(Sink, u64)>,
     /// When the next queued request's wait ends ([`super::now_us`]).
     pub until: Option<u64>,
+    /// The cancel to send now (see the module documentation).
+    pub cancel: Option<u64>,
+    /// A cancel waits for its request to have run [`SLOW`].
+    pub cancel_waits: bool,
 }
 
 impl Lane {
@@ -137,47 +145,61 @@ impl Lane {
         true
     }
 
-    /// Moves queued requests into `wbuf` (at most [`DEPTH`] written ahead; none while a cancel
-    /// waits, or behind a slow request), and takes out those that waited too long.
-    pub(super) fn fill(&self, wbuf: &mut BytesMut) -> Fill {
+    /// The driver's turn at the lane, under one lock: when `wbuf` is given (nothing is left to
+    /// write), moves queued requests into it; takes out those that waited too long; and says
+    /// which cancel to send now.
+    pub(super) fn turn(&self, wbuf: Option<&mut BytesMut>) -> Turn {
         let mut st = self.state();
         let st = &mut *st;
+        let filled = wbuf.is_some();
+        if let Some(wbuf) = wbuf {
+            self.fill(st, wbuf);
+        }
+        let (expired, until) = self.expire(st);
+        let cancel = self.cancel_due(st);
+        Turn {
+            done: filled && st.retiring && st.queued.is_empty() && st.pipeline.is_empty(),
+            expired,
+            until,
+            cancel,
+            cancel_waits: st.cancels.iter().any(|c| !c.sent),
+        }
+    }
+
+    /// Moves queued requests into `wbuf`: at most [`DEPTH`] written ahead, none while a cancel
+    /// waits, behind a slow request, or behind settings applied for the first time.
+    fn fill(&self, st: &mut LaneState, wbuf: &mut BytesMut) {
         let pipeline = &st.pipeline;
         st.cancels
             .retain(|c| pipeline.contains(c.seq) || (c.sent && !c.delivered));
-        if st.cancels.is_empty() {
-            let since = self.front_since.load(Ordering::Relaxed);
-            let slow = since != 0 && now_us().saturating_sub(since) > us(SLOW);
-            while !slow && st.pipeline.len() < DEPTH && st.proving.is_none() {
-                let Some(q) = st.queued.pop_front() else {
-                    break;
-                };
-                wbuf.extend_from_slice(&q.bytes);
-                if let Some((fp, before)) = q.proves {
-                    st.proving = Some(Proving {
-                        fp,
-                        before,
-                        error: None,
-                    });
-                }
-                if st.pipeline.is_empty() {
-                    self.front_since.store(now_us(), Ordering::Relaxed);
-                }
-                st.pipeline.push(Written {
-                    seq: q.seq,
-                    sink: q.sink,
-                    readies: q.readies,
-                    simple: q.simple,
-                    hidden: q.hidden,
-                    answered: false,
+        if !st.cancels.is_empty() {
+            return;
+        }
+        let since = self.front_since.load(Ordering::Relaxed);
+        let slow = since != 0 && now_us().saturating_sub(since) > us(SLOW);
+        while !slow && st.pipeline.len() < DEPTH && st.proving.is_none() {
+            let Some(q) = st.queued.pop_front() else {
+                break;
+            };
+            wbuf.extend_from_slice(&q.bytes);
+            if let Some((fp, before)) = q.proves {
+                st.proving = Some(Proving {
+                    fp,
+                    before,
+                    error: None,
                 });
             }
-        }
-        let (expired, until) = self.expire(st);
-        Fill {
-            done: st.retiring && st.queued.is_empty() && st.pipeline.is_empty(),
-            expired,
-            until,
+            if st.pipeline.is_empty() {
+                self.front_since.store(now_us(), Ordering::Relaxed);
+            }
+            st.pipeline.push(Written {
+                seq: q.seq,
+                sink: q.sink,
+                readies: q.readies,
+                simple: q.simple,
+                hidden: q.hidden,
+                answered: false,
+            });
         }
     }
 
@@ -233,17 +255,9 @@ impl Lane {
         (sink, seq, true)
     }
 
-    /// Takes out the queued requests whose wait is over (see [`Lane::fill`]).
-    pub(super) fn expire_now(&self) -> (Vec<(Sink, u64)>, Option<u64>) {
-        let mut st = self.state();
-        self.expire(&mut st)
-    }
-
     /// The cancel to send now, if any: for the request running, when nothing is written
     /// behind it, or when it has run for [`SLOW`] (see the module documentation).
-    pub(super) fn cancel_due(&self) -> Option<u64> {
-        let mut st = self.state();
-        let st = &mut *st;
+    fn cancel_due(&self, st: &mut LaneState) -> Option<u64> {
         if st.cancels.is_empty() {
             return None;
         }
@@ -259,11 +273,6 @@ impl Lane {
         Some(c.seq)
     }
 
-    /// Whether a cancel waits for its request to have run [`SLOW`].
-    pub(super) fn cancel_waits(&self) -> bool {
-        self.state().cancels.iter().any(|c| !c.sent)
-    }
-
     pub(super) fn cancel_delivered(&self, seq: u64) {
         if let Some(c) = self.state().cancels.iter_mut().find(|c| c.seq == seq) {
             c.delivered = true;
@@ -271,19 +280,20 @@ impl Lane {
         self.wake.notify_one();
     }
 
-    /// Hands the whole reply frames in `rbuf` to their requests: what each sink gets, in
-    /// order, and why the connection is no longer fit to share, if it is not (with whether
-    /// the server ended it before the running request answered anything): everything read
-    /// before that still goes to its clients first.
-    #[allow(clippy::type_complexity)]
+    /// Hands the whole reply frames in `rbuf` to their requests: what each sink gets goes to
+    /// `out`, in order (`runs`: the driver's buffer for the runs of frames, kept between turns
+    /// like `out`), and returns why the connection is no longer fit to share, if it is not
+    /// (with whether the server ended it before the running request answered anything):
+    /// everything read before that still goes to its clients first.
     pub(super) fn demux(
         &self,
         mux: &ShardMux,
         rbuf: &mut BytesMut,
-    ) -> (Vec<(Sink, Reply)>, Option<(String, bool)>) {
+        runs: &mut Vec<Run>,
+        out: &mut Vec<(Sink, Reply)>,
+    ) -> Option<(String, bool)> {
         let mut st = self.state();
-        let mut runs: Vec<(Sink, u64, std::ops::Range<usize>)> = Vec::new();
-        let mut refused = Vec::new();
+        runs.clear();
         let mut at = 0;
         let mut failure = None;
         let mut shutdown = false;
@@ -373,7 +383,7 @@ impl Lane {
                 self.load.fetch_sub(1, Ordering::Relaxed);
                 if st.pipeline.is_empty() {
                     if let Some(proving) = st.proving.take() {
-                        refused.extend(self.proven(mux, &mut st, proving));
+                        out.extend(self.proven(mux, &mut st, proving));
                     }
                 }
                 let next = if st.pipeline.is_empty() { 0 } else { now_us() };
@@ -392,12 +402,11 @@ impl Lane {
             front.answered |= runs.last().is_some_and(|(_, seq, _)| *seq == front.seq);
         }
         let chunk = rbuf.split_to(at).freeze();
-        let out = runs
-            .into_iter()
-            .map(|(sink, seq, range)| (sink, Reply::Frames(seq, chunk.slice(range))))
-            .chain(refused)
-            .collect();
-        (out, failure.map(|why| (why, shutdown)))
+        out.extend(
+            runs.drain(..)
+                .map(|(sink, seq, range)| (sink, Reply::Frames(seq, chunk.slice(range)))),
+        );
+        failure.map(|why| (why, shutdown))
     }
 
     /// Settings applied for the first time are answered: proven for the endpoint, or failed,
