@@ -86,8 +86,8 @@ def report(a, costs, m):
     w(f"| loadgen hosts ({a.loadgen_vcpus}-vCPU instances) | **{m['loadgens']:,}** | |")
     w(f"| primary vCPUs busy per shard | {m['pg_vcpus']:.1f} of {a.primary_vcpus} ({m['pg_util']:.0%}) | {m['pg_us']} µs/query |")
     w(f"| statements in progress per primary (Little's law) | {m['busy']:.0f} | rate × {m['pg_us']} µs held per statement |")
-    w(f"| backend connections per primary, pooled connections only (`shared_connections = 0`) | {m['per_thread']:,} ({m['per_thread_record']:,} with the record's {a.record_routers} routers) | routers × {m['workers']} workers × ≥ 1 connection each |")
-    w(f"| backend connections per primary, {a.conns_per_router_shard} per router and shard | {m['per_router']:,} | `[pool] shared_connections = {a.conns_per_router_shard}`, plus the connections open transactions hold |")
+    w(f"| backend connections per primary, sharing off (`shared_connections = 0`) | {m['per_thread']:,} ({m['per_thread_record']:,} with the record's {a.record_routers} routers) | routers × {m['workers']} workers × ≥ 1 connection each |")
+    w(f"| backend connections per primary, {a.conns_per_router_shard} shared per router and shard | {m['per_router']:,} | `[pool] shared_connections = {a.conns_per_router_shard}` (the default is 2), plus the connections open transactions hold |")
     w("")
     w("Assumptions:")
     w(f"- one target vCPU does {a.speedup}× the per-query work of one measured vCPU (Graviton4 vs "
