@@ -3,11 +3,10 @@
 //! connection.
 
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::io::AsyncReadExt;
-
-use std::time::Duration;
 
 use super::{now_us, Lane, Reply, ShardMux, Sink, CANCEL_CHECK};
 use crate::backend::conn::BackendConn;
