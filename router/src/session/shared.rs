@@ -441,9 +441,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 Ok(conn) => break (conn, shard),
                 Err(p) if p.connection_ended && attempt < super::attach::PRELUDE_ATTEMPTS => {}
                 // Nothing of the request ran: the client gets what the server said.
-                Err(p) if p.refused.is_some() => {
-                    return Err(p.refused.unwrap_or_else(|| lost(self, shard, &p.what)))
-                }
+                Err(super::attach::PreludeProblem {
+                    refused: Some(err), ..
+                }) => return Err(err),
                 Err(p) => {
                     let why = format!("preparing a connection: {}", p.what);
                     return Err(lost(self, shard, &why));

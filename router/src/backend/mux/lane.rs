@@ -136,7 +136,7 @@ impl Lane {
 
     /// Takes request `seq` out if it is still queued in the router (nothing of it written);
     /// whether it was.
-    pub fn withdraw(&self, seq: u64) -> bool {
+    fn withdraw(&self, seq: u64) -> bool {
         let mut st = self.state();
         let Some(i) = st.queued.iter().position(|q| q.seq == seq) else {
             return false;

@@ -60,9 +60,7 @@ impl Sink {
         }
         self.tx.send(reply).is_ok()
     }
-}
 
-impl Sink {
     /// Wakes the session for a cancel request ([`Reply::CancelAsked`]).
     pub fn cancel_asked(&self) {
         let _ = self.tx.send(Reply::CancelAsked);
