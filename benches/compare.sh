@@ -218,7 +218,9 @@ fi
     --base-port "$pg_port" --router-port "$router_port" --user app --password app \
     --max-connections "$(( (clients > also_clients ? clients : also_clients) + pool_size * (2 * ${router_threads:-$(nproc)} + 1) + 50 ))" \
     >"$tmp/cluster-up.log" 2>&1 || { cat "$tmp/cluster-up.log" >&2; die "cluster up failed"; }
-if ((open_loop > 0)) || awk -v f="$open_loop_fraction" 'BEGIN { exit !(f > 0) }'; then
+# Whether there is an open-loop phase at all.
+open_loop_on() { ((open_loop > 0)) || awk -v f="$open_loop_fraction" 'BEGIN { exit !(f > 0) }'; }
+if open_loop_on; then
     (cd "$root" && cargo build --release -q -p loadgen) || die "building loadgen failed"
 fi
 # The router's pid: the first "pid" after "router" in the state file (servers have pids too).
@@ -409,6 +411,8 @@ syscalls_per_stmt() {
 # ratio A B and sum A B of two figures, "-" where either is missing.
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || a == "-" || b == "-" || b + 0 == 0) print "-"; else printf "%.2f", a / b }'; }
 sum() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || a == "-" || b == "-") print "-"; else printf "%.2f", a + b }'; }
+# total_ratio KEY_A KEY_B: the total (user + sys) CPU per statement of run A over run B's.
+total_ratio() { ratio "$(sum "${user_us[$1]:-}" "${sys_us[$1]:-}")" "$(sum "${user_us[$2]:-}" "${sys_us[$2]:-}")"; }
 
 declare -A tps user_us sys_us conns syscalls
 # measure CLIENTS: every mode through every target with CLIENTS pgbench clients, then ratios.
@@ -482,7 +486,7 @@ measure() {
                 "$(ratio "${tps[$sg]:-}" "${tps[$pb]:-}")" \
                 "$(ratio "${user_us[$sg]:-}" "${user_us[$pb]:-}")" \
                 "$(ratio "${sys_us[$sg]:-}" "${sys_us[$pb]:-}")" \
-                "$(ratio "$(sum "${user_us[$sg]:-}" "${sys_us[$sg]:-}")" "$(sum "${user_us[$pb]:-}" "${sys_us[$pb]:-}")")" \
+                "$(total_ratio "$sg" "$pb")" \
                 "$(ratio "${tps[$sg]:-}" "${tps[$dr]:-}")" | tee -a "$results"
         done
     done
@@ -495,7 +499,7 @@ measure() {
                 "$(ratio "${tps[$sg]:-}" "${tps[$bs]:-}")" \
                 "$(ratio "${user_us[$sg]:-}" "${user_us[$bs]:-}")" \
                 "$(ratio "${sys_us[$sg]:-}" "${sys_us[$bs]:-}")" \
-                "$(ratio "$(sum "${user_us[$sg]:-}" "${sys_us[$sg]:-}")" "$(sum "${user_us[$bs]:-}" "${sys_us[$bs]:-}")")" | tee -a "$results"
+                "$(total_ratio "$sg" "$bs")" | tee -a "$results"
         done
     fi
     if ((syscall_seconds > 0)); then
@@ -596,7 +600,7 @@ goals() {
             [[ ",$modes," == *",$mode,"* ]] || continue
             sg="$n/$mode/shardgate" pb="$n/$mode/pgbouncer"
             goal "total CPU/stmt x PgBouncer" "$n" "$mode" \
-                "$(ratio "$(sum "${user_us[$sg]:-}" "${sys_us[$sg]:-}")" "$(sum "${user_us[$pb]:-}" "${sys_us[$pb]:-}")")" 1.00 "<="
+                "$(total_ratio "$sg" "$pb")" 1.00 "<="
             goal "user CPU us/stmt" "$n" "$mode" "${user_us[$sg]:--}" 3 "<="
             goal "TPS x PgBouncer" "$n" "$mode" "$(ratio "${tps[$sg]:-}" "${tps[$pb]:-}")" 1.00 ">="
             if [[ -n "${rate_of[$n]:-}" ]]; then
@@ -609,7 +613,7 @@ goals() {
             for mode in simple extended; do
                 sg="$n/prepared/shardgate" pb="$n/$mode/shardgate"
                 goal "prepared CPU/stmt x $mode's" "$n" prepared \
-                    "$(ratio "$(sum "${user_us[$sg]:-}" "${sys_us[$sg]:-}")" "$(sum "${user_us[$pb]:-}" "${sys_us[$pb]:-}")")" 1.00 "<="
+                    "$(total_ratio "$sg" "$pb")" 1.00 "<="
             done
         fi
         if ((n >= 200)); then
@@ -620,8 +624,6 @@ goals() {
     done
 }
 
-# Whether there is an open-loop phase at all.
-open_loop_on() { ((open_loop > 0)) || awk -v f="$open_loop_fraction" 'BEGIN { exit !(f > 0) }'; }
 clients_first="$clients"
 measure "$clients"
 if open_loop_on; then open_loop_runs "$clients"; fi
