@@ -162,13 +162,6 @@ tmp="$(mktemp -d "${TMPDIR:-/tmp}/shardgate-bench.XXXXXX")"
 # As root PostgreSQL and PgBouncer run as `postgres`, which must be able to enter this dir.
 chmod 755 "$tmp"
 pgbouncer_pid="" baseline_pid="" baseline_tree="" pooled_pid=""
-# stop PID: TERM, up to 5 s to end, then KILL.
-stop() {
-    [[ -n "$1" ]] && kill -0 "$1" 2>/dev/null || return 0
-    kill -TERM "$1"
-    for _ in $(seq 50); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$1" 2>/dev/null
-}
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM

@@ -1,6 +1,6 @@
 # Helpers the bench scripts share. Each script sources it right after `set -euo pipefail`:
 #   source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-# It sets `root` (the repository root) and defines die, need_tools, free_port and release_dir.
+# It sets `root` (the repository root) and defines die, need_tools, free_port, release_dir and stop.
 # shellcheck shell=bash
 
 # The repository root.
@@ -60,4 +60,12 @@ release_dir() {
     local dir="${CARGO_TARGET_DIR:-$root/target}"
     case "$dir" in /*) ;; *) dir="$root/$dir" ;; esac
     echo "$dir/release"
+}
+
+# stop PID: TERM, up to 5 s to end, then KILL (nothing when PID is empty or gone).
+stop() {
+    [[ -n "$1" ]] && kill -0 "$1" 2>/dev/null || return 0
+    kill -TERM "$1"
+    for _ in $(seq 50); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$1" 2>/dev/null
 }

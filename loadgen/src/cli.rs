@@ -1,4 +1,4 @@
-//! The command line: `loadgen prepare`, `loadgen run` and `loadgen merge`, their options
+//! The command line: `loadgen prepare`, `run`, `merge`, `compare` and `storm`, their options
 //! (with the help text operators read), and turning them into configurations.
 
 use std::path::PathBuf;
@@ -33,6 +33,11 @@ pub enum Command {
     /// Set two --json reports side by side: throughput, p50 to max, mean, errors and timeouts
     /// per million, before, after, change and ratio, overall and per shard (worst first).
     Compare(CompareArgs),
+    /// Logins rather than queries: N clients logging in at the same instant (a reconnect
+    /// storm), and/or M silent TCP connections held open (slowloris) while a bystander logs in
+    /// every 200 ms. Exit status 0 when every storm login succeeded and the bystander never
+    /// failed, 1 otherwise.
+    Storm(StormArgs),
 }
 
 /// Where load and data go (shared by prepare and run).
@@ -182,6 +187,62 @@ pub struct CompareArgs {
     /// an SVG file.
     #[arg(long, value_name = "FILE.svg")]
     pub chart: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Phases run in this order: the login storm (--logins), then the slowloris (--silent and the \
+bystander). Examples:
+  loadgen storm --target postgres://app:pw@127.0.0.1:6432/app --logins 10000 --router-pid $PID
+  loadgen storm --target postgres://app:pw@localhost:6432/app --logins 10000 --tls-ca ca.pem
+  loadgen storm --target postgres://app:pw@127.0.0.1:6432/app --silent 1500 \\
+      --silent-from 127.0.0.2 --bystander-every-ms 200 --duration-s 30 --json slowloris.json
+See docs/loadgen.md, \"loadgen storm\".")]
+pub struct StormArgs {
+    /// postgres://USER:PASSWORD@HOST:PORT/DB of the server (router, Postgres, PgBouncer), or
+    /// a key=value string. A password is used as the server asks (SCRAM-SHA-256, md5, plain).
+    #[arg(long, value_name = "URL")]
+    pub target: String,
+    /// Clients that log in at the same instant: N tasks wait on one barrier, then all connect;
+    /// each runs SELECT 1 and keeps its connection until every login has finished, so the
+    /// server holds N logged-in clients at the end (as after a fleet restart). 0: no storm.
+    #[arg(long, short = 'n', value_name = "N", default_value_t = 0)]
+    pub logins: usize,
+    /// Raw TCP connections that connect and never send a byte (slowloris); each one the server
+    /// closes is reopened at once, for --duration-s. Always plain TCP. 0: none.
+    #[arg(long, value_name = "M", default_value_t = 0)]
+    pub silent: usize,
+    /// Bind the silent connections to this source address, so the server sees them come from
+    /// elsewhere than the bystander (e.g. 127.0.0.2: Linux routes all of 127/8 over loopback).
+    #[arg(long, value_name = "IP")]
+    pub silent_from: Option<std::net::IpAddr>,
+    /// A bystander logs in on a fresh connection every MS ms for --duration-s, runs SELECT 1
+    /// and disconnects; it starts once the silent connections are open (or after 5 s).
+    /// Default: 200 when --silent is given, else no bystander; 0 turns it off.
+    #[arg(long, value_name = "MS")]
+    pub bystander_every_ms: Option<u64>,
+    /// How long the slowloris and the bystander last, in seconds.
+    #[arg(long, value_name = "S", default_value_t = 10.0)]
+    pub duration_s: f64,
+    /// Log in with TLS (sslmode=require), checking the server's certificate against the CAs
+    /// in this PEM file; the name checked is the host of --target.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// The server's process id (same machine): report its CPU time per login from /proc/PID/stat
+    /// over each phase, and its memory from /proc/PID/status (VmHWM, the lifetime peak, and
+    /// VmRSS) at the end of each phase.
+    #[arg(long, value_name = "PID")]
+    pub router_pid: Option<u32>,
+    /// Longest a login (TCP, TLS, authentication), a SELECT 1 or a silent connect may take, in
+    /// seconds; a login that takes longer fails as `timeout`.
+    #[arg(long, value_name = "S", default_value_t = 60.0)]
+    pub timeout_s: f64,
+    /// Also write the figures as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// No progress lines on stderr.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
 }
 
 /// Slowest open-loop rate (once in about 17 minutes) and fastest (far beyond any machine).
@@ -413,7 +474,56 @@ fn dispatch(cli: Cli) -> Result<i32, crate::Error> {
             }
             Ok(0)
         }
+        Command::Storm(a) => storm(a),
     }
+}
+
+/// Seconds from the command line as a duration (positive, at most a year).
+fn seconds(flag: &str, s: f64) -> Result<Duration, crate::Error> {
+    if !(s > 0.0 && s <= MAX_DURATION_S) {
+        return Err(format!("{flag} {s}: give a number of seconds above 0"));
+    }
+    Ok(Duration::from_secs_f64(s))
+}
+
+/// `loadgen storm`: checks the options, raises the open-file limit, runs, prints.
+fn storm(a: StormArgs) -> Result<i32, crate::Error> {
+    use crate::storm::{self, StormConfig};
+    let bystander_every = match a.bystander_every_ms {
+        Some(0) => None,
+        Some(ms) => Some(Duration::from_millis(ms)),
+        None if a.silent > 0 => Some(Duration::from_millis(200)),
+        None => None,
+    };
+    if a.silent_from.is_some() && a.silent == 0 {
+        return Err("--silent-from needs --silent M".into());
+    }
+    let cfg = StormConfig {
+        target: a.target,
+        logins: a.logins,
+        silent: a.silent,
+        silent_from: a.silent_from,
+        bystander_every,
+        duration: seconds("--duration-s", a.duration_s)?,
+        tls_ca: a.tls_ca,
+        server_pid: a.router_pid,
+        timeout: seconds("--timeout-s", a.timeout_s)?,
+        quiet: a.quiet,
+    };
+    if cfg.logins == 0 && !cfg.slowloris() {
+        return Err("nothing to do: give --logins N, --silent M or --bystander-every-ms MS".into());
+    }
+    let need = (cfg.logins as u64)
+        .saturating_add(cfg.silent as u64)
+        .saturating_add(storm::SPARE_FILES);
+    storm::raise_nofile(need)?;
+    let report = runtime(crate::cpu::cores_available().max(2))?.block_on(storm::storm(&cfg))?;
+    print!("{}", report.render());
+    if let Some(path) = &a.json {
+        report.write(path)?;
+        eprintln!("loadgen: wrote {}", path.display());
+    }
+    Ok(if report.passed { 0 } else { 1 })
 }
 
 /// Prints the table and writes the JSON and the chart.

@@ -6,7 +6,9 @@
 //! [`pacer`]) and
 //! reports throughput and coordinated-omission-corrected latency per shard ([`report`],
 //! [`chart`]), `merge` combines the JSON reports of several loadgen hosts exactly
-//! ([`merge`]), and `compare` sets two reports side by side ([`compare`]). The command line is in [`cli`]; `docs/loadgen.md` is the manual.
+//! ([`merge`]), and `compare` sets two reports side by side ([`compare`]). `storm` measures
+//! logins instead of queries: a reconnect storm and a slowloris with a bystander ([`storm`],
+//! TLS in [`tls`]). The command line is in [`cli`]; `docs/loadgen.md` is the manual.
 
 pub mod chart;
 pub mod cli;
@@ -23,8 +25,10 @@ pub mod report;
 pub mod run;
 pub mod schedule;
 pub mod stats;
+pub mod storm;
 pub mod table;
 pub mod target;
+pub mod tls;
 pub mod workload;
 
 /// The workload's table, as in `deploy/local/schema.sql`.

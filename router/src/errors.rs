@@ -213,21 +213,24 @@ pub fn duplicate_statement(name: &str) -> SqlError {
     )
 }
 
+/// `54000`: a session's prepared statements would hold more than `[limits] max_prepared_bytes`.
+pub fn too_many_prepared_bytes(limit: usize, held: usize) -> SqlError {
+    SqlError::new(
+        PROGRAM_LIMIT_EXCEEDED,
+        format!("this session's prepared statements would hold more than {limit} bytes (limits.max_prepared_bytes); they hold {held} now"),
+    )
+    .with_hint("close the prepared statements the session no longer needs (Close, DEALLOCATE), or raise [limits] max_prepared_bytes in the router config")
+}
+
 /// The router's own invariant broke; the client's statement is refused rather than guessed.
 pub fn internal(what: impl std::fmt::Display) -> SqlError {
     SqlError::new(INTERNAL_ERROR, format!("internal: {what}"))
 }
 
-/// `[limits] max_logins` connections were logging in when this one arrived: refused at the
-/// door, at once, so a flood of silent sockets cannot make real clients wait for a slot.
-pub fn too_many_logins(max: usize) -> SqlError {
-    SqlError::fatal(
-        TOO_MANY_CONNECTIONS,
-        format!("sorry, too many connections are logging in already ({max})"),
-    )
-    .with_hint(
-        "retry in a moment; if this persists, raise [limits] max_logins or lower [limits] login_timeout_ms in the router config",
-    )
+/// `[limits] max_clients` clients were logged in when this one sent its startup message.
+pub fn too_many_clients() -> SqlError {
+    SqlError::fatal(TOO_MANY_CONNECTIONS, "sorry, too many clients already")
+        .with_hint("raise [limits] max_clients in the router config, or use fewer connections")
 }
 
 /// `54000`: a merged read across shards would hold more than `limit` bytes in the router;

@@ -1,103 +1,302 @@
-//! The front door: connections that have not logged in are capped (`[limits] max_logins`) and
-//! closed after `login_timeout_ms`, so a crowd of silent sockets cannot make a real client
-//! wait; a second router may share the port only with `reuse_port = true`.
+//! The front door under storms and abuse: a reconnect storm of thousands of simultaneous logins
+//! all gets in; a slowloris (more silent sockets than `[limits] max_logins`, held and renewed)
+//! never makes a bystander's login fail; a silent socket is closed after `startup_timeout_ms`;
+//! a refusal for `max_clients` comes after the startup message, so drivers see `53300`; each
+//! with TLS as well. Also: a second router may share the port only with `reuse_port = true`.
 
 mod common;
 
-use std::io::Read;
-use std::net::TcpStream;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::tls::{connect_tls, Certs};
 use common::Router;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
 
-/// Reads what the router sends on a socket that says nothing, until it closes the socket;
-/// `None` when it is still open after `bound` (a hang).
-fn read_until_closed(mut socket: TcpStream, bound: Duration) -> Option<Vec<u8>> {
-    let deadline = Instant::now() + bound;
-    let mut got = Vec::new();
-    let mut chunk = [0u8; 1024];
-    loop {
-        let left = deadline.checked_duration_since(Instant::now())?;
-        socket
-            .set_read_timeout(Some(left.max(Duration::from_millis(1))))
-            .ok()?;
-        match socket.read(&mut chunk) {
-            Ok(0) => return Some(got),
-            Ok(n) => got.extend_from_slice(&chunk[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Some(got),
-            Err(_) => return None,
+/// The SSLRequest packet.
+const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+
+/// Opens a TCP connection to `port` from source address `from`.
+async fn connect_from(from: &str, port: u16) -> std::io::Result<TcpStream> {
+    let socket = TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::new(from.parse().expect("address"), 0))?;
+    socket
+        .connect(SocketAddr::from(([127, 0, 0, 1], port)))
+        .await
+}
+
+/// Reads until the peer closes (or resets) the connection.
+async fn until_closed(stream: &mut TcpStream) {
+    let mut chunk = [0u8; 256];
+    while let Ok(n) = stream.read(&mut chunk).await {
+        if n == 0 {
+            return;
         }
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn silent_sockets_are_capped_and_timed_out_and_never_block_a_real_login() {
-    const SILENT: usize = 300;
-    const MAX_LOGINS: usize = 20;
+/// `count` attackers from 127.0.0.2, each holding one connection that says nothing (or, with
+/// `ssl`, every other one an SSLRequest and then nothing), opened again as soon as the router
+/// closes it, until `stop`. Returns how many connections the router closed.
+fn slowloris(port: u16, count: usize, ssl: bool, stop: Arc<AtomicBool>) -> Arc<AtomicUsize> {
+    let closed = Arc::new(AtomicUsize::new(0));
+    for i in 0..count {
+        let (stop, closed) = (stop.clone(), closed.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let Ok(mut stream) = connect_from("127.0.0.2", port).await else {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                };
+                if ssl && i % 2 == 1 && stream.write_all(&SSL_REQUEST).await.is_err() {
+                    continue;
+                }
+                tokio::select! {
+                    () = until_closed(&mut stream) => {
+                        closed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    () = async { while !stop.load(Ordering::Relaxed) {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    } } => return,
+                }
+            }
+        });
+    }
+    closed
+}
+
+/// Logs in every 200 ms for `attempts` times, each a new connection that runs `SELECT 1` (with
+/// TLS when `ca` is given); returns the failures, each with its error.
+async fn bystander(router: &Router, attempts: usize, ca: Option<&std::path::Path>) -> Vec<String> {
+    let mut failures = Vec::new();
+    for _ in 0..attempts {
+        let started = Instant::now();
+        let login = async {
+            let client = match ca {
+                Some(ca) => connect_tls(router, ca).await,
+                None => common::connect(&router.url()).await,
+            }
+            .map_err(|e| format!("{e:?}"))?;
+            client
+                .simple_query("SELECT 1")
+                .await
+                .map_err(|e| format!("{e:?}"))?;
+            Ok::<(), String>(())
+        };
+        match tokio::time::timeout(Duration::from_secs(20), login).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => failures.push(e),
+            Err(_) => failures.push("no answer within 20 s".to_string()),
+        }
+        tokio::time::sleep(Duration::from_millis(200).saturating_sub(started.elapsed())).await;
+    }
+    failures
+}
+
+async fn slowloris_locks_nobody_out(tls: bool) {
+    // The issue's case: 1,200 silent sockets against 1,000 places.
+    const ATTACKERS: usize = 1200;
+    const MAX_LOGINS: usize = 1000;
     let env = common::shared_env();
+    let certs = Certs::new(if tls { "slowloris-tls" } else { "slowloris" });
     let http = common::free_port();
     let router = Router::start_with(
         &env.map,
-        &format!("[limits]\nmax_logins = {MAX_LOGINS}\nlogin_timeout_ms = 2000\n[http]\nlisten = \"127.0.0.1:{http}\"\n"),
+        &format!(
+            "[limits]\nmax_logins = {MAX_LOGINS}\nstartup_timeout_ms = 1500\n\
+             [http]\nlisten = \"127.0.0.1:{http}\"\n{}",
+            if tls {
+                certs.section("allow")
+            } else {
+                String::new()
+            }
+        ),
     );
-    let port = router.port;
-    let silent: Vec<TcpStream> = (0..SILENT)
-        .map(|i| {
-            TcpStream::connect(("127.0.0.1", port))
-                .unwrap_or_else(|e| panic!("silent socket {i}: {e}"))
-        })
-        .collect();
-
-    // A real client now logs in or is refused with 53300, at once either way (the bound only
-    // catches a hang; the login timeout is 2 s and nothing may wait for it).
-    let real = tokio::time::timeout(Duration::from_secs(20), common::connect(&router.url()))
-        .await
-        .expect("a real client is answered while the silent sockets wait");
-    match real {
-        Ok(client) => {
-            client.simple_query("SELECT 1").await.expect("serves");
-        }
-        Err(e) => assert_eq!(common::sqlstate(&e), "53300", "{e:?}"),
-    }
-
-    // Every silent socket is closed: beyond the cap at once with a 53300, within it at the
-    // login timeout.
-    let ends = tokio::task::spawn_blocking(move || {
-        silent
-            .into_iter()
-            .map(|s| read_until_closed(s, Duration::from_secs(30)))
-            .collect::<Vec<_>>()
-    })
-    .await
-    .expect("join");
-    let hung = ends.iter().filter(|e| e.is_none()).count();
-    assert_eq!(hung, 0, "silent sockets the router never closed");
-    let refused = ends
-        .iter()
-        .flatten()
-        .filter(|bytes| String::from_utf8_lossy(bytes).contains("53300"))
-        .count();
-    // The real client may have taken one of the places.
-    assert!(
-        refused >= SILENT - MAX_LOGINS - 1,
-        "only {refused} of {SILENT} silent sockets were refused at the door"
-    );
-    let timed_out = router.wait_for_log("did not finish logging in within 2s", 1);
-    assert!(!timed_out.is_empty());
-
-    // The door is free again: a real client logs in.
-    let client = router.connect().await;
-    let rows = common::rows(&client.simple_query("SELECT 1").await.expect("select"));
-    assert_eq!(rows, vec![vec!["1".to_string()]]);
-    // Each refusal at the door is counted.
+    let stop = Arc::new(AtomicBool::new(false));
+    let closed = slowloris(router.port, ATTACKERS, tls, stop.clone());
+    // Let the attackers fill the room before the bystander comes.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let (_, metrics) = common::http_get(http, "/metrics");
-    let counted = common::metric(&metrics, "shardgate_client_connections_refused_total");
+    let waiting = common::metric(&metrics, "shardgate_client_logins_in_progress");
     assert!(
-        counted >= refused as f64,
-        "{counted} counted, {refused} refused"
+        waiting <= MAX_LOGINS as f64,
+        "{waiting} connections logging in, more than max_logins"
+    );
+    let ca = certs.path("ca.pem");
+    let failures = bystander(&router, 25, tls.then_some(ca.as_path())).await;
+    stop.store(true, Ordering::Relaxed);
+    assert_eq!(
+        failures,
+        Vec::<String>::new(),
+        "the bystander's failed logins"
+    );
+    // The attackers were pushed out to make room, far more often than they were.
+    let closed = closed.load(Ordering::Relaxed);
+    assert!(
+        closed >= ATTACKERS,
+        "the router closed only {closed} silent connections of {ATTACKERS}"
+    );
+    let (_, metrics) = common::http_get(http, "/metrics");
+    let refused = common::metric(&metrics, "shardgate_client_connections_refused_total");
+    assert!(
+        refused >= closed as f64 / 2.0,
+        "{refused} counted, {closed} closed"
     );
     assert!(router.is_alive());
     assert!(!router.log_text().contains("panicked"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slowloris_of_more_sockets_than_max_logins_never_fails_a_bystander() {
+    slowloris_locks_nobody_out(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slowloris_never_fails_a_bystander_that_logs_in_with_tls() {
+    slowloris_locks_nobody_out(true).await;
+}
+
+/// `clients` log in at the same moment (with TLS when `ca` is given) and each runs `SELECT 1`;
+/// returns the failures.
+async fn storm(router: &Router, clients: usize, ca: Option<&std::path::Path>) -> Vec<String> {
+    let go = Arc::new(tokio::sync::Barrier::new(clients));
+    let url = router.url();
+    let ca = ca.map(|p| p.to_path_buf());
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let (go, url, ca) = (go.clone(), url.clone(), ca.clone());
+            let port = router.port;
+            tokio::spawn(async move {
+                go.wait().await;
+                let client = match &ca {
+                    Some(ca) => common::tls::connect_tls_to(port, ca).await,
+                    None => common::connect(&url).await,
+                }
+                .map_err(|e| format!("{}: {e:?}", common::sqlstate(&e)))?;
+                client
+                    .simple_query("SELECT 1")
+                    .await
+                    .map_err(|e| format!("{e:?}"))?;
+                // Held until every client is in, as after a fleet restart.
+                Ok::<_, String>(client)
+            })
+        })
+        .collect();
+    let mut failures = Vec::new();
+    let mut held = Vec::new();
+    for t in tasks {
+        match t.await {
+            Ok(Ok(client)) => held.push(client),
+            Ok(Err(e)) => failures.push(e),
+            Err(e) => failures.push(format!("task: {e}")),
+        }
+    }
+    failures
+}
+
+/// Why logins failed, by what the router's log says, for a failure's message.
+fn login_failures(router: &Router) -> String {
+    let mut why = std::collections::BTreeMap::<String, usize>::new();
+    for line in router.log_text().lines() {
+        if let Some((_, e)) = line.split_once("login failed: ") {
+            let e = e.split(" peer=").next().unwrap_or(e);
+            *why.entry(e.to_string()).or_default() += 1;
+        }
+    }
+    format!("{why:?}")
+}
+
+/// Every one of `clients` logging in at once (with TLS under `certs`) gets in.
+async fn storm_all_gets_in(clients: usize, certs: Option<&Certs>) {
+    let env = common::shared_env();
+    let section = certs.map_or(String::new(), |c| c.section("require"));
+    let router = Router::start_with(&env.map, &section);
+    let ca = certs.map(|c| c.path("ca.pem"));
+    let failures = storm(&router, clients, ca.as_deref()).await;
+    assert_eq!(
+        failures.len(),
+        0,
+        "{} of {clients} failed, first: {:?}; the router says {}",
+        failures.len(),
+        failures.first(),
+        login_failures(&router)
+    );
+    assert!(router.is_alive());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnect_storm_all_gets_in() {
+    storm_all_gets_in(2000, None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnect_storm_with_tls_all_gets_in() {
+    storm_all_gets_in(1000, Some(&Certs::new("storm-tls"))).await;
+}
+
+/// A socket that says nothing is closed after `startup_timeout_ms`, long before the login
+/// timeout; one that sent an SSLRequest and then nothing is too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_socket_is_closed_at_the_startup_timeout() {
+    let env = common::shared_env();
+    let certs = Certs::new("silent");
+    let router = Router::start_with(
+        &env.map,
+        &format!(
+            "[limits]\nstartup_timeout_ms = 300\nlogin_timeout_ms = 600000\n{}",
+            certs.section("allow")
+        ),
+    );
+    let mut silent = connect_from("127.0.0.1", router.port)
+        .await
+        .expect("connect");
+    let mut after_ssl = connect_from("127.0.0.1", router.port)
+        .await
+        .expect("connect");
+    after_ssl.write_all(&SSL_REQUEST).await.expect("SSLRequest");
+    let mut answer = [0u8; 1];
+    after_ssl.read_exact(&mut answer).await.expect("answer");
+    assert_eq!(&answer, b"S");
+    for stream in [&mut silent, &mut after_ssl] {
+        tokio::time::timeout(Duration::from_secs(60), until_closed(stream))
+            .await
+            .expect("closed long before the 10-minute login timeout");
+    }
+    // A real client is not hurried: it logs in and works.
+    let client = router.connect().await;
+    client.simple_query("SELECT 1").await.expect("serves");
+}
+
+/// Past `max_clients` the refusal is sent after the startup message (and after TLS), so the
+/// driver reports its SQLSTATE and message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_many_clients_is_refused_with_53300_after_the_startup_message() {
+    let env = common::shared_env();
+    let certs = Certs::new("max-clients");
+    let router = Router::start_with(
+        &env.map,
+        &format!("[limits]\nmax_clients = 1\n{}", certs.section("allow")),
+    );
+    let first = router.connect().await;
+    let Err(plain) = common::connect(&router.url()).await else {
+        panic!("a second client got in past max_clients = 1");
+    };
+    assert_eq!(common::sqlstate(&plain), "53300", "{plain:?}");
+    assert!(
+        format!("{plain:?}").contains("too many clients already"),
+        "{plain:?}"
+    );
+    let Err(tls) = connect_tls(&router, &certs.path("ca.pem")).await else {
+        panic!("a second client got in with TLS past max_clients = 1");
+    };
+    assert_eq!(common::sqlstate(&tls), "53300", "{tls:?}");
+    first
+        .simple_query("SELECT 1")
+        .await
+        .expect("the first goes on");
 }
 
 /// With `reuse_port = true` a second router starts on the same address (and says the port may

@@ -1,7 +1,8 @@
 //! Memory bounded in bytes: a merged read across shards past `limits.max_merge_bytes` or the
 //! router-wide `limits.merge_memory_bytes`, a message past `limits.max_message_bytes`, held
 //! extended messages and a COPY row past it, a statement too long to parse past
-//! `limits.max_plan_bytes`. Each gets `54000` naming its setting; the session (where Postgres's
+//! `limits.max_plan_bytes`, a session's prepared statements past `limits.max_prepared_bytes`.
+//! Each gets `54000` naming its setting; the session (where Postgres's
 //! would) and every other client keep working.
 
 mod common;
@@ -16,6 +17,8 @@ use common::{rows, sqlstate, Env, Router};
 const MAX_MESSAGE: usize = 1 << 20;
 /// `max_plan_bytes` in these tests.
 const MAX_PLAN: usize = 64 << 10;
+/// `max_prepared_bytes` in these tests (above the longest statement the other tests prepare).
+const MAX_PREPARED: usize = 256 << 10;
 
 /// A cluster whose router has small limits (and trust authentication, for the raw client).
 fn env() -> &'static Env {
@@ -26,7 +29,7 @@ fn env() -> &'static Env {
             2,
             &format!(
                 "auth = \"trust\"\n[limits]\nmax_merge_bytes = 1000000\nmax_message_bytes = {MAX_MESSAGE}\n\
-                 max_plan_bytes = {MAX_PLAN}\n"
+                 max_plan_bytes = {MAX_PLAN}\nmax_prepared_bytes = {MAX_PREPARED}\n"
             ),
         );
         env
@@ -418,4 +421,49 @@ async fn a_long_request_for_several_shards_runs_on_each() {
             "shard {shard}"
         );
     }
+}
+
+/// A session that prepares without end is refused with `54000` past `max_prepared_bytes`, both
+/// with Parse and with SQL `PREPARE`; it goes on, and closing statements makes room again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepared_statements_past_max_prepared_bytes_are_refused_and_closing_makes_room() {
+    let env = env();
+    let client = env.router.connect().await;
+    let mut kept = Vec::new();
+    let refused = loop {
+        let sql = format!("SELECT v FROM kv WHERE id = $1 /* {} */", kept.len());
+        match client.prepare(&sql).await {
+            Ok(stmt) => kept.push(stmt),
+            Err(e) => break e,
+        }
+        assert!(kept.len() < 10_000, "no bound was reached");
+    };
+    assert_eq!(sqlstate(&refused), "54000", "{refused:?}");
+    assert!(
+        format!("{refused:?}").contains("limits.max_prepared_bytes"),
+        "{refused:?}"
+    );
+    // Each statement costs its text plus a fixed part (about 300 bytes here).
+    assert!(
+        kept.len() > MAX_PREPARED / 400 && kept.len() < MAX_PREPARED / 256,
+        "{} statements",
+        kept.len()
+    );
+    let err = client
+        .simple_query("PREPARE p1 AS SELECT v FROM kv WHERE id = $1")
+        .await
+        .expect_err("PREPARE past the bound");
+    assert_eq!(sqlstate(&err), "54000", "{err:?}");
+    // The session goes on: its statements still run, and closing some makes room.
+    let rows = client
+        .query(&kept[0], &[&1i64])
+        .await
+        .expect("a kept statement runs");
+    assert!(rows.len() <= 1);
+    kept.truncate(kept.len() - 10);
+    client.simple_query("SELECT 1").await.expect("serves");
+    client
+        .prepare("SELECT v FROM kv WHERE id = $1 /* after closing */")
+        .await
+        .expect("room again after Close");
 }

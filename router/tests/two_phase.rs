@@ -4,7 +4,7 @@
 //! again and again; a router stopped between PREPARE and the decision, or right after it,
 //! leaves transactions that recovery rolls back or commits as decided; no prepared transaction
 //! stays behind; a router refuses two-phase mode when a shard does not allow prepared
-//! transactions.
+//! transactions; several routers started at the same instant on fresh shards all start.
 
 mod common;
 
@@ -284,4 +284,46 @@ fn a_router_refuses_two_phase_mode_when_a_shard_cannot_prepare() {
         "{stderr}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A fleet starts its routers at once (an autoscaling group): each makes sure every shard has
+/// the decisions table, all at the same moment, and every one of them starts.
+#[test]
+fn routers_started_at_the_same_instant_on_fresh_shards_all_start() {
+    const ROUTERS: usize = 6;
+    let cluster = pgharness::Cluster::start(&pgharness::ClusterOptions {
+        shards: 2,
+        servers: 1,
+        schema_sql: Some(pgharness::Schema::Sql(common::SCHEMA.into())),
+        ..Default::default()
+    })
+    .expect("a fresh cluster");
+    let map = shardmap::ShardMap::even_split(&cluster.shard_urls(), common::tables()).expect("map");
+    let go = Arc::new(std::sync::Barrier::new(ROUTERS));
+    let routers: Vec<Router> = std::thread::scope(|s| {
+        let starts: Vec<_> = (0..ROUTERS)
+            .map(|_| {
+                let (go, map) = (go.clone(), &map);
+                s.spawn(move || {
+                    go.wait();
+                    Router::start_with(map, TWO_PHASE)
+                })
+            })
+            .collect();
+        starts
+            .into_iter()
+            .map(|h| h.join().expect("every router starts"))
+            .collect()
+    });
+    for r in &routers {
+        assert!(r.is_alive());
+        let log = r.log_text();
+        assert!(!log.contains("duplicate key"), "{log}");
+    }
+    for shard in 0..2 {
+        let n = cluster
+            .psql_shard(shard, "SELECT count(*) FROM shardgate.prepared_decisions")
+            .expect("the table is there");
+        assert_eq!(n.trim(), "0");
+    }
 }

@@ -453,7 +453,25 @@ fn pool_settings(c: &crate::config::Config) -> Vec<(&'static str, String)> {
             c.limits.max_merge_groups.to_string(),
         ),
         ("limits.max_logins", c.limits.max_logins.to_string()),
+        (
+            "limits.max_logins_per_address",
+            c.limits.max_logins_per_address.to_string(),
+        ),
+        (
+            "limits.max_logins_per_address_exempt",
+            c.limits
+                .max_logins_per_address_exempt
+                .iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
+        ("limits.startup_timeout_ms", ms(c.limits.startup_timeout)),
         ("limits.login_timeout_ms", ms(c.limits.login_timeout)),
+        (
+            "limits.max_prepared_bytes",
+            c.limits.max_prepared_bytes.to_string(),
+        ),
         (
             "limits.max_merge_bytes",
             c.limits.max_merge_bytes.to_string(),

@@ -274,14 +274,28 @@ pub struct Limits {
     /// shards) the router may hold while it combines them; more is refused with `54000`, so
     /// one read cannot take the router's memory. Default 1000000.
     pub max_merge_groups: usize,
-    /// `max_logins`: connections still logging in (TLS, startup, password) at once; more are
-    /// refused at once with `53300`, so silent or slow sockets cannot hold file descriptors and
-    /// memory without bound. Default 1000; at least 1.
+    /// `max_logins`: connections still logging in (TLS, startup, password) at once; once this
+    /// many are, a new one closes the oldest ([`crate::routing::door`]), so a storm of logins
+    /// all gets in and silent sockets cannot lock anyone out. Default 10000; at least 1.
     pub max_logins: usize,
-    /// `login_timeout_ms`: how long a connection may take to log in (TLS and authentication
-    /// included, like Postgres's `authentication_timeout`) before it is closed. Default 10000;
-    /// more than 0.
+    /// `max_logins_per_address`: connections logging in at once from one IP address; once an
+    /// address has this many, its own oldest is closed for its next one. Default 0 (no limit).
+    pub max_logins_per_address: usize,
+    /// `max_logins_per_address_exempt`: addresses and networks (a load balancer's) that
+    /// `max_logins_per_address` does not apply to.
+    pub max_logins_per_address_exempt: Vec<ipnet::IpNet>,
+    /// `startup_timeout_ms`: how long the router waits for a new connection's first packet
+    /// (SSLRequest or StartupMessage), for the TLS ClientHello, and for the StartupMessage after
+    /// TLS, before it closes the connection. Default 10000; more than 0.
+    pub startup_timeout: Duration,
+    /// `login_timeout_ms`: how long a connection may take from accept to logged in (TLS and
+    /// authentication included, like Postgres's `authentication_timeout`) before it is closed.
+    /// Default 60000 (Postgres's); more than 0.
     pub login_timeout: Duration,
+    /// `max_prepared_bytes`: the bytes of statement text (plus a fixed cost per statement) one
+    /// session's prepared statements may hold; a Parse or PREPARE past it is refused with
+    /// `54000`. Default 64 MiB; at least 1024.
+    pub max_prepared_bytes: usize,
     /// `max_merge_bytes`: the bytes one merged read across shards (grouped or sorted) may hold
     /// in the router; more is refused with `54000`. Default 64 MiB; at least 1024.
     pub max_merge_bytes: usize,
@@ -297,7 +311,7 @@ pub struct Limits {
     /// reading it. It also bounds the extended-protocol messages held for one batch. Default
     /// 64 MiB (Postgres allows 1 GiB); at least 1024.
     pub max_message_bytes: usize,
-    /// `max_plan_bytes`: the longest statement text (literals taken out, comments kept as one
+    /// `max_plan_bytes`: the longest statement text (literals taken out, each comment counted as one
     /// space) the router parses to route it; a longer one is refused with `54000`. Parsing
     /// costs tens of times a text's size in memory and holds the worker thread meanwhile.
     /// Default 1 MiB; at least 1024.

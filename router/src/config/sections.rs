@@ -456,8 +456,28 @@ pub(super) fn limits(l: &RawLimits, check: &mut Checker<'_>) -> Limits {
         plan_cache_size: check.count(&l.plan_cache_size, "limits.plan_cache_size", 10_000, 0),
         slow_statement: check.optional_ms(&l.slow_statement_ms, "limits.slow_statement_ms", 1000),
         max_merge_groups: check.count(&l.max_merge_groups, "limits.max_merge_groups", 1_000_000, 1),
-        max_logins: check.count(&l.max_logins, "limits.max_logins", 1000, 1),
-        login_timeout: check.timeout(&l.login_timeout_ms, "limits.login_timeout_ms", 10_000),
+        max_logins: check.count(&l.max_logins, "limits.max_logins", 10_000, 1),
+        max_logins_per_address: check.count(
+            &l.max_logins_per_address,
+            "limits.max_logins_per_address",
+            0,
+            0,
+        ),
+        max_logins_per_address_exempt: networks(
+            l.max_logins_per_address_exempt
+                .as_deref()
+                .unwrap_or_default(),
+            "limits.max_logins_per_address_exempt",
+            check,
+        ),
+        startup_timeout: check.timeout(&l.startup_timeout_ms, "limits.startup_timeout_ms", 10_000),
+        login_timeout: check.timeout(&l.login_timeout_ms, "limits.login_timeout_ms", 60_000),
+        max_prepared_bytes: check.count(
+            &l.max_prepared_bytes,
+            "limits.max_prepared_bytes",
+            64 << 20,
+            1024,
+        ),
         max_merge_bytes: check.count(&l.max_merge_bytes, "limits.max_merge_bytes", 64 << 20, 1024),
         merge_memory_bytes: check.count(
             &l.merge_memory_bytes,
@@ -474,6 +494,30 @@ pub(super) fn limits(l: &RawLimits, check: &mut Checker<'_>) -> Limits {
         ),
         max_plan_bytes: check.count(&l.max_plan_bytes, "limits.max_plan_bytes", 1 << 20, 1024),
     }
+}
+
+/// A list of IP addresses (`10.0.0.5`) and networks (`10.0.0.0/16`).
+fn networks(raw: &[Spanned<String>], key: &str, check: &mut Checker<'_>) -> Vec<ipnet::IpNet> {
+    let mut nets = Vec::with_capacity(raw.len());
+    for item in raw {
+        let text = item.get_ref().trim();
+        let parsed = text
+            .parse::<ipnet::IpNet>()
+            .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from));
+        match parsed {
+            Ok(net) => nets.push(net),
+            Err(_) => {
+                let line = check.line(item.span());
+                check.add(
+                    line,
+                    format!(
+                        "{key}: {text:?} is not an IP address or network; write it like \"10.0.0.5\" or \"10.0.0.0/16\""
+                    ),
+                );
+            }
+        }
+    }
+    nets
 }
 
 /// `[shutdown]`.

@@ -125,8 +125,12 @@ listen = "127.0.0.1:9930"
             plan_cache_size: 0,
             slow_statement: Some(Duration::from_millis(250)),
             max_merge_groups: 1_000_000,
-            max_logins: 1000,
-            login_timeout: Duration::from_secs(10),
+            max_logins: 10_000,
+            max_logins_per_address: 0,
+            max_logins_per_address_exempt: Vec::new(),
+            startup_timeout: Duration::from_secs(10),
+            login_timeout: Duration::from_secs(60),
+            max_prepared_bytes: 64 << 20,
             max_merge_bytes: 64 << 20,
             merge_memory_bytes: 256 << 20,
             plan_cache_bytes: 64 << 20,
@@ -197,8 +201,12 @@ fn defaults() {
             plan_cache_size: 10_000,
             slow_statement: Some(Duration::from_secs(1)),
             max_merge_groups: 1_000_000,
-            max_logins: 1000,
-            login_timeout: Duration::from_secs(10),
+            max_logins: 10_000,
+            max_logins_per_address: 0,
+            max_logins_per_address_exempt: Vec::new(),
+            startup_timeout: Duration::from_secs(10),
+            login_timeout: Duration::from_secs(60),
+            max_prepared_bytes: 64 << 20,
             max_merge_bytes: 64 << 20,
             merge_memory_bytes: 256 << 20,
             plan_cache_bytes: 64 << 20,
@@ -641,17 +649,39 @@ fn bad_backend_tls() {
 #[test]
 fn front_door_settings() {
     let c = parse_str(&format!(
-        "reuse_port = true\n{MINIMAL}\n[limits]\nmax_logins = 5\nlogin_timeout_ms = 250\n"
+        "reuse_port = true\n{MINIMAL}\n[limits]\nmax_logins = 5\nlogin_timeout_ms = 250\n\
+         startup_timeout_ms = 100\nmax_logins_per_address = 7\n\
+         max_logins_per_address_exempt = [\"10.1.0.0/16\", \" 192.168.0.5 \", \"::1\"]\n"
     ))
     .unwrap();
     assert!(c.reuse_port);
     assert_eq!(c.limits.max_logins, 5);
     assert_eq!(c.limits.login_timeout, Duration::from_millis(250));
+    assert_eq!(c.limits.startup_timeout, Duration::from_millis(100));
+    assert_eq!(c.limits.max_logins_per_address, 7);
+    let exempt: Vec<String> = c
+        .limits
+        .max_logins_per_address_exempt
+        .iter()
+        .map(|n| n.to_string())
+        .collect();
+    assert_eq!(exempt, ["10.1.0.0/16", "192.168.0.5/32", "::1/128"]);
     let err = parse_str(&format!(
-        "{MINIMAL}\n[limits]\nmax_logins = 0\nlogin_timeout_ms = 0\n"
+        "{MINIMAL}\n[limits]\nmax_logins = 0\nlogin_timeout_ms = 0\nstartup_timeout_ms = -1\n\
+         max_logins_per_address_exempt = [\"10.0.0.0/8\", \"lb.example\"]\n"
     ))
     .unwrap_err()
     .to_string();
+    assert!(
+        err.contains("limits.startup_timeout_ms is -1; it must be more than 0"),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "limits.max_logins_per_address_exempt: \"lb.example\" is not an IP address or network"
+        ),
+        "{err}"
+    );
     assert!(
         err.contains("limits.max_logins is 0; it must be 1 or more"),
         "{err}"

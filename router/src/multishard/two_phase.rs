@@ -34,8 +34,13 @@ use shardmap::sql::quote_literal;
 /// Where coordinators keep their decisions; made on every shard by [`prepare_shard`].
 pub const DECISIONS: &str = "shardgate.prepared_decisions";
 
-/// What a router in two-phase mode makes sure every shard has.
-const SCHEMA_SQL: &str = "CREATE SCHEMA IF NOT EXISTS shardgate; \
+/// What a router in two-phase mode makes sure every shard has. `IF NOT EXISTS` alone is not
+/// safe when several routers of a fleet start at once: two sessions can both find the schema
+/// missing and one then fails on the catalog's unique index (`23505`). So the statements run as
+/// one implicit transaction that first takes a transaction-level advisory lock (released at its
+/// end; the key is `hashtext('shardgate.prepared_decisions')`), and the creators go one by one.
+const SCHEMA_SQL: &str = "SELECT pg_advisory_xact_lock(hashtext('shardgate.prepared_decisions')); \
+    CREATE SCHEMA IF NOT EXISTS shardgate; \
     CREATE TABLE IF NOT EXISTS shardgate.prepared_decisions \
     (txid text PRIMARY KEY, decided_at timestamptz NOT NULL DEFAULT now())";
 

@@ -16,12 +16,14 @@
 //! | [`warm`] | the first connections every worker opens at start and before a reload takes effect |
 //! | [`catalog`] | what the router learns from a shard's catalog (key positions, collation) |
 //! | [`clients`] | the table of clients, for cancel requests, the client limit and `SHOW CLIENTS` |
+//! | [`door`] | the connections still logging in: the oldest closed first when too many are |
 //! | [`phase`] | where the router is in its life: serving, draining, closing |
 //! | [`snapshot`] | what `/metrics` and `SHOW` read now |
 
 pub mod catalog;
 mod checkout;
 pub mod clients;
+pub mod door;
 mod generation;
 mod hold;
 pub mod pause;

@@ -55,7 +55,7 @@ pub struct Router {
     /// The channel to every worker for warming pools.
     pub warmer: super::warm::Warmer,
     /// Connections accepted that have not finished logging in (`[limits] max_logins`).
-    pub logins: AtomicUsize,
+    pub door: Arc<super::door::Door>,
 }
 
 /// What a reload did.
@@ -98,7 +98,7 @@ impl Router {
             ready: AtomicBool::new(false),
             warmed: AtomicBool::new(false),
             warmer: super::warm::Warmer::new(workers.max(1)),
-            logins: AtomicUsize::new(0),
+            door: Arc::default(),
         }
     }
 

@@ -29,6 +29,7 @@ pub async fn snapshot(shared: &Router) -> Snapshot {
         shards,
         pools: pool_gauges(&routing),
         clients: shared.clients.count() as u64,
+        logging_in: shared.door.len() as u64,
         clients_accepted: load(&shared.stats.clients_accepted),
         clients_refused: load(&shared.stats.clients_refused),
         shardmap_version: routing.map.version(),

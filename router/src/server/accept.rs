@@ -5,26 +5,29 @@
 //! A client's failure (bad protocol, lost connection, bad password) ends that task only; every
 //! other client and the router keep running.
 //!
-//! Two caps guard the door: `[limits] max_clients` counts clients that have logged in, and
-//! `max_logins` counts connections still logging in, each of which must finish within
-//! `login_timeout_ms`. A flood of sockets that connect and say nothing thus holds at most
-//! `max_logins` file descriptors for at most the login timeout, and a client beyond the cap
-//! is told `53300` at once rather than waiting behind them.
+//! Until it has logged in, a connection waits in the [`door`](crate::routing::door): every
+//! connection gets in, and when `[limits] max_logins` are logging in the oldest is closed to
+//! make room, so a reconnect storm all logs in and silent sockets cannot lock anyone out. Each
+//! wait for a client's first packets is bounded by `startup_timeout_ms`, the whole login by
+//! `login_timeout_ms`. `max_clients` is checked once the client has sent its startup message,
+//! so the refusal is an ErrorResponse every driver shows with its SQLSTATE.
 
-use std::sync::atomic::Ordering;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use bytes::BytesMut;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::server::TlsStream;
 
-use super::handshake;
+use super::handshake::{self, HandshakeError, Login};
 use super::negotiate::{self, Negotiated};
 use crate::backend::settings::Settings;
+use crate::config::Limits;
 use crate::errors;
-use crate::protocol::reply::SqlError;
 use crate::protocol::startup::Startup;
 use crate::routing::clients::ClientInfo;
+use crate::routing::door::{Crowded, Rules};
 use crate::routing::Phase;
 use crate::routing::Router;
 use crate::session::Session;
@@ -60,112 +63,109 @@ pub async fn serve(listener: TcpListener, shared: Arc<Router>) -> std::io::Resul
     }
 }
 
-/// One connection counted in [`Router::logins`] until it has logged in or left.
-struct LoggingIn<'a>(Option<&'a Router>);
-
-impl<'a> LoggingIn<'a> {
-    /// A place among the connections logging in, or `None` when `max` are already.
-    fn enter(shared: &'a Router, max: usize) -> Option<LoggingIn<'a>> {
-        let taken = shared.logins.fetch_add(1, Ordering::AcqRel);
-        let guard = LoggingIn(Some(shared));
-        (taken < max).then_some(guard)
-    }
-
-    /// The connection has logged in (or is done with the door): it no longer counts.
-    fn leave(&mut self) {
-        if let Some(shared) = self.0.take() {
-            shared.logins.fetch_sub(1, Ordering::AcqRel);
-        }
-    }
+/// A client's stream once it has logged in.
+enum Entered {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
 }
 
-impl Drop for LoggingIn<'_> {
-    fn drop(&mut self) {
-        self.leave();
-    }
-}
-
-/// Tells a client it is refused at the door and closes; a short write that never waits long
-/// (the client may be one of those that never read).
-async fn refuse_at_door(mut stream: TcpStream, shared: &Router, err: SqlError) {
-    let mut out = Vec::new();
-    err.write(&mut out);
-    let send = stream.write_all(&out);
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), send).await;
-    Stats::count(&shared.stats.clients_refused);
-}
-
-async fn client(stream: TcpStream, shared: Arc<Router>, peer: std::net::SocketAddr) {
+async fn client(stream: TcpStream, shared: Arc<Router>, peer: SocketAddr) {
     let _ = stream.set_nodelay(true);
     let limits = shared.routing().config.limits.clone();
-    if shared.clients.count() >= limits.max_clients {
-        let err = SqlError::fatal(
-            errors::TOO_MANY_CONNECTIONS,
-            "sorry, too many clients already",
-        )
-        .with_hint("raise [limits] max_clients in the router config, or use fewer connections");
-        return refuse_at_door(stream, &shared, err).await;
-    }
-    let Some(mut logging_in) = LoggingIn::enter(&shared, limits.max_logins) else {
-        tracing::debug!(%peer, "refused: [limits] max_logins connections are logging in");
-        return refuse_at_door(stream, &shared, errors::too_many_logins(limits.max_logins)).await;
-    };
+    let (ticket, mut closed) = shared.door.enter(peer.ip(), rules(&limits, peer.ip()));
     let mut buf = BytesMut::with_capacity(16 * 1024);
-    let timeout = limits.login_timeout;
-    let deadline = tokio::time::Instant::now() + timeout;
-    let negotiated =
-        handshake::bounded(deadline, timeout, negotiate::run(stream, &mut buf, &shared)).await;
-    let door = Door {
-        peer,
-        deadline,
-        timeout,
+    let deadline = tokio::time::Instant::now() + limits.login_timeout;
+    let door = async {
+        let negotiated =
+            negotiate::run(stream, &mut buf, &shared, limits.startup_timeout, &ticket).await?;
+        Ok(match negotiated {
+            Negotiated::Plain(mut s, params) => {
+                let login = log_in(&mut s, &mut buf, &shared, params, &limits).await?;
+                Some((Entered::Plain(s), login))
+            }
+            Negotiated::Tls(mut s, params) => {
+                let login = log_in(&mut *s, &mut buf, &shared, params, &limits).await?;
+                Some((Entered::Tls(s), login))
+            }
+            Negotiated::Done => None,
+        })
     };
-    match negotiated {
-        Ok(Negotiated::Plain(stream, params)) => {
-            login_and_serve(stream, false, buf, params, &shared, door, &mut logging_in).await
+    let entered = tokio::select! {
+        entered = handshake::bounded(deadline, limits.login_timeout, door) => entered,
+        crowded = closed.closed() => Err(HandshakeError::MadeRoom(match crowded {
+            Crowded::Room => "",
+            Crowded::Address => "_per_address",
+        })),
+    };
+    drop(ticket);
+    match entered {
+        Ok(Some((Entered::Plain(s), login))) => {
+            serve_client(s, false, buf, login, &shared, peer).await
         }
-        Ok(Negotiated::Tls(stream, params)) => {
-            login_and_serve(stream, true, buf, params, &shared, door, &mut logging_in).await
+        Ok(Some((Entered::Tls(s), login))) => {
+            serve_client(*s, true, buf, login, &shared, peer).await
         }
-        Ok(Negotiated::Done) => {}
+        Ok(None) => {}
         Err(e) => refused(&shared, peer, &e),
     }
 }
 
-/// Where a connection came from and until when it may log in.
-struct Door {
-    peer: std::net::SocketAddr,
-    deadline: tokio::time::Instant,
-    timeout: std::time::Duration,
-}
-
-/// A connection that did not get as far as a session.
-fn refused(shared: &Router, peer: std::net::SocketAddr, e: &handshake::HandshakeError) {
-    tracing::info!(%peer, "login failed: {e}");
-    if !matches!(e, handshake::HandshakeError::Io(_)) {
-        Stats::count(&shared.stats.clients_refused);
+/// The door's rules for a connection from `address`.
+fn rules(limits: &Limits, address: IpAddr) -> Rules {
+    let exempt = limits
+        .max_logins_per_address_exempt
+        .iter()
+        .any(|net| net.contains(&address));
+    Rules {
+        max: limits.max_logins,
+        per_address: if exempt {
+            0
+        } else {
+            limits.max_logins_per_address
+        },
     }
 }
 
-/// Logs the client in and runs its session; one copy of the session code per kind of stream
-/// (plain TCP pays nothing for TLS).
-async fn login_and_serve<S: AsyncRead + AsyncWrite + Unpin>(
-    mut stream: S,
-    tls: bool,
-    mut buf: BytesMut,
+/// The client limit, then the login itself.
+async fn log_in<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    shared: &Router,
     params: negotiate::Params,
+    limits: &Limits,
+) -> Result<Login, HandshakeError> {
+    if shared.clients.count() >= limits.max_clients {
+        return Err(handshake::refuse(stream, errors::too_many_clients()).await);
+    }
+    handshake::login(stream, buf, shared, params).await
+}
+
+/// A connection that did not get as far as a session. Silent and crowded-out connections are
+/// what a flood of sockets makes: counted, and logged only at debug level.
+fn refused(shared: &Router, peer: SocketAddr, e: &HandshakeError) {
+    match e {
+        HandshakeError::Io(_) => tracing::debug!(%peer, "login failed: {e}"),
+        HandshakeError::Quiet(..) | HandshakeError::MadeRoom(_) => {
+            tracing::debug!(%peer, "login failed: {e}");
+            Stats::count(&shared.stats.clients_refused);
+        }
+        _ => {
+            tracing::info!(%peer, "login failed: {e}");
+            Stats::count(&shared.stats.clients_refused);
+        }
+    }
+}
+
+/// Runs a logged-in client's session (or admin console); one copy per kind of stream (plain
+/// TCP pays nothing for TLS).
+async fn serve_client<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: S,
+    tls: bool,
+    buf: BytesMut,
+    login: Login,
     shared: &Arc<Router>,
-    door: Door,
-    logging_in: &mut LoggingIn<'_>,
+    peer: SocketAddr,
 ) {
-    let peer = door.peer;
-    let login = handshake::login(&mut stream, &mut buf, shared, params);
-    let login = match handshake::bounded(door.deadline, door.timeout, login).await {
-        Ok(login) => login,
-        Err(e) => return refused(shared, peer, &e),
-    };
-    logging_in.leave();
-    let shared = shared.clone();
     Stats::count(&shared.stats.clients_accepted);
     let id = login.id;
     tracing::debug!(%peer, user = %login.user, client = id, "client logged in");

@@ -43,6 +43,12 @@ pub enum HandshakeError {
     Refused(SqlError),
     #[error("the client did not finish logging in within {0:?}")]
     Timeout(Duration),
+    /// Nothing came from the client for `[limits] startup_timeout_ms`.
+    #[error("the client sent no {1} within {0:?} ([limits] startup_timeout_ms)")]
+    Quiet(Duration, &'static str),
+    /// Closed to make room: `[limits] max_logins` newer connections were logging in.
+    #[error("closed to make room for newer connections ([limits] max_logins{0})")]
+    MadeRoom(&'static str),
     #[error("TLS handshake failed: {0}")]
     Tls(std::io::Error),
 }

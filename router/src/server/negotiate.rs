@@ -3,21 +3,30 @@
 //! CancelRequest (accepted in plain TCP in every mode, as libpq sends it that way), and the
 //! StartupMessage, which ends the negotiation with the client's stream, plain or TLS.
 //!
+//! Each wait for the client here (its first packet, its TLS ClientHello, its StartupMessage
+//! after TLS) is bounded by `[limits] startup_timeout_ms`: a connection that says nothing is
+//! closed within seconds, long before the login timeout. The TLS handshake's own computation
+//! starts only once a ClientHello has arrived, so a silent socket never costs a handshake.
+//!
 //! Like Postgres, the router refuses (`08P01`) bytes that arrive after an SSLRequest and before
 //! its answer (they were not encrypted and may have been injected), a request for an encryption
 //! it refused already or inside TLS, and, with `mode = "require"`, a StartupMessage in plain
 //! TCP (`28000`).
 
+use std::time::Duration;
+
 use bytes::BytesMut;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
+use tokio_rustls::LazyConfigAcceptor;
 
 use super::handshake::{forward_cancel, read_packet, refuse, HandshakeError};
 use crate::config::TlsMode;
 use crate::errors;
 use crate::protocol::reply::SqlError;
 use crate::protocol::startup::Startup;
+use crate::routing::door::Ticket;
 use crate::routing::Router;
 use crate::tls::ClientTls;
 
@@ -34,17 +43,20 @@ pub enum Negotiated {
 }
 
 /// Reads packets until the StartupMessage, with the TLS settings of the current routing
-/// (certificates re-read by a reload apply to clients that connect after it).
+/// (certificates re-read by a reload apply to clients that connect after it); each wait for
+/// the client is bounded by `quiet` (`[limits] startup_timeout_ms`).
 pub async fn run(
     mut tcp: TcpStream,
     buf: &mut BytesMut,
     shared: &Router,
+    quiet: Duration,
+    ticket: &Ticket,
 ) -> Result<Negotiated, HandshakeError> {
     let tls = shared.routing().tls.clients.clone();
     // What was refused already: each may be asked once (libpq asks for GSSAPI, then TLS).
     let (mut ssl_refused, mut gss_refused) = (false, false);
     loop {
-        let Some(packet) = read_packet(&mut tcp, buf).await? else {
+        let Some(packet) = next_packet(&mut tcp, buf, quiet).await? else {
             return Ok(Negotiated::Done);
         };
         let again = match packet {
@@ -71,12 +83,17 @@ pub async fn run(
                     return Err(refuse(&mut tcp, err).await);
                 }
                 tcp.write_all(b"S").await?;
-                let stream = tls
-                    .acceptor
-                    .accept(tcp)
+                let hello = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), tcp);
+                let start = tokio::time::timeout(quiet, hello)
+                    .await
+                    .map_err(|_| HandshakeError::Quiet(quiet, "TLS ClientHello"))?
+                    .map_err(HandshakeError::Tls)?;
+                ticket.spoke();
+                let stream = start
+                    .into_stream(tls.acceptor.config().clone())
                     .await
                     .map_err(HandshakeError::Tls)?;
-                return encrypted(stream, buf, shared).await;
+                return encrypted(stream, buf, shared, quiet).await;
             }
             Startup::GssEnc => {
                 tcp.write_all(b"N").await?;
@@ -87,6 +104,7 @@ pub async fn run(
                 return Ok(Negotiated::Done);
             }
             Startup::Startup { params } => {
+                ticket.spoke();
                 if let Some(ClientTls {
                     mode: TlsMode::Require,
                     ..
@@ -105,8 +123,9 @@ async fn encrypted(
     mut stream: TlsStream<TcpStream>,
     buf: &mut BytesMut,
     shared: &Router,
+    quiet: Duration,
 ) -> Result<Negotiated, HandshakeError> {
-    match read_packet(&mut stream, buf).await? {
+    match next_packet(&mut stream, buf, quiet).await? {
         None => Ok(Negotiated::Done),
         Some(Startup::Startup { params }) => Ok(Negotiated::Tls(Box::new(stream), params)),
         Some(Startup::Cancel { pid, secret }) => {
@@ -121,6 +140,17 @@ async fn encrypted(
             Err(refuse(&mut stream, err).await)
         }
     }
+}
+
+/// The client's next startup-phase packet, if it sends one within `quiet`.
+async fn next_packet<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    quiet: Duration,
+) -> Result<Option<Startup>, HandshakeError> {
+    tokio::time::timeout(quiet, read_packet(stream, buf))
+        .await
+        .map_err(|_| HandshakeError::Quiet(quiet, "startup message"))?
 }
 
 /// What a client hears that asks again for an encryption it was refused (Postgres treats the

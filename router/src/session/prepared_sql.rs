@@ -14,7 +14,7 @@ use super::execute::Carrier;
 use super::outbox::{synthetic, ConnStatements};
 use super::replies::{Audience, Kind};
 use super::state::Tx;
-use super::statements::{ClientStatement, Duplicate, Text};
+use super::statements::{ClientStatement, Text};
 use super::{Session, SessionError};
 use crate::errors;
 use crate::planner::prepared_sql::{self, PreparedSql};
@@ -78,12 +78,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         // The name is taken now and given back below if Postgres refuses the statement.
         let parsed = {
             let planned = self.routing.planner.plan(body, &mut self.nbuf);
-            self.statements
-                .parse(name, body, param_types, &planned, &self.shared.statements)
+            self.statements.parse(
+                name,
+                body,
+                param_types,
+                &planned,
+                &self.shared.statements,
+                self.routing.config.limits.max_prepared_bytes,
+            )
         };
         let stmt = match parsed {
             Ok(stmt) => stmt,
-            Err(Duplicate) => return self.refuse_query(&errors::duplicate_statement(name)).await,
+            Err(err) => return self.refuse_query(&err).await,
         };
         let Some(pin) = self.pin.as_mut() else {
             return Err(SessionError::Protocol(

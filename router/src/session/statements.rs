@@ -5,13 +5,19 @@
 //! connection as `sg_<id>` the first time that connection needs it. The unnamed statement is
 //! the client's alone and changes with every unnamed Parse; each version gets a number, so a
 //! connection knows whether it holds the current one.
+//!
+//! What a session's statements hold is counted in bytes and bounded by `[limits]
+//! max_prepared_bytes`, so a client preparing without end gets `54000` rather than taking the
+//! router's memory.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::backend::registry::{Registry, Statement};
+use crate::errors;
 use crate::planner::{NormalizeBuf, Plan, PlanRef, Planner};
 use crate::protocol::frontend::Bind;
+use crate::protocol::reply::SqlError;
 use crate::resolver::Params;
 
 /// One statement of the client.
@@ -37,6 +43,32 @@ pub enum Text {
     },
 }
 
+impl Text {
+    /// Makes this the unnamed statement `version` of `sql`, in its own buffers.
+    fn refill(&mut self, sql: &str, types: &[u8], version: u64) {
+        match self {
+            Text::Unnamed {
+                sql: old_sql,
+                param_types,
+                version: v,
+            } => {
+                old_sql.clear();
+                old_sql.push_str(sql);
+                param_types.clear();
+                param_types.extend_from_slice(types);
+                *v = version;
+            }
+            Text::Named(_) => {
+                *self = Text::Unnamed {
+                    sql: sql.to_string(),
+                    param_types: types.to_vec(),
+                    version,
+                }
+            }
+        }
+    }
+}
+
 impl ClientStatement {
     pub fn sql(&self) -> &str {
         match &self.text {
@@ -52,6 +84,16 @@ impl ClientStatement {
         }
     }
 
+    /// The bytes it is counted for under `name`: its text, name, types and literals, plus
+    /// [`PER_STATEMENT`] for the rest (its plan is shared and not counted).
+    fn bytes(&self, name: &str) -> usize {
+        PER_STATEMENT
+            + name.len()
+            + self.sql().len()
+            + self.param_types().len()
+            + self.literals.iter().map(|l| l.len()).sum::<usize>()
+    }
+
     /// Where its values are for one execution with `bind`'s parameters.
     pub fn params<'a>(&'a self, bind: Option<&'a Bind<'a>>) -> Params<'a> {
         Params {
@@ -62,17 +104,19 @@ impl ClientStatement {
     }
 }
 
+/// What a statement costs besides its bytes of text: the map entry, the `Arc`s, the
+/// router-wide entry's share, rounded up.
+const PER_STATEMENT: usize = 256;
+
 /// The client's statements.
 #[derive(Debug, Default)]
 pub struct Statements {
     named: HashMap<String, Arc<ClientStatement>>,
     unnamed: Option<Arc<ClientStatement>>,
     versions: u64,
+    /// What they hold, in [`ClientStatement::bytes`].
+    held: usize,
 }
-
-/// A Parse named a statement that already exists.
-#[derive(Debug)]
-pub struct Duplicate;
 
 impl Statements {
     /// The statement `name` names (`""`: the unnamed one).
@@ -88,7 +132,8 @@ impl Statements {
         self.get(name).is_some()
     }
 
-    /// Records a Parse of `sql` as `name`, planned as `planned`.
+    /// Records a Parse of `sql` as `name`, planned as `planned`; refused (`42P05`) when `name`
+    /// exists, and (`54000`) when the session's statements would hold more than `limit` bytes.
     pub fn parse(
         &mut self,
         name: &str,
@@ -96,45 +141,28 @@ impl Statements {
         param_types: &[u8],
         planned: &PlanRef<'_>,
         registry: &Registry,
-    ) -> Result<Arc<ClientStatement>, Duplicate> {
-        let literals = (0..).map_while(|i| planned.literal(i)).map(Box::from);
-        if name.is_empty() {
-            self.versions += 1;
-            // Drivers replace the unnamed statement with every execution: reuse its buffers
-            // when nothing else holds it.
-            if let Some(Some(s)) = self.unnamed.as_mut().map(Arc::get_mut) {
-                if let Text::Unnamed {
-                    sql: old_sql,
-                    param_types: old_types,
-                    version,
-                } = &mut s.text
-                {
-                    old_sql.clear();
-                    old_sql.push_str(sql);
-                    old_types.clear();
-                    old_types.extend_from_slice(param_types);
-                    *version = self.versions;
-                    s.plan = planned.plan().clone();
-                    s.params_before = planned.params_before();
-                    s.literals.clear();
-                    s.literals.extend(literals);
-                }
-            } else {
-                self.unnamed = Some(Arc::new(ClientStatement {
-                    text: Text::Unnamed {
-                        sql: sql.to_string(),
-                        param_types: param_types.to_vec(),
-                        version: self.versions,
-                    },
-                    plan: planned.plan().clone(),
-                    params_before: planned.params_before(),
-                    literals: literals.collect(),
-                }));
-            }
-            return self.unnamed.clone().ok_or(Duplicate);
+        limit: usize,
+    ) -> Result<Arc<ClientStatement>, SqlError> {
+        if !name.is_empty() && self.named.contains_key(name) {
+            return Err(errors::duplicate_statement(name));
         }
-        if self.named.contains_key(name) {
-            return Err(Duplicate);
+        let literals = (0..).map_while(|i| planned.literal(i));
+        let cost = PER_STATEMENT
+            + name.len()
+            + sql.len()
+            + param_types.len()
+            + literals.clone().map(str::len).sum::<usize>();
+        let replaced = match (name.is_empty(), &self.unnamed) {
+            (true, Some(old)) => old.bytes(""),
+            _ => 0,
+        };
+        if self.held - replaced + cost > limit {
+            return Err(errors::too_many_prepared_bytes(limit, self.held));
+        }
+        self.held = self.held - replaced + cost;
+        let literals = literals.map(Box::from);
+        if name.is_empty() {
+            return Ok(self.parse_unnamed(sql, param_types, planned, literals));
         }
         let stmt = Arc::new(ClientStatement {
             text: Text::Named(registry.intern(sql, param_types)),
@@ -146,18 +174,67 @@ impl Statements {
         Ok(stmt)
     }
 
+    /// The unnamed statement, replaced.
+    fn parse_unnamed(
+        &mut self,
+        sql: &str,
+        param_types: &[u8],
+        planned: &PlanRef<'_>,
+        literals: impl Iterator<Item = Box<str>>,
+    ) -> Arc<ClientStatement> {
+        self.versions += 1;
+        let version = self.versions;
+        // Drivers replace the unnamed statement with every execution: reuse its buffers
+        // when nothing else holds it.
+        let stmt = match self.unnamed.take() {
+            Some(mut old) if Arc::strong_count(&old) == 1 && Arc::weak_count(&old) == 0 => {
+                if let Some(s) = Arc::get_mut(&mut old) {
+                    s.plan = planned.plan().clone();
+                    s.params_before = planned.params_before();
+                    s.literals.clear();
+                    s.literals.extend(literals);
+                    s.text.refill(sql, param_types, version);
+                }
+                old
+            }
+            _ => Arc::new(ClientStatement {
+                text: Text::Unnamed {
+                    sql: sql.to_string(),
+                    param_types: param_types.to_vec(),
+                    version,
+                },
+                plan: planned.plan().clone(),
+                params_before: planned.params_before(),
+                literals: literals.collect(),
+            }),
+        };
+        self.unnamed = Some(stmt.clone());
+        stmt
+    }
+
     /// Forgets `name` (`""`: the unnamed statement); `false` when there was none.
     pub fn close(&mut self, name: &str) -> bool {
-        if name.is_empty() {
-            self.unnamed.take().is_some()
+        let gone = if name.is_empty() {
+            self.unnamed.take()
         } else {
-            self.named.remove(name).is_some()
+            self.named.remove(name)
+        };
+        if let Some(s) = &gone {
+            self.held -= s.bytes(name);
         }
+        gone.is_some()
     }
 
     /// Forgets every named statement (`DEALLOCATE ALL`, `DISCARD ALL`).
     pub fn clear(&mut self) {
         self.named.clear();
+        self.recount();
+    }
+
+    /// Counts [`Self::held`] again from the statements.
+    fn recount(&mut self) {
+        let named: usize = self.named.iter().map(|(n, s)| s.bytes(n)).sum();
+        self.held = named + self.unnamed.as_ref().map_or(0, |s| s.bytes(""));
     }
 
     /// Plans every statement again with `planner` (after a reload: the shard map's tables may
@@ -192,6 +269,8 @@ impl Statements {
         if let Some(s) = self.unnamed.as_mut() {
             *s = again(s, buf);
         }
+        // A new plan may take out other literals.
+        self.recount();
     }
 
     /// The router statement `id`, when one of the client's names is for it.
@@ -206,5 +285,85 @@ impl Statements {
     pub fn forget(&mut self, id: u64) {
         self.named
             .retain(|_, s| !matches!(&s.text, Text::Named(r) if r.id == id));
+        self.recount();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn planner() -> Planner {
+        let urls: Vec<String> = (0..2).map(|i| format!("postgres://h/s{i}")).collect();
+        let tables = vec![shardmap::Table::new("kv", "id", shardmap::KeyType::BigInt)];
+        let map = shardmap::ShardMap::even_split(&urls, tables).expect("valid map");
+        Planner::new(Arc::new(map), 100)
+    }
+
+    /// Parses `sql` as `name` under `limit`; the SQLSTATE of a refusal.
+    fn parse(
+        s: &mut Statements,
+        p: &Planner,
+        r: &Registry,
+        name: &str,
+        sql: &str,
+        limit: usize,
+    ) -> Result<(), String> {
+        let mut buf = NormalizeBuf::new();
+        let planned = p.plan(sql, &mut buf);
+        s.parse(name, sql, &[0, 0], &planned, r, limit)
+            .map(|_| ())
+            .map_err(|e| e.code.to_string())
+    }
+
+    #[test]
+    fn prepared_statements_are_bounded_in_bytes_and_closing_gives_them_back() {
+        let (p, r) = (planner(), Registry::default());
+        let mut s = Statements::default();
+        let text = |i: usize| format!("SELECT v FROM kv WHERE id = $1 AND tag = 'tag-{i:04}'");
+        let one = PER_STATEMENT + "s0000".len() + text(0).len() + 2 + "tag-0000".len();
+        let limit = one * 10;
+        for i in 0..10 {
+            parse(&mut s, &p, &r, &format!("s{i:04}"), &text(i), limit).expect("within");
+        }
+        assert_eq!(s.held, limit);
+        let past = parse(&mut s, &p, &r, "s0010", &text(10), limit);
+        assert_eq!(
+            past,
+            Err("54000".to_string()),
+            "one statement past the bound"
+        );
+        assert_eq!(s.held, limit, "a refused Parse holds nothing");
+        // A duplicate name is still a duplicate, whatever the bytes.
+        assert_eq!(
+            parse(&mut s, &p, &r, "s0003", &text(3), limit),
+            Err("42P05".to_string())
+        );
+        assert!(s.close("s0003"));
+        parse(&mut s, &p, &r, "s0010", &text(10), limit).expect("room again after a Close");
+        s.clear();
+        assert_eq!(s.held, 0);
+    }
+
+    #[test]
+    fn the_unnamed_statement_is_counted_once_however_often_it_is_replaced() {
+        let (p, r) = (planner(), Registry::default());
+        let mut s = Statements::default();
+        for i in 0..1000 {
+            let sql = format!("SELECT v FROM kv WHERE id = {i}");
+            parse(&mut s, &p, &r, "", &sql, 4096).expect("replaced, not added");
+        }
+        let last = s.get("").expect("unnamed").clone();
+        assert_eq!(last.sql(), "SELECT v FROM kv WHERE id = 999");
+        assert_eq!(last.literals.len(), 1);
+        assert_eq!(s.held, last.bytes(""));
+        drop(last);
+        let big = format!("SELECT v FROM kv WHERE id = $1 /* {} */", "x".repeat(5000));
+        assert_eq!(
+            parse(&mut s, &p, &r, "", &big, 4096),
+            Err("54000".to_string())
+        );
+        assert!(s.close(""));
+        assert_eq!(s.held, 0);
     }
 }

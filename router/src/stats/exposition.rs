@@ -45,6 +45,8 @@ pub struct Snapshot {
     pub shards: Vec<ShardState>,
     pub pools: Vec<PoolGauges>,
     pub clients: u64,
+    /// Connections accepted that have not logged in yet.
+    pub logging_in: u64,
     pub clients_accepted: u64,
     pub clients_refused: u64,
     pub shardmap_version: u64,
@@ -246,6 +248,12 @@ fn clients(e: &mut DescriptorEncoder<'_>, s: &Snapshot) -> std::fmt::Result {
         "Clients connected now.",
         one(s.clients),
     )?;
+    gauge(
+        e,
+        "client_logins_in_progress",
+        "Connections accepted that have not finished logging in.",
+        one(s.logging_in),
+    )?;
     counter(
         e,
         "client_connections_accepted",
@@ -255,7 +263,7 @@ fn clients(e: &mut DescriptorEncoder<'_>, s: &Snapshot) -> std::fmt::Result {
     counter(
         e,
         "client_connections_refused",
-        "Connections refused: too many clients, a failed login, TLS required, a drain.",
+        "Connections refused: too many clients, a failed login, TLS required, a drain, or closed before they logged in (silent past startup_timeout_ms, slower than login_timeout_ms, or the oldest when max_logins were logging in).",
         one(s.clients_refused),
     )?;
     Ok(())

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod raw;
+pub mod tls;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

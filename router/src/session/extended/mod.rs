@@ -21,7 +21,7 @@ use super::execute::Carrier;
 use super::outbox::{synthetic, ConnStatements};
 use super::replies::{Audience, Kind};
 use super::state::{anchor_of, Batch, Tx};
-use super::statements::{ClientStatement, Duplicate};
+use super::statements::ClientStatement;
 use super::{Session, SessionError};
 use crate::errors;
 use crate::planner::Control;
@@ -52,11 +52,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                         p.param_types,
                         &planned,
                         &self.shared.statements,
+                        self.routing.config.limits.max_prepared_bytes,
                     )
                 };
                 match parsed {
                     Ok(stmt) => self.route_or_hold(Msg::Parse(stmt)).await,
-                    Err(Duplicate) => self.batch_error(&errors::duplicate_statement(p.name)).await,
+                    Err(err) => self.batch_error(&err).await,
                 }
             }
             b'B' => self.bind(body).await,
