@@ -2,7 +2,8 @@
 //! serving, change pool settings, and move a range to another server while a transaction in
 //! progress finishes where it started; and the drain on SIGTERM, where idle clients end with
 //! 57P01 between statements, a transaction may finish, new clients are served through the
-//! grace period and refused after it, no statement is cut, and the process exits 0.
+//! grace period and refused after it, no statement is cut, and the process exits 0. Its log in a
+//! file: plain text without colour codes, or one JSON object per line with `[log] format`.
 
 mod common;
 
@@ -354,4 +355,34 @@ async fn sighup_never_kills_the_router() {
     let _ = child.kill();
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A log written to a file has no colour codes; with `[log] format = "json"` every line is one
+/// JSON object carrying the router's id, the level, the message and the event's fields.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_in_a_file_are_plain_text_or_json_lines() {
+    let env = common::shared_env();
+    let text = Router::start_with(&env.map, "");
+    let log = text.log_text();
+    assert!(log.contains(pgharness::router::READY), "{log}");
+    assert!(!log.contains('\u{1b}'), "colour codes in a file: {log}");
+
+    let json = Router::start_with(&env.map, "router_id = 7\n[log]\nformat = \"json\"\n");
+    // A login that fails gives a line with the client's address.
+    let _ = common::connect(&json.url_as(USER, "wrong", DATABASE)).await;
+    json.wait_for_log("password authentication failed", 1);
+    let log = json.log_text();
+    let mut lines = 0;
+    let mut with_peer = 0;
+    for line in log.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert_eq!(v["router_id"], 7, "{line}");
+        assert!(v["level"].is_string() && v["message"].is_string(), "{line}");
+        lines += 1;
+        with_peer += usize::from(v["peer"].is_string());
+    }
+    assert!(lines >= 2, "{log}");
+    assert!(with_peer >= 1, "no line names the client: {log}");
+    assert!(log.contains(pgharness::router::READY));
 }

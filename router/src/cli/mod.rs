@@ -3,6 +3,7 @@
 //! Subcommands that only read or write shard maps live in [`maps`]; they do no network I/O
 //! and are safe to run anywhere, e.g. in deploy scripts.
 
+mod log;
 mod maps;
 
 use std::path::PathBuf;
@@ -205,9 +206,7 @@ fn serve(
         None => tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false)
-        .init();
+    let config = &shared.routing().config;
+    log::init(filter, config.log_format, config.router_id);
     crate::server::run(shared)
 }

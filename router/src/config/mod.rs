@@ -78,6 +78,8 @@ pub struct Config {
     /// address is taken, because a forgotten second router would silently get half the logins.
     /// Only read at start.
     pub reuse_port: bool,
+    /// `[log] format`: how log lines are written. Read at start only.
+    pub log_format: LogFormat,
 }
 
 /// One `[[peers]]` entry.
@@ -401,6 +403,16 @@ pub struct Transactions {
     pub scatter_writes: bool,
 }
 
+/// `[log] format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// One line of text per event (with colours only on a terminal).
+    #[default]
+    Text,
+    /// One JSON object per line, for a fleet's log pipeline.
+    Json,
+}
+
 /// `[transactions] cross_shard`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CrossShard {
@@ -468,6 +480,7 @@ pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
     let reload = sections::reload(&raw.reload, &mut check);
     let http = sections::http(&raw.http, &mut check);
     let failover = sections::failover(&raw.failover, &mut check);
+    let log_format = sections::log_format(&raw.log, &mut check);
     let transactions = sections::transactions(
         &raw.transactions,
         raw.limits.allow_scatter_writes,
@@ -505,6 +518,7 @@ pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
         router_id,
         peers,
         reuse_port: raw.reuse_port.unwrap_or(false),
+        log_format,
     };
     check.finish(origin, Some(config))
 }

@@ -35,6 +35,8 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub(super) peers: Vec<Spanned<RawPeer>>,
     pub(super) reuse_port: Option<bool>,
+    #[serde(default)]
+    pub(super) log: RawLog,
 }
 
 #[derive(Deserialize)]
@@ -128,6 +130,12 @@ pub(super) struct RawTransactions {
     pub(super) recovery_interval_ms: Option<Spanned<i64>>,
     pub(super) recovery_grace_ms: Option<Spanned<i64>>,
     pub(super) test_fault: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLog {
+    pub(super) format: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]

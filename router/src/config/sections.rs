@@ -10,12 +10,13 @@ use toml::Spanned;
 
 use super::check::Checker;
 use super::raw::{
-    RawBackend, RawConfig, RawFailover, RawHttp, RawLimits, RawPool, RawReload, RawShutdown,
-    RawTls, RawTransactions,
+    RawBackend, RawConfig, RawFailover, RawHttp, RawLimits, RawLog, RawPool, RawReload,
+    RawShutdown, RawTls, RawTransactions,
 };
 use super::{
-    AuthMethod, Backend, CrossShard, Failover, FileSetting, Limits, Peer, Pool, Reload, Shutdown,
-    SslMode, Tls, TlsMode, Transactions, TwoPhaseFault, User, DEFAULT_LISTEN, MAX_ROUTER_ID,
+    AuthMethod, Backend, CrossShard, Failover, FileSetting, Limits, LogFormat, Peer, Pool, Reload,
+    Shutdown, SslMode, Tls, TlsMode, Transactions, TwoPhaseFault, User, DEFAULT_LISTEN,
+    MAX_ROUTER_ID,
 };
 use crate::auth::Secret;
 
@@ -518,6 +519,25 @@ fn networks(raw: &[Spanned<String>], key: &str, check: &mut Checker<'_>) -> Vec<
         }
     }
     nets
+}
+
+/// `[log] format`.
+pub(super) fn log_format(l: &RawLog, check: &mut Checker<'_>) -> LogFormat {
+    let Some(v) = &l.format else {
+        return LogFormat::Text;
+    };
+    match v.get_ref().trim() {
+        "text" => LogFormat::Text,
+        "json" => LogFormat::Json,
+        other => {
+            let line = check.line(v.span());
+            check.add(
+                line,
+                format!("log.format {other:?} is not supported; use \"text\" or \"json\""),
+            );
+            LogFormat::Text
+        }
+    }
 }
 
 /// `[shutdown]`.

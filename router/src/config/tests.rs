@@ -734,3 +734,16 @@ fn transactions_across_shards() {
         "transactions.lock_timeout_ms",
     );
 }
+
+#[test]
+fn log_format() {
+    let c = parse_str(&format!("{MINIMAL}\n[log]\nformat = \"json\"\n")).unwrap();
+    assert_eq!(c.log_format, LogFormat::Json);
+    let c = parse_str(MINIMAL).unwrap();
+    assert_eq!(c.log_format, LogFormat::Text);
+    one_problem(
+        &format!("{MINIMAL}[log]\nformat = \"xml\"\n"),
+        MINIMAL.lines().count() + 2,
+        "log.format \"xml\" is not supported; use \"text\" or \"json\"",
+    );
+}
