@@ -18,7 +18,7 @@ use crate::errors;
 use crate::protocol::frame::next_frame;
 use crate::protocol::reply::{self, SqlError, TxStatus};
 use crate::protocol::startup::{self, Startup};
-use crate::routing::clients::{router_of, ClientSlot};
+use crate::routing::clients::{router_of, ClientSlot, Clients};
 use crate::routing::Router;
 
 /// The database name of the admin console.
@@ -184,6 +184,12 @@ pub async fn login<S: AsyncRead + AsyncWrite + Unpin>(
     }
 
     let (id, slot) = shared.clients.add();
+    // Taken off the table again if the greeting fails or this login is dropped unfinished (the
+    // login timeout, or the door closing it to make room).
+    let listed = Listed {
+        clients: &shared.clients,
+        id: Some(id),
+    };
     let mut out = Vec::with_capacity(512);
     reply::auth_ok(&mut out);
     let server_params = shared
@@ -204,10 +210,8 @@ pub async fn login<S: AsyncRead + AsyncWrite + Unpin>(
     }
     reply::backend_key_data(&mut out, id, slot.secret);
     reply::ready_for_query(&mut out, TxStatus::Idle);
-    if let Err(e) = write_flushed(stream, &out).await {
-        shared.clients.remove(id);
-        return Err(e.into());
-    }
+    write_flushed(stream, &out).await?;
+    listed.keep();
     Ok(Login {
         user,
         admin,
@@ -215,6 +219,27 @@ pub async fn login<S: AsyncRead + AsyncWrite + Unpin>(
         id,
         slot,
     })
+}
+
+/// A client on the table of clients, until it is kept.
+struct Listed<'a> {
+    clients: &'a Clients,
+    id: Option<i32>,
+}
+
+impl Listed<'_> {
+    /// The login is done: the session takes the client off the table when it ends.
+    fn keep(mut self) {
+        self.id = None;
+    }
+}
+
+impl Drop for Listed<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id {
+            self.clients.remove(id);
+        }
+    }
 }
 
 /// Writes `out` and flushes it (TLS holds records back until a flush).

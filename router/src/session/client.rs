@@ -38,7 +38,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientIo<S> {
         ClientIo {
             stream,
             rbuf,
-            out: Vec::with_capacity(16 * 1024),
+            // Grown by the first replies to what this client's answers need: an idle client of
+            // a reconnect storm's 10,000 holds no 16 KiB it never used.
+            out: Vec::new(),
             meter: Meter::default(),
             max_message: crate::protocol::MAX_MESSAGE_LEN,
         }
@@ -152,7 +154,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientIo<S> {
             self.rbuf = fresh;
         }
         if self.out.capacity() > KEEP_AT_REST && self.out.is_empty() {
-            self.out = Vec::with_capacity(16 * 1024);
+            self.out = Vec::new();
         }
     }
 
