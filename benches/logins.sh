@@ -22,6 +22,7 @@ Then, with `loadgen storm --router-pid`:
   3. slowloris:         --silent 1500 --silent-from 127.0.0.2 --bystander-every-ms 200
                         --duration-s D (silent connections renewed whenever the router closes
                         them; a bystander logs in every 200 ms from 127.0.0.1)
+  4. slowloris, TLS:    the same, the bystander logging in with TLS
 
 and prints loadgen's summary of each (logged in, refused by SQLSTATE, other errors, time to the
 last login, login latency, the router's CPU per login and peak RSS; for the slowloris, how often
@@ -227,6 +228,8 @@ run_phase storm-plain --logins "$n"
 run_phase storm-tls --logins "$n" --tls-ca "$tmp/ca.pem"
 run_phase slowloris --silent "$silent" --silent-from 127.0.0.2 --bystander-every-ms 200 \
     --duration-s "$duration"
+run_phase slowloris-tls --silent "$silent" --silent-from 127.0.0.2 --bystander-every-ms 200 \
+    --duration-s "$duration" --tls-ca "$tmp/ca.pem"
 
 echo
 echo "=== results (n = $n, slowloris $silent silent connections for $duration s)"

@@ -2,7 +2,9 @@
 //! all gets in; a slowloris (more silent sockets than `[limits] max_logins`, held and renewed)
 //! never makes a bystander's login fail; a silent socket is closed after `startup_timeout_ms`;
 //! a refusal for `max_clients` comes after the startup message, so drivers see `53300`; each
-//! with TLS as well. Also: a second router may share the port only with `reuse_port = true`.
+//! with TLS as well; a router out of file descriptors closes the oldest connections still
+//! logging in rather than locking everyone out. Also: a second router may share the port only
+//! with `reuse_port = true`.
 
 mod common;
 
@@ -157,6 +159,35 @@ async fn a_slowloris_of_more_sockets_than_max_logins_never_fails_a_bystander() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slowloris_never_fails_a_bystander_that_logs_in_with_tls() {
     slowloris_locks_nobody_out(true).await;
+}
+
+/// A router whose open-file limit is lowered under it (to 200) while silent sockets take every
+/// descriptor: accepting closes the oldest of them, and a bystander still logs in every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_file_descriptors_the_oldest_silent_connections_make_room() {
+    let env = common::shared_env();
+    let router = Router::start_with(&env.map, "");
+    let pid = router.pid().expect("running").to_string();
+    let lowered = std::process::Command::new("prlimit")
+        .args(["--pid", &pid, "--nofile=200:200"])
+        .status()
+        .expect("run prlimit");
+    assert!(lowered.success(), "prlimit failed");
+    let stop = Arc::new(AtomicBool::new(false));
+    let closed = slowloris(router.port, 400, false, stop.clone());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let failures = bystander(&router, 10, None).await;
+    stop.store(true, Ordering::Relaxed);
+    assert_eq!(
+        failures,
+        Vec::<String>::new(),
+        "the bystander's failed logins"
+    );
+    assert!(
+        closed.load(Ordering::Relaxed) > 0,
+        "no silent connection was closed"
+    );
+    assert!(router.is_alive());
 }
 
 /// `clients` log in at the same moment (with TLS when `ca` is given) and each runs `SELECT 1`;

@@ -39,6 +39,20 @@ pub enum Crowded {
     Room,
     /// `per_address` connections from its address were logging in.
     Address,
+    /// The router ran out of file descriptors and could accept no one.
+    Files,
+}
+
+impl std::fmt::Display for Crowded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Crowded::Room => "[limits] max_logins newer connections were logging in",
+            Crowded::Address => {
+                "[limits] max_logins_per_address newer connections from its address were logging in"
+            }
+            Crowded::Files => "the router ran out of file descriptors (RLIMIT_NOFILE)",
+        })
+    }
 }
 
 /// The connections that have not logged in yet.
@@ -91,6 +105,22 @@ impl Door {
         (ticket, Closed(closed))
     }
 
+    /// Closes the oldest connection still logging in (a silent one first) to free its file
+    /// descriptor, when the router has run out and can accept no one; `false` when no
+    /// connection is logging in.
+    pub fn make_room(&self) -> bool {
+        let mut room = self.room.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(oldest) = room.oldest() else {
+            return false;
+        };
+        if let Some(waiter) = room.leave(oldest) {
+            let _ = waiter.close.send(Crowded::Files);
+        }
+        drop(room);
+        self.closed.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
     /// Connections logging in now.
     pub fn len(&self) -> usize {
         self.room
@@ -125,10 +155,7 @@ impl Room {
                 silent.or(own.first()).map(|&id| (id, Crowded::Address))
             }
             _ if self.waiting.len() >= rules.max.max(1) => {
-                let silent = self.silent.first();
-                silent
-                    .or(self.waiting.keys().next())
-                    .map(|&id| (id, Crowded::Room))
+                self.oldest().map(|id| (id, Crowded::Room))
             }
             _ => None,
         };
@@ -144,6 +171,11 @@ impl Room {
         self.silent.insert(id);
         self.by_address.entry(address).or_default().insert(id);
         (id, oldest.is_some())
+    }
+
+    /// The one to close first: the oldest silent one, else the oldest.
+    fn oldest(&self) -> Option<u64> {
+        self.silent.first().or(self.waiting.keys().next()).copied()
     }
 
     /// Takes waiter `id` out.
@@ -297,6 +329,20 @@ mod tests {
         assert_eq!(door.len(), 50);
         assert_eq!(door.closed_to_make_room(), 0);
         drop(conns);
+        assert!(door.is_empty());
+    }
+
+    #[test]
+    fn out_of_files_the_oldest_silent_connection_is_closed() {
+        let door = Arc::new(Door::default());
+        assert!(!door.make_room(), "nobody to close");
+        let mut spoke = enter(&door, "10.0.0.1", 100, 0);
+        spoke.0.spoke();
+        let mut silent = enter(&door, "10.0.0.2", 100, 0);
+        assert!(door.make_room());
+        assert_eq!(closed(&mut silent), Some(Crowded::Files));
+        assert!(door.make_room());
+        assert_eq!(closed(&mut spoke), Some(Crowded::Files));
         assert!(door.is_empty());
     }
 

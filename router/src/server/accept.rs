@@ -6,8 +6,9 @@
 //! other client and the router keep running.
 //!
 //! Until it has logged in, a connection waits in the [`door`](crate::routing::door): every
-//! connection gets in, and when `[limits] max_logins` are logging in the oldest is closed to
-//! make room, so a reconnect storm all logs in and silent sockets cannot lock anyone out. Each
+//! connection gets in, and when `[limits] max_logins` are logging in the oldest (silent first)
+//! is closed to make room, so a reconnect storm all logs in and silent sockets cannot lock
+//! anyone out; the same when the router runs out of file descriptors and cannot accept. Each
 //! wait for a client's first packets is bounded by `startup_timeout_ms`, the whole login by
 //! `login_timeout_ms`. `max_clients` is checked once the client has sent its startup message,
 //! so the refusal is an ErrorResponse every driver shows with its SQLSTATE.
@@ -27,7 +28,7 @@ use crate::config::Limits;
 use crate::errors;
 use crate::protocol::startup::Startup;
 use crate::routing::clients::ClientInfo;
-use crate::routing::door::{Crowded, Rules};
+use crate::routing::door::Rules;
 use crate::routing::Phase;
 use crate::routing::Router;
 use crate::session::Session;
@@ -49,8 +50,16 @@ pub async fn serve(listener: TcpListener, shared: Arc<Router>) -> std::io::Resul
         }
         let (stream, peer) = match accepted {
             Ok(c) => c,
+            Err(e) if out_of_files(&e) && shared.door.make_room() => {
+                // The oldest connection still logging in was told to close; give its task a
+                // moment to let go of its descriptor before the next accept.
+                tracing::debug!("accept failed: {e}; closed the oldest connection logging in");
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                continue;
+            }
             Err(e) => {
-                // Out of file descriptors and the like: wait a moment rather than spin.
+                // Out of file descriptors with nobody to close, and the like: wait a moment
+                // rather than spin.
                 tracing::warn!("accept failed: {e}");
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 continue;
@@ -61,6 +70,11 @@ pub async fn serve(listener: TcpListener, shared: Arc<Router>) -> std::io::Resul
             client(stream, shared, peer).await;
         });
     }
+}
+
+/// Whether `accept` failed for want of file descriptors (the process's or the system's).
+fn out_of_files(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
 }
 
 /// A client's stream once it has logged in.
@@ -92,10 +106,7 @@ async fn client(stream: TcpStream, shared: Arc<Router>, peer: SocketAddr) {
     };
     let entered = tokio::select! {
         entered = handshake::bounded(deadline, limits.login_timeout, door) => entered,
-        crowded = closed.closed() => Err(HandshakeError::MadeRoom(match crowded {
-            Crowded::Room => "",
-            Crowded::Address => "_per_address",
-        })),
+        crowded = closed.closed() => Err(HandshakeError::MadeRoom(crowded)),
     };
     drop(ticket);
     match entered {

@@ -19,6 +19,7 @@ use crate::protocol::frame::next_frame;
 use crate::protocol::reply::{self, SqlError, TxStatus};
 use crate::protocol::startup::{self, Startup};
 use crate::routing::clients::{router_of, ClientSlot, Clients};
+use crate::routing::door::Crowded;
 use crate::routing::Router;
 
 /// The database name of the admin console.
@@ -46,9 +47,9 @@ pub enum HandshakeError {
     /// Nothing came from the client for `[limits] startup_timeout_ms`.
     #[error("the client sent no {1} within {0:?} ([limits] startup_timeout_ms)")]
     Quiet(Duration, &'static str),
-    /// Closed to make room: `[limits] max_logins` newer connections were logging in.
-    #[error("closed to make room for newer connections ([limits] max_logins{0})")]
-    MadeRoom(&'static str),
+    /// Closed to make room for newer connections.
+    #[error("closed to make room: {0}")]
+    MadeRoom(Crowded),
     #[error("TLS handshake failed: {0}")]
     Tls(std::io::Error),
 }

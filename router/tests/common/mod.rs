@@ -240,6 +240,11 @@ impl Router {
             .is_some_and(|p| p.is_alive())
     }
 
+    /// The router's process id (while it runs).
+    pub fn pid(&self) -> Option<u32> {
+        self.process.lock().unwrap().as_ref().map(|p| p.pid)
+    }
+
     /// Sends `signal` to the router process.
     pub fn signal(&self, signal: i32) {
         if let Some(p) = self.process.lock().unwrap().as_ref() {
