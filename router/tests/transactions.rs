@@ -3,7 +3,9 @@
 //! or roll back on every shard they touched; an extended-protocol batch over several shards is
 //! one transaction, as on one Postgres (all of it or nothing at its Sync); a deferred check that
 //! fails at COMMIT rolls every shard back; a deadlock across shards ends with the lock timeout;
-//! a cancel hits only the statement running; a client gone mid-transaction leaves nothing.
+//! a cancel hits only the statement running; a client gone mid-transaction leaves nothing; a
+//! transaction opened by statements that need no shard takes the catalog queries an ORM sends
+//! after its SAVEPOINT (SQLAlchemy 2.1's first connection).
 //! Each outcome is checked on the shards directly, and no shard is left with a connection
 //! idle in a transaction.
 
@@ -1350,5 +1352,49 @@ fn a_portal_across_shards_runs_a_few_rows_at_a_time() {
         sorted[0], sorted[9]
     )));
     assert_eq!(raw.until_ready().1, "");
+    no_transaction_left_open(env);
+}
+
+/// SQLAlchemy 2.1's first connection (psycopg 3.3), statement for statement as Postgres logs it:
+/// `BEGIN`, catalog reads that need no shard, `SAVEPOINT`, then psycopg's type lookup, whose
+/// `to_regtype` routes it to the default shard, and the end. A transaction opened by a statement
+/// that needs no shard opens on the default shard, so all of it stays in the transaction, on
+/// every round (the shard "any" would pick rotates).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlalchemys_first_connection_stays_in_its_transaction() {
+    let env = shared_env();
+    let client = env.router.connect().await;
+    let type_info = "SELECT typname AS name, oid, typarray AS array_oid, \
+        oid::regtype::text AS regtype, typdelim AS delimiter \
+        FROM pg_type t WHERE t.oid = to_regtype($1) ORDER BY t.oid";
+    for round in 0..8 {
+        for sql in [
+            "BEGIN",
+            "select pg_catalog.version()",
+            "select current_schema()",
+            "show transaction isolation level",
+            "show standard_conforming_strings",
+            "SAVEPOINT \"_pg3_1\"",
+        ] {
+            client
+                .simple_query(sql)
+                .await
+                .unwrap_or_else(|e| panic!("round {round}: {sql}: {e:?}"));
+        }
+        client
+            .query(type_info, &[&"hstore"])
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the type lookup: {e:?}"));
+        for sql in [
+            "SELECT count(*) FROM settings",
+            "RELEASE \"_pg3_1\"",
+            "ROLLBACK",
+        ] {
+            client
+                .simple_query(sql)
+                .await
+                .unwrap_or_else(|e| panic!("round {round}: {sql}: {e:?}"));
+        }
+    }
     no_transaction_left_open(env);
 }

@@ -111,7 +111,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// A connection to any shard that can give one (the statement needs no particular shard),
     /// and the shard.
     async fn checkout_any(&mut self) -> Result<(PooledConn, Duration, usize), SqlError> {
-        let start = self.shared.any_shard(self.routing.map.shards().len());
+        // A transaction that a statement needing no shard opens (a SAVEPOINT, a catalog query)
+        // opens on the default shard, where statements on tables outside the map must run: an
+        // ORM's catalog query after its SAVEPOINT then stays in the transaction.
+        let start = if self.state.in_transaction() {
+            self.routing.map.default_shard()
+        } else {
+            self.shared.any_shard(self.routing.map.shards().len())
+        };
         let got = match self.routing.checkout_any(start).await {
             Err(Checkout::MapChanged) => {
                 // Waited for paused shards through a reload: any shard of the new map will do.
