@@ -6,7 +6,8 @@
 //! encrypted stream to tokio-postgres (`Config::connect_raw`) for the startup and the password.
 //! A tokio-postgres TLS connector (`MakeTlsConnect`) would be shorter, but tokio-postgres reads
 //! only one byte of the answer: a server that refuses the connection at the door with an
-//! ErrorResponse (`E`, as the router does with `53300` when too many clients are logging in)
+//! ErrorResponse (`E`, as shardgate did with `53300` before 2026-12-03 when too many clients
+//! were logging in)
 //! would be reported as "server does not support TLS". Here it is a refusal with its SQLSTATE,
 //! as in plain TCP.
 //!
