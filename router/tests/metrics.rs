@@ -1,7 +1,8 @@
 //! The HTTP side port as a load balancer and Prometheus use it: `/metrics` counts exactly the
 //! statements clients ran (by route, outcome, shard and SQLSTATE class), `/ready` says 503
 //! until every shard has answered and again once a drain starts, `/health` says 200 while the
-//! process serves.
+//! process serves. The Grafana dashboard and the Prometheus alerts in deploy/monitoring use only
+//! metrics a router exports, and the alerts pass their promtool unit tests.
 
 mod common;
 
@@ -190,4 +191,80 @@ fn ready_waits_for_every_shard_and_turns_503_on_drain() {
     assert_eq!(http_get(port, "/health").0, 200);
     let exit = router.wait_exit(Duration::from_secs(30));
     assert!(exit.is_some_and(|s| s.success()), "{exit:?}");
+}
+
+/// The metric names (`shardgate_...`) a text uses.
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("shardgate_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        names.insert(tail[..end].to_string());
+        rest = &tail[end..];
+    }
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_and_the_alerts_use_metrics_the_router_exports() {
+    let env = common::shared_env();
+    let port = free_port();
+    let router = Router::start_with(&env.map, &http_config(port, ""));
+    wait_ready(port, 200);
+    let client = router.connect().await;
+    client.simple_query("SELECT 1").await.expect("a statement");
+    let exported = metric_names(&scrape(port));
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/monitoring");
+    for file in ["alerts.yml", "grafana-dashboard.json"] {
+        let text = std::fs::read_to_string(dir.join(file)).expect("read");
+        let used = metric_names(&text);
+        assert!(used.len() >= 5, "{file} uses only {used:?}");
+        let unknown: Vec<_> = used.difference(&exported).collect();
+        assert!(
+            unknown.is_empty(),
+            "{file} uses metrics the router does not export: {unknown:?}"
+        );
+    }
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("grafana-dashboard.json")).expect("read"),
+    )
+    .expect("the dashboard is JSON");
+    assert!(dashboard["panels"]
+        .as_array()
+        .is_some_and(|p| p.len() >= 10));
+
+    // The rules' own unit tests, where promtool is installed (deploy/local/install-deps --tests
+    // tries to).
+    let Ok(promtool) = which("promtool") else {
+        eprintln!("promtool is not installed: the alert rules' unit tests are skipped");
+        return;
+    };
+    for args in [
+        ["check", "rules", "alerts.yml"],
+        ["test", "rules", "alerts_test.yml"],
+    ] {
+        let out = std::process::Command::new(&promtool)
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .expect("run promtool");
+        assert!(
+            out.status.success(),
+            "promtool {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// The path of program `name` on PATH.
+fn which(name: &str) -> Result<std::path::PathBuf, ()> {
+    let path = std::env::var_os("PATH").ok_or(())?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .ok_or(())
 }
