@@ -30,6 +30,7 @@ pub async fn snapshot(shared: &Router) -> Snapshot {
         pools: pool_gauges(&routing),
         clients: shared.clients.count() as u64,
         logging_in: shared.door.len() as u64,
+        logins_closed: shared.door.closed_to_make_room(),
         clients_accepted: load(&shared.stats.clients_accepted),
         clients_refused: load(&shared.stats.clients_refused),
         shardmap_version: routing.map.version(),

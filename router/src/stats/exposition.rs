@@ -47,6 +47,8 @@ pub struct Snapshot {
     pub clients: u64,
     /// Connections accepted that have not logged in yet.
     pub logging_in: u64,
+    /// Connections closed before they logged in to make room for newer ones.
+    pub logins_closed: u64,
     pub clients_accepted: u64,
     pub clients_refused: u64,
     pub shardmap_version: u64,
@@ -253,6 +255,12 @@ fn clients(e: &mut DescriptorEncoder<'_>, s: &Snapshot) -> std::fmt::Result {
         "client_logins_in_progress",
         "Connections accepted that have not finished logging in.",
         one(s.logging_in),
+    )?;
+    counter(
+        e,
+        "client_logins_closed",
+        "Connections closed before they logged in to make room for newer ones: max_logins or max_logins_per_address were logging in, or the router ran out of file descriptors (also counted in client_connections_refused).",
+        one(s.logins_closed),
     )?;
     counter(
         e,
