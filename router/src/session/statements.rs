@@ -87,11 +87,8 @@ impl ClientStatement {
     /// The bytes it is counted for under `name`: its text, name, types and literals, plus
     /// [`PER_STATEMENT`] for the rest (its plan is shared and not counted).
     fn bytes(&self, name: &str) -> usize {
-        PER_STATEMENT
-            + name.len()
-            + self.sql().len()
-            + self.param_types().len()
-            + self.literals.iter().map(|l| l.len()).sum::<usize>()
+        let literals = self.literals.iter().map(|l| l.len());
+        cost(name, self.sql(), self.param_types(), literals)
     }
 
     /// Where its values are for one execution with `bind`'s parameters.
@@ -107,6 +104,12 @@ impl ClientStatement {
 /// What a statement costs besides its bytes of text: the map entry, the `Arc`s, the
 /// router-wide entry's share, rounded up.
 const PER_STATEMENT: usize = 256;
+
+/// What a statement named `name` with this text, these types and literals of these lengths is
+/// counted for (see [`ClientStatement::bytes`]).
+fn cost(name: &str, sql: &str, types: &[u8], literals: impl Iterator<Item = usize>) -> usize {
+    PER_STATEMENT + name.len() + sql.len() + types.len() + literals.sum::<usize>()
+}
 
 /// The client's statements.
 #[derive(Debug, Default)]
@@ -147,11 +150,7 @@ impl Statements {
             return Err(errors::duplicate_statement(name));
         }
         let literals = (0..).map_while(|i| planned.literal(i));
-        let cost = PER_STATEMENT
-            + name.len()
-            + sql.len()
-            + param_types.len()
-            + literals.clone().map(str::len).sum::<usize>();
+        let cost = cost(name, sql, param_types, literals.clone().map(str::len));
         let replaced = match (name.is_empty(), &self.unnamed) {
             (true, Some(old)) => old.bytes(""),
             _ => 0,
