@@ -36,7 +36,7 @@ mod server;
 mod slowloris;
 
 pub use report::{
-    verdict, BystanderPhase, Latency, SlowlorisPhase, StormPhase, StormReport, Tallies, Tally,
+    latency, verdict, BystanderPhase, SlowlorisPhase, StormPhase, StormReport, Tallies, Tally,
     FORMAT,
 };
 pub use server::{check_nofile, parse_stat_ticks, parse_status_kib, raise_nofile, ServerUse};
@@ -422,8 +422,8 @@ async fn storm_phase(cfg: &StormConfig, dialer: &Dialer) -> Result<StormPhase, c
     } else {
         0.0
     };
-    phase.login_latency = Latency::of(&ok_hist);
-    phase.failure_latency = Latency::of(&failed_hist);
+    phase.login_latency = latency(&ok_hist);
+    phase.failure_latency = latency(&failed_hist);
     // Measured while the storm's clients are still logged in.
     phase.server = match (cfg.server_pid, server_before) {
         (Some(pid), Some(before)) => Some(server_use(pid, before, Some(phase.logged_in))?),

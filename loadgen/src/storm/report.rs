@@ -10,6 +10,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use super::server::ServerUse;
+use crate::report::Latency;
 
 /// Bumped when the JSON changes.
 pub const FORMAT: u32 = 1;
@@ -38,40 +39,24 @@ pub(crate) fn total(tallies: &Tallies) -> u64 {
     tallies.values().map(|t| t.count).sum()
 }
 
-/// p50/p99/max of a latency histogram (µs), in ms.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Latency {
-    pub count: u64,
-    pub p50_ms: f64,
-    pub p99_ms: f64,
-    pub max_ms: f64,
-    pub mean_ms: f64,
+/// A latency histogram's summary (µs, the one of `loadgen run`), or `None` when it is empty (no
+/// latency rather than 0 ms).
+pub fn latency(h: &Histogram<u64>) -> Option<Latency> {
+    (!h.is_empty()).then(|| Latency::of(h))
 }
 
-impl Latency {
-    /// None for an empty histogram (no latency rather than 0 ms).
-    pub fn of(h: &Histogram<u64>) -> Option<Latency> {
-        if h.is_empty() {
-            return None;
-        }
-        let ms = |us: u64| us as f64 / 1000.0;
-        Some(Latency {
-            count: h.len(),
-            p50_ms: ms(h.value_at_quantile(0.5)),
-            p99_ms: ms(h.value_at_quantile(0.99)),
-            max_ms: ms(h.max()),
-            mean_ms: h.mean() / 1000.0,
-        })
-    }
-
-    fn line(l: &Option<Latency>) -> String {
-        match l {
-            Some(l) => format!(
-                "p50 {:.3} ms   p99 {:.3} ms   max {:.3} ms   mean {:.3} ms",
-                l.p50_ms, l.p99_ms, l.max_ms, l.mean_ms
-            ),
-            None => "-".to_string(),
-        }
+/// p50/p99/max/mean of a summary, in ms.
+fn latency_line(l: &Option<Latency>) -> String {
+    let ms = |us: u64| us as f64 / 1000.0;
+    match l {
+        Some(l) => format!(
+            "p50 {:.3} ms   p99 {:.3} ms   max {:.3} ms   mean {:.3} ms",
+            ms(l.p50),
+            ms(l.p99),
+            ms(l.max),
+            l.mean / 1000.0
+        ),
+        None => "-".to_string(),
     }
 }
 
@@ -227,13 +212,13 @@ fn render_storm(s: &StormPhase) -> String {
     out += &format!(
         "  {:<18}{}\n",
         "login latency",
-        Latency::line(&s.login_latency)
+        latency_line(&s.login_latency)
     );
     if s.failure_latency.is_some() {
         out += &format!(
             "  {:<18}{}\n",
             "failed after",
-            Latency::line(&s.failure_latency)
+            latency_line(&s.failure_latency)
         );
     }
     out += &format!(
@@ -274,7 +259,7 @@ fn render_slowloris(s: &SlowlorisPhase) -> String {
             "  {:<18}{:>8}   held for {}\n",
             "closed by server",
             s.renewals,
-            Latency::line(&s.held)
+            latency_line(&s.held)
         );
         for (key, t) in &s.closes {
             out += &format!("  {:<18}{:>8}  {key}: {}\n", "", t.count, t.first_message);
@@ -299,7 +284,7 @@ fn render_slowloris(s: &SlowlorisPhase) -> String {
         out += &format!(
             "  {:<18}{}\n",
             "login latency",
-            Latency::line(&b.login_latency)
+            latency_line(&b.login_latency)
         );
     }
     render_server(&mut out, &s.server);
@@ -462,12 +447,12 @@ mod tests {
 
     #[test]
     fn latency_of_nothing_is_none() {
-        assert_eq!(Latency::of(&crate::stats::new_hist()), None);
+        assert_eq!(latency(&crate::stats::new_hist()), None);
         let mut h = crate::stats::new_hist();
         record(&mut h, Duration::from_millis(3));
         record(&mut h, Duration::ZERO);
-        let l = Latency::of(&h).expect("two");
+        let l = latency(&h).expect("two");
         assert_eq!(l.count, 2);
-        assert!((l.max_ms - 3.0).abs() < 0.01, "{l:?}");
+        assert!(l.max.abs_diff(3000) < 10, "{l:?}");
     }
 }

@@ -236,7 +236,7 @@ async fn bystander(
             Err(f) => add(&mut phase.failures, &f.key, &f.message),
         }
     }
-    phase.login_latency = Latency::of(&hist);
+    phase.login_latency = latency(&hist);
     Ok(phase)
 }
 
@@ -383,7 +383,7 @@ pub(super) async fn slowloris_phase(
             }
         }
     }
-    phase.held = Latency::of(&held);
+    phase.held = latency(&held);
     Ok(phase)
 }
 
