@@ -37,6 +37,7 @@ pub const NO_ACTIVE_SQL_TRANSACTION: &str = "25P01";
 pub const DUPLICATE_CURSOR: &str = "42P03";
 pub const INVALID_CURSOR_NAME: &str = "34000";
 pub const INVALID_BINARY_REPRESENTATION: &str = "22P03";
+pub const SEQUENCE_LIMIT_EXCEEDED: &str = "2200H";
 
 /// A shard's pool had no free connection for the whole checkout timeout.
 pub fn pool_exhausted(shard: &str, endpoint: &str, waited: Duration) -> SqlError {

@@ -832,6 +832,19 @@ fn a_bad_shard_never_reaches_the_clients_of_the_others() {
         .expect("start server 1");
 }
 
+/// A database with the test schema on server `server` of the cluster, for a script's direct
+/// run on one Postgres: its URL.
+fn direct_database(env: &Env, server: usize, name: &str) -> String {
+    let server = &env.cluster.servers()[server];
+    server
+        .psql("postgres", &format!("CREATE DATABASE {name}"))
+        .expect("a database for the direct run");
+    server
+        .psql(name, common::SCHEMA)
+        .expect("the schema, directly");
+    server.url(name)
+}
+
 /// Batches and transactions over several shards as applications make them (asyncpg and
 /// psycopg `executemany`, psycopg pipeline mode, SQLAlchemy ORM sessions with default
 /// settings), each step compared with the same step run directly on one Postgres
@@ -846,20 +859,14 @@ fn batches_and_orm_sessions_over_several_shards_match_one_postgres() {
         .status()
         .is_ok_and(|s| s.success());
     require(ok, "sqlalchemy in the Python venv");
-    let server = &env.cluster.servers()[0];
-    server
-        .psql("postgres", "CREATE DATABASE direct_transactions")
-        .expect("a database for the direct run");
-    server
-        .psql("direct_transactions", common::SCHEMA)
-        .expect("the schema, directly");
+    let direct = direct_database(env, 0, "direct_transactions");
     run_program(
         env,
         "transactions",
         python,
         &[
             ("SHARDGATE_KEY_BASE", "36000000".to_string()),
-            ("SHARDGATE_DIRECT_URL", server.url("direct_transactions")),
+            ("SHARDGATE_DIRECT_URL", direct.clone()),
         ],
     );
 }
@@ -878,21 +885,32 @@ fn django_orm_over_several_shards_matches_one_postgres() {
         .status()
         .is_ok_and(|s| s.success());
     require(ok, "django in the Python venv");
-    let server = &env.cluster.servers()[0];
-    server
-        .psql("postgres", "CREATE DATABASE direct_django")
-        .expect("a database for the direct run");
-    server
-        .psql("direct_django", common::SCHEMA)
-        .expect("the schema, directly");
+    let direct = direct_database(env, 0, "direct_django");
     run_program(
         env,
         "django",
         python,
         &[
             ("SHARDGATE_KEY_BASE", "38000000".to_string()),
-            ("SHARDGATE_DIRECT_URL", server.url("direct_django")),
+            ("SHARDGATE_DIRECT_URL", direct.clone()),
         ],
+    );
+}
+
+/// ORM models with an automatic primary key on a sharded identity table (`autos`): Django's
+/// default `BigAutoField` with client-side and server-side binding, and a SQLAlchemy
+/// autoincrement key, saved, found by the id they got back, updated, deleted, created in bulk
+/// (`python/auto_keys.py`), compared step by step with one Postgres.
+#[test]
+fn orm_models_with_automatic_keys_match_one_postgres() {
+    let env = shared_env();
+    let python = python("auto_keys.py");
+    let direct = direct_database(env, 0, "direct_autos");
+    run_program(
+        env,
+        "auto-keys",
+        python,
+        &[("SHARDGATE_DIRECT_URL", direct.clone())],
     );
 }
 

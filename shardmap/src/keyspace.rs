@@ -67,6 +67,17 @@ impl KeyType {
         }
     }
 
+    /// The largest value of an integer type (`None` for the others): how far keys the router
+    /// gives may go.
+    pub fn integer_max(self) -> Option<i64> {
+        match self {
+            KeyType::SmallInt => Some(i16::MAX.into()),
+            KeyType::Integer => Some(i32::MAX.into()),
+            KeyType::BigInt => Some(i64::MAX),
+            KeyType::Text | KeyType::Uuid => None,
+        }
+    }
+
     /// The Postgres function that computes the keyspace ID of a column of this type.
     pub fn pg_hash_function(self) -> &'static str {
         match self {

@@ -45,6 +45,15 @@ impl Table {
         }
     }
 
+    /// The name as SQL must write it to mean this table (each part quoted where needed).
+    pub fn quoted_name(&self) -> String {
+        let name = crate::sql::quote_ident(&self.name);
+        match &self.schema {
+            Some(s) => format!("{}.{name}", crate::sql::quote_ident(s)),
+            None => name,
+        }
+    }
+
     /// Whether a statement's reference to `schema.name` means this table.
     pub fn matches(&self, schema: Option<&str>, name: &str) -> bool {
         self.name == name

@@ -5,7 +5,7 @@
 //! shared memory, so statements on 32 cores do not bounce the shared cache's lock words between
 //! them. The shared cache stays the source of truth: this one holds clones of its `Arc`s, is
 //! small and is emptied when full, and is dropped as a whole when the planner it belongs to
-//! changes its plans ([`super::Planner::learn_key_positions`]) or another planner uses the
+//! changes its plans ([`super::Planner::learn_tables`]) or another planner uses the
 //! thread (tests build many).
 
 use std::cell::RefCell;

@@ -19,8 +19,10 @@
 pub mod arrays;
 pub mod cache;
 pub mod cursor;
+mod inserts;
 pub mod keys;
 mod local;
+pub mod new_keys;
 pub mod normalize;
 mod scatter;
 
@@ -43,6 +45,7 @@ use sqlparser::parser::Parser;
 pub use cache::{CacheStats, PlanCache, MAX_CACHED_TEXT};
 pub use keys::{key_from_binary, key_from_text, KeyValueError};
 pub use normalize::{normalize, normalize_within, LiteralKind, NormalizeBuf};
+pub use refs::{KeyDefault, TableFacts};
 
 /// Where one statement must run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,6 +70,19 @@ pub enum Route {
     /// Touches only tables that are not in the shard map, or calls functions that may: the
     /// map's default shard.
     Default,
+    /// An INSERT of VALUES rows into a sharded table whose key column takes its values from a
+    /// sequence, leaving the key out: the router gives each row a key from blocks it reserves
+    /// for the whole fleet (`routing::ids`), writes them into the text
+    /// ([`new_keys::with_keys`]), and routes that.
+    NewKeys {
+        table: String,
+        /// The key column.
+        key: String,
+        key_type: KeyType,
+        rows: NewRows,
+        /// `GENERATED ALWAYS AS IDENTITY`: the INSERT needs `OVERRIDING SYSTEM VALUE`.
+        always: bool,
+    },
     /// `BEGIN`, `START TRANSACTION`.
     Begin,
     /// `COMMIT`, `END`.
@@ -120,6 +136,16 @@ pub enum Route {
 }
 
 pub use crate::protocol::copy::Format as CopyFormat;
+
+/// The rows of an INSERT that leaves out its key ([`Route::NewKeys`]), one new key each.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NewRows {
+    /// This many VALUES rows.
+    Values(usize),
+    /// `SELECT * FROM UNNEST(arrays)`: as many rows as the longest array has elements (UNNEST
+    /// pads the others with NULLs); where each array comes from.
+    Unnest(Vec<KeySource>),
+}
 
 /// Where a key value comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -277,7 +303,7 @@ pub struct Planner {
     local_hits: local::Hits,
     /// Learned from a shard's catalog; replaced as a whole (and the cache emptied) when it
     /// changes, so plans never mix two versions.
-    key_positions: std::sync::RwLock<refs::KeyPositions>,
+    learned: std::sync::RwLock<refs::Learned>,
     /// Normalized texts longer than this are not parsed ([`Route::TooLong`]).
     max_parse: usize,
 }
@@ -298,7 +324,7 @@ impl Planner {
             id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             generation: Default::default(),
             local_hits: Default::default(),
-            key_positions: Default::default(),
+            learned: Default::default(),
             max_parse: usize::MAX,
         }
     }
@@ -313,14 +339,12 @@ impl Planner {
         self
     }
 
-    /// Where the key is among each sharded table's columns (table name as in the map → index),
-    /// for INSERTs without a column list. Empties the plan cache: plans made without it (or with
-    /// an older column order) are planned again.
-    pub fn learn_key_positions(&self, positions: std::collections::HashMap<String, usize>) {
-        *self
-            .key_positions
-            .write()
-            .unwrap_or_else(|p| p.into_inner()) = Arc::new(positions);
+    /// What a shard's catalog says about each sharded table (table name as in the map): where
+    /// its key is among its columns (for INSERTs without a column list), whether the key comes
+    /// from a sequence (for INSERTs that leave it out). Empties the plan cache: plans made
+    /// without it (or with an older catalog) are planned again.
+    pub fn learn_tables(&self, tables: std::collections::HashMap<String, TableFacts>) {
+        *self.learned.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(tables);
         self.generation
             .fetch_add(1, std::sync::atomic::Ordering::Release);
         self.cache.clear();
@@ -405,8 +429,8 @@ impl Planner {
     }
 
     fn build(&self, text: &str, buf: &NormalizeBuf, normalized: bool) -> Plan {
-        let positions = self
-            .key_positions
+        let learned = self
+            .learned
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
@@ -439,7 +463,7 @@ impl Planner {
             Ok(parsed) => {
                 let statements: Vec<Route> = parsed
                     .iter()
-                    .map(|s| route::route(s, &self.map, &positions))
+                    .map(|s| route::route(s, &self.map, &learned))
                     .collect();
                 Plan {
                     shareable: shareable(&parsed, &statements, text),

@@ -17,14 +17,14 @@ use sqlparser::ast::{
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::tokenizer::{Token, Tokenizer};
 
-use super::refs::{KeyPositions, Refs, Rel};
+use super::refs::{KeyDefault, Learned, Refs, Rel};
 use super::Route;
 
 /// The route of one parsed statement.
-pub(crate) fn route(stmt: &Statement, map: &ShardMap, positions: &KeyPositions) -> Route {
+pub(crate) fn route(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Route {
     match stmt {
         Statement::Query(_) | Statement::Insert(_) | Statement::Update(_) | Statement::Delete(_) => {
-            data(stmt, map, positions)
+            data(stmt, map, learned)
         }
         Statement::Copy {
             source,
@@ -38,19 +38,19 @@ pub(crate) fn route(stmt: &Statement, map: &ShardMap, positions: &KeyPositions) 
                 Some(t) => copy_sharded(t, columns, *to, target, options, legacy_options),
                 None => Route::Default,
             },
-            CopySource::Query(_) => data(stmt, map, positions),
+            CopySource::Query(_) => data(stmt, map, learned),
         },
         Statement::Explain {
             statement,
             analyze,
             options,
             ..
-        } => explain(route(statement, map, positions), *analyze, options.as_deref()),
+        } => explain(route(statement, map, learned), *analyze, options.as_deref()),
 
         Statement::Declare { stmts, .. } => match stmts.as_slice() {
             [d] if d.names.len() == 1 && d.for_query.is_some() => {
                 let query = d.for_query.as_deref().map_or(Route::Any, |q| {
-                    route(&Statement::Query(Box::new(q.clone())), map, positions)
+                    route(&Statement::Query(Box::new(q.clone())), map, learned)
                 });
                 Route::Declare {
                     name: super::cursor::name(super::pins::fold(&d.names[0])),
@@ -332,7 +332,7 @@ fn table_ddl(stmt: &Statement, map: &ShardMap) -> Route {
             };
         }
     }
-    let refs = Refs::collect(stmt, map, &KeyPositions::default());
+    let refs = Refs::collect(stmt, map, &Learned::default());
     if refs.sharded.is_empty() {
         // Temporary tables (ON COMMIT DROP) too: they are routed like unsharded tables.
         return Route::Default;
@@ -375,8 +375,8 @@ fn drop(map: &ShardMap, object_type: ObjectType, names: &[ObjectName]) -> Route 
     }
 }
 
-fn data(stmt: &Statement, map: &ShardMap, positions: &KeyPositions) -> Route {
-    let mut refs = Refs::collect(stmt, map, positions);
+fn data(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Route {
+    let mut refs = Refs::collect(stmt, map, learned);
     if let Some(message) = refs.problem {
         return Route::Unroutable { message };
     }
@@ -398,6 +398,20 @@ fn data(stmt: &Statement, map: &ShardMap, positions: &KeyPositions) -> Route {
             message: format!(
                 "this statement uses the sharded table {name} and the unsharded table {other}, which live on different shards: query them separately"
             ),
+        };
+    }
+    if let Some((rows, default)) = refs.new_keys.take() {
+        if refs.sharded.len() > 1 {
+            return Route::Unroutable {
+                message: format!("this INSERT leaves out the sharding key {} of {name}, which the router gives, so its rows go where their new keys do; it cannot also read sharded tables", first.key),
+            };
+        }
+        return Route::NewKeys {
+            table: name,
+            key: first.key.clone(),
+            key_type: first.key_type,
+            rows,
+            always: default == KeyDefault::Always,
         };
     }
     if refs.pins.is_empty()

@@ -122,12 +122,75 @@ fn inserts() {
     );
     unroutable(&p, "INSERT INTO kv VALUES (1, 'a')", "column list");
     // Once the column order is known, the key is found by position.
-    p.learn_key_positions([("kv".to_string(), 0)].into_iter().collect());
+    let at_0 = TableFacts {
+        key_position: Some(0),
+        key_default: KeyDefault::None,
+    };
+    p.learn_tables([("kv".to_string(), at_0)].into_iter().collect());
     assert_eq!(
         keys(&p, "INSERT INTO kv VALUES (1, 'a'), (2, 'b')"),
         ["1", "2"]
     );
-    p.learn_key_positions(Default::default());
+    // A SELECT of VALUES (SQLAlchemy's many-row INSERT): the key is the VALUES column the
+    // SELECT puts at the key's place.
+    assert_eq!(
+        keys(
+            &p,
+            "INSERT INTO kv (id, v) SELECT p0::BIGINT, p1 FROM (VALUES (1, 'a', 0), (2, 'b', 1)) AS s(p0, p1, n) ORDER BY n"
+        ),
+        ["1", "2"]
+    );
+    assert_eq!(
+        keys(
+            &p,
+            "INSERT INTO kv (v, id) SELECT * FROM (VALUES ('a', 3)) AS s(a, b)"
+        ),
+        ["3"]
+    );
+    unroutable(
+        &p,
+        "INSERT INTO kv (id, v) SELECT p0 + 1, p1 FROM (VALUES (1, 'a')) AS s(p0, p1)",
+        "could not tell",
+    );
+    // A key from a sequence: an INSERT that leaves it out gets keys from the router.
+    let from_sequence = TableFacts {
+        key_position: Some(0),
+        key_default: KeyDefault::Always,
+    };
+    p.learn_tables([("kv".to_string(), from_sequence)].into_iter().collect());
+    let mut buf = NormalizeBuf::new();
+    let plan = p.plan(
+        "INSERT INTO kv (v) VALUES ('a'), ('b') RETURNING id",
+        &mut buf,
+    );
+    assert!(
+        matches!(
+            plan.statements.as_slice(),
+            [Route::NewKeys {
+                rows: NewRows::Values(2),
+                always: true,
+                ..
+            }]
+        ),
+        "{:?}",
+        plan.statements
+    );
+    let mut buf = NormalizeBuf::new();
+    let plan = p.plan(
+        "INSERT INTO kv (v) SELECT * FROM UNNEST($1::text[])",
+        &mut buf,
+    );
+    assert!(
+        matches!(plan.statements.as_slice(), [Route::NewKeys { rows: NewRows::Unnest(a), .. }] if a.len() == 1),
+        "{:?}",
+        plan.statements
+    );
+    unroutable(
+        &p,
+        "INSERT INTO kv (v) SELECT v FROM kv WHERE id = 1",
+        "UNNEST",
+    );
+    p.learn_tables(Default::default());
     unroutable(&p, "INSERT INTO kv (v) VALUES ('a')", "sharding key id");
     unroutable(
         &p,

@@ -163,6 +163,13 @@ pub fn rows(target: &Target<'_>, sql: &str) -> Vec<Row> {
                 )
             })
             .collect(),
+        Dest::NewKeys(n) => vec![router(
+            &format!(
+                "an INSERT that leaves out the sharding key {}.{}: the router gives its {} rows keys of one shard, from the blocks of keys it reserves",
+                n.table, n.key, n.rows
+            ),
+            "the INSERT runs on that shard with the keys written in",
+        )],
         Dest::CopyIn { key_type, .. } => vec![router(
             &format!("COPY into a sharded table, rows split by their {key_type} key"),
             "every shard that gets rows runs the same COPY",

@@ -27,7 +27,7 @@ mod tests;
 use shardmap::ShardMap;
 
 pub use allowed::{Anchor, Keeps};
-pub use target::{Dest, Read, Reroute, SplitInsert, Target, Why, Write};
+pub use target::{Dest, NewKeys, Read, Reroute, SplitInsert, Target, Why, Write};
 pub use values::{Literals, Params};
 
 use crate::errors;

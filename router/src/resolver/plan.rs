@@ -10,7 +10,7 @@ use super::split::{split_insert, split_unnest};
 use super::target::{Dest, Read, Why, Write};
 use super::{range, transaction_control, Context, Resolved, Statement};
 use crate::errors;
-use crate::planner::{KeySource, Merge, Plan, Route};
+use crate::planner::{KeySource, Merge, NewRows, Plan, Route};
 use crate::protocol::reply::SqlError;
 
 /// The target the plan alone gives (before the transaction's rules).
@@ -66,6 +66,19 @@ fn alone<'a>(stmt: &Statement<'a>, cx: &Context<'a>) -> Result<Option<Resolved<'
             name: name.clone(),
             close: *close,
         },
+        [Route::NewKeys {
+            table,
+            key,
+            key_type,
+            rows,
+            always,
+        }] => Dest::NewKeys(super::target::NewKeys {
+            table: table.clone(),
+            key: key.clone(),
+            key_type: *key_type,
+            rows: new_rows(stmt, rows)?,
+            always: *always,
+        }),
         [Route::CopyIn { key_type, format }] => Dest::CopyIn {
             key_type: *key_type,
             format: *format,
@@ -73,6 +86,24 @@ fn alone<'a>(stmt: &Statement<'a>, cx: &Context<'a>) -> Result<Option<Resolved<'
         _ => return Ok(None),
     };
     Ok(Some((dest, None)))
+}
+
+/// How many rows an INSERT that leaves out its key has: its VALUES rows, or its longest UNNEST
+/// array's elements (a NULL array has none).
+fn new_rows(stmt: &Statement<'_>, rows: &NewRows) -> Result<usize, SqlError> {
+    let arrays = match rows {
+        NewRows::Values(n) => return Ok(*n),
+        NewRows::Unnest(arrays) => arrays,
+    };
+    let mut most = 0;
+    for source in arrays {
+        if let Some((format, value)) = stmt.params.raw(source)? {
+            let elements = crate::planner::arrays::Elements::parse(format, value)
+                .map_err(|e| SqlError::new(errors::INVALID_TEXT_REPRESENTATION, e))?;
+            most = most.max(elements.len());
+        }
+    }
+    Ok(most)
 }
 
 /// Where the query of `DECLARE ... CURSOR FOR query` runs: the text after FOR, planned as
@@ -265,6 +296,9 @@ fn not_in_a_query(route: &Route) -> Result<(), SqlError> {
         Route::CopyIn { .. } => {
             alone("COPY into a sharded table must be the only statement of its query".into())
         }
+        Route::NewKeys { table, key, .. } => alone(format!(
+            "an INSERT that leaves out the sharding key {key} of {table} must be the only statement of its query (the router gives the key)"
+        )),
         Route::ExplainRoute(_) => {
             alone("EXPLAIN (ROUTE) must be the only statement of its query".into())
         }

@@ -63,6 +63,9 @@ pub enum Dest {
     Write(Write),
     /// A multi-row INSERT whose rows belong to several shards, split by row.
     SplitInsert(SplitInsert),
+    /// An INSERT that leaves out its table's key, which the router gives: the session takes
+    /// keys for its rows (all of one shard), writes them in, and routes that INSERT.
+    NewKeys(NewKeys),
     /// COPY FROM STDIN into a sharded table, rows split by key.
     CopyIn {
         key_type: KeyType,
@@ -161,6 +164,20 @@ pub struct Write {
     pub shards: Vec<usize>,
     /// Only the shards of the statement's keys (rather than all shards).
     pub keyed: bool,
+}
+
+/// An INSERT whose keys the router gives (`Route::NewKeys`).
+#[derive(Debug, Clone)]
+pub struct NewKeys {
+    /// The table as named in the map.
+    pub table: String,
+    /// Its key column.
+    pub key: String,
+    pub key_type: KeyType,
+    /// Its rows (VALUES rows, or UNNEST's elements): one key each.
+    pub rows: usize,
+    /// `GENERATED ALWAYS`: the INSERT says `OVERRIDING SYSTEM VALUE`.
+    pub always: bool,
 }
 
 /// A multi-row INSERT cut into one INSERT per shard.
@@ -263,6 +280,11 @@ impl fmt::Display for Target<'_> {
             Dest::CopyIn { key_type, .. } => write!(
                 f,
                 "the shards of its rows: COPY split by its {key_type} key"
+            ),
+            Dest::NewKeys(n) => write!(
+                f,
+                "one shard: the router gives {}.{} to its {} rows, keys of one shard (the transaction's, if it has one)",
+                n.table, n.key, n.rows
             ),
             Dest::PreparedSql => f.write_str("router: SQL-level prepared statement"),
             Dest::ExplainRoute => f.write_str("router: EXPLAIN (ROUTE)"),

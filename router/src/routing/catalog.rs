@@ -1,6 +1,8 @@
 //! What the router learns from a shard's catalog: where each sharded table's key sits among its
-//! columns, so that `INSERT INTO kv VALUES (...)` without a column list can be routed, and
-//! whether the database's collation sorts text by bytes (which merges across shards need). Every
+//! columns, so that `INSERT INTO kv VALUES (...)` without a column list can be routed; whether
+//! the key takes its values from a sequence, so that an INSERT that leaves it out gets keys from
+//! the router (`super::ids`); and whether the database's collation sorts text by bytes (which
+//! merges across shards need). Every
 //! shard has the same schema (DDL on sharded tables reaches all of them), so the default shard
 //! answers for all. Learned at start, for each reloaded shard map, and again after each DDL that
 //! the router broadcasts.
@@ -8,12 +10,13 @@
 use std::collections::HashMap;
 
 use crate::backend::BackendConn;
+use crate::planner::{KeyDefault, TableFacts};
 use crate::routing::Routing;
 use shardmap::sql::quote_literal;
 
-/// Reads the column order of every sharded table and hands the key positions to the routing's
-/// planner, and whether text sorts by bytes; `false` when the shard could not be asked, which
-/// leaves the planner as it was (INSERTs then need a column list). Uses a connection of its own
+/// Reads the column order and the key's default of every sharded table and hands them to the
+/// routing's planner, and whether text sorts by bytes; `false` when the shard could not be
+/// asked, which leaves the planner as it was (INSERTs then need a column list and the key). Uses a connection of its own
 /// (not a pooled one), so it can run on any thread, for a routing not yet in use.
 pub async fn learn(routing: &Routing) -> bool {
     let shard = routing.map.default_shard();
@@ -34,28 +37,56 @@ pub async fn learn(routing: &Routing) -> bool {
             return false;
         }
     }
-    let mut positions = HashMap::new();
+    let mut tables = HashMap::new();
     for table in routing.map.tables() {
         let name = table.qualified_name();
-        let sql = format!(
-            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass({}) AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
-            quote_literal(&name)
-        );
-        match first_column(&mut conn, &sql).await {
-            Ok(columns) => {
-                if let Some(p) = columns.iter().position(|c| *c == table.key) {
-                    positions.insert(name, p);
-                }
+        match facts(&mut conn, table).await {
+            Ok(facts) => {
+                tables.insert(name, facts);
             }
             Err(e) => {
-                tracing::warn!("could not read the column order of {name}: {e}");
+                tracing::warn!("could not read the columns of {name}: {e}");
                 return false;
             }
         }
     }
-    tracing::debug!(tables = positions.len(), "learned key positions");
-    routing.planner.learn_key_positions(positions);
+    tracing::debug!(tables = tables.len(), "learned the sharded tables' columns");
+    routing.planner.learn_tables(tables);
     true
+}
+
+/// Where `table`'s key is among its columns and where its values come from when an INSERT
+/// leaves it out (nothing known when the table does not exist).
+async fn facts(conn: &mut BackendConn, table: &shardmap::Table) -> std::io::Result<TableFacts> {
+    let name = quote_literal(&table.qualified_name());
+    let columns = format!(
+        "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass({name}) AND attnum > 0 AND NOT attisdropped ORDER BY attnum"
+    );
+    let key_position = first_column(conn, &columns)
+        .await?
+        .iter()
+        .position(|c| *c == table.key);
+    let default = format!(
+        "SELECT CASE WHEN a.attidentity = 'a' THEN 'always' \
+         WHEN a.attidentity = 'd' OR pg_get_expr(d.adbin, d.adrelid) LIKE 'nextval(%' THEN 'sequence' \
+         ELSE 'none' END \
+         FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum \
+         WHERE a.attrelid = to_regclass({name}) AND a.attname = {}",
+        quote_literal(&table.key)
+    );
+    let key_default = match first_column(conn, &default)
+        .await?
+        .first()
+        .map(String::as_str)
+    {
+        Some("always") => KeyDefault::Always,
+        Some("sequence") => KeyDefault::Sequence,
+        _ => KeyDefault::None,
+    };
+    Ok(TableFacts {
+        key_position,
+        key_default,
+    })
 }
 
 /// Whether text compares by its bytes everywhere: the database's collation is C or POSIX from

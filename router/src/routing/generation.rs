@@ -43,6 +43,8 @@ pub struct Routing {
     /// Each shard's shared connections (`[pool] shared_connections`), one set per endpoint for
     /// the whole router; empty when off.
     muxes: Vec<Arc<ShardMux>>,
+    /// New keys in hand for INSERTs that leave the key out.
+    pub(super) ids: super::ids::Ids,
 }
 
 /// What routings share with the rest of the process: the counters and what is known of each
@@ -98,6 +100,7 @@ impl Routing {
             .collect();
         let muxes = muxes(&map, &config, &settings, previous, board.health);
         Routing {
+            ids: super::ids::Ids::new(&map),
             generation,
             planner: Planner::with_limits(
                 map.clone(),

@@ -14,7 +14,8 @@
 //! | [`pause`] | shards paused by the admin console (`PAUSE`/`RESUME`) |
 //! | [`health`](crate::backend::health) and [`probe`] | whether each primary answers; the prober that finds out |
 //! | [`warm`] | the first connections every worker opens at start and before a reload takes effect |
-//! | [`catalog`] | what the router learns from a shard's catalog (key positions, collation) |
+//! | [`catalog`] | what the router learns from a shard's catalog (key positions, key defaults, collation) |
+//! | [`ids`] | new keys for INSERTs that leave the key out: blocks reserved on the default shard, held by shard |
 //! | [`clients`] | the table of clients, for cancel requests, the client limit and `SHOW CLIENTS` |
 //! | [`door`] | the connections still logging in: the oldest closed first when too many are |
 //! | [`phase`] | where the router is in its life: serving, draining, closing |
@@ -26,6 +27,7 @@ pub mod clients;
 pub mod door;
 mod generation;
 mod hold;
+pub mod ids;
 pub mod pause;
 mod phase;
 pub mod probe;

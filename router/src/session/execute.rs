@@ -148,6 +148,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 };
                 self.several(spread, carrier).await
             }
+            Dest::NewKeys(new) => self.with_new_keys(new, carrier).await,
             Dest::CopyIn { key_type, format } => {
                 let sql = carrier.sql().to_string();
                 let spread = Spread::CopyIn {
@@ -166,7 +167,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
 
     /// The router's error for the statement: raised on the pinned connection, or answered
     /// (a Query gets its ReadyForQuery; an extended batch skips to its Sync).
-    async fn refuse(&mut self, err: &SqlError, carrier: &Carrier<'_>) -> Result<(), SessionError> {
+    pub(super) async fn refuse(
+        &mut self,
+        err: &SqlError,
+        carrier: &Carrier<'_>,
+    ) -> Result<(), SessionError> {
         match carrier {
             Carrier::Bind { .. } => self.batch_error(err).await,
             Carrier::Query { .. } | Carrier::SqlExecute { .. } => self.refuse_query(err).await,

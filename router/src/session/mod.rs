@@ -40,6 +40,7 @@ mod cursors;
 mod execute;
 mod explain;
 mod extended;
+mod new_keys;
 mod outbox;
 mod participants;
 mod pinned;

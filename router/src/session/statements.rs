@@ -101,6 +101,14 @@ impl ClientStatement {
     }
 }
 
+/// The literal values a plan took out of its text, to keep with the statement.
+fn literals_of(planned: &PlanRef<'_>) -> Vec<Box<str>> {
+    (0..)
+        .map_while(|i| planned.literal(i))
+        .map(Box::from)
+        .collect()
+}
+
 /// What a statement costs besides its bytes of text: the map entry, the `Arc`s, the
 /// router-wide entry's share, rounded up.
 const PER_STATEMENT: usize = 256;
@@ -211,6 +219,29 @@ impl Statements {
         stmt
     }
 
+    /// A statement of the router's own text for one execution (an INSERT with the keys the
+    /// router gave written in: `super::new_keys`), sent as the unnamed statement: its version
+    /// is newer than the client's unnamed statement, which is parsed again where it is needed
+    /// next. Not kept, and not counted against the client's bound.
+    pub fn routers_own(
+        &mut self,
+        sql: String,
+        param_types: &[u8],
+        planned: &PlanRef<'_>,
+    ) -> Arc<ClientStatement> {
+        self.versions += 1;
+        Arc::new(ClientStatement {
+            text: Text::Unnamed {
+                sql,
+                param_types: param_types.to_vec(),
+                version: self.versions,
+            },
+            plan: planned.plan().clone(),
+            params_before: planned.params_before(),
+            literals: literals_of(planned),
+        })
+    }
+
     /// Forgets `name` (`""`: the unnamed statement); `false` when there was none.
     pub fn close(&mut self, name: &str) -> bool {
         let gone = if name.is_empty() {
@@ -256,10 +287,7 @@ impl Statements {
                 },
                 plan: planned.plan().clone(),
                 params_before: planned.params_before(),
-                literals: (0..)
-                    .map_while(|i| planned.literal(i))
-                    .map(Box::from)
-                    .collect(),
+                literals: literals_of(&planned),
             })
         };
         for s in self.named.values_mut() {

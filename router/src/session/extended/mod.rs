@@ -138,6 +138,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 .batch_error(&errors::undefined_statement(b.statement))
                 .await;
         };
+        self.bind_statement(b, stmt).await
+    }
+
+    /// A Bind of `stmt` (the client's, or the router's text of it: `super::new_keys`).
+    pub(in crate::session) async fn bind_statement(
+        &mut self,
+        b: frontend::Bind<'_>,
+        stmt: Arc<ClientStatement>,
+    ) -> Result<(), SessionError> {
         self.sql.clear();
         self.sql.push_str(stmt.sql());
         let dest = self.resolve_bound(&stmt, &b);
