@@ -197,8 +197,21 @@ async fn rows_without_keys_get_keys_of_the_router_on_their_shard() {
     let text = common::rows(&plan).concat().join(" ");
     assert!(text.contains("router gives"), "{text}");
 
+    // Pinned to a shard by hand: keys of that shard.
+    for shard in fleet.map.shards() {
+        let rows = c
+            .simple_query(&format!(
+                "/* shard: {} */ INSERT INTO notes (body) VALUES ('pinned') RETURNING id",
+                shard.range
+            ))
+            .await
+            .expect("a pinned insert without its key");
+        let id: i64 = common::rows(&rows)[0][0].parse().expect("an id");
+        assert_eq!(fleet.map.shards()[fleet.shard_of(id)].range, shard.range);
+    }
+
     let notes = fleet.placed_once("notes");
-    assert_eq!(notes.len(), 1 + 1 + 3 + 50);
+    assert_eq!(notes.len(), 1 + 1 + 3 + 50 + 4);
     assert_eq!(fleet.placed_once("accounts").len(), 21);
 }
 

@@ -776,3 +776,94 @@ async fn explain_routes_and_plans_per_shard() {
         .expect_err("EXPLAIN ANALYZE of a write on every shard");
     assert_eq!(sqlstate(&err), "0A000");
 }
+
+/// Pinning by a key: a leading `/* sharding_key: K */` comment, or `SET shardgate.sharding_key`
+/// for the session or (`SET LOCAL`) for the transaction, sends a statement to K's shard, and
+/// `EXPLAIN (ROUTE)` names the hint; with `[hints] allow = "admins"` only admin users may pin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manual_routing_by_key_for_the_session_and_the_transaction() {
+    let env = shared_env();
+    let mut client = env.router.connect().await;
+    let keys: Vec<i64> = (0..4).map(|s| env.key_on(s, 15_100_000)).collect();
+    for id in &keys {
+        client
+            .execute("INSERT INTO kv (id, v) VALUES ($1, 'key-marker')", &[id])
+            .await
+            .expect("one marker row per shard");
+    }
+    let count = "SELECT count(*) FROM kv WHERE v = 'key-marker'";
+    let first = |msgs: Vec<tokio_postgres::SimpleQueryMessage>| common::rows(&msgs)[0][0].clone();
+    for id in &keys {
+        let msgs = client
+            .simple_query(&format!("/* sharding_key: {id} */ {count}"))
+            .await
+            .expect("pinned by comment");
+        assert_eq!(first(msgs), "1", "key {id}");
+    }
+    // For the session, in the extended protocol too; EXPLAIN (ROUTE) says why.
+    client
+        .batch_execute(&format!("SET shardgate.sharding_key = '{}'", keys[2]))
+        .await
+        .expect("set the key");
+    let n: i64 = client.query_one(count, &[]).await.expect("pinned").get(0);
+    assert_eq!(n, 1);
+    let explained = client
+        .simple_query(&format!("EXPLAIN (ROUTE) {count}"))
+        .await
+        .expect("explain");
+    let text = common::rows(&explained).concat().join(" ");
+    assert!(
+        text.contains(&format!("sharding_key: {}", keys[2])),
+        "{text}"
+    );
+    client
+        .batch_execute("RESET shardgate.sharding_key")
+        .await
+        .expect("reset");
+    let n: i64 = client.query_one(count, &[]).await.expect("all").get(0);
+    assert_eq!(n, 4);
+    // For one transaction: seen by the statements after it, gone after COMMIT.
+    let tx = client.transaction().await.expect("begin");
+    tx.batch_execute(&format!("SET LOCAL shardgate.sharding_key = '{}'", keys[1]))
+        .await
+        .expect("set local");
+    let n: i64 = tx
+        .query_one(count, &[])
+        .await
+        .expect("pinned in the transaction")
+        .get(0);
+    assert_eq!(n, 1);
+    tx.commit().await.expect("commit");
+    let n: i64 = client
+        .query_one(count, &[])
+        .await
+        .expect("all again")
+        .get(0);
+    assert_eq!(n, 4);
+
+    // Admins only.
+    let admins_only = common::Router::start_with(
+        &env.map,
+        "[[users]]\nname = \"ops\"\npassword = \"ops-secret\"\nadmin = true\n[hints]\nallow = \"admins\"\n",
+    );
+    let app = admins_only.connect().await;
+    let err = app
+        .simple_query(&format!("/* sharding_key: {} */ {count}", keys[0]))
+        .await
+        .expect_err("not an admin");
+    assert_eq!(sqlstate(&err), "42501");
+    let n: i64 = app
+        .query_one(count, &[])
+        .await
+        .expect("unpinned is fine")
+        .get(0);
+    assert_eq!(n, 4);
+    let ops = common::connect(&admins_only.url_as("ops", "ops-secret", common::DATABASE))
+        .await
+        .expect("the admin user logs in");
+    let msgs = ops
+        .simple_query(&format!("/* sharding_key: {} */ {count}", keys[0]))
+        .await
+        .expect("an admin pins");
+    assert_eq!(first(msgs), "1");
+}

@@ -25,8 +25,10 @@ pub enum Change {
     Reset { name: String },
     /// `RESET ALL`, `DISCARD ALL`
     ResetAll,
-    /// `SET LOCAL`: lasts until the end of the transaction, nothing to remember.
-    Local,
+    /// `SET LOCAL`: lasts until the end of the transaction, nothing to remember past it (the
+    /// change, when the router could read it, for what the transaction's statements see:
+    /// [`Changes::get`]).
+    Local(Option<(String, Option<String>)>),
     /// A statement that changed settings in a way the router does not follow.
     Unknown,
 }
@@ -95,7 +97,7 @@ impl Settings {
                 }
             }
             Change::ResetAll => self.list = self.startup.clone(),
-            Change::Local => {}
+            Change::Local(_) => {}
             Change::Unknown => return false,
         }
         self.fp = self.compute_fingerprint();
@@ -163,6 +165,35 @@ impl Changes {
     pub fn push(&mut self, sql: &str) {
         self.0.push(parse_change(sql));
         self.1.push(sql.to_string());
+    }
+
+    /// The value of setting `name` as the statements still under way left it: `None` when
+    /// they did not touch it, `Some(None)` when they reset it (a `SET LOCAL` counts here, it
+    /// lasts until the transaction ends).
+    pub fn get(&self, name: &str) -> Option<Option<&str>> {
+        for change in self.0.iter().rev() {
+            let (n, v) = match change {
+                Change::Set { name, value } => (name, Some(value)),
+                Change::Reset { name } => (name, None),
+                Change::Local(Some((name, value))) => (name, value.as_ref()),
+                // (A startup value is not looked for: it is the rare case, and none is safe.)
+                Change::ResetAll => return Some(None),
+                _ => continue,
+            };
+            if n.eq_ignore_ascii_case(name) {
+                return Some(v.map(String::as_str));
+            }
+        }
+        None
+    }
+
+    /// Setting `name` as the session's statements see it now: `settings`, changed by what is
+    /// still under way.
+    pub fn current<'s>(&'s self, settings: &'s Settings, name: &str) -> Option<&'s str> {
+        match self.get(name) {
+            Some(pending) => pending,
+            None => settings.get(name),
+        }
     }
 
     /// Nothing changed so far.
@@ -289,7 +320,13 @@ fn parse_set(rest: &str) -> Change {
     let (word, after) = split_word(rest);
     let lower = word.to_ascii_lowercase();
     match lower.as_str() {
-        "local" => return Change::Local,
+        "local" => {
+            return Change::Local(match parse_set(after) {
+                Change::Set { name, value } => Some((name, Some(value))),
+                Change::Reset { name } => Some((name, None)),
+                _ => None,
+            })
+        }
         "session" => {
             let (next, _) = split_word(after);
             if next.eq_ignore_ascii_case("authorization")
@@ -415,7 +452,10 @@ mod tests {
                 name: "datestyle".into()
             }
         );
-        assert_eq!(parse_change("SET LOCAL search_path = x"), Change::Local);
+        assert_eq!(
+            parse_change("SET LOCAL search_path = x"),
+            Change::Local(Some(("search_path".into(), Some("x".into()))))
+        );
         assert_eq!(parse_change("RESET ALL"), Change::ResetAll);
         assert_eq!(parse_change("DISCARD ALL"), Change::ResetAll);
         assert_eq!(

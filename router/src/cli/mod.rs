@@ -122,7 +122,7 @@ fn explain(config: &std::path::Path, sql: &str) -> Result<(), String> {
     let cx = Context {
         map: &map,
         transaction: Transaction::None,
-        manual: None,
+        pins: Default::default(),
         allow_scatter_writes: config.transactions.scatter_writes,
         cross_shard: false,
         keeps: Default::default(),

@@ -80,6 +80,10 @@ pub struct Config {
     pub reuse_port: bool,
     /// `[log] format`: how log lines are written. Read at start only.
     pub log_format: LogFormat,
+    /// `[hints] allow = "admins"`: only users with `admin = true` may pin a statement to a
+    /// shard by hand (`/* shard: .. */`, `/* sharding_key: .. */`, `SET shardgate.shard`,
+    /// `SET shardgate.sharding_key`); others get `42501`. Default `"everyone"`.
+    pub hints_for_admins_only: bool,
 }
 
 /// One `[[peers]]` entry.
@@ -481,6 +485,7 @@ pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
     let http = sections::http(&raw.http, &mut check);
     let failover = sections::failover(&raw.failover, &mut check);
     let log_format = sections::log_format(&raw.log, &mut check);
+    let hints_for_admins_only = sections::hints_for_admins_only(&raw.hints, &mut check);
     let transactions = sections::transactions(
         &raw.transactions,
         raw.limits.allow_scatter_writes,
@@ -519,6 +524,7 @@ pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
         peers,
         reuse_port: raw.reuse_port.unwrap_or(false),
         log_format,
+        hints_for_admins_only,
     };
     check.finish(origin, Some(config))
 }

@@ -37,6 +37,8 @@ pub(super) struct RawConfig {
     pub(super) reuse_port: Option<bool>,
     #[serde(default)]
     pub(super) log: RawLog,
+    #[serde(default)]
+    pub(super) hints: RawHints,
 }
 
 #[derive(Deserialize)]
@@ -136,6 +138,12 @@ pub(super) struct RawTransactions {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawLog {
     pub(super) format: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHints {
+    pub(super) allow: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]

@@ -10,7 +10,7 @@ use toml::Spanned;
 
 use super::check::Checker;
 use super::raw::{
-    RawBackend, RawConfig, RawFailover, RawHttp, RawLimits, RawLog, RawPool, RawReload,
+    RawBackend, RawConfig, RawFailover, RawHints, RawHttp, RawLimits, RawLog, RawPool, RawReload,
     RawShutdown, RawTls, RawTransactions,
 };
 use super::{
@@ -536,6 +536,25 @@ pub(super) fn log_format(l: &RawLog, check: &mut Checker<'_>) -> LogFormat {
                 format!("log.format {other:?} is not supported; use \"text\" or \"json\""),
             );
             LogFormat::Text
+        }
+    }
+}
+
+/// `[hints] allow`: whether every user may pin statements to a shard by hand.
+pub(super) fn hints_for_admins_only(h: &RawHints, check: &mut Checker<'_>) -> bool {
+    let Some(v) = &h.allow else {
+        return false;
+    };
+    match v.get_ref().trim() {
+        "everyone" => false,
+        "admins" => true,
+        other => {
+            let line = check.line(v.span());
+            check.add(
+                line,
+                format!("hints.allow {other:?} is not supported; use \"everyone\" or \"admins\""),
+            );
+            false
         }
     }
 }

@@ -747,3 +747,15 @@ fn log_format() {
         "log.format \"xml\" is not supported; use \"text\" or \"json\"",
     );
 }
+
+#[test]
+fn hints_for_everyone_or_admins() {
+    assert!(!parse_str(MINIMAL).unwrap().hints_for_admins_only);
+    let c = parse_str(&format!("{MINIMAL}\n[hints]\nallow = \"admins\"\n")).unwrap();
+    assert!(c.hints_for_admins_only);
+    one_problem(
+        &format!("{MINIMAL}[hints]\nallow = \"nobody\"\n"),
+        MINIMAL.lines().count() + 2,
+        "hints.allow \"nobody\" is not supported; use \"everyone\" or \"admins\"",
+    );
+}

@@ -31,7 +31,7 @@ pub use target::{Dest, NewKeys, Read, Reroute, SplitInsert, Target, Why, Write};
 pub use values::{Literals, Params};
 
 use crate::errors;
-use crate::planner::{Control, Plan};
+use crate::planner::{Control, Plan, Route};
 use crate::protocol::reply::SqlError;
 use allowed::{in_transaction, keeps_from};
 use plan::by_plan;
@@ -78,8 +78,9 @@ pub enum Transaction {
 pub struct Context<'a> {
     pub map: &'a ShardMap,
     pub transaction: Transaction,
-    /// The client's `shardgate.shard` setting (its SQL value), if set.
-    pub manual: Option<&'a str>,
+    /// What the session says about pinning statements by hand (`shardgate.shard`,
+    /// `shardgate.sharding_key`, whether this client may).
+    pub pins: manual::Pins<'a>,
     /// UPDATE/DELETE without a key may run on every shard (config or session opt-in).
     pub allow_scatter_writes: bool,
     /// A transaction may go on to other shards (`[transactions] cross_shard = "multi"`): a
@@ -113,13 +114,34 @@ fn dest<'a>(stmt: &Statement<'a>, cx: &Context<'a>) -> Result<Resolved<'a>, SqlE
             _ => Err(errors::in_failed_transaction()),
         };
     }
-    if let Some(shard) = manual::shard(stmt.sql, cx.manual, cx.map)? {
-        // Everything but transaction control goes there, even what could not be routed
-        // otherwise: that is what pinning by hand is for.
-        return match control {
-            Some(d) => Ok((d, None)),
-            None => in_transaction((Dest::Shard(shard), Some(Why::Manual)), cx),
-        };
+    if let Some((shard, hint)) = manual::pinned(stmt.sql, cx.pins, cx.map)? {
+        // Everything but transaction control and what the router answers itself goes there,
+        // even what could not be routed otherwise: that is what pinning by hand is for. New
+        // keys are keys of that shard.
+        match stmt.plan.statements.as_slice() {
+            [Route::PreparedSql | Route::ExplainRoute(_)] => {}
+            [Route::NewKeys { .. }] => {
+                return match by_plan(stmt, cx)? {
+                    (Dest::NewKeys(new), _) => in_transaction(
+                        (
+                            Dest::NewKeys(NewKeys {
+                                shard: Some(shard),
+                                ..new
+                            }),
+                            Some(Why::Manual(hint)),
+                        ),
+                        cx,
+                    ),
+                    other => in_transaction(other, cx),
+                };
+            }
+            _ => {
+                return match control {
+                    Some(d) => Ok((d, None)),
+                    None => in_transaction((Dest::Shard(shard), Some(Why::Manual(hint))), cx),
+                }
+            }
+        }
     }
     in_transaction(by_plan(stmt, cx)?, cx)
 }

@@ -78,6 +78,7 @@ fn alone<'a>(stmt: &Statement<'a>, cx: &Context<'a>) -> Result<Option<Resolved<'
             key_type: *key_type,
             rows: new_rows(stmt, rows)?,
             always: *always,
+            shard: None,
         }),
         [Route::CopyIn { key_type, format }] => Dest::CopyIn {
             key_type: *key_type,

@@ -135,8 +135,9 @@ pub enum Why<'a> {
     /// Text the router's SQL parser does not understand and that names no sharded table: the
     /// default shard, so that Postgres judges it.
     Unparsed,
-    /// An operator pinned it: `/* shard: RANGE */` or `SET shardgate.shard`.
-    Manual,
+    /// An operator pinned it: `/* shard: RANGE */`, `/* sharding_key: VALUE */`, or `SET
+    /// shardgate.shard` / `shardgate.sharding_key`.
+    Manual(super::manual::Hint<'a>),
 }
 
 /// A read on several shards.
@@ -178,6 +179,9 @@ pub struct NewKeys {
     pub rows: usize,
     /// `GENERATED ALWAYS`: the INSERT says `OVERRIDING SYSTEM VALUE`.
     pub always: bool,
+    /// Keys of this shard (an operator's pin); otherwise of the shard the session's
+    /// connection is on, or any.
+    pub shard: Option<usize>,
 }
 
 /// A multi-row INSERT cut into one INSERT per shard.
@@ -230,7 +234,12 @@ impl fmt::Display for Target<'_> {
                     Why::Unparsed => f.write_str(
                         "not understood by the router's parser and names no sharded table; the default shard judges it",
                     ),
-                    Why::Manual => f.write_str("pinned by the operator"),
+                    Why::Manual(super::manual::Hint::Range(r)) => {
+                        write!(f, "pinned by the operator (hint shard: {r})")
+                    }
+                    Why::Manual(super::manual::Hint::Key(k)) => {
+                        write!(f, "pinned by the operator (hint sharding_key: {k})")
+                    }
                 }
             }
             Dest::Any => f.write_str("any shard: no sharded or unsharded table"),

@@ -76,7 +76,10 @@ impl Fixture {
         let cx = Context {
             map: &self.map,
             transaction: tx,
-            manual,
+            pins: crate::resolver::manual::Pins {
+                shard: manual,
+                ..Default::default()
+            },
             allow_scatter_writes,
             cross_shard,
             keeps: Keeps::default(),
@@ -554,7 +557,7 @@ fn what_holds_a_transaction_to_its_shard_keeps_its_statements_there() {
         let cx = Context {
             map: &f.map,
             transaction: Transaction::Open { shard: pinned },
-            manual: None,
+            pins: Default::default(),
             allow_scatter_writes: false,
             cross_shard: true,
             keeps: Keeps { pinned, ..keeps },
@@ -608,7 +611,18 @@ fn operators_pin_statements_by_hand() {
         .shard_by_range(&shardmap::KeyRange::parse("80-c0").unwrap())
         .unwrap();
     assert!(matches!(dest, Dest::Shard(s) if s == want), "{dest:?}");
-    assert_eq!(text, "shard 80-c0: pinned by the operator");
+    assert_eq!(
+        text,
+        "shard 80-c0: pinned by the operator (hint shard: 80-c0)"
+    );
+    // By a key: the shard of that key, whatever the statement names.
+    let (dest, text) = f.simple("/* sharding_key: 42 */ SELECT count(*) FROM kv");
+    let of_42 = f.shard_of(42);
+    assert!(matches!(dest, Dest::Shard(s) if s == of_42), "{dest:?}");
+    assert!(
+        text.ends_with("pinned by the operator (hint sharding_key: 42)"),
+        "{text}"
+    );
     let dest = f.with(
         "SELECT * FROM kv",
         None,

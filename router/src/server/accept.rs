@@ -200,7 +200,14 @@ async fn serve_client<S: AsyncRead + AsyncWrite + Unpin>(
         return;
     }
     let settings = Settings::from_startup(&login.params);
-    let session = Session::new(shared.clone(), stream, buf, login.slot, settings);
+    let session = Session::new(
+        shared.clone(),
+        stream,
+        buf,
+        login.slot,
+        settings,
+        login.user,
+    );
     if let Err(e) = session.run().await {
         tracing::info!(%peer, client = id, "session ended: {e}");
     }

@@ -23,7 +23,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let (rows, cache) = {
             let planned = self.routing.planner.plan(inner, &mut self.nbuf);
             let stmt = resolver::Statement::from_text(inner, &planned);
-            let target = Self::resolve(&self.routing, &self.settings, &self.state, pinned, &stmt);
+            let target = Self::resolve(
+                &self.routing,
+                &self.user,
+                super::Seen {
+                    settings: &self.settings,
+                    changes: &self.changes,
+                },
+                &self.state,
+                pinned,
+                &stmt,
+            );
             let cache = if planned.cached { "hit" } else { "miss" };
             (explain::rows(&target, inner), cache)
         };

@@ -111,6 +111,20 @@ impl From<client::ClientError> for SessionError {
     }
 }
 
+/// The client's settings as its next statement sees them: the session's, changed by the
+/// statement or transaction under way (a `SET` inside a transaction, a `SET LOCAL`).
+#[derive(Clone, Copy)]
+struct Seen<'a> {
+    settings: &'a Settings,
+    changes: &'a Changes,
+}
+
+impl<'a> Seen<'a> {
+    fn get(&self, name: &str) -> Option<&'a str> {
+        self.changes.current(self.settings, name)
+    }
+}
+
 pub struct Session<S> {
     shared: Arc<Router>,
     /// The config, shard map, planner and pools the session uses: the current ones whenever
@@ -146,6 +160,9 @@ pub struct Session<S> {
     may_share: bool,
     /// Where replies of shared requests arrive (made at the first).
     channel: Option<crate::backend::mux::Channel>,
+    /// The user the client logged in as (whether it may pin statements by hand is the
+    /// config's say, at each statement: a reload may change it).
+    user: String,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
@@ -156,6 +173,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         rbuf: BytesMut,
         slot: Arc<ClientSlot>,
         settings: Settings,
+        user: String,
     ) -> Session<S> {
         let routing = shared.routing();
         let mut client = ClientIo::new(stream, rbuf);
@@ -179,6 +197,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             cursors: Default::default(),
             may_share: false,
             channel: None,
+            user,
         }
     }
 
@@ -310,7 +329,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// the pinned connection).
     fn resolve<'a>(
         routing: &'a Routing,
-        settings: &'a Settings,
+        user: &str,
+        settings: Seen<'a>,
         state: &State,
         pinned: Option<usize>,
         stmt: &resolver::Statement<'a>,
@@ -318,7 +338,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let cx = Context {
             map: &routing.map,
             transaction: state.transaction(pinned),
-            manual: settings.get(resolver::manual::SETTING),
+            pins: resolver::manual::Pins {
+                shard: settings.get(resolver::manual::SETTING),
+                key: settings.get(resolver::manual::KEY_SETTING),
+                allowed: !routing.config.hints_for_admins_only
+                    || routing.config.user(user).is_some_and(|u| u.admin),
+            },
             allow_scatter_writes: match settings.get("shardgate.allow_scatter_writes") {
                 Some(v) => matches!(
                     v.trim().trim_matches('\'').to_ascii_lowercase().as_str(),
@@ -341,9 +366,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             params: stmt.params(Some(bind)),
         };
         let pinned = self.pinned_shard();
+        let seen = Seen {
+            settings: &self.settings,
+            changes: &self.changes,
+        };
         let target = Self::resolve(
             &self.routing,
-            &self.settings,
+            &self.user,
+            seen,
             &self.state,
             pinned,
             &resolved,

@@ -31,7 +31,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             .with_hint("send the INSERT itself, or use the driver's prepared statements");
             return self.refuse(&err, &carrier).await;
         }
-        let shard = self.pinned_shard();
+        let shard = new.shard.or(self.pinned_shard());
         let keys = match self.routing.new_keys(&new.table, shard, new.rows).await {
             Ok((_, keys)) => keys,
             Err(err) => return self.refuse(&err, &carrier).await,

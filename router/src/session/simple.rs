@@ -31,7 +31,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             let planned = self.routing.planner.plan(sql, &mut self.nbuf);
             shareable = planned.shareable;
             let stmt = resolver::Statement::from_text(sql, &planned);
-            let target = Self::resolve(&self.routing, &self.settings, &self.state, pinned, &stmt);
+            let target = Self::resolve(
+                &self.routing,
+                &self.user,
+                super::Seen {
+                    settings: &self.settings,
+                    changes: &self.changes,
+                },
+                &self.state,
+                pinned,
+                &stmt,
+            );
             // Several statements may hold several keys of the shard: after a split they could
             // need both halves, so only a single statement's key re-routes a held Query.
             self.reroute = if planned.statements.len() == 1 {

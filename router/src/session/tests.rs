@@ -45,7 +45,14 @@ impl Client {
         let shared = shared();
         let (ours, theirs) = tokio::io::duplex(64 * 1024);
         let (_, slot) = shared.clients.add();
-        let session = Session::new(shared, theirs, BytesMut::new(), slot, Settings::default());
+        let session = Session::new(
+            shared,
+            theirs,
+            BytesMut::new(),
+            slot,
+            Settings::default(),
+            "app".into(),
+        );
         Client {
             io: ours,
             buf: BytesMut::new(),
