@@ -1,0 +1,491 @@
+//! The differential test: random statements over a small schema (two tables sharded by the same
+//! key, one unsharded table; NULLs, numerics, dates, text with case and spaces), each run
+//! through a router over 4 shards and on one plain Postgres holding the same rows, and the
+//! answers compared: rows in order where ORDER BY fixes the order and as multisets otherwise,
+//! values as Postgres prints them, column names and types, row counts, SQLSTATEs. Writes go to
+//! both; the tables are compared after every batch of statements. A refusal by the router
+//! (`0A000`, with its reason) is counted, never a mismatch; a wrong answer or an error where
+//! Postgres has none is a failure that prints the seed and the statement.
+//!
+//! `SHARDGATE_DIFF_SEED` picks the seed (default: a new one, printed), `SHARDGATE_DIFF_STATEMENTS`
+//! the number of statements (default 2,000).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use shardmap::{KeyType, ShardMap, Table};
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+const SCHEMA: &str = "
+CREATE TABLE orders (customer_id bigint NOT NULL, order_id bigint NOT NULL, amount numeric(12,2),
+    status text, qty int, created date, PRIMARY KEY (customer_id, order_id));
+CREATE TABLE items (customer_id bigint NOT NULL, order_id bigint NOT NULL, sku text NOT NULL,
+    price numeric(10,2), PRIMARY KEY (customer_id, order_id, sku));
+CREATE TABLE regions (code text PRIMARY KEY, name text);
+";
+
+const CUSTOMERS: i64 = 40;
+const STATUSES: &[&str] = &["new", "paid", "Shipped", "on hold", "paid "];
+const SKUS: &[&str] = &["a-1", "B-2", "c 3", "d-4", "E-5"];
+
+/// What one statement gave.
+#[derive(Debug, PartialEq)]
+enum Answer {
+    Rows {
+        columns: Vec<String>,
+        rows: Vec<Vec<Option<String>>>,
+    },
+    Done(u64),
+    Error {
+        code: String,
+        message: String,
+    },
+}
+
+async fn run(client: &Client, sql: &str) -> Answer {
+    match client.simple_query(sql).await {
+        Ok(messages) => {
+            let mut columns = Vec::new();
+            let mut rows = Vec::new();
+            let mut done = None;
+            for m in messages {
+                match m {
+                    SimpleQueryMessage::RowDescription(cols) => {
+                        columns = cols.iter().map(|c| c.name().to_string()).collect();
+                    }
+                    SimpleQueryMessage::Row(row) => {
+                        rows.push(
+                            (0..row.len())
+                                .map(|i| row.get(i).map(str::to_string))
+                                .collect(),
+                        );
+                    }
+                    SimpleQueryMessage::CommandComplete(n) => done = Some(n),
+                    _ => {}
+                }
+            }
+            if columns.is_empty() && rows.is_empty() {
+                Answer::Done(done.unwrap_or(0))
+            } else {
+                Answer::Rows { columns, rows }
+            }
+        }
+        Err(e) => match e.as_db_error() {
+            Some(db) => Answer::Error {
+                code: db.code().code().to_string(),
+                message: db.message().to_string(),
+            },
+            None => Answer::Error {
+                code: "connection".into(),
+                message: e.to_string(),
+            },
+        },
+    }
+}
+
+/// Column types as the extended protocol describes them (names too).
+async fn types(client: &Client, sql: &str) -> Option<Vec<(String, String)>> {
+    let stmt = client.prepare(sql).await.ok()?;
+    Some(
+        stmt.columns()
+            .iter()
+            .map(|c| (c.name().to_string(), c.type_().name().to_string()))
+            .collect(),
+    )
+}
+
+/// A statement and whether its ORDER BY fixes the order of its rows.
+struct Generated {
+    sql: String,
+    ordered: bool,
+    reads: bool,
+}
+
+fn customer(rng: &mut StdRng) -> i64 {
+    rng.random_range(1..=CUSTOMERS)
+}
+
+fn customers(rng: &mut StdRng) -> String {
+    let n = rng.random_range(1..=5);
+    (0..n)
+        .map(|_| customer(rng).to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn literal(rng: &mut StdRng, choices: &[&str]) -> String {
+    format!("'{}'", choices[rng.random_range(0..choices.len())])
+}
+
+fn amount(rng: &mut StdRng) -> String {
+    if rng.random_bool(0.1) {
+        "NULL".into()
+    } else {
+        format!(
+            "{}.{:02}",
+            rng.random_range(0..2000),
+            rng.random_range(0..100)
+        )
+    }
+}
+
+fn date(rng: &mut StdRng) -> String {
+    if rng.random_bool(0.1) {
+        "NULL".into()
+    } else {
+        format!(
+            "DATE '2026-{:02}-{:02}'",
+            rng.random_range(1..=12),
+            rng.random_range(1..=28)
+        )
+    }
+}
+
+/// One random statement.
+fn generate(rng: &mut StdRng, next_order: &mut i64) -> Generated {
+    let read = |sql: String, ordered: bool| Generated {
+        sql,
+        ordered,
+        reads: true,
+    };
+    let write = |sql: String| Generated {
+        sql,
+        ordered: false,
+        reads: false,
+    };
+    let agg = [
+        "count(*)",
+        "sum(amount)",
+        "min(qty)",
+        "max(created)",
+        "avg(amount)",
+        "count(status)",
+        "max(status)",
+        "sum(qty)",
+        "avg(qty)",
+        "bool_and(qty > 5)",
+        "count(DISTINCT status)",
+        "stddev_pop(qty)",
+        "count(*) FILTER (WHERE qty > 3)",
+        "max(qty) - min(qty)",
+    ];
+    let pick_agg = |rng: &mut StdRng| agg[rng.random_range(0..agg.len())];
+    let filter = |rng: &mut StdRng| match rng.random_range(0..5) {
+        0 => format!(" WHERE customer_id = {}", customer(rng)),
+        1 => format!(" WHERE customer_id IN ({})", customers(rng)),
+        2 => format!(" WHERE status = {}", literal(rng, STATUSES)),
+        3 => format!(" WHERE qty > {}", rng.random_range(0..10)),
+        _ => String::new(),
+    };
+    match rng.random_range(0..16) {
+        0 => read(
+            format!(
+                "SELECT customer_id, order_id, amount, status, qty, created FROM orders WHERE customer_id = {} ORDER BY order_id",
+                customer(rng)
+            ),
+            true,
+        ),
+        1 => read(
+            format!(
+                "SELECT * FROM orders WHERE customer_id IN ({}) ORDER BY customer_id, order_id",
+                customers(rng)
+            ),
+            true,
+        ),
+        2 => {
+            let f = filter(rng);
+            read(format!("SELECT {}, {} FROM orders{f}", pick_agg(rng), pick_agg(rng)), true)
+        }
+        3 => {
+            let f = filter(rng);
+            let (a, b) = (pick_agg(rng), pick_agg(rng));
+            if rng.random_bool(0.5) {
+                read(format!("SELECT status, {a}, {b} FROM orders{f} GROUP BY status ORDER BY status NULLS FIRST"), true)
+            } else {
+                read(format!("SELECT status, {a} FROM orders{f} GROUP BY status"), false)
+            }
+        }
+        4 => {
+            let f = filter(rng);
+            read(
+                format!(
+                    "SELECT customer_id, order_id, amount FROM orders{f} ORDER BY amount DESC NULLS LAST, customer_id, order_id LIMIT {} OFFSET {}",
+                    rng.random_range(1..8),
+                    rng.random_range(0..4)
+                ),
+                true,
+            )
+        }
+        5 => read(
+            format!(
+                "SELECT o.order_id, i.sku, i.price FROM orders o JOIN items i USING (customer_id, order_id) WHERE o.customer_id = {} ORDER BY 1, 2",
+                customer(rng)
+            ),
+            true,
+        ),
+        6 => read(
+            "SELECT o.customer_id, count(*) FROM orders o JOIN items i USING (customer_id, order_id) GROUP BY o.customer_id".into(),
+            false,
+        ),
+        7 => read("SELECT code, name FROM regions ORDER BY code".into(), true),
+        8 => read(
+            format!("SELECT DISTINCT status FROM orders{} ORDER BY 1", filter(rng)),
+            true,
+        ),
+        9 => read(
+            format!(
+                "SELECT count(*) FROM (SELECT customer_id FROM orders{} GROUP BY customer_id) s",
+                filter(rng)
+            ),
+            true,
+        ),
+        10 => read(
+            format!(
+                "SELECT o.status, r.name FROM orders o JOIN regions r ON r.code = o.status WHERE o.customer_id = {}",
+                customer(rng)
+            ),
+            false,
+        ),
+        11 => {
+            let rows = rng.random_range(1..4);
+            let mut sql = String::from("INSERT INTO orders VALUES ");
+            for r in 0..rows {
+                *next_order += 1;
+                let _ = write!(
+                    sql,
+                    "{}({}, {}, {}, {}, {}, {})",
+                    if r > 0 { ", " } else { "" },
+                    customer(rng),
+                    *next_order,
+                    amount(rng),
+                    if rng.random_bool(0.1) { "NULL".into() } else { literal(rng, STATUSES) },
+                    rng.random_range(0..10),
+                    date(rng)
+                );
+            }
+            write(sql)
+        }
+        12 => write(format!(
+            "UPDATE orders SET qty = qty + 1, amount = {} WHERE customer_id = {} AND order_id = {}",
+            amount(rng),
+            customer(rng),
+            rng.random_range(1..=*next_order)
+        )),
+        13 => write(format!(
+            "DELETE FROM items WHERE customer_id = {} AND sku = {}",
+            customer(rng),
+            literal(rng, SKUS)
+        )),
+        14 => write(format!(
+            "UPDATE orders SET status = {} WHERE qty = {}",
+            literal(rng, STATUSES),
+            rng.random_range(0..10)
+        )),
+        _ => write(format!(
+            "INSERT INTO items VALUES ({}, {}, {}, {}) ON CONFLICT DO NOTHING",
+            customer(rng),
+            rng.random_range(1..=*next_order),
+            literal(rng, SKUS),
+            amount(rng)
+        )),
+    }
+}
+
+/// The first rows of both tables and the regions, for the start.
+fn seed_data(rng: &mut StdRng, next_order: &mut i64) -> Vec<String> {
+    let mut out = vec![
+        "INSERT INTO regions VALUES ('new', 'North'), ('paid', 'South'), ('Shipped', 'East'), ('x', NULL)".to_string(),
+    ];
+    for c in 1..=CUSTOMERS {
+        for _ in 0..rng.random_range(0..4) {
+            *next_order += 1;
+            out.push(format!(
+                "INSERT INTO orders VALUES ({c}, {}, {}, {}, {}, {})",
+                *next_order,
+                amount(rng),
+                literal(rng, STATUSES),
+                rng.random_range(0..10),
+                date(rng)
+            ));
+            for sku in SKUS.iter().take(rng.random_range(0..3)) {
+                out.push(format!(
+                    "INSERT INTO items VALUES ({c}, {}, '{sku}', {})",
+                    *next_order,
+                    amount(rng)
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Rows compared as Postgres's order gives them, or sorted when the order is not fixed.
+fn canonical(answer: Answer, ordered: bool) -> Answer {
+    match answer {
+        Answer::Rows { columns, mut rows } if !ordered => {
+            rows.sort();
+            Answer::Rows { columns, rows }
+        }
+        other => other,
+    }
+}
+
+struct Tally {
+    same: usize,
+    refused: BTreeMap<String, usize>,
+    mismatches: Vec<String>,
+}
+
+impl Tally {
+    async fn compare(&mut self, seed: u64, g: &Generated, routed: &Client, direct: &Client) {
+        let through = canonical(run(routed, &g.sql).await, g.ordered);
+        let plain = canonical(run(direct, &g.sql).await, g.ordered);
+        match (&through, &plain) {
+            (a, b) if a == b => self.same += 1,
+            (Answer::Error { code, message }, Answer::Rows { .. } | Answer::Done(_))
+                if code == "0A000" =>
+            {
+                // By the reason's words, not its shards or values.
+                let reason: String = message
+                    .split(['(', '`'])
+                    .next()
+                    .unwrap_or_default()
+                    .chars()
+                    .take(100)
+                    .collect();
+                *self.refused.entry(reason).or_default() += 1;
+            }
+            // The same failure, told in other words (a refusal's wording is the router's).
+            (Answer::Error { code: a, .. }, Answer::Error { code: b, .. }) if a == b => {
+                self.same += 1
+            }
+            _ => self.mismatches.push(format!(
+                "seed {seed}: {}\n  router: {through:?}\n  direct: {plain:?}",
+                g.sql
+            )),
+        }
+        if g.reads && matches!(through, Answer::Rows { .. }) {
+            let (a, b) = (types(routed, &g.sql).await, types(direct, &g.sql).await);
+            if a.is_some() && a != b {
+                self.mismatches.push(format!(
+                    "seed {seed}: column types of {}\n  router: {a:?}\n  direct: {b:?}",
+                    g.sql
+                ));
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_statements_answer_as_one_postgres_or_are_refused() {
+    let seed: u64 = std::env::var("SHARDGATE_DIFF_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    let statements: usize = std::env::var("SHARDGATE_DIFF_STATEMENTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2000);
+    println!("differential: seed {seed}, {statements} statements (SHARDGATE_DIFF_SEED={seed})");
+    let cluster = pgharness::Cluster::start(&pgharness::ClusterOptions {
+        shards: 4,
+        servers: 2,
+        schema_sql: Some(pgharness::Schema::Sql(SCHEMA.into())),
+        ..Default::default()
+    })
+    .expect("the shard cluster");
+    let tables = vec![
+        Table::new("orders", "customer_id", KeyType::BigInt),
+        Table::new("items", "customer_id", KeyType::BigInt),
+    ];
+    let map = ShardMap::even_split(&cluster.shard_urls(), tables).expect("map");
+    let router = common::Router::start(&map, 4);
+    let server = &cluster.servers()[0];
+    server
+        .psql("postgres", "CREATE DATABASE differential_direct")
+        .expect("the direct database");
+    server
+        .psql("differential_direct", SCHEMA)
+        .expect("the schema, directly");
+    let routed = router.connect().await;
+    let direct = common::connect(&server.url("differential_direct"))
+        .await
+        .expect("connect directly");
+
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut next_order = 0;
+    for sql in seed_data(&mut rng, &mut next_order) {
+        routed.batch_execute(&sql).await.expect("seed rows, routed");
+        direct
+            .batch_execute(&sql)
+            .await
+            .expect("seed rows, directly");
+    }
+    let mut tally = Tally {
+        same: 0,
+        refused: BTreeMap::new(),
+        mismatches: Vec::new(),
+    };
+    // The comparison sees a difference: a row only one side has.
+    direct
+        .batch_execute("INSERT INTO regions VALUES ('zz', 'only here')")
+        .await
+        .expect("a row directly");
+    let probe = Generated {
+        sql: "SELECT code FROM regions ORDER BY code".into(),
+        ordered: true,
+        reads: true,
+    };
+    tally.compare(seed, &probe, &routed, &direct).await;
+    assert_eq!(tally.mismatches.len(), 1, "a difference went unseen");
+    tally.mismatches.clear();
+    direct
+        .batch_execute("DELETE FROM regions WHERE code = 'zz'")
+        .await
+        .expect("and gone");
+    let dumps = [
+        "SELECT * FROM orders ORDER BY customer_id, order_id",
+        "SELECT * FROM items ORDER BY customer_id, order_id, sku",
+        "SELECT * FROM regions ORDER BY code",
+    ];
+    for n in 0..statements {
+        let g = generate(&mut rng, &mut next_order);
+        tally.compare(seed, &g, &routed, &direct).await;
+        if n % 200 == 199 || n + 1 == statements {
+            for dump in dumps {
+                let g = Generated {
+                    sql: dump.into(),
+                    ordered: true,
+                    reads: false,
+                };
+                tally.compare(seed, &g, &routed, &direct).await;
+            }
+        }
+        if tally.mismatches.len() >= 10 {
+            break;
+        }
+    }
+    let refused: usize = tally.refused.values().sum();
+    println!(
+        "differential: {} the same, {refused} refused, {} mismatched",
+        tally.same,
+        tally.mismatches.len()
+    );
+    for (reason, n) in &tally.refused {
+        println!("  refused {n:5}: {reason}");
+    }
+    assert!(
+        tally.mismatches.is_empty(),
+        "the router answered differently from one Postgres (rerun with SHARDGATE_DIFF_SEED={seed}):\n{}",
+        tally.mismatches.join("\n")
+    );
+    assert!(
+        tally.same > statements / 3,
+        "too little was compared: {}",
+        tally.same
+    );
+}
