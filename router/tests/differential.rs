@@ -181,7 +181,7 @@ fn generate(rng: &mut StdRng, next_order: &mut i64) -> Generated {
         3 => format!(" WHERE qty > {}", rng.random_range(0..10)),
         _ => String::new(),
     };
-    match rng.random_range(0..16) {
+    match rng.random_range(0..19) {
         0 => read(
             format!(
                 "SELECT customer_id, order_id, amount, status, qty, created FROM orders WHERE customer_id = {} ORDER BY order_id",
@@ -249,6 +249,34 @@ fn generate(rng: &mut StdRng, next_order: &mut i64) -> Generated {
                 customer(rng)
             ),
             false,
+        ),
+        16 => {
+            let limit = if rng.random_bool(0.5) {
+                format!(" LIMIT {}", rng.random_range(1..10))
+            } else {
+                String::new()
+            };
+            read(
+                format!(
+                    "SELECT o.customer_id, o.order_id, i.sku, i.price FROM orders o JOIN items i ON i.customer_id = o.customer_id AND i.order_id = o.order_id WHERE i.price > {} ORDER BY 1, 2, 3{limit}",
+                    rng.random_range(0..1500)
+                ),
+                true,
+            )
+        }
+        17 => read(
+            format!(
+                "SELECT i.sku, count(*), sum(i.price), max(o.qty), bool_or(o.qty > {}) FROM orders o, items i WHERE o.customer_id = i.customer_id AND o.order_id = i.order_id GROUP BY i.sku ORDER BY i.sku",
+                rng.random_range(0..10)
+            ),
+            true,
+        ),
+        18 => read(
+            format!(
+                "SELECT count(*), min(price) FROM orders o JOIN items i USING (customer_id, order_id) WHERE customer_id IN ({})",
+                customers(rng)
+            ),
+            true,
         ),
         11 => {
             let rows = rng.random_range(1..4);
@@ -336,7 +364,8 @@ fn canonical(answer: Answer, ordered: bool) -> Answer {
 
 struct Tally {
     same: usize,
-    refused: BTreeMap<String, usize>,
+    /// By reason: how many, and the first statement refused for it.
+    refused: BTreeMap<String, (usize, String)>,
     mismatches: Vec<String>,
 }
 
@@ -357,7 +386,7 @@ impl Tally {
                     .chars()
                     .take(100)
                     .collect();
-                *self.refused.entry(reason).or_default() += 1;
+                self.refused.entry(reason).or_insert((0, g.sql.clone())).0 += 1;
             }
             // The same failure, told in other words (a refusal's wording is the router's).
             (Answer::Error { code: a, .. }, Answer::Error { code: b, .. }) if a == b => {
@@ -469,14 +498,14 @@ async fn random_statements_answer_as_one_postgres_or_are_refused() {
             break;
         }
     }
-    let refused: usize = tally.refused.values().sum();
+    let refused: usize = tally.refused.values().map(|(n, _)| n).sum();
     println!(
         "differential: {} the same, {refused} refused, {} mismatched",
         tally.same,
         tally.mismatches.len()
     );
-    for (reason, n) in &tally.refused {
-        println!("  refused {n:5}: {reason}");
+    for (reason, (n, example)) in &tally.refused {
+        println!("  refused {n:5}: {reason}\n                 e.g. {example}");
     }
     assert!(
         tally.mismatches.is_empty(),

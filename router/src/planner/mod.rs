@@ -18,6 +18,7 @@
 
 pub mod arrays;
 pub mod cache;
+mod colocation;
 pub mod cursor;
 mod inserts;
 pub mod keys;

@@ -39,6 +39,9 @@ pub(crate) struct ScopeRel<'m> {
     pub schema: Option<String>,
     pub name: String,
     pub alias: Option<String>,
+    /// Its key column is joined `USING` it with other tables' of the same name: an unqualified
+    /// name then means the joined column, equal in all of them.
+    pub merged: bool,
 }
 
 /// The keys that pin `scope[index]`, from the conjuncts that hold for the query; the pin
@@ -118,7 +121,8 @@ pub(crate) fn is_key_column(expr: &Expr, scope: &[ScopeRel<'_>], index: usize) -
         Expr::Nested(inner) => is_key_column(inner, scope, index),
         Expr::Identifier(ident) => {
             let col = fold(ident);
-            col == rel.table.key && scope.iter().filter(|r| r.table.key == col).count() == 1
+            col == rel.table.key
+                && (rel.merged || scope.iter().filter(|r| r.table.key == col).count() == 1)
         }
         Expr::CompoundIdentifier(parts) => {
             let parts: Vec<String> = parts.iter().map(fold).collect();

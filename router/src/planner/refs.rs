@@ -90,6 +90,11 @@ pub(crate) struct Refs<'m> {
     /// An INSERT of this many VALUES rows into a sharded table that leaves out its key, which
     /// the router gives ([`super::Route::NewKeys`]); `Always` for `GENERATED ALWAYS`.
     pub new_keys: Option<(NewRows, KeyDefault)>,
+    /// SELECTs that read sharded tables directly.
+    pub selects_with_sharded: usize,
+    /// How many sharded tables the last such SELECT joins by equal keys (all of its own):
+    /// every row of that join comes from one shard ([`super::colocation`]).
+    pub colocated: usize,
     frames: Vec<Frame>,
     /// Table-function names in `FROM` (`generate_series(...)`): not tables.
     skip: Vec<*const ObjectName>,
@@ -117,6 +122,8 @@ impl<'m> Refs<'m> {
             select_into: false,
             unnest: None,
             new_keys: None,
+            selects_with_sharded: 0,
+            colocated: 0,
             frames: Vec::new(),
             skip: Vec::new(),
         }
@@ -181,6 +188,7 @@ impl<'m> Refs<'m> {
                         schema: (n >= 2).then(|| parts[n - 2].clone()),
                         name: parts[n - 1].clone(),
                         alias: alias.as_ref().map(|a| fold(&a.name)),
+                        merged: false,
                     });
                 }
             }
@@ -196,12 +204,27 @@ impl<'m> Refs<'m> {
         }
     }
 
-    /// Pins every sharded table of `scope` that `conds` fix.
-    fn pin_scope(&mut self, scope: &[ScopeRel<'m>], conds: &[&Expr]) {
-        for i in 0..scope.len() {
-            if let Some(keys) = pin(scope, i, conds) {
+    /// Pins every sharded table of `scope` that `conds` fix, directly or through a key equal to
+    /// a pinned table's (`equal`: pairs of scope indices whose keys the query makes equal).
+    fn pin_scope(&mut self, scope: &[ScopeRel<'m>], conds: &[&Expr], equal: &[(usize, usize)]) {
+        let mut found: Vec<Option<Vec<KeySource>>> =
+            (0..scope.len()).map(|i| pin(scope, i, conds)).collect();
+        let mut changed = true;
+        while changed {
+            changed = false;
+            for &(a, b) in equal {
+                for (from, to) in [(a, b), (b, a)] {
+                    if found[to].is_none() && found[from].is_some() {
+                        found[to] = found[from].clone();
+                        changed = true;
+                    }
+                }
+            }
+        }
+        for (rel, keys) in scope.iter().zip(found) {
+            if let Some(keys) = keys {
                 self.pins.push(Pin {
-                    table: scope[i].table,
+                    table: rel.table,
                     keys,
                 });
             }
@@ -226,7 +249,12 @@ impl<'m> Refs<'m> {
         for twj in &select.from {
             inner_join_conditions(twj, &mut conds);
         }
-        self.pin_scope(&scope, &conds);
+        let equal = super::colocation::equal_keys(&mut scope, &conds, &select.from);
+        self.pin_scope(&scope, &conds, &equal);
+        self.selects_with_sharded += 1;
+        if super::colocation::connected(scope.len(), &equal) {
+            self.colocated = scope.len();
+        }
     }
 
     fn update(
@@ -254,7 +282,7 @@ impl<'m> Refs<'m> {
         if let Some(w) = selection {
             conjuncts(w, &mut conds);
         }
-        self.pin_scope(&scope, &conds);
+        self.pin_scope(&scope, &conds, &[]);
     }
 }
 
@@ -496,7 +524,7 @@ impl Visitor for Refs<'_> {
                 if let Some(w) = &d.selection {
                     conjuncts(w, &mut conds);
                 }
-                self.pin_scope(&scope, &conds);
+                self.pin_scope(&scope, &conds, &[]);
             }
             _ => {}
         }

@@ -439,6 +439,15 @@ fn data(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Route {
             }
         }
     }
+    // Tables joined by equal keys without any key: every joined row is made on one shard.
+    let colocated = refs.sharded.len() > 1
+        && refs.selects_with_sharded == 1
+        && refs.colocated == refs.sharded.len();
+    if refs.pins.is_empty() && colocated {
+        if let Ok(merge) = super::scatter::merge_for(stmt) {
+            return Route::Scatter { table: name, merge };
+        }
+    }
     if refs.pins.len() != refs.sharded.len() {
         // Name a table with fewer pins than references.
         let unpinned = refs
@@ -499,10 +508,10 @@ fn data(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Route {
         // Each key's rows live on its shard only, so the same statement on each shard of its
         // keys does exactly the work (with one sharded table: a join would see one shard's part).
         (refs.sharded.len() == 1).then_some(Merge::Write)
-    } else if refs.sharded.len() == 1 {
-        // A read of one sharded table: each key's rows are only on its shard, so the shards of
-        // its keys answer it exactly. A join of two pinned references on different shards has
-        // no shard that holds both sides, and is refused.
+    } else if refs.sharded.len() == 1 || colocated {
+        // A read of one sharded table (or of tables joined by equal keys): each key's rows are
+        // only on its shard, so the shards of its keys answer it exactly. A join of two pinned
+        // references on different shards has no shard that holds both sides, and is refused.
         super::scatter::merge_for(stmt).ok()
     } else {
         None

@@ -311,21 +311,24 @@ fn item_expr(item: &SelectItem) -> Option<&Expr> {
     }
 }
 
-/// `count(*)`, `count(x)`, `sum(x)`, `min(x)`, `max(x)`, `avg(x)` (not DISTINCT, no FILTER, no
-/// OVER, no ORDER BY inside): aggregates whose per-shard values combine exactly.
+/// `count(*)`, `count(x)`, `sum(x)`, `min(x)`, `max(x)`, `avg(x)`, `bool_and(x)` (`every(x)`),
+/// `bool_or(x)` (not DISTINCT, no OVER, no ORDER BY inside; `FILTER (WHERE ..)` but for `avg`):
+/// aggregates whose per-shard values combine exactly. `bool_and` is the least of the shards'
+/// values (false before true, NULLs of shards without rows left out), `bool_or` the greatest; a
+/// filter applies at the shards, which then give partial values like any other.
 fn plain_aggregate(expr: &Expr) -> Option<Item> {
     let Expr::Function(f) = expr else {
         return None;
     };
-    if f.name.0.len() != 1 || f.filter.is_some() || f.over.is_some() || !f.within_group.is_empty() {
+    if f.name.0.len() != 1 || f.over.is_some() || !f.within_group.is_empty() {
         return None;
     }
     let item = match f.name.0.last()?.to_string().to_ascii_lowercase().as_str() {
         "count" => Item::Agg(AggOp::Count),
         "sum" => Item::Agg(AggOp::Sum),
-        "min" => Item::Agg(AggOp::Min),
-        "max" => Item::Agg(AggOp::Max),
-        "avg" => Item::Avg,
+        "min" | "bool_and" | "every" => Item::Agg(AggOp::Min),
+        "max" | "bool_or" => Item::Agg(AggOp::Max),
+        "avg" if f.filter.is_none() => Item::Avg,
         _ => return None,
     };
     let FunctionArguments::List(list) = &f.args else {

@@ -381,6 +381,58 @@ fn joins_and_subqueries() {
     );
     // An unqualified key with two sharded tables of that column is ambiguous: not a pin.
     unroutable(&p, "SELECT * FROM kv a, kv b WHERE id = 1", "its own");
+    // Keys made equal by the query pin each other's table (an inner join's ON, WHERE, USING,
+    // where an unqualified key means the joined column).
+    assert_eq!(
+        keys(
+            &p,
+            "SELECT * FROM kv a JOIN kv b ON a.id = b.id WHERE a.id = 1"
+        ),
+        ["1", "1"]
+    );
+    assert_eq!(
+        keys(
+            &p,
+            "SELECT * FROM kv a, kv b WHERE b.id = a.id AND b.id = 2"
+        ),
+        ["2", "2"]
+    );
+    assert_eq!(
+        keys(&p, "SELECT * FROM kv a JOIN kv b USING (id) WHERE id = 7"),
+        ["7", "7"]
+    );
+    // Joined by equal keys without any: on every shard, each joined row made on one.
+    assert!(matches!(
+        route(
+            &p,
+            "SELECT a.v, count(*) FROM kv a JOIN kv b USING (id) GROUP BY a.v"
+        ),
+        Route::Scatter { .. }
+    ));
+    assert!(matches!(
+        route(
+            &p,
+            "SELECT a.id, b.v FROM kv a JOIN kv b ON a.id = b.id ORDER BY a.id"
+        ),
+        Route::Scatter { .. }
+    ));
+    // Not by the keys, of other key types, or an outer join's ON: not pinned, not co-located.
+    unroutable(&p, "SELECT * FROM kv a JOIN kv b ON a.v = b.v", "its own");
+    unroutable(
+        &p,
+        "SELECT * FROM kv a LEFT JOIN kv b ON a.id = b.id WHERE a.id = 1",
+        "its own",
+    );
+    unroutable(
+        &p,
+        "SELECT * FROM kv a LEFT JOIN kv b ON a.id = b.id",
+        "its own",
+    );
+    unroutable(
+        &p,
+        "SELECT * FROM kv JOIN names ON names.name = kv.v WHERE kv.id = 1",
+        "its own",
+    );
     unroutable(&p, "WITH kv AS (SELECT 1) SELECT * FROM kv", "rename");
 }
 
