@@ -914,6 +914,22 @@ fn orm_models_with_automatic_keys_match_one_postgres() {
     );
 }
 
+/// pgjdbc inserting into the sharded identity table `autos` without keys: `RETURN_GENERATED_KEYS`
+/// on a prepared INSERT past `prepareThreshold`, `executeBatch` with generated keys with and
+/// without `reWriteBatchedInserts` (`java/AutoKeys.java`), compared with one Postgres.
+#[test]
+fn pgjdbc_generated_keys_match_one_postgres() {
+    let env = shared_env();
+    let (cmd, _cleanup) = jdbc_program("autokeys", "AutoKeys");
+    let direct = direct_database(env, 1, "direct_jdbc_keys");
+    run_program(
+        env,
+        "jdbc-auto-keys",
+        cmd,
+        &[("SHARDGATE_DIRECT_URL", direct)],
+    );
+}
+
 /// pgjdbc `executeBatch` over several shards, with and without `reWriteBatchedInserts`, with
 /// autocommit on and off (`java/Batches.java`), compared step by step with one Postgres.
 #[test]

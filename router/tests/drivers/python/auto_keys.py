@@ -1,16 +1,19 @@
 """ORM models with an automatic primary key on a sharded table whose key is an identity column:
 Django's default BigAutoField (client-side and server-side binding) and SQLAlchemy's
 autoincrement key: create (the id comes back), get by id, update, delete, bulk_create /
-add_all. The router gives the keys; the same steps run directly on one Postgres with the same
+add_all; and asyncpg (named prepared statements) inserting without the key. The router gives the keys; the same steps run directly on one Postgres with the same
 schema, and what each step saw (ids aside, which differ) must be the same.
 
 Environment: SHARDGATE_URL, SHARDGATE_DIRECT_URL.
 Prints each step's observation; exits 1 with "FAIL ..." on a difference, else prints PASS.
 """
 
+import asyncio
 import os
 import sys
 import urllib.parse
+
+import asyncpg
 
 import django
 from django.conf import settings
@@ -123,12 +126,42 @@ def sqlalchemy_steps(url, tag):
     return seen
 
 
+async def asyncpg_steps(url, tag):
+    seen = []
+    conn = await asyncpg.connect(url)
+    try:
+        insert = await conn.prepare("INSERT INTO autos (v, n) VALUES ($1, $2) RETURNING id, v, n")
+        ids = []
+        for i in range(12):
+            row = await insert.fetchrow(f"{tag}-{i}", i)
+            ids.append(row["id"])
+            seen.append(("prepared insert returns", row["v"], row["n"]))
+        seen.append(("ids", len(ids), len(set(ids))))
+        got = await conn.fetch("SELECT n FROM autos WHERE id = ANY($1::bigint[]) ORDER BY n", ids)
+        seen.append(("found by id", [r["n"] for r in got]))
+        many = await conn.fetch(
+            "INSERT INTO autos (v, n) SELECT * FROM UNNEST($1::text[], $2::int[]) RETURNING id, n",
+            [f"{tag}-u{i}" for i in range(7)],
+            list(range(100, 107)),
+        )
+        seen.append(("unnest insert", sorted(r["n"] for r in many), len({r["id"] for r in many})))
+        async with conn.transaction():
+            key = await conn.fetchval("INSERT INTO autos (v) VALUES ($1) RETURNING id", f"{tag}-tx")
+            seen.append(("in a transaction, then read", await conn.fetchval("SELECT v FROM autos WHERE id = $1", key)))
+        deleted = await conn.execute("DELETE FROM autos WHERE id = ANY($1::bigint[])", ids + [r["id"] for r in many] + [key])
+        seen.append(("deleted", deleted))
+    finally:
+        await conn.close()
+    return seen
+
+
 def main():
     failed = False
     runs = [
         ("django client-side", lambda: django_steps("router", "dj"), lambda: django_steps("direct", "dj")),
         ("django server-side", lambda: django_steps("router_ssb", "ds"), lambda: django_steps("direct_ssb", "ds")),
         ("sqlalchemy", lambda: sqlalchemy_steps(ROUTER, "sa"), lambda: sqlalchemy_steps(DIRECT, "sa")),
+        ("asyncpg", lambda: asyncio.run(asyncpg_steps(ROUTER, "ap")), lambda: asyncio.run(asyncpg_steps(DIRECT, "ap"))),
     ]
     for name, through_router, directly in runs:
         through = through_router()
