@@ -181,6 +181,9 @@ fn generate(rng: &mut StdRng, next_order: &mut i64) -> Generated {
         3 => format!(" WHERE qty > {}", rng.random_range(0..10)),
         _ => String::new(),
     };
+    if rng.random_bool(0.35) {
+        return more(rng, next_order);
+    }
     match rng.random_range(0..19) {
         0 => read(
             format!(
@@ -320,6 +323,106 @@ fn generate(rng: &mut StdRng, next_order: &mut i64) -> Generated {
             literal(rng, SKUS),
             amount(rng)
         )),
+    }
+}
+
+/// More shapes: arrays of keys, positions, functions as group keys, windows on one key, HAVING,
+/// DISTINCT ON, NULL tests, writes with RETURNING, transactions in one Query.
+fn more(rng: &mut StdRng, next_order: &mut i64) -> Generated {
+    let read = |sql: String, ordered: bool| Generated {
+        sql,
+        ordered,
+        reads: true,
+    };
+    let write = |sql: String| Generated {
+        sql,
+        ordered: false,
+        reads: false,
+    };
+    let c = customer(rng);
+    let list = customers(rng);
+    match rng.random_range(0..18) {
+        16 => read(
+            format!(
+                "SELECT count(*) FROM (SELECT status FROM orders WHERE customer_id IN ({list}) GROUP BY status) s"
+            ),
+            true,
+        ),
+        17 => read(
+            "SELECT * FROM (SELECT status, count(*) AS n FROM orders GROUP BY status) s ORDER BY status NULLS FIRST".into(),
+            true,
+        ),
+        0 => read(
+            format!("SELECT * FROM orders WHERE customer_id = ANY('{{{list}}}') ORDER BY customer_id, order_id")
+                .replace(", ", ","),
+            true,
+        ),
+        1 => read(
+            format!(
+                "SELECT status, count(*) FROM orders GROUP BY 1 ORDER BY 2 DESC, 1 NULLS FIRST LIMIT {}",
+                rng.random_range(1..5)
+            ),
+            true,
+        ),
+        2 => read(
+            "SELECT lower(status), count(*), sum(qty) FROM orders GROUP BY lower(status) ORDER BY 1 NULLS LAST".into(),
+            true,
+        ),
+        3 => read(
+            format!("SELECT customer_id, order_id, row_number() OVER (PARTITION BY customer_id ORDER BY order_id), sum(qty) OVER (ORDER BY order_id) FROM orders WHERE customer_id = {c} ORDER BY order_id"),
+            true,
+        ),
+        4 => read(
+            format!("SELECT coalesce(sum(qty), 0), count(created), min(amount) FROM orders WHERE created > DATE '2026-{:02}-01'", rng.random_range(1..=12)),
+            true,
+        ),
+        5 => read(
+            "SELECT count(*), count(amount), count(status) FROM orders WHERE status IS NULL OR amount IS NULL".into(),
+            true,
+        ),
+        6 => read(
+            format!("SELECT customer_id, sum(amount) FROM orders GROUP BY customer_id HAVING sum(amount) > {} ORDER BY 1", rng.random_range(0..3000)),
+            true,
+        ),
+        7 => read(
+            "SELECT DISTINCT ON (customer_id) customer_id, order_id FROM orders ORDER BY customer_id, order_id DESC".into(),
+            true,
+        ),
+        8 => read(
+            "SELECT * FROM orders ORDER BY created NULLS FIRST, customer_id, order_id LIMIT 7".into(),
+            true,
+        ),
+        9 => {
+            let lo = rng.random_range(0..1000);
+            read(
+                format!("SELECT customer_id, order_id, amount FROM orders WHERE amount BETWEEN {lo} AND {} ORDER BY amount, customer_id, order_id", lo + 300),
+                true,
+            )
+        }
+        10 => read("SELECT max(sku), min(sku), count(DISTINCT customer_id) FROM items".into(), true),
+        11 => write(format!(
+            "UPDATE items SET price = price * 2 WHERE customer_id IN ({list}) RETURNING customer_id, order_id, sku, price"
+        )),
+        12 => write(format!(
+            "DELETE FROM orders WHERE customer_id = {c} AND qty < {} RETURNING order_id",
+            rng.random_range(0..3)
+        )),
+        13 => {
+            *next_order += 1;
+            write(format!(
+                "BEGIN; INSERT INTO orders VALUES ({c}, {}, 1.50, 'new', 1, NULL); UPDATE orders SET qty = qty + 10 WHERE customer_id = {c}; SELECT count(*), sum(qty) FROM orders WHERE customer_id = {c}; {}",
+                *next_order,
+                if rng.random_bool(0.5) { "COMMIT" } else { "ROLLBACK" }
+            ))
+        }
+        14 => read(
+            format!("SELECT o.customer_id, count(*) FROM orders o WHERE o.customer_id IN ({list}) AND EXISTS (SELECT 1 FROM items i WHERE i.customer_id = o.customer_id AND i.order_id = o.order_id) GROUP BY o.customer_id ORDER BY 1"),
+            true,
+        ),
+        _ => read(
+            format!("WITH mine AS (SELECT * FROM orders WHERE customer_id = {c}) SELECT count(*), max(order_id) FROM mine"),
+            true,
+        ),
     }
 }
 

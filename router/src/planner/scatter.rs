@@ -23,7 +23,7 @@ use std::sync::Arc;
 use sqlparser::ast::{
     visit_expressions, CopySource, CopyTarget, Distinct, Expr, FunctionArg, FunctionArgExpr,
     FunctionArgumentList, FunctionArguments, GroupByExpr, LimitClause, Offset, OffsetRows,
-    OrderByKind, OrderBySort, Query, SelectItem, SetExpr, Statement, Value,
+    OrderByKind, OrderBySort, Query, SelectItem, SetExpr, Statement, TableFactor, Value,
 };
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
@@ -97,6 +97,21 @@ fn the_query(stmt: &Statement) -> Result<&Query, &'static str> {
     }
 }
 
+/// Whether a FROM item is (or nests) a subquery or a table function's query.
+fn derived(factor: &TableFactor) -> bool {
+    match factor {
+        TableFactor::Table { .. } => false,
+        TableFactor::NestedJoin {
+            table_with_joins, ..
+        } => {
+            derived(&table_with_joins.relation)
+                || table_with_joins.joins.iter().any(|j| derived(&j.relation))
+        }
+        // Subqueries, and anything else this router does not know to be a plain table.
+        _ => true,
+    }
+}
+
 /// One select-list item, classified.
 enum Item {
     Agg(AggOp),
@@ -121,6 +136,15 @@ fn merge_of_query(stmt: &Statement) -> Result<Merge, &'static str> {
     };
     if select.top.is_some() || select.into.is_some() {
         return Err("TOP and SELECT INTO are not supported across shards");
+    }
+    // Each shard would run the subquery over its own rows only: its groups, DISTINCT, LIMIT or
+    // windows would be per shard, and the merge cannot put them together again.
+    if select
+        .from
+        .iter()
+        .any(|t| derived(&t.relation) || t.joins.iter().any(|j| derived(&j.relation)))
+    {
+        return Err("a subquery in FROM is not supported across shards");
     }
     if select.having.is_some() {
         return Err("HAVING across shards is not supported");

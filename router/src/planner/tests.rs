@@ -814,3 +814,33 @@ fn only_statements_that_leave_nothing_on_the_connection_may_share_it() {
         assert!(!shareable(sql), "{sql}");
     }
 }
+
+#[test]
+fn a_subquery_in_from_is_never_scattered() {
+    // Each shard would group, count, DISTINCT or LIMIT its own rows only: summing or
+    // concatenating those is not the answer (it was, before: a wrong answer).
+    let p = planner();
+    for sql in [
+        "SELECT count(*) FROM (SELECT v FROM kv GROUP BY v) s",
+        "SELECT * FROM (SELECT v, count(*) FROM kv GROUP BY v) s",
+        "SELECT * FROM (SELECT * FROM kv LIMIT 5) s",
+        "SELECT count(*) FROM (SELECT DISTINCT v FROM kv) s",
+        "SELECT s.v FROM kv JOIN (SELECT id, v FROM kv ORDER BY v LIMIT 3) s USING (id)",
+        "SELECT count(*) FROM kv WHERE id IN (1, 2, 3, 4, 5, 6, 7, 8) AND v IN (SELECT 'a')",
+    ] {
+        assert!(
+            !matches!(route(&p, sql), Route::Scatter { .. }),
+            "{sql}: {:?}",
+            route(&p, sql)
+        );
+    }
+    for sql in [
+        "SELECT * FROM (SELECT v, count(*) FROM kv WHERE id IN (1, 2, 3, 4, 5, 6, 7, 8) GROUP BY v) s",
+        "SELECT count(*) FROM (SELECT v FROM kv WHERE id = ANY($1) GROUP BY v) s",
+    ] {
+        match route(&p, sql) {
+            Route::Keyed { spread, .. } => assert!(spread.is_none(), "{sql}: {spread:?}"),
+            other => panic!("{sql}: {other:?}"),
+        }
+    }
+}
