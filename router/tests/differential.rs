@@ -341,7 +341,39 @@ fn more(rng: &mut StdRng, next_order: &mut i64) -> Generated {
     };
     let c = customer(rng);
     let list = customers(rng);
-    match rng.random_range(0..18) {
+    match rng.random_range(0..23) {
+        18 => read(
+            "SELECT DISTINCT status, count(*) OVER () FROM orders ORDER BY 1 NULLS FIRST".into(),
+            true,
+        ),
+        19 => read(
+            format!("SELECT count(*), sum(qty) FROM orders LIMIT 1 OFFSET {}", rng.random_range(0..2)),
+            true,
+        ),
+        20 => read(
+            format!(
+                "SELECT DISTINCT status FROM orders ORDER BY 1 NULLS FIRST LIMIT {} OFFSET {}",
+                rng.random_range(1..4),
+                rng.random_range(0..3)
+            ),
+            true,
+        ),
+        21 => read(
+            format!(
+                "SELECT customer_id, count(*), max(amount) FROM orders GROUP BY customer_id ORDER BY 2 DESC, 1 LIMIT {} OFFSET {}",
+                rng.random_range(1..6),
+                rng.random_range(0..4)
+            ),
+            true,
+        ),
+        22 => read(
+            format!(
+                "SELECT * FROM orders WHERE customer_id IN ({list}) ORDER BY customer_id DESC, order_id DESC OFFSET {} LIMIT {}",
+                rng.random_range(0..4),
+                rng.random_range(1..5)
+            ),
+            true,
+        ),
         16 => read(
             format!(
                 "SELECT count(*) FROM (SELECT status FROM orders WHERE customer_id IN ({list}) GROUP BY status) s"

@@ -314,16 +314,27 @@ fn classify(expr: &Expr) -> Result<Item, &'static str> {
     if let Some(op) = plain_aggregate(expr) {
         return Ok(op);
     }
+    let mut calls = false;
     let found = visit_expressions(expr, |e| match e {
-        Expr::Function(_) => ControlFlow::Break(None),
-        Expr::Subquery(_) | Expr::Exists { .. } => ControlFlow::Break(Some(
-            "a subquery in the select list is not supported across shards",
-        )),
+        // Each shard's window would see only its own rows (also as a DISTINCT or group key).
+        Expr::Function(f) if f.over.is_some() => {
+            ControlFlow::Break("window functions are not supported across shards")
+        }
+        Expr::Function(_) => {
+            calls = true;
+            ControlFlow::Continue(())
+        }
+        Expr::Subquery(_)
+        | Expr::Exists { .. }
+        | Expr::In {
+            target: sqlparser::ast::InTarget::Subquery(_),
+            ..
+        } => ControlFlow::Break("a subquery in the select list is not supported across shards"),
         _ => ControlFlow::Continue(()),
     });
     match found {
-        ControlFlow::Break(Some(why)) => Err(why),
-        ControlFlow::Break(None) => Ok(Item::Function),
+        ControlFlow::Break(why) => Err(why),
+        ControlFlow::Continue(()) if calls => Ok(Item::Function),
         ControlFlow::Continue(()) => Ok(Item::Plain),
     }
 }

@@ -844,3 +844,27 @@ fn a_subquery_in_from_is_never_scattered() {
         }
     }
 }
+
+#[test]
+fn window_functions_and_subqueries_in_the_select_list_are_never_scattered() {
+    // A window over each shard's rows is not the window over all rows, also as a DISTINCT key
+    // (it was scattered, before: a wrong answer).
+    let p = planner();
+    for sql in [
+        "SELECT DISTINCT v, count(*) OVER () FROM kv",
+        "SELECT DISTINCT lower(v), row_number() OVER (ORDER BY v) FROM kv",
+        "SELECT v, count(*), rank() OVER (ORDER BY count(*) DESC) FROM kv GROUP BY v",
+        "SELECT DISTINCT v, v IN (SELECT 'a') FROM kv",
+    ] {
+        assert!(
+            !matches!(route(&p, sql), Route::Scatter { .. }),
+            "{sql}: {:?}",
+            route(&p, sql)
+        );
+    }
+    // Expressions of group keys stay fine.
+    assert!(matches!(
+        route(&p, "SELECT v || 'x', count(*) FROM kv GROUP BY v || 'x'"),
+        Route::Scatter { .. }
+    ));
+}
