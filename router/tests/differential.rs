@@ -74,28 +74,69 @@ async fn run(client: &Client, sql: &str) -> Answer {
                 Answer::Rows { columns, rows }
             }
         }
-        Err(e) => match e.as_db_error() {
-            Some(db) => Answer::Error {
-                code: db.code().code().to_string(),
-                message: db.message().to_string(),
-            },
-            None => Answer::Error {
-                code: "connection".into(),
-                message: e.to_string(),
-            },
-        },
+        Err(e) => error_of(&e),
     }
 }
 
-/// Column types as the extended protocol describes them (names too).
-async fn types(client: &Client, sql: &str) -> Option<Vec<(String, String)>> {
-    let stmt = client.prepare(sql).await.ok()?;
-    Some(
-        stmt.columns()
-            .iter()
-            .map(|c| (c.name().to_string(), c.type_().name().to_string()))
-            .collect(),
-    )
+/// Any value as the bytes that came: tokio-postgres asks for binary results, so what the
+/// extended protocol answers is compared byte for byte (the merges' binary encodings too).
+struct Raw(Vec<u8>);
+
+impl<'a> tokio_postgres::types::FromSql<'a> for Raw {
+    fn from_sql(
+        _: &tokio_postgres::types::Type,
+        raw: &'a [u8],
+    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(Raw(raw.to_vec()))
+    }
+
+    fn accepts(_: &tokio_postgres::types::Type) -> bool {
+        true
+    }
+}
+
+/// The statement through the extended protocol (Parse, Describe, Bind with binary results,
+/// Execute): column names and types, and the rows as bytes.
+async fn extended(client: &Client, sql: &str) -> Answer {
+    let stmt = match client.prepare(sql).await {
+        Ok(stmt) => stmt,
+        Err(e) => return error_of(&e),
+    };
+    let columns = stmt
+        .columns()
+        .iter()
+        .map(|c| format!("{} {}", c.name(), c.type_().name()))
+        .collect();
+    match client.query(&stmt, &[]).await {
+        Ok(rows) => Answer::Rows {
+            columns,
+            rows: rows
+                .iter()
+                .map(|r| {
+                    (0..r.len())
+                        .map(|i| {
+                            r.get::<_, Option<Raw>>(i)
+                                .map(|v| v.0.iter().map(|b| format!("{b:02x}")).collect())
+                        })
+                        .collect()
+                })
+                .collect(),
+        },
+        Err(e) => error_of(&e),
+    }
+}
+
+fn error_of(e: &tokio_postgres::Error) -> Answer {
+    match e.as_db_error() {
+        Some(db) => Answer::Error {
+            code: db.code().code().to_string(),
+            message: db.message().to_string(),
+        },
+        None => Answer::Error {
+            code: "connection".into(),
+            message: e.to_string(),
+        },
+    }
 }
 
 /// A statement and whether its ORDER BY fixes the order of its rows.
@@ -533,10 +574,12 @@ impl Tally {
             )),
         }
         if g.reads && matches!(through, Answer::Rows { .. }) {
-            let (a, b) = (types(routed, &g.sql).await, types(direct, &g.sql).await);
-            if a.is_some() && a != b {
+            let through = canonical(extended(routed, &g.sql).await, g.ordered);
+            let plain = canonical(extended(direct, &g.sql).await, g.ordered);
+            let refused = matches!(&through, Answer::Error { code, .. } if code == "0A000");
+            if through != plain && !refused {
                 self.mismatches.push(format!(
-                    "seed {seed}: column types of {}\n  router: {a:?}\n  direct: {b:?}",
+                    "seed {seed}: in the extended protocol, {}\n  router: {through:?}\n  direct: {plain:?}",
                     g.sql
                 ));
             }
@@ -605,7 +648,7 @@ async fn random_statements_answer_as_one_postgres_or_are_refused() {
         reads: true,
     };
     tally.compare(seed, &probe, &routed, &direct).await;
-    assert_eq!(tally.mismatches.len(), 1, "a difference went unseen");
+    assert!(!tally.mismatches.is_empty(), "a difference went unseen");
     tally.mismatches.clear();
     direct
         .batch_execute("DELETE FROM regions WHERE code = 'zz'")
