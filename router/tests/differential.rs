@@ -382,7 +382,15 @@ fn more(rng: &mut StdRng, next_order: &mut i64) -> Generated {
     };
     let c = customer(rng);
     let list = customers(rng);
-    match rng.random_range(0..23) {
+    match rng.random_range(0..25) {
+        23 => read(
+            format!("SELECT count(*), sum(s.q) FROM (SELECT customer_id, qty + 1 AS q FROM orders WHERE qty > {}) s", rng.random_range(0..8)),
+            true,
+        ),
+        24 => read(
+            "SELECT s.status, count(*) FROM (SELECT status, amount FROM orders WHERE amount IS NOT NULL) s GROUP BY s.status ORDER BY 1 NULLS FIRST".into(),
+            true,
+        ),
         18 => read(
             "SELECT DISTINCT status, count(*) OVER () FROM orders ORDER BY 1 NULLS FIRST".into(),
             true,

@@ -97,19 +97,48 @@ fn the_query(stmt: &Statement) -> Result<&Query, &'static str> {
     }
 }
 
-/// Whether a FROM item is (or nests) a subquery or a table function's query.
+/// Whether a FROM item is (or nests) a subquery that does not just pass rows on (or a table
+/// function). A subquery that only filters and computes row by row gives on each shard that
+/// shard's part of its rows, as a table does; one that groups, aggregates, DISTINCTs, limits or
+/// windows works on one shard's rows only.
 fn derived(factor: &TableFactor) -> bool {
     match factor {
-        TableFactor::Table { .. } => false,
+        TableFactor::Table { args: None, .. } => false,
         TableFactor::NestedJoin {
             table_with_joins, ..
         } => {
             derived(&table_with_joins.relation)
                 || table_with_joins.joins.iter().any(|j| derived(&j.relation))
         }
-        // Subqueries, and anything else this router does not know to be a plain table.
+        TableFactor::Derived { subquery, .. } => !row_by_row(subquery),
+        // Table functions, and anything else this router does not know to be a plain table.
         _ => true,
     }
+}
+
+/// A query that only filters and computes row by row: one SELECT, no WITH, grouping, HAVING,
+/// DISTINCT, LIMIT, OFFSET or FETCH, a select list of columns and operators (no function,
+/// which may be an aggregate or a window), and a FROM of the same kind.
+fn row_by_row(q: &Query) -> bool {
+    let SetExpr::Select(select) = q.body.as_ref() else {
+        return false;
+    };
+    q.with.is_none()
+        && q.limit_clause.is_none()
+        && q.fetch.is_none()
+        && select.distinct.is_none()
+        && select.having.is_none()
+        && select.qualify.is_none()
+        && select.named_window.is_empty()
+        && matches!(&select.group_by, GroupByExpr::Expressions(g, m) if g.is_empty() && m.is_empty())
+        && select
+            .projection
+            .iter()
+            .all(|i| item_expr(i).is_none_or(|e| matches!(classify(e), Ok(Item::Plain))))
+        && !select
+            .from
+            .iter()
+            .any(|t| derived(&t.relation) || t.joins.iter().any(|j| derived(&j.relation)))
 }
 
 /// One select-list item, classified.

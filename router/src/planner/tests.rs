@@ -834,6 +834,21 @@ fn a_subquery_in_from_is_never_scattered() {
             route(&p, sql)
         );
     }
+    // A subquery that passes rows on is a table's rows (SQLAlchemy's Query.count() writes
+    // `SELECT count(*) FROM (SELECT ...) AS anon_1`).
+    for sql in [
+        "SELECT count(*) FROM (SELECT id, v FROM kv WHERE id BETWEEN 1 AND 100) s",
+        "SELECT s.v, count(*) FROM (SELECT v, id + 1 AS n FROM kv) s GROUP BY s.v",
+        "SELECT * FROM (SELECT * FROM (SELECT id FROM kv WHERE v = 'a') a) b",
+    ] {
+        assert!(matches!(route(&p, sql), Route::Scatter { .. }), "{sql}");
+    }
+    for sql in [
+        "SELECT count(*) FROM (SELECT lower(v) FROM kv) s",
+        "SELECT * FROM (SELECT * FROM (SELECT id FROM kv LIMIT 1) a) b",
+    ] {
+        assert!(!matches!(route(&p, sql), Route::Scatter { .. }), "{sql}");
+    }
     for sql in [
         "SELECT * FROM (SELECT v, count(*) FROM kv WHERE id IN (1, 2, 3, 4, 5, 6, 7, 8) GROUP BY v) s",
         "SELECT count(*) FROM (SELECT v FROM kv WHERE id = ANY($1) GROUP BY v) s",
