@@ -146,6 +146,22 @@ struct Generated {
     reads: bool,
 }
 
+fn read(sql: String, ordered: bool) -> Generated {
+    Generated {
+        sql,
+        ordered,
+        reads: true,
+    }
+}
+
+fn write(sql: String) -> Generated {
+    Generated {
+        sql,
+        ordered: false,
+        reads: false,
+    }
+}
+
 fn customer(rng: &mut StdRng) -> i64 {
     rng.random_range(1..=CUSTOMERS)
 }
@@ -188,16 +204,6 @@ fn date(rng: &mut StdRng) -> String {
 
 /// One random statement.
 fn generate(rng: &mut StdRng, next_order: &mut i64) -> Generated {
-    let read = |sql: String, ordered: bool| Generated {
-        sql,
-        ordered,
-        reads: true,
-    };
-    let write = |sql: String| Generated {
-        sql,
-        ordered: false,
-        reads: false,
-    };
     let agg = [
         "count(*)",
         "sum(amount)",
@@ -370,16 +376,6 @@ fn generate(rng: &mut StdRng, next_order: &mut i64) -> Generated {
 /// More shapes: arrays of keys, positions, functions as group keys, windows on one key, HAVING,
 /// DISTINCT ON, NULL tests, writes with RETURNING, transactions in one Query.
 fn more(rng: &mut StdRng, next_order: &mut i64) -> Generated {
-    let read = |sql: String, ordered: bool| Generated {
-        sql,
-        ordered,
-        reads: true,
-    };
-    let write = |sql: String| Generated {
-        sql,
-        ordered: false,
-        reads: false,
-    };
     let c = customer(rng);
     let list = customers(rng);
     match rng.random_range(0..25) {
