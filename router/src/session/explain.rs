@@ -23,17 +23,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let (rows, cache) = {
             let planned = self.routing.planner.plan(inner, &mut self.nbuf);
             let stmt = resolver::Statement::from_text(inner, &planned);
-            let target = Self::resolve(
-                &self.routing,
-                &self.user,
-                super::Seen {
-                    settings: &self.settings,
-                    changes: &self.changes,
-                },
-                &self.state,
-                pinned,
-                &stmt,
-            );
+            let seen = super::Seen {
+                user: &self.user,
+                settings: &self.settings,
+                changes: &self.changes,
+            };
+            let target = Self::resolve(&self.routing, seen, &self.state, pinned, &stmt);
             let cache = if planned.cached { "hit" } else { "miss" };
             (explain::rows(&target, inner), cache)
         };

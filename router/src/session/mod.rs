@@ -111,10 +111,11 @@ impl From<client::ClientError> for SessionError {
     }
 }
 
-/// The client's settings as its next statement sees them: the session's, changed by the
-/// statement or transaction under way (a `SET` inside a transaction, a `SET LOCAL`).
+/// Who the client is and its settings as its next statement sees them: the session's, changed
+/// by the statement or transaction under way (a `SET` inside a transaction, a `SET LOCAL`).
 #[derive(Clone, Copy)]
 struct Seen<'a> {
+    user: &'a str,
     settings: &'a Settings,
     changes: &'a Changes,
 }
@@ -160,6 +161,8 @@ pub struct Session<S> {
     may_share: bool,
     /// Where replies of shared requests arrive (made at the first).
     channel: Option<crate::backend::mux::Channel>,
+    /// A Query with the keys the router gave is being run (`new_keys`): it must not need keys.
+    writing_keys: bool,
     /// The user the client logged in as (whether it may pin statements by hand is the
     /// config's say, at each statement: a reload may change it).
     user: String,
@@ -197,6 +200,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             cursors: Default::default(),
             may_share: false,
             channel: None,
+            writing_keys: false,
             user,
         }
     }
@@ -329,7 +333,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// the pinned connection).
     fn resolve<'a>(
         routing: &'a Routing,
-        user: &str,
         settings: Seen<'a>,
         state: &State,
         pinned: Option<usize>,
@@ -342,7 +345,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 shard: settings.get(resolver::manual::SETTING),
                 key: settings.get(resolver::manual::KEY_SETTING),
                 allowed: !routing.config.hints_for_admins_only
-                    || routing.config.user(user).is_some_and(|u| u.admin),
+                    || routing.config.user(settings.user).is_some_and(|u| u.admin),
             },
             allow_scatter_writes: match settings.get("shardgate.allow_scatter_writes") {
                 Some(v) => matches!(
@@ -367,17 +370,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         };
         let pinned = self.pinned_shard();
         let seen = Seen {
+            user: &self.user,
             settings: &self.settings,
             changes: &self.changes,
         };
-        let target = Self::resolve(
-            &self.routing,
-            &self.user,
-            seen,
-            &self.state,
-            pinned,
-            &resolved,
-        );
+        let target = Self::resolve(&self.routing, seen, &self.state, pinned, &resolved);
         self.reroute = target.reroute();
         target.dest
     }

@@ -31,6 +31,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             .with_hint("send the INSERT itself, or use the driver's prepared statements");
             return self.refuse(&err, &carrier).await;
         }
+        if self.writing_keys {
+            return self.refuse(&still_without_key(), &carrier).await;
+        }
         let shard = new.shard.or(self.pinned_shard());
         let keys = match self.routing.new_keys(&new.table, shard, new.rows).await {
             Ok((_, keys)) => keys,
@@ -47,32 +50,41 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             .with_hint(format!("give {} in the INSERT's column list", new.key));
             return self.refuse(&err, &carrier).await;
         };
-        let planned = self.routing.planner.plan(&sql, &mut self.nbuf);
-        if planned
-            .statements
-            .iter()
-            .any(|r| matches!(r, Route::NewKeys { .. }))
-        {
-            // Never again: the text with its keys must route by them.
-            drop(planned);
-            let err = errors::internal("an INSERT with the router's keys still lacks its key");
-            return self.refuse(&err, &carrier).await;
-        }
         match carrier {
             Carrier::Bind { bind, stmt } => {
+                let planned = self.routing.planner.plan(&sql, &mut self.nbuf);
+                if planned
+                    .statements
+                    .iter()
+                    .any(|r| matches!(r, Route::NewKeys { .. }))
+                {
+                    drop(planned);
+                    return self
+                        .refuse(&still_without_key(), &Carrier::Bind { bind, stmt })
+                        .await;
+                }
                 let own = self
                     .statements
                     .routers_own(sql, stmt.param_types(), &planned);
                 Box::pin(self.bind_statement(bind, own)).await
             }
             _ => {
-                drop(planned);
                 let mut frame = BytesMut::with_capacity(sql.len() + 6);
                 request::query(&mut frame, &sql).map_err(|e| {
                     SessionError::Protocol(format!("internal: the INSERT with new keys: {e}"))
                 })?;
-                Box::pin(self.query(frame)).await
+                // The Query is planned once, there; a text that still left its key out would
+                // come back here, and is refused then rather than given keys again.
+                self.writing_keys = true;
+                let done = Box::pin(self.query(frame)).await;
+                self.writing_keys = false;
+                done
             }
         }
     }
+}
+
+/// The text with the router's keys written in must route by them.
+fn still_without_key() -> SqlError {
+    errors::internal("an INSERT with the router's keys still lacks its key")
 }

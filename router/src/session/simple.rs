@@ -31,17 +31,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             let planned = self.routing.planner.plan(sql, &mut self.nbuf);
             shareable = planned.shareable;
             let stmt = resolver::Statement::from_text(sql, &planned);
-            let target = Self::resolve(
-                &self.routing,
-                &self.user,
-                super::Seen {
-                    settings: &self.settings,
-                    changes: &self.changes,
-                },
-                &self.state,
-                pinned,
-                &stmt,
-            );
+            let seen = super::Seen {
+                user: &self.user,
+                settings: &self.settings,
+                changes: &self.changes,
+            };
+            let target = Self::resolve(&self.routing, seen, &self.state, pinned, &stmt);
             // Several statements may hold several keys of the shard: after a split they could
             // need both halves, so only a single statement's key re-routes a held Query.
             self.reroute = if planned.statements.len() == 1 {
