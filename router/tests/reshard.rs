@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{tables, Router, SCHEMA};
-use shardmap::{predicate, ShardMap};
+use shardmap::{predicate, Reference, ShardMap};
 use tokio_postgres::Client;
 
 const ADMIN: &str = "[[users]]\nname = \"ops\"\npassword = \"ops-secret\"\nadmin = true\n[pool]\nmax_size = 4\nconnect_timeout_ms = 1000\ncheckout_timeout_ms = 3000\npause_timeout_ms = 30000\n";
@@ -30,7 +30,10 @@ fn source_cluster(shards: usize) -> (pgharness::Cluster, ShardMap) {
         ..Default::default()
     })
     .expect("start the source cluster");
-    let map = ShardMap::even_split(&cluster.shard_urls(), tables()).expect("shard map");
+    // `settings` is a reference table: whole on every shard, copied whole to the new ones.
+    let map = ShardMap::even_split(&cluster.shard_urls(), tables())
+        .and_then(|m| m.with_references(vec![Reference::new("settings")]))
+        .expect("shard map");
     (cluster, map)
 }
 
@@ -254,7 +257,8 @@ async fn a_shard_splits_under_load_with_nothing_lost_and_nothing_failed() {
         db(url)
             .await
             .batch_execute(&format!(
-                "INSERT INTO kv VALUES {}; CREATE SEQUENCE kv_seq; SELECT setval('kv_seq', 4242)",
+                "INSERT INTO kv VALUES {}; CREATE SEQUENCE kv_seq; SELECT setval('kv_seq', 4242); \
+                 INSERT INTO settings VALUES ('mode', 'split'), ('color', 'blue')",
                 mine.join(", ")
             ))
             .await
@@ -422,9 +426,40 @@ async fn a_shard_splits_under_load_with_nothing_lost_and_nothing_failed() {
         .get(0);
     assert_eq!(seq, 4242);
 
+    // A reference table's write after the cut-over reaches every new shard once (the source
+    // no longer streams it on top).
+    routers[0]
+        .connect()
+        .await
+        .batch_execute("INSERT INTO settings VALUES ('after', 'cutover')")
+        .await
+        .expect("insert into the reference table");
+    routers[1]
+        .connect()
+        .await
+        .batch_execute("UPDATE settings SET v = 'green' WHERE k = 'color'")
+        .await
+        .expect("update the reference table");
+
     // Cleanup: the moved rows deleted from the source, no slot left.
     let (ok, text) = reshard(&["cleanup", "--plan", plan, "--delete-moved"]);
     assert!(ok, "{text}");
+    for shard in new_map.shards() {
+        let settings: String = db(shard.primary.url())
+            .await
+            .query_one(
+                "SELECT string_agg(k || '=' || v, ',' ORDER BY k) FROM settings",
+                &[],
+            )
+            .await
+            .expect("settings")
+            .get(0);
+        assert_eq!(
+            settings, "after=cutover,color=green,mode=split",
+            "on {}",
+            shard.primary
+        );
+    }
     assert_eq!(slots(&source_url).await, Vec::<String>::new());
     // Every row exactly once over all databases, with the value its client last wrote.
     let mut seen: HashMap<i64, Vec<String>> = HashMap::new();

@@ -10,7 +10,7 @@ use toml::Spanned;
 
 use crate::error::{line_of, MapError, Problems};
 use crate::keyspace::KeyType;
-use crate::map::{Lines, Shard, ShardMap, Table};
+use crate::map::{Lines, Reference, Shard, ShardMap, Table};
 use crate::primary::Primary;
 use crate::range::KeyRange;
 
@@ -29,9 +29,12 @@ struct RawMap {
 #[serde(deny_unknown_fields)]
 struct RawTable {
     name: Spanned<String>,
-    key: Spanned<String>,
+    key: Option<Spanned<String>>,
     #[serde(rename = "type")]
-    key_type: Spanned<String>,
+    key_type: Option<Spanned<String>>,
+    /// A reference table: whole on every shard, no key.
+    #[serde(default)]
+    reference: bool,
 }
 
 #[derive(Deserialize)]
@@ -70,11 +73,11 @@ pub fn parse(text: &str, origin: &str) -> Result<ShardMap, MapError> {
     };
 
     let mut tables = Vec::new();
+    let mut references = Vec::new();
     for t in &raw.tables {
         let item = line(t.span());
         let t = t.get_ref();
         let name = t.name.get_ref().trim();
-        let key = t.key.get_ref().trim();
         if name.is_empty() || name.starts_with('.') || name.ends_with('.') {
             problems.add(
                 line(t.name.span()),
@@ -82,20 +85,38 @@ pub fn parse(text: &str, origin: &str) -> Result<ShardMap, MapError> {
             );
             continue;
         }
-        if key.is_empty() {
+        if t.reference {
+            match t.key.as_ref().or(t.key_type.as_ref()) {
+                Some(field) => problems.add(
+                    line(field.span()),
+                    format!("table {name:?} is a reference table (whole on every shard), which has no sharding key: remove `key` and `type`, or `reference = true`"),
+                ),
+                None => references.push((Reference::new(name), Lines { item })),
+            }
+            continue;
+        }
+        let (Some(key), Some(key_type)) = (&t.key, &t.key_type) else {
             problems.add(
-                line(t.key.span()),
+                item,
+                format!("table {name:?} needs its key column in `key` and the key's type in `type` (or `reference = true` for a table kept whole on every shard)"),
+            );
+            continue;
+        };
+        let key_name = key.get_ref().trim();
+        if key_name.is_empty() {
+            problems.add(
+                line(key.span()),
                 format!("table {name:?} needs its key column in `key`"),
             );
             continue;
         }
-        match KeyType::parse(t.key_type.get_ref()) {
-            Some(kt) => tables.push((Table::new(name, key, kt), Lines { item })),
+        match KeyType::parse(key_type.get_ref()) {
+            Some(kt) => tables.push((Table::new(name, key_name, kt), Lines { item })),
             None => problems.add(
-                line(t.key_type.span()),
+                line(key_type.span()),
                 format!(
                     "table {name:?} has key type {:?}, which cannot be a sharding key; use one of: {}",
-                    t.key_type.get_ref(),
+                    key_type.get_ref(),
                     KeyType::ACCEPTED
                 ),
             ),
@@ -131,5 +152,13 @@ pub fn parse(text: &str, origin: &str) -> Result<ShardMap, MapError> {
         },
     };
 
-    ShardMap::build(origin, version, tables, shards, default_shard, problems)
+    ShardMap::build(
+        origin,
+        version,
+        tables,
+        references,
+        shards,
+        default_shard,
+        problems,
+    )
 }

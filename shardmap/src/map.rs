@@ -25,10 +25,7 @@ pub struct Table {
 impl Table {
     /// A table from its possibly schema-qualified name.
     pub fn new(name: &str, key: &str, key_type: KeyType) -> Table {
-        let (schema, name) = match name.rsplit_once('.') {
-            Some((s, n)) => (Some(s.to_string()), n.to_string()),
-            None => (None, name.to_string()),
-        };
+        let (schema, name) = split_name(name);
         Table {
             schema,
             name,
@@ -39,29 +36,83 @@ impl Table {
 
     /// The name as written in the map (`schema.name` or `name`).
     pub fn qualified_name(&self) -> String {
-        match &self.schema {
-            Some(s) => format!("{s}.{}", self.name),
-            None => self.name.clone(),
-        }
+        qualified(self.schema.as_deref(), &self.name)
     }
 
     /// The name as SQL must write it to mean this table (each part quoted where needed).
     pub fn quoted_name(&self) -> String {
-        let name = crate::sql::quote_ident(&self.name);
-        match &self.schema {
-            Some(s) => format!("{}.{name}", crate::sql::quote_ident(s)),
-            None => name,
-        }
+        quoted(self.schema.as_deref(), &self.name)
     }
 
     /// Whether a statement's reference to `schema.name` means this table.
     pub fn matches(&self, schema: Option<&str>, name: &str) -> bool {
-        self.name == name
-            && match (&self.schema, schema) {
-                (Some(mine), Some(theirs)) => mine == theirs,
-                _ => true,
-            }
+        same_table(self.schema.as_deref(), &self.name, schema, name)
     }
+}
+
+/// A reference table: no sharding key; every shard holds all of its rows. Writes go to every
+/// shard (all or nothing), reads to any one, and a join with a sharded table runs where the
+/// sharded rows are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reference {
+    /// Schema, when the map names one; an unqualified table matches any schema.
+    pub schema: Option<String>,
+    pub name: String,
+}
+
+impl Reference {
+    /// A reference table from its possibly schema-qualified name.
+    pub fn new(name: &str) -> Reference {
+        let (schema, name) = split_name(name);
+        Reference { schema, name }
+    }
+
+    /// The name as written in the map.
+    pub fn qualified_name(&self) -> String {
+        qualified(self.schema.as_deref(), &self.name)
+    }
+
+    /// The name as SQL must write it to mean this table.
+    pub fn quoted_name(&self) -> String {
+        quoted(self.schema.as_deref(), &self.name)
+    }
+
+    /// Whether a statement's reference to `schema.name` means this table.
+    pub fn matches(&self, schema: Option<&str>, name: &str) -> bool {
+        same_table(self.schema.as_deref(), &self.name, schema, name)
+    }
+}
+
+fn split_name(name: &str) -> (Option<String>, String) {
+    match name.rsplit_once('.') {
+        Some((s, n)) => (Some(s.to_string()), n.to_string()),
+        None => (None, name.to_string()),
+    }
+}
+
+fn qualified(schema: Option<&str>, name: &str) -> String {
+    match schema {
+        Some(s) => format!("{s}.{name}"),
+        None => name.to_string(),
+    }
+}
+
+fn quoted(schema: Option<&str>, name: &str) -> String {
+    let name = crate::sql::quote_ident(name);
+    match schema {
+        Some(s) => format!("{}.{name}", crate::sql::quote_ident(s)),
+        None => name,
+    }
+}
+
+/// Whether a name in a statement (`schema.name`) means a map entry's (`mine_schema.mine`): an
+/// unqualified name on either side matches any schema.
+fn same_table(mine_schema: Option<&str>, mine: &str, schema: Option<&str>, name: &str) -> bool {
+    mine == name
+        && match (mine_schema, schema) {
+            (Some(m), Some(t)) => m == t,
+            _ => true,
+        }
 }
 
 /// One shard: a range of the keyspace and the Postgres primary that holds it.
@@ -77,6 +128,7 @@ pub struct ShardMap {
     version: u64,
     default_shard: usize,
     tables: Vec<Table>,
+    references: Vec<Reference>,
     shards: Vec<Shard>,
     /// `shards[i].range.start`, kept apart so the lookup scans a dense array.
     starts: Vec<u64>,
@@ -103,6 +155,7 @@ impl ShardMap {
             "<generated shard map>",
             version,
             tables.into_iter().zip(table_lines).collect(),
+            Vec::new(),
             shards.into_iter().zip(shard_lines).collect(),
             default_shard.map(|r| (r, 0)),
             Problems::default(),
@@ -115,24 +168,29 @@ impl ShardMap {
         origin: &str,
         version: u64,
         tables: Vec<(Table, Lines)>,
+        references: Vec<(Reference, Lines)>,
         mut shards: Vec<(Shard, Lines)>,
         default_shard: Option<(KeyRange, usize)>,
         mut problems: Problems,
     ) -> Result<ShardMap, MapError> {
-        for (i, (table, lines)) in tables.iter().enumerate() {
-            for (other, other_lines) in &tables[..i] {
-                let same = table.name == other.name
-                    && (table.schema.is_none()
-                        || other.schema.is_none()
-                        || table.schema == other.schema);
-                if same {
+        let names: Vec<(Option<&str>, &str, usize)> = tables
+            .iter()
+            .map(|(t, l)| (t.schema.as_deref(), t.name.as_str(), l.item))
+            .chain(
+                references
+                    .iter()
+                    .map(|(r, l)| (r.schema.as_deref(), r.name.as_str(), l.item)),
+            )
+            .collect();
+        for (i, &(schema, name, line)) in names.iter().enumerate() {
+            for &(other_schema, other, other_line) in &names[..i] {
+                if same_table(schema, name, other_schema, other) {
                     problems.add(
-                        lines.item,
+                        line,
                         format!(
-                            "table {:?} is listed twice (also as {:?} at line {}); a table has one sharding key",
-                            table.qualified_name(),
-                            other.qualified_name(),
-                            other_lines.item
+                            "table {:?} is listed twice (also as {:?} at line {other_line}); a table is either sharded by one key or a reference table",
+                            qualified(schema, name),
+                            qualified(other_schema, other),
                         ),
                     );
                 }
@@ -250,6 +308,7 @@ impl ShardMap {
             version,
             default_shard: default_index,
             tables: tables.into_iter().map(|(t, _)| t).collect(),
+            references: references.into_iter().map(|(r, _)| r).collect(),
             starts: shards.iter().map(|s| s.range.start).collect(),
             shards,
         };
@@ -261,6 +320,7 @@ impl ShardMap {
             version: 0,
             default_shard: 0,
             tables: Vec::new(),
+            references: Vec::new(),
             shards: Vec::new(),
             starts: Vec::new(),
         }
@@ -277,6 +337,39 @@ impl ShardMap {
 
     pub fn tables(&self) -> &[Table] {
         &self.tables
+    }
+
+    /// The reference tables: whole on every shard.
+    pub fn references(&self) -> &[Reference] {
+        &self.references
+    }
+
+    /// The reference table a statement's `schema.name` refers to, if any.
+    pub fn reference(&self, schema: Option<&str>, name: &str) -> Option<&Reference> {
+        self.references.iter().find(|r| r.matches(schema, name))
+    }
+
+    /// This map with these reference tables (none may also be a sharded table).
+    pub fn with_references(self, references: Vec<Reference>) -> Result<ShardMap, MapError> {
+        let lines = |n: usize| vec![Lines::default(); n];
+        let n = references.len();
+        Self::build(
+            "<generated shard map>",
+            self.version,
+            self.tables
+                .iter()
+                .cloned()
+                .zip(lines(self.tables.len()))
+                .collect(),
+            references.into_iter().zip(lines(n)).collect(),
+            self.shards
+                .iter()
+                .cloned()
+                .zip(lines(self.shards.len()))
+                .collect(),
+            self.shards.get(self.default_shard).map(|s| (s.range, 0)),
+            Problems::default(),
+        )
     }
 
     /// Index of the shard where unsharded tables live.
@@ -338,6 +431,11 @@ impl ShardMap {
             let _ = writeln!(out, "name = {}", q(&t.qualified_name()));
             let _ = writeln!(out, "key = {}", q(&t.key));
             let _ = writeln!(out, "type = {}", q(t.key_type.name()));
+        }
+        for r in &self.references {
+            let _ = writeln!(out, "\n[[tables]]");
+            let _ = writeln!(out, "name = {}", q(&r.qualified_name()));
+            let _ = writeln!(out, "reference = true");
         }
         for s in &self.shards {
             let _ = writeln!(out, "\n[[shards]]");

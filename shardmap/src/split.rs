@@ -89,7 +89,8 @@ impl ShardMap {
             self.tables().to_vec(),
             shards,
             Some(default),
-        )
+        )?
+        .with_references(self.references().to_vec())
     }
 }
 

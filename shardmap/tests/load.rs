@@ -221,3 +221,39 @@ fn generated_maps_validate() {
     assert_eq!(map.shards()[2].range, KeyRange::parse("aaaaaa-").unwrap());
     assert!(ShardMap::even_split(&[], vec![]).is_err());
 }
+
+#[test]
+fn reference_tables_load_round_trip_and_survive_a_split() {
+    let text = format!("{GOOD}\n[[tables]]\nname = \"app.regions\"\nreference = true\n");
+    let map = parse(&text, "refs.toml").unwrap();
+    assert!(map.reference(Some("app"), "regions").is_some());
+    assert!(map.reference(None, "regions").is_some());
+    assert!(map.reference(Some("other"), "regions").is_none());
+    assert!(map.table(None, "regions").is_none(), "not a sharded table");
+    assert_eq!(parse(&map.to_toml(), "again.toml").unwrap(), map);
+    let split = map
+        .split_shard(&map.shards()[0].range, "postgres://h/a", "postgres://h/b")
+        .unwrap();
+    assert_eq!(split.references(), map.references());
+}
+
+#[test]
+fn reports_reference_tables_with_keys_tables_without_and_twice_listed() {
+    let (line, msg) = one_problem(&format!(
+        "{GOOD}\n[[tables]]\nname = \"regions\"\nreference = true\nkey = \"code\"\n"
+    ));
+    assert!(
+        msg.contains("reference table") && msg.contains("remove `key`"),
+        "{msg}"
+    );
+    assert_eq!(line, GOOD.lines().count() + 5, "{msg}");
+    let (_, msg) = one_problem(&format!("{GOOD}\n[[tables]]\nname = \"regions\"\n"));
+    assert!(
+        msg.contains("needs its key column") && msg.contains("reference = true"),
+        "{msg}"
+    );
+    let (_, msg) = one_problem(&format!(
+        "{GOOD}\n[[tables]]\nname = \"kv\"\nreference = true\n"
+    ));
+    assert!(msg.contains("listed twice"), "{msg}");
+}

@@ -82,7 +82,7 @@ pub async fn check(plan: &Plan) -> Result<(Vec<String>, Vec<String>), String> {
     }
     for t in &tables {
         let sharded = plan.sharded(&t.schema, &t.name);
-        let published = sharded.is_some() || plan.moving().any(|(_, p)| p.gets_unsharded);
+        let published = sharded.is_some() || plan.moving().any(|(_, p)| plan.copied_whole(p, t));
         if !published {
             notes.push(format!(
                 "{} is not sharded and the default shard does not move: its schema is copied, its rows stay",

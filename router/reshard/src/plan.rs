@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 use shardmap::predicate::predicate;
 use shardmap::sql::{quote_ident, quote_literal};
-use shardmap::{KeyRange, KeyType, Primary, ShardMap, Table};
+use shardmap::{KeyRange, KeyType, Primary, Reference, ShardMap, Table};
 
 /// The schema the split keeps its own objects in, on the source and the targets: the marker
 /// table that proves how far a target has applied, the record of subscriptions, the fence.
@@ -49,6 +49,8 @@ pub struct Plan {
     pub parts: [Part; 2],
     /// The map's sharded tables (each filtered by key range).
     pub tables: Vec<Table>,
+    /// The map's reference tables (copied whole to every new shard).
+    pub references: Vec<Reference>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -59,6 +61,9 @@ struct PlanFile {
     map_version: u64,
     part: Vec<PartFile>,
     table: Vec<TableFile>,
+    /// Reference tables, by name (plans written before they existed have none).
+    #[serde(default)]
+    reference: Vec<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -138,6 +143,7 @@ impl Plan {
             map_version: map.version(),
             parts,
             tables: map.tables().to_vec(),
+            references: map.references().to_vec(),
         })
     }
 
@@ -166,6 +172,11 @@ impl Plan {
                     key: t.key.clone(),
                     key_type: t.key_type.name().to_string(),
                 })
+                .collect(),
+            reference: self
+                .references
+                .iter()
+                .map(Reference::qualified_name)
                 .collect(),
         };
         let body = toml::to_string(&file).unwrap_or_default();
@@ -224,6 +235,7 @@ impl Plan {
             map_version: file.map_version,
             parts,
             tables,
+            references: file.reference.iter().map(|r| Reference::new(r)).collect(),
         })
     }
 
@@ -288,8 +300,22 @@ impl Plan {
         self.tables.iter().find(|t| t.matches(Some(schema), name))
     }
 
+    /// Whether a catalog table is one of the map's reference tables.
+    pub fn reference(&self, t: &CatalogTable) -> bool {
+        self.references
+            .iter()
+            .any(|r| r.matches(Some(&t.schema), &t.name))
+    }
+
+    /// Whether part `p` gets all rows of a table the map does not shard: a reference table
+    /// (every shard has it whole), or any such table when the part becomes the default shard.
+    pub fn copied_whole(&self, p: &Part, t: &CatalogTable) -> bool {
+        p.gets_unsharded || self.reference(t)
+    }
+
     /// `CREATE PUBLICATION` of part `part`: each sharded table filtered to the part's range,
-    /// the tables the map does not shard whole if the part gets them, and the marker.
+    /// reference tables whole, the other tables the map does not shard whole if the part gets
+    /// them, and the marker.
     pub fn publication_sql(&self, part: usize, tables: &[CatalogTable]) -> String {
         let p = &self.parts[part];
         let mut list = Vec::new();
@@ -300,7 +326,7 @@ impl Plan {
                     t.sql_name(),
                     predicate(sharded, &p.range)
                 )),
-                None if p.gets_unsharded => list.push(t.sql_name()),
+                None if self.copied_whole(p, t) => list.push(t.sql_name()),
                 None => {}
             }
         }
@@ -350,6 +376,7 @@ impl Plan {
     /// lost. Row triggers, so they hold for connections already open; TRUNCATE is refused.
     pub fn fence_sql(&self, tables: &[CatalogTable]) -> Vec<String> {
         let mut sql = self.unfence_sql(tables);
+        sql.extend(self.reference_streams(tables, "DROP"));
         let trigger = quote_ident(&self.fence_trigger());
         let message = format!(
             "shardgate: rows of {} moved to {} and {} when shard {} was split; this client's shard map is out of date",
@@ -390,24 +417,49 @@ impl Plan {
     }
 
     /// The tables the fence covers, each with its number and the predicate of its moved rows:
-    /// the sharded tables, and the unsharded ones when they move with the default shard.
+    /// the sharded tables, the unsharded ones when they move with the default shard, and the
+    /// reference tables when the source leaves the map (while it stays, it is a shard that
+    /// every write of them reaches).
     fn fenced<'t>(&self, tables: &'t [CatalogTable]) -> Vec<(usize, &'t CatalogTable, String)> {
         let unsharded_move = self.moving().any(|(_, p)| p.gets_unsharded);
+        let source_leaves = !self.parts.iter().any(|p| p.stays);
         tables
             .iter()
             .enumerate()
             .filter_map(|(n, t)| match self.sharded(&t.schema, &t.name) {
                 Some(sharded) => Some((n, t, self.moved_predicate(sharded))),
+                None if self.reference(t) => source_leaves.then(|| (n, t, "true".to_string())),
                 None if unsharded_move => Some((n, t, "true".to_string())),
                 None => None,
             })
             .collect()
     }
 
+    /// The reference tables taken out of (`DROP`) or put back into (`ADD`) every moving part's
+    /// publication. From the cut-over on, every router writes a reference table on the new
+    /// shards itself; a change the source streamed on top would be applied twice. Each shard
+    /// decodes the change stream with the catalog as of each change, so changes before the
+    /// `DROP` still arrive (the marker waits for them) and none after it. Done already (a
+    /// cut-over tried again) or without a publication (a cleanup) is no error.
+    fn reference_streams(&self, tables: &[CatalogTable], verb: &str) -> Vec<String> {
+        let mut sql = Vec::new();
+        for t in tables.iter().filter(|t| self.reference(t)) {
+            for (part, _) in self.moving() {
+                sql.push(format!(
+                    "DO $sg$ BEGIN ALTER PUBLICATION {} {verb} TABLE {}; EXCEPTION WHEN duplicate_object OR undefined_object THEN NULL; END $sg$",
+                    quote_ident(&self.part_name(part)),
+                    t.sql_name()
+                ));
+            }
+        }
+        sql
+    }
+
     /// Takes the fence down (a rolled-back cut-over; also run before putting it up, so a
     /// cut-over tried again finds nothing in its way).
     pub fn unfence_sql(&self, tables: &[CatalogTable]) -> Vec<String> {
         let mut sql = Vec::new();
+        sql.extend(self.reference_streams(tables, "ADD"));
         for (n, t, _) in self.fenced(tables) {
             for trigger in [
                 self.fence_trigger(),
@@ -627,6 +679,50 @@ mod tests {
         assert!(plan
             .verify_sql(&tables[1], &plan.parts[0].range)
             .contains("FROM public.\"Other\" AS r"));
+    }
+
+    #[test]
+    fn reference_tables_are_copied_whole_and_stop_streaming_at_the_fence() {
+        let map = map()
+            .with_references(vec![Reference::new("regions")])
+            .unwrap();
+        let range = map.shards()[0].range;
+        let into = into(
+            "postgres://u:p@127.0.0.1:5432/s0",
+            "postgres://u:p@127.0.0.1:6001/b",
+        );
+        let plan = Plan::new(&map, &range, &into).unwrap();
+        let plan = Plan::parse(&plan.to_toml(), "split.toml").unwrap();
+        assert_eq!(
+            plan.references,
+            map.references(),
+            "read back from the plan file"
+        );
+        let tables = vec![CatalogTable {
+            schema: "public".into(),
+            name: "regions".into(),
+        }];
+        let publication = plan.publication_sql(1, &tables);
+        assert!(
+            publication.contains("FOR TABLE public.regions, "),
+            "{publication}"
+        );
+        // The source stays (part 0): no trigger fences the table; its stream stops.
+        let fence = plan.fence_sql(&tables);
+        assert!(
+            fence.iter().all(|s| !s.contains("TRIGGER sg_fence")),
+            "{fence:?}"
+        );
+        assert!(
+            fence.last().is_some_and(
+                |s| s.contains("ALTER PUBLICATION sg_split_min_80_1 DROP TABLE public.regions")
+            ),
+            "{fence:?}"
+        );
+        assert!(plan
+            .unfence_sql(&tables)
+            .iter()
+            .any(|s| s.contains("ADD TABLE public.regions")));
     }
 
     #[test]

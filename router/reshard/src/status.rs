@@ -172,7 +172,7 @@ pub async fn compare(plan: &Plan) -> Result<Vec<Diff>, String> {
     for (_, part) in plan.moving() {
         let target = connect(&part.primary, &format!("target {}", part.range)).await?;
         for t in &tables {
-            if plan.sharded(&t.schema, &t.name).is_none() && !part.gets_unsharded {
+            if plan.sharded(&t.schema, &t.name).is_none() && !plan.copied_whole(part, t) {
                 continue;
             }
             let sql = plan.verify_sql(t, &part.range);

@@ -121,11 +121,12 @@ pub fn run(cmd: ShardmapCommand) -> Result<(), String> {
         ShardmapCommand::Check { file } => {
             let map = load(&file)?;
             format!(
-                "{}: ok: version {}, {} shards, {} sharded tables, default shard {}\n",
+                "{}: ok: version {}, {} shards, {} sharded tables, {} reference tables, default shard {}\n",
                 file.display(),
                 map.version(),
                 map.shards().len(),
                 map.tables().len(),
+                map.references().len(),
                 map.shards()[map.default_shard()].range
             )
         }

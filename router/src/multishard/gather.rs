@@ -56,6 +56,17 @@ pub struct Concat<'a> {
     counted: bool,
     tagged: u64,
     copy_out: bool,
+    /// The shards hold the same rows (a write of a reference table): the first shard answers,
+    /// the others' command tags must equal its tags ([`Concat::replicas`]).
+    replicas: Option<Replicas>,
+}
+
+/// The first shard's command tags, and how many of the current shard's were checked against them.
+#[derive(Default)]
+struct Replicas {
+    tags: Vec<Vec<u8>>,
+    shard: usize,
+    checked: usize,
 }
 
 impl<'a> Concat<'a> {
@@ -74,7 +85,53 @@ impl<'a> Concat<'a> {
             counted: false,
             tagged: 0,
             copy_out: false,
+            replicas: None,
         }
+    }
+
+    /// The same statement on shards that hold the same rows: the client gets the first shard's
+    /// answer, and a shard whose command tags differ from it (its copy of the table differs)
+    /// ends the answer with an error, so that the write is rolled back everywhere.
+    pub fn replicas(mut self) -> Concat<'a> {
+        self.replicas = Some(Replicas::default());
+        self
+    }
+
+    /// A frame of a shard after the first, in replicas mode.
+    fn replica_frame(&mut self, shard: usize, frame: &[u8], out: &mut Vec<u8>) -> Option<Seen> {
+        let r = self.replicas.as_mut()?;
+        if shard == 0 {
+            if frame[0] == b'C' {
+                r.tags.push(frame[5..].to_vec());
+            }
+            return None;
+        }
+        if r.shard != shard {
+            r.shard = shard;
+            r.checked = 0;
+        }
+        let differs = match frame[0] {
+            b'E' => return None,
+            b'C' => {
+                let same = r.tags.get(r.checked).is_some_and(|t| t[..] == frame[5..]);
+                r.checked += 1;
+                !same
+            }
+            b'Z' => r.checked != r.tags.len(),
+            _ => return Some(Seen::More),
+        };
+        if differs {
+            crate::protocol::reply::SqlError::new(
+                crate::errors::INTERNAL_ERROR,
+                "the shards' copies of this reference table differ: the same write changed a different number of rows on one shard than on the first, so it was not applied anywhere",
+            )
+            .with_hint("compare the table on every shard and make the copies equal again")
+            .write(out);
+            return Some(Seen::Failed);
+        }
+        (frame[0] == b'Z')
+            .then_some(Seen::Done)
+            .or(Some(Seen::More))
     }
 
     /// Each shard's rows come under a one-column row `labels[shard]`.
@@ -93,6 +150,9 @@ impl<'a> Concat<'a> {
     /// One reply frame of shard number `shard` (in the order the shards answer; the first
     /// describes the rows).
     pub fn frame(&mut self, shard: usize, frame: &[u8], out: &mut Vec<u8>) -> Seen {
+        if let Some(seen) = self.replica_frame(shard, frame, out) {
+            return seen;
+        }
         let extended = !self.asked.is_empty();
         let first = shard == 0;
         match frame[0] {

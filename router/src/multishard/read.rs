@@ -14,18 +14,12 @@ use crate::protocol::reply::SqlError;
 /// Forwards the shards' answers (in the order of `receivers`) as one, without ReadyForQuery;
 /// `Ok(true)` when it ended with an error. `asked` lists the extended batch's messages to
 /// answer (empty for a simple query).
-/// With `labels`, each shard's rows come under a one-column row `labels[i]` (`EXPLAIN`).
+/// `gather` says how (labels, a limit, replicas).
 pub async fn concatenated<C: Client>(
     client: &mut C,
     mut receivers: Vec<mpsc::Receiver<Chunk>>,
-    asked: &[u8],
-    limit: Option<u64>,
-    labels: Option<&[String]>,
+    mut gather: Concat<'_>,
 ) -> std::io::Result<bool> {
-    let mut gather = Concat::new(asked, limit);
-    if let Some(labels) = labels {
-        gather = gather.with_labels(labels);
-    }
     for (i, rx) in receivers.iter_mut().enumerate() {
         'shard: loop {
             let chunk = match rx.recv().await {

@@ -11,7 +11,10 @@ use crate::routing::Routing;
 
 /// Runs `request` (a Query, or an extended batch ending in Sync) on `shards` and writes the
 /// client's answer without ReadyForQuery; `Ok(true)` when it ended with an error. `asked` lists
-/// the extended batch's messages to answer (empty for a simple query).
+/// the extended batch's messages to answer (empty for a simple query). With `replicas` (a
+/// reference table: the same rows on every shard) the first shard answers and the others must
+/// agree with it ([`Concat::replicas`]).
+#[allow(clippy::too_many_arguments)]
 pub async fn run<C: Client>(
     routing: &Routing,
     settings: &Settings,
@@ -19,9 +22,13 @@ pub async fn run<C: Client>(
     shards: &[usize],
     request: &[u8],
     asked: &[u8],
+    replicas: bool,
 ) -> std::io::Result<bool> {
     let mut parts = Parts::new(routing, settings, "the write");
     let mut gather = Concat::new(asked, None);
+    if replicas {
+        gather = gather.replicas();
+    }
     for (i, &shard) in shards.iter().enumerate() {
         if let Err(err) = parts.begin(shard, request).await {
             parts.rollback().await;

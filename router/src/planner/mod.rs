@@ -28,8 +28,10 @@ pub mod normalize;
 mod scatter;
 
 pub use scatter::{shard_sql, Merge, MergePlan};
+mod once;
 mod pins;
 pub mod prepared_sql;
+mod reference;
 mod refs;
 mod route;
 pub mod values;
@@ -66,7 +68,8 @@ pub enum Route {
         /// other shards add nothing). `None` for writes and reads that cannot merge exactly.
         spread: Option<Merge>,
     },
-    /// Touches no user table (`SELECT 1`, `SET`, `SHOW`, catalog queries): any healthy shard.
+    /// Touches no user table (`SELECT 1`, `SET`, `SHOW`, catalog queries), or reads only
+    /// reference tables: any healthy shard.
     Any,
     /// Touches only tables that are not in the shard map, or calls functions that may: the
     /// map's default shard.
@@ -100,6 +103,9 @@ pub enum Route {
     /// DDL that every shard needs: on a sharded table, or schema-wide (schemas, extensions,
     /// functions, types, grants). Run on all shards, answered once.
     Broadcast,
+    /// INSERT, UPDATE or DELETE of a reference table (kept whole on every shard): the same
+    /// statement on every shard, all or nothing, answered by one.
+    Replicated { table: String },
     /// A read of a sharded table without a key whose answers merge exactly: run on every
     /// shard, combined as `merge` says.
     Scatter { table: String, merge: Merge },

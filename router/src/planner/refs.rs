@@ -10,7 +10,7 @@
 
 use std::ops::ControlFlow;
 
-use shardmap::{ShardMap, Table};
+use shardmap::{Reference, ShardMap, Table};
 use sqlparser::ast::{
     AssignmentTarget, Expr, FromTable, JoinConstraint, JoinOperator, ObjectName, Query, Select,
     Statement, TableFactor, TableWithJoins, Visit, Visitor,
@@ -22,6 +22,8 @@ use super::{KeySource, NewRows};
 /// How a table name in a statement is to be read.
 pub(crate) enum Rel<'m> {
     Sharded(&'m Table),
+    /// A reference table: whole on every shard.
+    Reference(&'m Reference),
     /// A table (or view, sequence...) not in the map: it lives on the default shard.
     Unsharded,
     /// `pg_catalog`, `information_schema`: the same on every shard.
@@ -77,6 +79,8 @@ pub(crate) struct Refs<'m> {
     pub sharded: Vec<&'m Table>,
     /// Names of referenced tables that are not in the map.
     pub unsharded: Vec<String>,
+    /// Every reference to a reference table, in the order met.
+    pub references: Vec<&'m Reference>,
     pub pins: Vec<Pin<'m>>,
     /// The first reason found why the statement cannot be routed, for the client.
     pub problem: Option<String>,
@@ -116,6 +120,7 @@ impl<'m> Refs<'m> {
             learned: Learned::default(),
             sharded: Vec::new(),
             unsharded: Vec::new(),
+            references: Vec::new(),
             pins: Vec::new(),
             problem: None,
             calls_functions: false,
@@ -150,8 +155,11 @@ impl<'m> Refs<'m> {
         if schema.is_none() && self.is_cte(table) {
             return Rel::Cte;
         }
-        match self.map.table(schema, table) {
-            Some(t) => Rel::Sharded(t),
+        if let Some(t) = self.map.table(schema, table) {
+            return Rel::Sharded(t);
+        }
+        match self.map.reference(schema, table) {
+            Some(r) => Rel::Reference(r),
             None => Rel::Unsharded,
         }
     }
@@ -315,7 +323,7 @@ pub(super) fn assigned_columns(assignments: &[sqlparser::ast::Assignment]) -> Ve
 }
 
 /// Functions that read no tables: calling them does not tie a statement to the default shard.
-fn is_plain_function(name: &ObjectName) -> bool {
+pub(super) fn is_plain_function(name: &ObjectName) -> bool {
     const PLAIN: &[&str] = &[
         "abs",
         "array_agg",
@@ -477,6 +485,7 @@ impl Visitor for Refs<'_> {
         match self.classify(relation) {
             Rel::Sharded(t) => self.sharded.push(t),
             Rel::Unsharded => self.unsharded.push(relation.to_string()),
+            Rel::Reference(r) => self.references.push(r),
             Rel::Catalog | Rel::Cte => {}
         }
         ControlFlow::Continue(())

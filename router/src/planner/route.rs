@@ -34,9 +34,16 @@ pub(crate) fn route(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Rout
             legacy_options,
             ..
         } => match source {
-            CopySource::Table { table_name, columns } => match sharded(map, table_name) {
-                Some(t) => copy_sharded(t, columns, *to, target, options, legacy_options),
-                None => Route::Default,
+            CopySource::Table { table_name, columns } => match Refs::new(map).classify(table_name) {
+                Rel::Sharded(t) => copy_sharded(t, columns, *to, target, options, legacy_options),
+                Rel::Reference(_) if *to => Route::Any,
+                Rel::Reference(r) => Route::Unroutable {
+                    message: format!(
+                        "COPY into the reference table {} is not supported yet (every shard needs the rows): insert them with INSERT ... VALUES, which runs on every shard",
+                        r.qualified_name()
+                    ),
+                },
+                _ => Route::Default,
             },
             CopySource::Query(_) => data(stmt, map, learned),
         },
@@ -102,18 +109,19 @@ pub(crate) fn route(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Rout
         | Statement::DropTrigger(_) => table_ddl(stmt, map),
         Statement::Drop { object_type, names, .. } => drop(map, *object_type, names),
         Statement::Comment { object_type, object_name, .. } => {
-            let table = match object_type {
-                CommentObject::Table => sharded(map, object_name),
+            let everywhere = match object_type {
+                CommentObject::Table => on_every_shard(map, object_name),
                 CommentObject::Column => {
                     let mut parts = object_name.0.clone();
                     parts.pop();
-                    sharded(map, &ObjectName(parts))
+                    on_every_shard(map, &ObjectName(parts))
                 }
-                _ => None,
+                _ => false,
             };
-            match table {
-                Some(_) => Route::Broadcast,
-                None => Route::Default,
+            if everywhere {
+                Route::Broadcast
+            } else {
+                Route::Default
             }
         }
 
@@ -212,6 +220,10 @@ fn explain(
         Route::CopyIn { .. } => Route::Unroutable {
             message: "EXPLAIN of COPY is not a thing Postgres does".into(),
         },
+        // A reference table's write plans alike on every shard; run on one, it would make
+        // that shard's copy differ.
+        Route::Replicated { .. } if analyze => refuse_write(),
+        Route::Replicated { .. } => Route::Any,
         other => other,
     }
 }
@@ -225,11 +237,12 @@ fn first_words(stmt: &Statement) -> String {
         .join(" ")
 }
 
-fn sharded<'m>(map: &'m ShardMap, name: &ObjectName) -> Option<&'m Table> {
-    match Refs::new(map).classify(name) {
-        Rel::Sharded(t) => Some(t),
-        _ => None,
-    }
+/// Whether every shard has the table: a sharded table (its part) or a reference table (whole).
+fn on_every_shard(map: &ShardMap, name: &ObjectName) -> bool {
+    matches!(
+        Refs::new(map).classify(name),
+        Rel::Sharded(_) | Rel::Reference(_)
+    )
 }
 
 /// COPY of a sharded table: out to STDOUT gathers from every shard; in from STDIN splits the
@@ -334,8 +347,7 @@ fn table_ddl(stmt: &Statement, map: &ShardMap) -> Route {
     }
     let refs = Refs::collect(stmt, map, &Learned::default());
     if refs.sharded.is_empty() {
-        // Temporary tables (ON COMMIT DROP) too: they are routed like unsharded tables.
-        return Route::Default;
+        return reference_ddl(stmt, map, &refs);
     }
     // CREATE TABLE .. AS SELECT from a sharded table would create a different table on every
     // shard, each from that shard's rows.
@@ -352,17 +364,59 @@ fn table_ddl(stmt: &Statement, map: &ShardMap) -> Route {
     Route::Broadcast
 }
 
+/// DDL that names no sharded table: on every shard when it changes a reference table (its
+/// CREATE, ALTER, indexes, TRUNCATE...), else on the default shard (temporary tables with ON
+/// COMMIT DROP too, like unsharded tables).
+fn reference_ddl(stmt: &Statement, map: &ShardMap, refs: &Refs<'_>) -> Route {
+    let Some(reference) = refs.references.first() else {
+        return Route::Default;
+    };
+    let subject = match stmt {
+        Statement::CreateTable(ct) => Some(&ct.name),
+        Statement::AlterTable(at) => Some(&at.name),
+        Statement::CreateIndex(ci) => Some(&ci.table_name),
+        Statement::CreateView(cv) => Some(&cv.name),
+        _ => None,
+    };
+    // A table or view that only refers to a reference table (a foreign key, a view over it)
+    // is an unsharded one.
+    if subject.is_some_and(|name| !on_every_shard(map, name)) {
+        return Route::Default;
+    }
+    if let Some(other) = refs.unsharded.first() {
+        return Route::Unroutable {
+            message: format!(
+                "this statement changes the reference table {}, which every shard has, and names {other}, which is only on the default shard: run them separately",
+                reference.qualified_name()
+            ),
+        };
+    }
+    Route::Broadcast
+}
+
+/// The merge of a read run on several shards, when the shards' answers add up to the answer:
+/// the merge rules of [`super::scatter`], and each row made on one shard only
+/// ([`super::once`]).
+fn merge_across(stmt: &Statement, map: &ShardMap) -> Result<Merge, &'static str> {
+    let merge = super::scatter::merge_for(stmt)?;
+    if let Ok(q) = super::scatter::the_query(stmt) {
+        let refs = Refs::new(map);
+        super::once::each_row_once(q, &|name| matches!(refs.classify(name), Rel::Sharded(_)))?;
+    }
+    Ok(merge)
+}
+
 fn drop(map: &ShardMap, object_type: ObjectType, names: &[ObjectName]) -> Route {
     match object_type {
         ObjectType::Table | ObjectType::View | ObjectType::MaterializedView | ObjectType::Sequence => {
-            let shardedness: Vec<bool> = names.iter().map(|n| sharded(map, n).is_some()).collect();
+            let shardedness: Vec<bool> = names.iter().map(|n| on_every_shard(map, n)).collect();
             if shardedness.iter().all(|&s| s) {
                 Route::Broadcast
             } else if shardedness.iter().all(|&s| !s) {
                 Route::Default
             } else {
                 Route::Unroutable {
-                    message: "this DROP names sharded and unsharded tables together: drop them in separate statements".to_string(),
+                    message: "this DROP names tables that every shard has (sharded or reference tables) and unsharded tables together: drop them in separate statements".to_string(),
                 }
             }
         }
@@ -380,7 +434,11 @@ fn data(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Route {
     if let Some(message) = refs.problem {
         return Route::Unroutable { message };
     }
+    if let Some(route) = super::reference::write(stmt, &refs) {
+        return route;
+    }
     let Some(first) = refs.sharded.first() else {
+        // Reference tables are on every shard, the default one too.
         return if !refs.unsharded.is_empty() || refs.calls_functions || refs.select_into {
             Route::Default
         } else {
@@ -427,7 +485,7 @@ fn data(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Route {
         };
     }
     if refs.pins.is_empty() && refs.sharded.len() == 1 {
-        match super::scatter::merge_for(stmt) {
+        match merge_across(stmt, map) {
             Ok(merge) => return Route::Scatter { table: name, merge },
             Err(why) => {
                 let key = &first.key;
@@ -444,39 +502,13 @@ fn data(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Route {
         && refs.selects_with_sharded == 1
         && refs.colocated == refs.sharded.len();
     if refs.pins.is_empty() && colocated {
-        if let Ok(merge) = super::scatter::merge_for(stmt) {
+        if let Ok(merge) = merge_across(stmt, map) {
             return Route::Scatter { table: name, merge };
         }
     }
     if refs.pins.len() != refs.sharded.len() {
-        // Name a table with fewer pins than references.
-        let unpinned = refs
-            .sharded
-            .iter()
-            .find(|t| {
-                let refs_of = refs
-                    .sharded
-                    .iter()
-                    .filter(|u| std::ptr::eq(**u, **t))
-                    .count();
-                let pins_of = refs
-                    .pins
-                    .iter()
-                    .filter(|p| std::ptr::eq(p.table, **t))
-                    .count();
-                pins_of < refs_of
-            })
-            .unwrap_or(first);
-        let (t, key) = (unpinned.qualified_name(), &unpinned.key);
-        let more = if refs.sharded.len() > 1 {
-            " Each reference to a sharded table (in a join, subquery or CTE) needs its own `alias.key = <value>` in the WHERE of the query that reads it."
-        } else {
-            ""
-        };
         return Route::Unroutable {
-            message: format!(
-                "{t} is sharded by {key}, and this statement does not fix {key} to one value: add `WHERE {key} = <value>` (or `{key} IN (...)` with values on one shard); statements across all shards are not supported yet.{more}"
-            ),
+            message: unpinned(&refs, first),
         };
     }
     let key_type = first.key_type;
@@ -512,7 +544,7 @@ fn data(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Route {
         // A read of one sharded table (or of tables joined by equal keys): each key's rows are
         // only on its shard, so the shards of its keys answer it exactly. A join of two pinned
         // references on different shards has no shard that holds both sides, and is refused.
-        super::scatter::merge_for(stmt).ok()
+        merge_across(stmt, map).ok()
     } else {
         None
     };
@@ -523,6 +555,39 @@ fn data(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Route {
         keys,
         spread,
     }
+}
+
+/// Why a statement with fewer key pins than sharded table references cannot be routed, naming
+/// such a table.
+fn unpinned(refs: &Refs<'_>, first: &Table) -> String {
+    // Name a table with fewer pins than references.
+    let unpinned = refs
+        .sharded
+        .iter()
+        .find(|t| {
+            let refs_of = refs
+                .sharded
+                .iter()
+                .filter(|u| std::ptr::eq(**u, **t))
+                .count();
+            let pins_of = refs
+                .pins
+                .iter()
+                .filter(|p| std::ptr::eq(p.table, **t))
+                .count();
+            pins_of < refs_of
+        })
+        .copied()
+        .unwrap_or(first);
+    let (t, key) = (unpinned.qualified_name(), &unpinned.key);
+    let more = if refs.sharded.len() > 1 {
+        " Each reference to a sharded table (in a join, subquery or CTE) needs its own `alias.key = <value>` in the WHERE of the query that reads it."
+    } else {
+        ""
+    };
+    format!(
+        "{t} is sharded by {key}, and this statement does not fix {key} to one value: add `WHERE {key} = <value>` (or `{key} IN (...)` with values on one shard); statements across all shards are not supported yet.{more}"
+    )
 }
 
 /// The route of text the parser rejects: `Unparsed`, unless a word of it is the name of a

@@ -83,7 +83,7 @@ pub(crate) fn merge_for(stmt: &Statement) -> Result<Merge, &'static str> {
     Ok(merge)
 }
 
-fn the_query(stmt: &Statement) -> Result<&Query, &'static str> {
+pub(super) fn the_query(stmt: &Statement) -> Result<&Query, &'static str> {
     match stmt {
         Statement::Query(q) => Ok(q),
         // COPY (SELECT ...) TO STDOUT: the rows of the query, as COPY data.

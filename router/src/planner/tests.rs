@@ -883,3 +883,174 @@ fn window_functions_and_subqueries_in_the_select_list_are_never_scattered() {
         Route::Scatter { .. }
     ));
 }
+
+fn with_regions() -> Planner {
+    let urls: Vec<String> = (0..4).map(|i| format!("postgres://h/s{i}")).collect();
+    let tables = vec![
+        Table::new("kv", "id", KeyType::BigInt),
+        Table::new("items", "id", KeyType::BigInt),
+    ];
+    let map = ShardMap::even_split(&urls, tables)
+        .and_then(|m| m.with_references(vec![shardmap::Reference::new("regions")]))
+        .expect("valid map");
+    Planner::new(Arc::new(map), 1000)
+}
+
+#[test]
+fn reads_of_reference_tables_go_anywhere_and_join_where_the_sharded_rows_are() {
+    let p = with_regions();
+    assert_eq!(
+        route(&p, "SELECT * FROM regions WHERE code = 'eu'"),
+        Route::Any
+    );
+    assert_eq!(
+        route(
+            &p,
+            "SELECT r.name, s.v FROM regions r JOIN settings s ON s.k = r.code"
+        ),
+        Route::Default
+    );
+    assert_eq!(
+        keys(
+            &p,
+            "SELECT * FROM kv JOIN regions r ON r.code = kv.region WHERE kv.id = 7"
+        ),
+        vec!["7"]
+    );
+    for sql in [
+        "SELECT kv.id, r.name FROM kv JOIN regions r ON r.code = kv.region",
+        "SELECT count(*) FROM kv LEFT JOIN regions r ON r.code = kv.region",
+        "SELECT r.name, count(*) FROM kv, regions r WHERE r.code = kv.region GROUP BY r.name",
+        "SELECT * FROM kv WHERE kv.region IN (SELECT code FROM regions)",
+    ] {
+        assert!(matches!(route(&p, sql), Route::Scatter { .. }), "{sql}");
+    }
+    for (sql, why) in [
+        (
+            "SELECT * FROM regions r LEFT JOIN kv ON r.code = kv.region",
+            "outer join keeps rows",
+        ),
+        (
+            "SELECT * FROM regions r WHERE r.code IN (SELECT region FROM kv)",
+            "only in a subquery",
+        ),
+        (
+            "SELECT * FROM kv JOIN settings s ON s.k = kv.region",
+            "unsharded table settings",
+        ),
+    ] {
+        unroutable(&p, sql, why);
+    }
+}
+
+#[test]
+fn a_read_whose_rows_every_shard_has_is_not_scattered() {
+    let p = planner();
+    unroutable(
+        &p,
+        "SELECT 1 WHERE EXISTS (SELECT 1 FROM kv)",
+        "only in a subquery",
+    );
+    unroutable(
+        &p,
+        "SELECT * FROM (SELECT 1 AS a) s WHERE a IN (SELECT id FROM kv)",
+        "only in a subquery",
+    );
+    // Keys on several shards: no merge, so the resolver refuses it rather than spread it.
+    match route(
+        &p,
+        "SELECT 1 WHERE EXISTS (SELECT 1 FROM kv WHERE id IN (1, 2, 3))",
+    ) {
+        Route::Keyed { spread: None, .. } => {}
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn writes_of_reference_tables_run_everywhere_and_must_do_the_same_there() {
+    let p = with_regions();
+    for sql in [
+        "INSERT INTO regions (code, name) VALUES ('eu', 'Europe')",
+        "INSERT INTO regions VALUES ('eu', 'Europe') ON CONFLICT (code) DO UPDATE SET name = excluded.name RETURNING *",
+        "UPDATE regions SET name = upper(name) WHERE code = 'eu'",
+        "DELETE FROM regions WHERE code IN (SELECT code FROM regions WHERE name = '')",
+    ] {
+        assert_eq!(route(&p, sql), Route::Replicated { table: "regions".into() }, "{sql}");
+    }
+    for (sql, why) in [
+        (
+            "INSERT INTO regions SELECT region, 'x' FROM kv",
+            "not the sharded table kv",
+        ),
+        (
+            "INSERT INTO regions SELECT k, v FROM settings",
+            "only on the default shard",
+        ),
+        (
+            "INSERT INTO regions VALUES ('eu', now()::text)",
+            "now() would give each shard",
+        ),
+        (
+            "UPDATE regions SET name = gen_random_uuid()::text",
+            "gen_random_uuid()",
+        ),
+        (
+            "INSERT INTO regions VALUES (nextval('s')::text, 'x')",
+            "nextval()",
+        ),
+    ] {
+        unroutable(&p, sql, why);
+    }
+    // A sharded write may read a reference table.
+    assert_eq!(
+        keys(
+            &p,
+            "UPDATE kv SET v = r.name FROM regions r WHERE r.code = kv.region AND kv.id = 3"
+        ),
+        vec!["3"]
+    );
+    match route(&p, "EXPLAIN ANALYZE DELETE FROM regions") {
+        Route::Unroutable { message } => assert!(message.contains("EXPLAIN ANALYZE"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(route(&p, "EXPLAIN DELETE FROM regions"), Route::Any);
+}
+
+#[test]
+fn ddl_of_reference_tables_runs_on_every_shard() {
+    let p = with_regions();
+    for sql in [
+        "CREATE TABLE regions (code text PRIMARY KEY, name text)",
+        "ALTER TABLE regions ADD COLUMN note text",
+        "CREATE INDEX ON regions (name)",
+        "TRUNCATE regions",
+        "DROP TABLE regions",
+        "DROP TABLE regions, kv",
+        "COMMENT ON TABLE regions IS 'everywhere'",
+        "CREATE TABLE items (id bigint PRIMARY KEY, region text REFERENCES regions (code))",
+    ] {
+        assert_eq!(route(&p, sql), Route::Broadcast, "{sql}");
+    }
+    for sql in [
+        "CREATE TABLE notes (id int, region text REFERENCES regions (code))",
+        "CREATE VIEW region_names AS SELECT name FROM regions",
+    ] {
+        assert_eq!(route(&p, sql), Route::Default, "{sql}");
+    }
+    unroutable(
+        &p,
+        "DROP TABLE regions, settings",
+        "drop them in separate statements",
+    );
+    unroutable(
+        &p,
+        "TRUNCATE regions, settings",
+        "only on the default shard",
+    );
+    assert_eq!(route(&p, "COPY regions TO STDOUT"), Route::Any);
+    unroutable(
+        &p,
+        "COPY regions FROM STDIN",
+        "COPY into the reference table regions",
+    );
+}

@@ -45,6 +45,12 @@ fn alone<'a>(stmt: &Statement<'a>, cx: &Context<'a>) -> Result<Option<Resolved<'
         [Route::ScatterWrite { .. }] => Dest::Write(Write {
             shards: (0..map.shards().len()).collect(),
             keyed: false,
+            replicas: false,
+        }),
+        [Route::Replicated { .. }] => Dest::Write(Write {
+            shards: (0..map.shards().len()).collect(),
+            keyed: false,
+            replicas: true,
         }),
         [Route::Scatter { merge, .. }] => {
             spread(stmt, map, merge, (0..map.shards().len()).collect(), false)?
@@ -303,6 +309,9 @@ fn not_in_a_query(route: &Route) -> Result<(), SqlError> {
         Route::ExplainRoute(_) => {
             alone("EXPLAIN (ROUTE) must be the only statement of its query".into())
         }
+        Route::Replicated { table } => alone(format!(
+            "a write of the reference table {table} runs on every shard and must be the only statement of its query"
+        )),
         Route::Scatter { table, .. } => alone(format!(
             "a read of {table} across all shards must be the only statement of its query"
         )),
@@ -328,7 +337,11 @@ fn spread<'a>(
     match merge {
         Merge::SplitRows => split_insert(stmt, map),
         Merge::SplitUnnest { arrays, key } => split_unnest(stmt, map, arrays, *key),
-        Merge::Write => Ok(Dest::Write(Write { shards, keyed })),
+        Merge::Write => Ok(Dest::Write(Write {
+            shards,
+            keyed,
+            replicas: false,
+        })),
         Merge::Concat { limit } => Ok(Dest::Read(Read {
             shards,
             keyed,

@@ -165,6 +165,8 @@ pub struct Write {
     pub shards: Vec<usize>,
     /// Only the shards of the statement's keys (rather than all shards).
     pub keyed: bool,
+    /// A write of a reference table: every shard holds the same rows, the first answers.
+    pub replicas: bool,
 }
 
 /// An INSERT whose keys the router gives (`Route::NewKeys`).
@@ -271,6 +273,11 @@ impl fmt::Display for Target<'_> {
                 }
                 Ok(())
             }
+            Dest::Write(w) if w.replicas => write!(
+                f,
+                "shards {} (all): write of a reference table, the same on every shard, committed together; the first shard answers, the others must agree",
+                ranges(&w.shards).join(", "),
+            ),
             Dest::Write(w) => write!(
                 f,
                 "shards {} ({}): write, one transaction per shard in shard order, committed together",

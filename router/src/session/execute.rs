@@ -137,7 +137,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.several(Spread::Broadcast { sql }, carrier).await
             }
             Dest::Read(read) => self.several(Spread::Read(read, None), carrier).await,
-            Dest::Write(write) => self.several(Spread::Write(write.shards), carrier).await,
+            Dest::Write(write) => self.several(Spread::Write(write), carrier).await,
             Dest::SplitInsert(split) => {
                 let requests = carrier.split_requests(&split);
                 let params = carrier.params();

@@ -22,7 +22,7 @@ use crate::errors;
 use crate::multishard::fanout::{self, Returned};
 use crate::multishard::{self, broadcast, copy_in, split_insert};
 use crate::protocol::reply::{self, SqlError};
-use crate::resolver::{Read, SplitInsert};
+use crate::resolver::{Read, SplitInsert, Write};
 use crate::stats::{RouteKind, NO_SHARD};
 
 type Receiver = tokio::sync::mpsc::Receiver<fanout::Chunk>;
@@ -47,7 +47,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     .await?
             }
             Spread::Read(read, _) => self.run_read(read, request, asked).await?,
-            Spread::Write(shards) => self.run_write(shards, request, asked).await?,
+            Spread::Write(write) => self.run_write(write, request, asked).await?,
             Spread::Split {
                 split,
                 requests,
@@ -263,21 +263,26 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// A write on several shards; `Ok(true)` when it ended with an error.
     async fn run_write(
         &mut self,
-        shards: Vec<usize>,
+        write: Write,
         request: Vec<u8>,
         asked: &[u8],
     ) -> Result<bool, SessionError> {
         self.client
             .meter
             .route(RouteKind::MultiShardWrite, NO_SHARD);
+        let Write {
+            shards, replicas, ..
+        } = write;
         if self.state.in_transaction() {
             // Inside the client's transaction, which commits or rolls back as a whole.
             let Some((receivers, members)) = self.fan_out(&shards, request, true).await? else {
                 return Ok(true);
             };
-            let failed =
-                multishard::read::concatenated(&mut self.client, receivers, asked, None, None)
-                    .await;
+            let mut gather = multishard::gather::Concat::new(asked, None);
+            if replicas {
+                gather = gather.replicas();
+            }
+            let failed = multishard::read::concatenated(&mut self.client, receivers, gather).await;
             self.fanned_in(members, &failed).await;
             return failed.map_err(SessionError::Client);
         }
@@ -288,6 +293,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             &shards,
             &request,
             asked,
+            replicas,
         )
         .await
         .map_err(SessionError::Client)
@@ -450,8 +456,11 @@ async fn answer_read<C: AsyncRead + AsyncWrite + Unpin>(
                     })
                     .collect()
             });
-            multishard::read::concatenated(client, receivers, asked, read.limit, labels.as_deref())
-                .await
+            let mut gather = multishard::gather::Concat::new(asked, read.limit);
+            if let Some(labels) = &labels {
+                gather = gather.with_labels(labels);
+            }
+            multishard::read::concatenated(client, receivers, gather).await
         }
     }
 }

@@ -4,7 +4,7 @@
 //! `super::several`.
 
 use crate::protocol::reply::SqlError;
-use crate::resolver::{Read, SplitInsert};
+use crate::resolver::{Read, SplitInsert, Write};
 
 /// A statement on several shards, as it runs.
 #[derive(Debug)]
@@ -14,8 +14,8 @@ pub(super) enum Spread {
     /// A read whose answers are merged; in the extended protocol inside a transaction, with the
     /// portal the client bound, so that an Execute with a row limit runs it step by step.
     Read(Read, Option<Box<Portal>>),
-    /// An UPDATE or DELETE on these shards.
-    Write(Vec<usize>),
+    /// An UPDATE or DELETE on several shards, or a write of a reference table on all.
+    Write(Write),
     /// `DECLARE` of a cursor the router serves: merged step by step from a cursor on each
     /// shard of `read` (`stepwise`), or its read run now and its answer kept.
     Declare {

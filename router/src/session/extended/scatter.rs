@@ -286,7 +286,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 batch.executed = true;
                 let request = std::mem::take(&mut batch.request);
                 let asked = std::mem::take(&mut batch.asked);
-                let run = std::mem::replace(&mut batch.run, Spread::Write(Vec::new()));
+                let run = std::mem::replace(
+                    &mut batch.run,
+                    Spread::Write(crate::resolver::Write {
+                        shards: Vec::new(),
+                        keyed: false,
+                        replicas: false,
+                    }),
+                );
                 self.out.replies.drain_synthetic(&mut self.client.out);
                 let in_transaction = self.state.in_transaction();
                 let max_rows = frontend::execute_target(body).map_or(0, |(_, n)| n);
