@@ -26,8 +26,10 @@ mod local;
 pub mod new_keys;
 pub mod normalize;
 mod scatter;
+mod shard_text;
 
-pub use scatter::{shard_sql, Merge, MergePlan};
+pub use scatter::{Merge, MergePlan};
+pub use shard_text::shard_sql;
 mod once;
 mod pins;
 pub mod prepared_sql;

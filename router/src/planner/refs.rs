@@ -99,6 +99,10 @@ pub(crate) struct Refs<'m> {
     /// How many sharded tables the last such SELECT joins by equal keys (all of its own):
     /// every row of that join comes from one shard ([`super::colocation`]).
     pub colocated: usize,
+    /// SELECTs each of whose groups lives on one shard: they group (GROUP BY or DISTINCT ON)
+    /// by the sharding key of their sharded tables, all joined by equal keys. Such a group is
+    /// whole on its shard, so its aggregates and HAVING are exact there.
+    pub one_shard_groups: Vec<*const Select>,
     frames: Vec<Frame>,
     /// Table-function names in `FROM` (`generate_series(...)`): not tables.
     skip: Vec<*const ObjectName>,
@@ -129,6 +133,7 @@ impl<'m> Refs<'m> {
             new_keys: None,
             selects_with_sharded: 0,
             colocated: 0,
+            one_shard_groups: Vec::new(),
             frames: Vec::new(),
             skip: Vec::new(),
         }
@@ -260,8 +265,12 @@ impl<'m> Refs<'m> {
         let equal = super::colocation::equal_keys(&mut scope, &conds, &select.from);
         self.pin_scope(&scope, &conds, &equal);
         self.selects_with_sharded += 1;
-        if super::colocation::connected(scope.len(), &equal) {
+        let joined = super::colocation::connected(scope.len(), &equal);
+        if joined {
             self.colocated = scope.len();
+        }
+        if (joined || scope.len() == 1) && groups_by_key(select, &scope) {
+            self.one_shard_groups.push(select as *const Select);
         }
     }
 
@@ -292,6 +301,33 @@ impl<'m> Refs<'m> {
         }
         self.pin_scope(&scope, &conds, &[]);
     }
+}
+
+/// Whether `select` groups (GROUP BY, or DISTINCT ON) by the key of a table of `scope`: an
+/// expression that is the key column, or the position of one in the select list.
+fn groups_by_key(select: &Select, scope: &[ScopeRel<'_>]) -> bool {
+    let by: &[Expr] = match (&select.group_by, &select.distinct) {
+        (_, Some(sqlparser::ast::Distinct::On(on))) => on,
+        (sqlparser::ast::GroupByExpr::Expressions(g, m), _) if m.is_empty() => g,
+        _ => return false,
+    };
+    by.iter().any(|e| {
+        let e = match e {
+            Expr::Value(v) => match &v.value {
+                sqlparser::ast::Value::Number(n, _) => match n.parse::<usize>() {
+                    Ok(i) if i >= 1 => match select.projection.get(i - 1) {
+                        Some(sqlparser::ast::SelectItem::UnnamedExpr(e))
+                        | Some(sqlparser::ast::SelectItem::ExprWithAlias { expr: e, .. }) => e,
+                        _ => return false,
+                    },
+                    _ => return false,
+                },
+                _ => return false,
+            },
+            other => other,
+        };
+        (0..scope.len()).any(|i| super::pins::is_key_column(e, scope, i))
+    })
 }
 
 /// The ON conditions of inner joins, as conjuncts.

@@ -397,8 +397,12 @@ fn reference_ddl(stmt: &Statement, map: &ShardMap, refs: &Refs<'_>) -> Route {
 /// The merge of a read run on several shards, when the shards' answers add up to the answer:
 /// the merge rules of [`super::scatter`], and each row made on one shard only
 /// ([`super::once`]).
-fn merge_across(stmt: &Statement, map: &ShardMap) -> Result<Merge, &'static str> {
-    let merge = super::scatter::merge_for(stmt)?;
+fn merge_across(
+    stmt: &Statement,
+    map: &ShardMap,
+    groups: super::scatter::OneShardGroups<'_>,
+) -> Result<Merge, &'static str> {
+    let merge = super::scatter::merge_for(stmt, groups)?;
     if let Ok(q) = super::scatter::the_query(stmt) {
         let refs = Refs::new(map);
         super::once::each_row_once(q, &|name| matches!(refs.classify(name), Rel::Sharded(_)))?;
@@ -437,6 +441,7 @@ fn data(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Route {
     if let Some(route) = super::reference::write(stmt, &refs) {
         return route;
     }
+    let groups = std::mem::take(&mut refs.one_shard_groups);
     let Some(first) = refs.sharded.first() else {
         // Reference tables are on every shard, the default one too.
         return if !refs.unsharded.is_empty() || refs.calls_functions || refs.select_into {
@@ -485,7 +490,7 @@ fn data(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Route {
         };
     }
     if refs.pins.is_empty() && refs.sharded.len() == 1 {
-        match merge_across(stmt, map) {
+        match merge_across(stmt, map, &groups) {
             Ok(merge) => return Route::Scatter { table: name, merge },
             Err(why) => {
                 let key = &first.key;
@@ -502,7 +507,7 @@ fn data(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Route {
         && refs.selects_with_sharded == 1
         && refs.colocated == refs.sharded.len();
     if refs.pins.is_empty() && colocated {
-        if let Ok(merge) = merge_across(stmt, map) {
+        if let Ok(merge) = merge_across(stmt, map, &groups) {
             return Route::Scatter { table: name, merge };
         }
     }
@@ -544,7 +549,7 @@ fn data(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Route {
         // A read of one sharded table (or of tables joined by equal keys): each key's rows are
         // only on its shard, so the shards of its keys answer it exactly. A join of two pinned
         // references on different shards has no shard that holds both sides, and is refused.
-        merge_across(stmt, map).ok()
+        merge_across(stmt, map, &groups).ok()
     } else {
         None
     };

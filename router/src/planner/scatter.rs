@@ -22,11 +22,9 @@ use std::sync::Arc;
 
 use sqlparser::ast::{
     visit_expressions, CopySource, CopyTarget, Distinct, Expr, FunctionArg, FunctionArgExpr,
-    FunctionArgumentList, FunctionArguments, GroupByExpr, LimitClause, Offset, OffsetRows,
-    OrderByKind, OrderBySort, Query, SelectItem, SetExpr, Statement, TableFactor, Value,
+    FunctionArguments, GroupByExpr, LimitClause, OrderByKind, OrderBySort, Query, SelectItem,
+    SetExpr, Statement, TableFactor, Value,
 };
-use sqlparser::dialect::PostgreSqlDialect;
-use sqlparser::parser::Parser;
 
 use super::KeySource;
 use crate::merge::{AggOp, Out, SortKey};
@@ -73,9 +71,16 @@ pub struct MergePlan {
     pub rewrite: bool,
 }
 
+/// SELECTs each of whose groups lives on one shard (they group by the sharding key), by address:
+/// what `super::refs` found.
+pub(crate) type OneShardGroups<'a> = &'a [*const sqlparser::ast::Select];
+
 /// The merge for a statement, or why it cannot be scattered.
-pub(crate) fn merge_for(stmt: &Statement) -> Result<Merge, &'static str> {
-    let merge = merge_of_query(stmt)?;
+pub(crate) fn merge_for(
+    stmt: &Statement,
+    groups: OneShardGroups<'_>,
+) -> Result<Merge, &'static str> {
+    let merge = merge_of_query(stmt, groups)?;
     // COPY data is concatenated as it comes: no rows to count, sort or stop at.
     if matches!(stmt, Statement::Copy { .. }) && merge != (Merge::Concat { limit: None }) {
         return Err("COPY of a sorted, grouped or limited query across shards is not supported");
@@ -99,18 +104,24 @@ pub(super) fn the_query(stmt: &Statement) -> Result<&Query, &'static str> {
 
 /// Whether a FROM item is (or nests) a subquery that does not just pass rows on (or a table
 /// function). A subquery that only filters and computes row by row gives on each shard that
-/// shard's part of its rows, as a table does; one that groups, aggregates, DISTINCTs, limits or
+/// shard's part of its rows, as a table does, and so does one whose groups each live on one
+/// shard ([`whole_groups_query`]); one that groups otherwise, aggregates, DISTINCTs, limits or
 /// windows works on one shard's rows only.
-fn derived(factor: &TableFactor) -> bool {
+fn derived(factor: &TableFactor, groups: OneShardGroups<'_>) -> bool {
     match factor {
         TableFactor::Table { args: None, .. } => false,
         TableFactor::NestedJoin {
             table_with_joins, ..
         } => {
-            derived(&table_with_joins.relation)
-                || table_with_joins.joins.iter().any(|j| derived(&j.relation))
+            derived(&table_with_joins.relation, groups)
+                || table_with_joins
+                    .joins
+                    .iter()
+                    .any(|j| derived(&j.relation, groups))
         }
-        TableFactor::Derived { subquery, .. } => !row_by_row(subquery),
+        TableFactor::Derived { subquery, .. } => {
+            !row_by_row(subquery, groups) && !whole_groups_query(subquery, groups)
+        }
         // Table functions, and anything else this router does not know to be a plain table.
         _ => true,
     }
@@ -119,7 +130,7 @@ fn derived(factor: &TableFactor) -> bool {
 /// A query that only filters and computes row by row: one SELECT, no WITH, grouping, HAVING,
 /// DISTINCT, LIMIT, OFFSET or FETCH, a select list of columns and operators (no function,
 /// which may be an aggregate or a window), and a FROM of the same kind.
-fn row_by_row(q: &Query) -> bool {
+fn row_by_row(q: &Query, groups: OneShardGroups<'_>) -> bool {
     let SetExpr::Select(select) = q.body.as_ref() else {
         return false;
     };
@@ -135,14 +146,91 @@ fn row_by_row(q: &Query) -> bool {
             .projection
             .iter()
             .all(|i| item_expr(i).is_none_or(|e| matches!(classify(e), Ok(Item::Plain))))
-        && !select
-            .from
-            .iter()
-            .any(|t| derived(&t.relation) || t.joins.iter().any(|j| derived(&j.relation)))
+        && !select.from.iter().any(|t| from_derived(t, groups))
+}
+
+/// Whether a FROM item or one it joins is [`derived`].
+fn from_derived(t: &sqlparser::ast::TableWithJoins, groups: OneShardGroups<'_>) -> bool {
+    derived(&t.relation, groups) || t.joins.iter().any(|j| derived(&j.relation, groups))
+}
+
+/// A subquery whose rows are groups that each live whole on one shard ([`whole_groups`]),
+/// without WITH, LIMIT, OFFSET or FETCH (which would cut across the shards' groups).
+fn whole_groups_query(q: &Query, groups: OneShardGroups<'_>) -> bool {
+    let SetExpr::Select(select) = q.body.as_ref() else {
+        return false;
+    };
+    q.with.is_none()
+        && q.limit_clause.is_none()
+        && q.fetch.is_none()
+        && whole_groups(select, groups)
+}
+
+/// A SELECT whose rows are groups that each live whole on one shard: grouped by the sharding key
+/// (GROUP BY or DISTINCT ON), without plain DISTINCT (two shards' groups may give equal rows) or
+/// window functions (a window spans the groups of every shard). Each shard gives its groups
+/// exactly as one Postgres would (aggregates of any kind, HAVING), and no group comes from two
+/// shards.
+fn whole_groups(select: &sqlparser::ast::Select, groups: OneShardGroups<'_>) -> bool {
+    groups.iter().any(|g| std::ptr::eq(*g, select))
+        && !matches!(select.distinct, Some(Distinct::Distinct))
+        && select.qualify.is_none()
+        && select.named_window.is_empty()
+        && !windows_or_subqueries(select)
+        && !select.from.iter().any(|t| from_derived(t, groups))
+}
+
+/// Whether a window function or a subquery appears in the select list, HAVING or the ORDER BY
+/// of `select`.
+fn windows_or_subqueries(select: &sqlparser::ast::Select) -> bool {
+    let found = |e: &Expr| {
+        visit_expressions(e, |e| match e {
+            Expr::Function(f) if f.over.is_some() => ControlFlow::Break(()),
+            Expr::Subquery(_)
+            | Expr::Exists { .. }
+            | Expr::In {
+                target: sqlparser::ast::InTarget::Subquery(_),
+                ..
+            } => ControlFlow::Break(()),
+            _ => ControlFlow::Continue(()),
+        })
+        .is_break()
+    };
+    select.projection.iter().filter_map(item_expr).any(found)
+        || select.having.as_ref().is_some_and(found)
+}
+
+const COLLATE: &str = "COLLATE in a sorted or grouped read across shards is not supported (the router compares text by bytes, as the C collation does)";
+
+/// Rows that are final as their shard gives them, in the order ORDER BY asks: concatenated, or
+/// merged as sorted streams (LIMIT applied by each shard and after the merge, OFFSET after it).
+fn rows_in_order(
+    q: &Query,
+    projection: &[SelectItem],
+    limit: Option<KeySource>,
+    offset: Option<KeySource>,
+) -> Result<Merge, &'static str> {
+    let (order, order_names) = order_keys(q, projection)?;
+    if !order.is_empty() && projection.iter().any(has_collate) {
+        return Err(COLLATE);
+    }
+    if order.is_empty() && offset.is_none() {
+        return Ok(Merge::Concat { limit });
+    }
+    let rewrite = offset.is_some();
+    Ok(Merge::Combine(Arc::new(MergePlan {
+        group: None,
+        order,
+        order_names,
+        limit,
+        offset,
+        avg_names: Vec::new(),
+        rewrite,
+    })))
 }
 
 /// One select-list item, classified.
-enum Item {
+pub(super) enum Item {
     Agg(AggOp),
     Avg,
     /// No function call at all: a column, a constant, operators.
@@ -151,7 +239,7 @@ enum Item {
     Function,
 }
 
-fn merge_of_query(stmt: &Statement) -> Result<Merge, &'static str> {
+fn merge_of_query(stmt: &Statement, groups: OneShardGroups<'_>) -> Result<Merge, &'static str> {
     let q = the_query(stmt)?;
     if q.with.is_some() {
         return Err("WITH is not supported across shards");
@@ -168,12 +256,11 @@ fn merge_of_query(stmt: &Statement) -> Result<Merge, &'static str> {
     }
     // Each shard would run the subquery over its own rows only: its groups, DISTINCT, LIMIT or
     // windows would be per shard, and the merge cannot put them together again.
-    if select
-        .from
-        .iter()
-        .any(|t| derived(&t.relation) || t.joins.iter().any(|j| derived(&j.relation)))
-    {
+    if select.from.iter().any(|t| from_derived(t, groups)) {
         return Err("a subquery in FROM is not supported across shards");
+    }
+    if whole_groups(select, groups) {
+        return rows_in_order(q, &select.projection, limit, offset);
     }
     if select.having.is_some() {
         return Err("HAVING across shards is not supported");
@@ -201,28 +288,15 @@ fn merge_of_query(stmt: &Statement) -> Result<Merge, &'static str> {
     }
     let aggregated = items.iter().any(|i| matches!(i, Item::Agg(_) | Item::Avg));
     let grouped = aggregated || distinct || !group_by.is_empty();
-    let (order, order_names) = order_keys(q, &select.projection)?;
-    if (grouped || !order.is_empty()) && select.projection.iter().any(has_collate) {
-        return Err("COLLATE in a sorted or grouped read across shards is not supported (the router compares text by bytes, as the C collation does)");
-    }
-
     if !grouped {
         if items.iter().any(|i| matches!(i, Item::Function)) {
             return Err("a function in the select list (only plain columns and the aggregates count/sum/min/max/avg are supported across shards)");
         }
-        if order.is_empty() && offset.is_none() {
-            return Ok(Merge::Concat { limit });
-        }
-        let rewrite = offset.is_some();
-        return Ok(Merge::Combine(Arc::new(MergePlan {
-            group: None,
-            order,
-            order_names,
-            limit,
-            offset,
-            avg_names: Vec::new(),
-            rewrite,
-        })));
+        return rows_in_order(q, &select.projection, limit, offset);
+    }
+    let (order, order_names) = order_keys(q, &select.projection)?;
+    if select.projection.iter().any(has_collate) {
+        return Err(COLLATE);
     }
 
     if select.projection.iter().any(|i| {
@@ -368,7 +442,7 @@ fn classify(expr: &Expr) -> Result<Item, &'static str> {
     }
 }
 
-fn item_expr(item: &SelectItem) -> Option<&Expr> {
+pub(super) fn item_expr(item: &SelectItem) -> Option<&Expr> {
     match item {
         SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => Some(e),
         _ => None,
@@ -380,7 +454,7 @@ fn item_expr(item: &SelectItem) -> Option<&Expr> {
 /// aggregates whose per-shard values combine exactly. `bool_and` is the least of the shards'
 /// values (false before true, NULLs of shards without rows left out), `bool_or` the greatest; a
 /// filter applies at the shards, which then give partial values like any other.
-fn plain_aggregate(expr: &Expr) -> Option<Item> {
+pub(super) fn plain_aggregate(expr: &Expr) -> Option<Item> {
     let Expr::Function(f) = expr else {
         return None;
     };
@@ -540,132 +614,15 @@ fn count_source(e: &Expr) -> Option<KeySource> {
     }
 }
 
-/// The text the shards run for a [`MergePlan`] with `rewrite`, made from the client's own text
-/// (not the normalized one: its literals must stay literals). Each `avg(x)` becomes
-/// `sum(x), count(x)`; a grouped query loses ORDER BY, LIMIT and OFFSET (the router applies
-/// them after combining the groups); a sorted one asks each shard for `LIMIT limit + offset`
-/// rows without OFFSET. Parameters keep their place and type (`$n::bigint`), so the statement's
-/// parameter types do not change.
-pub fn shard_sql(sql: &str) -> Result<String, &'static str> {
-    let mut stmts = Parser::parse_sql(&PostgreSqlDialect {}, sql)
-        .map_err(|_| "the statement does not parse")?;
-    let [stmt] = stmts.as_mut_slice() else {
-        return Err("one statement expected");
-    };
-    let Statement::Query(q) = stmt else {
-        return Err("only SELECT is rewritten");
-    };
-    let (limit, offset) = match q.limit_clause.take() {
-        None => (None, None),
-        Some(LimitClause::LimitOffset { limit, offset, .. }) => (limit, offset.map(|o| o.value)),
-        Some(_) => return Err("this LIMIT form is not supported across shards"),
-    };
-    let SetExpr::Select(select) = q.body.as_mut() else {
-        return Err("only a plain SELECT is rewritten");
-    };
-    let grouped = select
-        .projection
-        .iter()
-        .any(|i| item_expr(i).and_then(plain_aggregate).is_some())
-        || matches!(select.distinct, Some(Distinct::Distinct))
-        || !matches!(&select.group_by, GroupByExpr::Expressions(e, _) if e.is_empty());
-    // A parameter kept in place with its type, its value unused.
-    let typed = |e: Expr| -> Expr {
-        let text = format!("0 * ({e})::bigint");
-        Parser::new(&PostgreSqlDialect {})
-            .try_with_sql(&text)
-            .and_then(|mut p| p.parse_expr())
-            .unwrap_or(e)
-    };
-    let parse = |text: String| -> Result<Expr, &'static str> {
-        Parser::new(&PostgreSqlDialect {})
-            .try_with_sql(&text)
-            .and_then(|mut p| p.parse_expr())
-            .map_err(|_| "internal: a rewritten LIMIT does not parse")
-    };
-    let is_param =
-        |e: &Expr| matches!(e, Expr::Value(v) if matches!(v.value, Value::Placeholder(_)));
-    let (new_limit, new_offset) = if grouped {
-        // Positions in GROUP BY count the client's columns, which the avg expansion below
-        // shifts: name the expressions instead.
-        if let GroupByExpr::Expressions(exprs, _) = &mut select.group_by {
-            for g in exprs.iter_mut() {
-                let position = match &*g {
-                    Expr::Value(v) => match &v.value {
-                        Value::Number(n, _) => n.parse::<usize>().ok(),
-                        _ => None,
-                    },
-                    _ => None,
-                };
-                if let Some(item) = position
-                    .and_then(|n| n.checked_sub(1))
-                    .and_then(|i| select.projection.get(i))
-                    .and_then(item_expr)
-                {
-                    *g = item.clone();
-                }
-            }
-        }
-        let mut projection = Vec::with_capacity(select.projection.len() + 2);
-        for item in select.projection.drain(..) {
-            let avg_arg = item_expr(&item).and_then(|e| match (plain_aggregate(e), e) {
-                (Some(Item::Avg), Expr::Function(f)) => match &f.args {
-                    FunctionArguments::List(FunctionArgumentList { args, .. }) => {
-                        args.first().cloned()
-                    }
-                    _ => None,
-                },
-                _ => None,
-            });
-            match avg_arg {
-                Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(x))) => {
-                    let sum = parse(format!("sum({x})"))?;
-                    let count = parse(format!("count({x})"))?;
-                    projection.push(SelectItem::UnnamedExpr(sum));
-                    projection.push(SelectItem::UnnamedExpr(count));
-                }
-                _ => projection.push(item),
-            }
-        }
-        select.projection = projection;
-        q.order_by = None;
-        // No LIMIT/OFFSET on the shards; parameters stay referenced (and typed).
-        let limit = match limit {
-            Some(l) if is_param(&l) => Some(parse(format!("NULL::bigint + {}", typed(l)))?),
-            _ => None,
-        };
-        let offset = match offset {
-            Some(o) if is_param(&o) => Some(typed(o)),
-            _ => None,
-        };
-        (limit, offset)
-    } else {
-        match (limit, offset) {
-            (Some(l), Some(o)) => (Some(parse(format!("({l})::bigint + ({o})::bigint"))?), None),
-            (None, Some(o)) if is_param(&o) => (None, Some(typed(o))),
-            (l, _) => (l, None),
-        }
-    };
-    if new_limit.is_some() || new_offset.is_some() {
-        q.limit_clause = Some(LimitClause::LimitOffset {
-            limit: new_limit,
-            offset: new_offset.map(|value| Offset {
-                value,
-                rows: OffsetRows::None,
-            }),
-            limit_by: Vec::new(),
-        });
-    }
-    Ok(stmt.to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sqlparser::dialect::PostgreSqlDialect;
+    use sqlparser::parser::Parser;
 
     fn plan(sql: &str) -> Result<Merge, &'static str> {
         let stmt = Parser::parse_sql(&PostgreSqlDialect {}, sql).expect("sql");
-        merge_for(&stmt[0])
+        merge_for(&stmt[0], &[])
     }
 
     fn combine(sql: &str) -> MergePlan {
@@ -743,30 +700,5 @@ mod tests {
         ] {
             assert!(plan(refused).is_err(), "{refused}");
         }
-    }
-
-    #[test]
-    fn shard_text() {
-        assert_eq!(
-            shard_sql("SELECT k, avg(n) AS a, count(*) FROM t WHERE x = 'y' GROUP BY k ORDER BY 2 LIMIT 5").unwrap(),
-            "SELECT k, sum(n), count(n), count(*) FROM t WHERE x = 'y' GROUP BY k"
-        );
-        assert_eq!(
-            shard_sql("SELECT id FROM t ORDER BY id LIMIT $1 OFFSET $2").unwrap(),
-            "SELECT id FROM t ORDER BY id LIMIT ($1)::BIGINT + ($2)::BIGINT"
-        );
-        assert_eq!(
-            shard_sql("SELECT k, sum(n) FROM t GROUP BY k LIMIT $1 OFFSET $2").unwrap(),
-            "SELECT k, sum(n) FROM t GROUP BY k LIMIT NULL::BIGINT + 0 * ($1)::BIGINT OFFSET 0 * ($2)::BIGINT"
-        );
-        // Positions in GROUP BY survive the avg expansion.
-        assert_eq!(
-            shard_sql("SELECT avg(v), k FROM t GROUP BY 2").unwrap(),
-            "SELECT sum(v), count(v), k FROM t GROUP BY k"
-        );
-        assert_eq!(
-            shard_sql("SELECT id FROM t ORDER BY id OFFSET 10").unwrap(),
-            "SELECT id FROM t ORDER BY id"
-        );
     }
 }

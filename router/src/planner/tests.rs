@@ -1054,3 +1054,62 @@ fn ddl_of_reference_tables_runs_on_every_shard() {
         "COPY into the reference table regions",
     );
 }
+
+#[test]
+fn groups_by_the_key_are_whole_on_their_shard() {
+    let p = planner();
+    let rows = |sql: &str| match route(&p, sql) {
+        Route::Scatter {
+            merge: Merge::Concat { .. },
+            ..
+        } => "concat",
+        Route::Scatter {
+            merge: Merge::Combine(m),
+            ..
+        } if m.group.is_none() => "sorted",
+        other => panic!("{sql}: {other:?}"),
+    };
+    assert_eq!(
+        rows("SELECT id, sum(n) FROM kv GROUP BY id HAVING sum(n) > 3"),
+        "concat"
+    );
+    assert_eq!(rows("SELECT id, max(n) - min(n), stddev_pop(n), count(DISTINCT v) FROM kv GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT 5"), "sorted");
+    assert_eq!(
+        rows("SELECT DISTINCT ON (id) id, v FROM kv ORDER BY id, v DESC"),
+        "sorted"
+    );
+    assert_eq!(
+        rows("SELECT kv.id, string_agg(v, ',' ORDER BY v) FROM kv GROUP BY kv.id, v"),
+        "concat"
+    );
+    // A subquery in FROM whose groups are whole is read like a table.
+    assert!(matches!(
+        route(&p, "SELECT count(*), sum(s.total) FROM (SELECT id, sum(n) AS total FROM kv GROUP BY id HAVING count(*) > 1) s"),
+        Route::Scatter { merge: Merge::Combine(ref m), .. } if m.group.is_some()
+    ));
+    // Not by the key, or cutting across groups: refused as before.
+    for (sql, why) in [
+        (
+            "SELECT v, sum(n) FROM kv GROUP BY v HAVING sum(n) > 3",
+            "HAVING",
+        ),
+        (
+            "SELECT DISTINCT id, count(*) FROM kv GROUP BY id",
+            "DISTINCT with aggregates",
+        ),
+        (
+            "SELECT id, rank() OVER (ORDER BY sum(n)) FROM kv GROUP BY id",
+            "window",
+        ),
+        (
+            "SELECT count(*) FROM (SELECT id FROM kv GROUP BY id LIMIT 3) s",
+            "subquery in FROM",
+        ),
+        (
+            "SELECT id, count(*) FROM kv GROUP BY GROUPING SETS ((id), ()) HAVING count(*) > 1",
+            "HAVING",
+        ),
+    ] {
+        unroutable(&p, sql, why);
+    }
+}

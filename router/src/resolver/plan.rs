@@ -362,7 +362,10 @@ fn spread<'a>(
         })),
         Merge::Combine(plan) => {
             let shard_sql = if plan.rewrite {
-                Some(crate::planner::shard_sql(stmt.sql).map_err(errors::cannot_rewrite)?)
+                Some(
+                    crate::planner::shard_sql(stmt.sql, plan.group.is_some())
+                        .map_err(errors::cannot_rewrite)?,
+                )
             } else {
                 None
             };

@@ -1,0 +1,157 @@
+//! The text the shards run for a read the router merges, when it is not the client's own:
+//! `avg(x)` asked as `sum(x), count(x)` and ORDER BY, LIMIT and OFFSET left to the router when it
+//! combines groups; `LIMIT limit + offset` without OFFSET when it merges sorted rows
+//! ([`super::scatter::MergePlan::rewrite`]). Pure.
+
+use sqlparser::ast::{
+    Expr, FunctionArg, FunctionArgExpr, FunctionArgumentList, FunctionArguments, GroupByExpr,
+    LimitClause, Offset, OffsetRows, SelectItem, SetExpr, Statement, Value,
+};
+use sqlparser::dialect::PostgreSqlDialect;
+use sqlparser::parser::Parser;
+
+use super::scatter::{item_expr, plain_aggregate, Item};
+
+/// The text the shards run for a [`MergePlan`] with `rewrite`, made from the client's own text
+/// (not the normalized one: its literals must stay literals). When the router combines the
+/// shards' groups (`grouped`), each `avg(x)` becomes `sum(x), count(x)` and the query loses
+/// ORDER BY, LIMIT and OFFSET (the router applies them after combining); otherwise the shards'
+/// rows are final (groups whole on one shard too), and each shard is asked for
+/// `LIMIT limit + offset` sorted rows without OFFSET. Parameters keep their place and type (`$n::bigint`), so the statement's
+/// parameter types do not change.
+pub fn shard_sql(sql: &str, grouped: bool) -> Result<String, &'static str> {
+    let mut stmts = Parser::parse_sql(&PostgreSqlDialect {}, sql)
+        .map_err(|_| "the statement does not parse")?;
+    let [stmt] = stmts.as_mut_slice() else {
+        return Err("one statement expected");
+    };
+    let Statement::Query(q) = stmt else {
+        return Err("only SELECT is rewritten");
+    };
+    let (limit, offset) = match q.limit_clause.take() {
+        None => (None, None),
+        Some(LimitClause::LimitOffset { limit, offset, .. }) => (limit, offset.map(|o| o.value)),
+        Some(_) => return Err("this LIMIT form is not supported across shards"),
+    };
+    let SetExpr::Select(select) = q.body.as_mut() else {
+        return Err("only a plain SELECT is rewritten");
+    };
+    // A parameter kept in place with its type, its value unused.
+    let typed = |e: Expr| -> Expr {
+        let text = format!("0 * ({e})::bigint");
+        Parser::new(&PostgreSqlDialect {})
+            .try_with_sql(&text)
+            .and_then(|mut p| p.parse_expr())
+            .unwrap_or(e)
+    };
+    let parse = |text: String| -> Result<Expr, &'static str> {
+        Parser::new(&PostgreSqlDialect {})
+            .try_with_sql(&text)
+            .and_then(|mut p| p.parse_expr())
+            .map_err(|_| "internal: a rewritten LIMIT does not parse")
+    };
+    let is_param =
+        |e: &Expr| matches!(e, Expr::Value(v) if matches!(v.value, Value::Placeholder(_)));
+    let (new_limit, new_offset) = if grouped {
+        // Positions in GROUP BY count the client's columns, which the avg expansion below
+        // shifts: name the expressions instead.
+        if let GroupByExpr::Expressions(exprs, _) = &mut select.group_by {
+            for g in exprs.iter_mut() {
+                let position = match &*g {
+                    Expr::Value(v) => match &v.value {
+                        Value::Number(n, _) => n.parse::<usize>().ok(),
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                if let Some(item) = position
+                    .and_then(|n| n.checked_sub(1))
+                    .and_then(|i| select.projection.get(i))
+                    .and_then(item_expr)
+                {
+                    *g = item.clone();
+                }
+            }
+        }
+        let mut projection = Vec::with_capacity(select.projection.len() + 2);
+        for item in select.projection.drain(..) {
+            let avg_arg = item_expr(&item).and_then(|e| match (plain_aggregate(e), e) {
+                (Some(Item::Avg), Expr::Function(f)) => match &f.args {
+                    FunctionArguments::List(FunctionArgumentList { args, .. }) => {
+                        args.first().cloned()
+                    }
+                    _ => None,
+                },
+                _ => None,
+            });
+            match avg_arg {
+                Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(x))) => {
+                    let sum = parse(format!("sum({x})"))?;
+                    let count = parse(format!("count({x})"))?;
+                    projection.push(SelectItem::UnnamedExpr(sum));
+                    projection.push(SelectItem::UnnamedExpr(count));
+                }
+                _ => projection.push(item),
+            }
+        }
+        select.projection = projection;
+        q.order_by = None;
+        // No LIMIT/OFFSET on the shards; parameters stay referenced (and typed).
+        let limit = match limit {
+            Some(l) if is_param(&l) => Some(parse(format!("NULL::bigint + {}", typed(l)))?),
+            _ => None,
+        };
+        let offset = match offset {
+            Some(o) if is_param(&o) => Some(typed(o)),
+            _ => None,
+        };
+        (limit, offset)
+    } else {
+        match (limit, offset) {
+            (Some(l), Some(o)) => (Some(parse(format!("({l})::bigint + ({o})::bigint"))?), None),
+            (None, Some(o)) if is_param(&o) => (None, Some(typed(o))),
+            (l, _) => (l, None),
+        }
+    };
+    if new_limit.is_some() || new_offset.is_some() {
+        q.limit_clause = Some(LimitClause::LimitOffset {
+            limit: new_limit,
+            offset: new_offset.map(|value| Offset {
+                value,
+                rows: OffsetRows::None,
+            }),
+            limit_by: Vec::new(),
+        });
+    }
+    Ok(stmt.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_text() {
+        assert_eq!(
+            shard_sql("SELECT k, avg(n) AS a, count(*) FROM t WHERE x = 'y' GROUP BY k ORDER BY 2 LIMIT 5", true).unwrap(),
+            "SELECT k, sum(n), count(n), count(*) FROM t WHERE x = 'y' GROUP BY k"
+        );
+        assert_eq!(
+            shard_sql("SELECT id FROM t ORDER BY id LIMIT $1 OFFSET $2", false).unwrap(),
+            "SELECT id FROM t ORDER BY id LIMIT ($1)::BIGINT + ($2)::BIGINT"
+        );
+        assert_eq!(
+            shard_sql("SELECT k, sum(n) FROM t GROUP BY k LIMIT $1 OFFSET $2", true).unwrap(),
+            "SELECT k, sum(n) FROM t GROUP BY k LIMIT NULL::BIGINT + 0 * ($1)::BIGINT OFFSET 0 * ($2)::BIGINT"
+        );
+        // Positions in GROUP BY survive the avg expansion.
+        assert_eq!(
+            shard_sql("SELECT avg(v), k FROM t GROUP BY 2", true).unwrap(),
+            "SELECT sum(v), count(v), k FROM t GROUP BY k"
+        );
+        assert_eq!(
+            shard_sql("SELECT id FROM t ORDER BY id OFFSET 10", false).unwrap(),
+            "SELECT id FROM t ORDER BY id"
+        );
+    }
+}
