@@ -32,6 +32,7 @@ pub use scatter::{Merge, MergePlan};
 pub use shard_text::shard_sql;
 mod once;
 mod pins;
+mod placement;
 pub mod prepared_sql;
 mod reference;
 mod refs;

@@ -34,6 +34,7 @@ pub(crate) fn name_parts(name: &ObjectName) -> Option<Vec<String>> {
 }
 
 /// A sharded table as one query's `FROM` names it.
+#[derive(Clone)]
 pub(crate) struct ScopeRel<'m> {
     pub table: &'m Table,
     pub schema: Option<String>,

@@ -5,8 +5,9 @@
 //! `pre_visit_relation` counts every table name wherever it appears (subqueries, CTEs, DML
 //! targets, DDL), so nothing is missed; the `pre_visit_select` / `pre_visit_statement` hooks
 //! look for pins of the tables that query names directly. A statement is routed by key only
-//! when every sharded reference counted has a pin: a pin found in the wrong place is never
-//! needed, and a place where pins are not looked for means the statement is refused.
+//! when every sharded reference counted has a pin, or is tied by its key to a row of an
+//! enclosing query ([`super::placement`]): a pin found in the wrong place is never needed, and
+//! a place where pins are not looked for means the statement is refused.
 
 use std::ops::ControlFlow;
 
@@ -17,6 +18,7 @@ use sqlparser::ast::{
 };
 
 use super::pins::{conjuncts, fold, name_parts, pin, ScopeRel};
+use super::placement::{distinct_key_aggregates, groups_by_key, names_in_from, Enclosing, Placed};
 use super::{KeySource, NewRows};
 
 /// How a table name in a statement is to be read.
@@ -96,13 +98,26 @@ pub(crate) struct Refs<'m> {
     pub new_keys: Option<(NewRows, KeyDefault)>,
     /// SELECTs that read sharded tables directly.
     pub selects_with_sharded: usize,
+    /// Sharded table references in subqueries whose key equals the key of a table of an
+    /// enclosing query (`EXISTS (SELECT 1 FROM items i WHERE i.customer_id = o.customer_id)`):
+    /// each of their rows lives on the shard of the enclosing row. `tied` counts them all (a
+    /// pinned enclosing table's keys pin them too), `correlated` those without keys, and
+    /// `tied_selects` the SELECTs made only of them.
+    pub tied: usize,
+    pub correlated: usize,
+    pub tied_selects: usize,
+    /// The sharded tables of the SELECTs the visitor is inside, innermost last.
+    pub(super) enclosing: Vec<Enclosing<'m>>,
+    /// The names (aliases, else table names) the FROM of the SELECT being placed gives: a
+    /// qualified column with one of these names means that table, not an enclosing query's.
+    pub(super) local_names: Vec<String>,
     /// How many sharded tables the last such SELECT joins by equal keys (all of its own):
     /// every row of that join comes from one shard ([`super::colocation`]).
     pub colocated: usize,
-    /// SELECTs each of whose groups lives on one shard: they group (GROUP BY or DISTINCT ON)
-    /// by the sharding key of their sharded tables, all joined by equal keys. Such a group is
-    /// whole on its shard, so its aggregates and HAVING are exact there.
-    pub one_shard_groups: Vec<*const Select>,
+    /// Where groups and values live ([`super::scatter::Placement`]): SELECTs that group (GROUP
+    /// BY or DISTINCT ON) by the sharding key of their sharded tables, all joined by equal
+    /// keys, so that each group is whole on its shard; aggregates of DISTINCT key values.
+    pub placement: super::scatter::Placement,
     frames: Vec<Frame>,
     /// Table-function names in `FROM` (`generate_series(...)`): not tables.
     skip: Vec<*const ObjectName>,
@@ -132,8 +147,13 @@ impl<'m> Refs<'m> {
             unnest: None,
             new_keys: None,
             selects_with_sharded: 0,
+            tied: 0,
+            correlated: 0,
+            tied_selects: 0,
+            enclosing: Vec::new(),
+            local_names: Vec::new(),
             colocated: 0,
-            one_shard_groups: Vec::new(),
+            placement: Default::default(),
             frames: Vec::new(),
             skip: Vec::new(),
         }
@@ -217,34 +237,58 @@ impl<'m> Refs<'m> {
         }
     }
 
-    /// Pins every sharded table of `scope` that `conds` fix, directly or through a key equal to
-    /// a pinned table's (`equal`: pairs of scope indices whose keys the query makes equal).
-    fn pin_scope(&mut self, scope: &[ScopeRel<'m>], conds: &[&Expr], equal: &[(usize, usize)]) {
-        let mut found: Vec<Option<Vec<KeySource>>> =
-            (0..scope.len()).map(|i| pin(scope, i, conds)).collect();
+    /// Pins every sharded table of `scope` that `conds` fix, directly, through a key equal to
+    /// a pinned table's (`equal`: pairs of scope indices whose keys the query makes equal), or
+    /// through a key equal to one of a table of an enclosing query. How each ended up placed.
+    fn pin_scope(
+        &mut self,
+        scope: &[ScopeRel<'m>],
+        conds: &[&Expr],
+        equal: &[(usize, usize)],
+    ) -> Vec<Placed> {
+        // Each table's placement, and whether it came from an enclosing query.
+        let mut found: Vec<(Placed, bool)> = (0..scope.len())
+            .map(|i| match pin(scope, i, conds) {
+                Some(keys) => (Placed::Pinned(keys), false),
+                None => {
+                    let placed = self.enclosing_key(scope, i, conds);
+                    let tied = !matches!(placed, Placed::Free);
+                    (placed, tied)
+                }
+            })
+            .collect();
         let mut changed = true;
         while changed {
             changed = false;
             for &(a, b) in equal {
                 for (from, to) in [(a, b), (b, a)] {
-                    if found[to].is_none() && found[from].is_some() {
+                    if matches!(found[to].0, Placed::Free) && !matches!(found[from].0, Placed::Free)
+                    {
                         found[to] = found[from].clone();
                         changed = true;
                     }
                 }
             }
         }
-        for (rel, keys) in scope.iter().zip(found) {
-            if let Some(keys) = keys {
-                self.pins.push(Pin {
+        for (rel, (placed, tied)) in scope.iter().zip(&found) {
+            self.tied += usize::from(*tied);
+            match placed {
+                Placed::Pinned(keys) => self.pins.push(Pin {
                     table: rel.table,
-                    keys,
-                });
+                    keys: keys.clone(),
+                }),
+                Placed::Correlated => self.correlated += 1,
+                Placed::Free => {}
             }
         }
+        if found.iter().all(|(_, tied)| *tied) {
+            self.tied_selects += 1;
+        }
+        found.into_iter().map(|(p, _)| p).collect()
     }
 
-    fn select(&mut self, select: &Select) {
+    /// The sharded tables of `select` and how each is placed (for the subqueries inside it).
+    fn select(&mut self, select: &Select) -> Enclosing<'m> {
         if select.into.is_some() {
             self.select_into = true;
         }
@@ -252,7 +296,7 @@ impl<'m> Refs<'m> {
         let from: Vec<&TableWithJoins> = select.from.iter().collect();
         self.scope(&from, &mut scope);
         if scope.is_empty() {
-            return;
+            return Vec::new();
         }
         let mut conds = Vec::new();
         if let Some(w) = &select.selection {
@@ -263,15 +307,25 @@ impl<'m> Refs<'m> {
             inner_join_conditions(twj, &mut conds);
         }
         let equal = super::colocation::equal_keys(&mut scope, &conds, &select.from);
-        self.pin_scope(&scope, &conds, &equal);
+        self.local_names = names_in_from(&select.from);
+        let tied_before = self.tied_selects;
+        let placed = self.pin_scope(&scope, &conds, &equal);
+        self.local_names.clear();
+        let tied = self.tied_selects > tied_before;
         self.selects_with_sharded += 1;
         let joined = super::colocation::connected(scope.len(), &equal);
-        if joined {
+        if joined && !tied {
             self.colocated = scope.len();
         }
-        if (joined || scope.len() == 1) && groups_by_key(select, &scope) {
-            self.one_shard_groups.push(select as *const Select);
+        if joined || scope.len() == 1 {
+            if groups_by_key(select, &scope) {
+                self.placement.whole_groups.push(select as *const Select);
+            }
+            self.placement
+                .distinct_keys
+                .extend(distinct_key_aggregates(select, &scope));
         }
+        scope.into_iter().zip(placed).collect()
     }
 
     fn update(
@@ -301,33 +355,6 @@ impl<'m> Refs<'m> {
         }
         self.pin_scope(&scope, &conds, &[]);
     }
-}
-
-/// Whether `select` groups (GROUP BY, or DISTINCT ON) by the key of a table of `scope`: an
-/// expression that is the key column, or the position of one in the select list.
-fn groups_by_key(select: &Select, scope: &[ScopeRel<'_>]) -> bool {
-    let by: &[Expr] = match (&select.group_by, &select.distinct) {
-        (_, Some(sqlparser::ast::Distinct::On(on))) => on,
-        (sqlparser::ast::GroupByExpr::Expressions(g, m), _) if m.is_empty() => g,
-        _ => return false,
-    };
-    by.iter().any(|e| {
-        let e = match e {
-            Expr::Value(v) => match &v.value {
-                sqlparser::ast::Value::Number(n, _) => match n.parse::<usize>() {
-                    Ok(i) if i >= 1 => match select.projection.get(i - 1) {
-                        Some(sqlparser::ast::SelectItem::UnnamedExpr(e))
-                        | Some(sqlparser::ast::SelectItem::ExprWithAlias { expr: e, .. }) => e,
-                        _ => return false,
-                    },
-                    _ => return false,
-                },
-                _ => return false,
-            },
-            other => other,
-        };
-        (0..scope.len()).any(|i| super::pins::is_key_column(e, scope, i))
-    })
 }
 
 /// The ON conditions of inner joins, as conjuncts.
@@ -528,7 +555,13 @@ impl Visitor for Refs<'_> {
     }
 
     fn pre_visit_select(&mut self, select: &Select) -> ControlFlow<()> {
-        self.select(select);
+        let enclosing = self.select(select);
+        self.enclosing.push(enclosing);
+        ControlFlow::Continue(())
+    }
+
+    fn post_visit_select(&mut self, _: &Select) -> ControlFlow<()> {
+        self.enclosing.pop();
         ControlFlow::Continue(())
     }
 

@@ -400,9 +400,9 @@ fn reference_ddl(stmt: &Statement, map: &ShardMap, refs: &Refs<'_>) -> Route {
 fn merge_across(
     stmt: &Statement,
     map: &ShardMap,
-    groups: super::scatter::OneShardGroups<'_>,
+    placed: &super::scatter::Placement,
 ) -> Result<Merge, &'static str> {
-    let merge = super::scatter::merge_for(stmt, groups)?;
+    let merge = super::scatter::merge_for(stmt, placed)?;
     if let Ok(q) = super::scatter::the_query(stmt) {
         let refs = Refs::new(map);
         super::once::each_row_once(q, &|name| matches!(refs.classify(name), Rel::Sharded(_)))?;
@@ -441,7 +441,7 @@ fn data(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Route {
     if let Some(route) = super::reference::write(stmt, &refs) {
         return route;
     }
-    let groups = std::mem::take(&mut refs.one_shard_groups);
+    let placed = std::mem::take(&mut refs.placement);
     let Some(first) = refs.sharded.first() else {
         // Reference tables are on every shard, the default one too.
         return if !refs.unsharded.is_empty() || refs.calls_functions || refs.select_into {
@@ -489,8 +489,10 @@ fn data(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Route {
             ),
         };
     }
-    if refs.pins.is_empty() && refs.sharded.len() == 1 {
-        match merge_across(stmt, map, &groups) {
+    // The sharded tables of the statement's own query: the others are tied to their rows.
+    let main = refs.sharded.len() - refs.tied;
+    if refs.pins.is_empty() && main == 1 {
+        match merge_across(stmt, map, &placed) {
             Ok(merge) => return Route::Scatter { table: name, merge },
             Err(why) => {
                 let key = &first.key;
@@ -503,15 +505,14 @@ fn data(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Route {
         }
     }
     // Tables joined by equal keys without any key: every joined row is made on one shard.
-    let colocated = refs.sharded.len() > 1
-        && refs.selects_with_sharded == 1
-        && refs.colocated == refs.sharded.len();
+    let colocated =
+        main > 1 && refs.selects_with_sharded - refs.tied_selects == 1 && refs.colocated == main;
     if refs.pins.is_empty() && colocated {
-        if let Ok(merge) = merge_across(stmt, map, &groups) {
+        if let Ok(merge) = merge_across(stmt, map, &placed) {
             return Route::Scatter { table: name, merge };
         }
     }
-    if refs.pins.len() != refs.sharded.len() {
+    if refs.pins.len() + refs.correlated != refs.sharded.len() {
         return Route::Unroutable {
             message: unpinned(&refs, first),
         };
@@ -545,11 +546,11 @@ fn data(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Route {
         // Each key's rows live on its shard only, so the same statement on each shard of its
         // keys does exactly the work (with one sharded table: a join would see one shard's part).
         (refs.sharded.len() == 1).then_some(Merge::Write)
-    } else if refs.sharded.len() == 1 || colocated {
+    } else if main == 1 || colocated {
         // A read of one sharded table (or of tables joined by equal keys): each key's rows are
         // only on its shard, so the shards of its keys answer it exactly. A join of two pinned
         // references on different shards has no shard that holds both sides, and is refused.
-        merge_across(stmt, map, &groups).ok()
+        merge_across(stmt, map, &placed).ok()
     } else {
         None
     };

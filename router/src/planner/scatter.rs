@@ -71,16 +71,20 @@ pub struct MergePlan {
     pub rewrite: bool,
 }
 
-/// SELECTs each of whose groups lives on one shard (they group by the sharding key), by address:
-/// what `super::refs` found.
-pub(crate) type OneShardGroups<'a> = &'a [*const sqlparser::ast::Select];
+/// Where a statement's groups and values live, as `super::refs` found from the shard map, by
+/// address into the statement.
+#[derive(Default)]
+pub(crate) struct Placement {
+    /// SELECTs each of whose groups lives on one shard: they group by the sharding key.
+    pub whole_groups: Vec<*const sqlparser::ast::Select>,
+    /// `count(DISTINCT key)` and `sum(DISTINCT key)` of a sharding key: each key value lives on
+    /// one shard, so the shards' answers add up.
+    pub distinct_keys: Vec<*const Expr>,
+}
 
 /// The merge for a statement, or why it cannot be scattered.
-pub(crate) fn merge_for(
-    stmt: &Statement,
-    groups: OneShardGroups<'_>,
-) -> Result<Merge, &'static str> {
-    let merge = merge_of_query(stmt, groups)?;
+pub(crate) fn merge_for(stmt: &Statement, placed: &Placement) -> Result<Merge, &'static str> {
+    let merge = merge_of_query(stmt, placed)?;
     // COPY data is concatenated as it comes: no rows to count, sort or stop at.
     if matches!(stmt, Statement::Copy { .. }) && merge != (Merge::Concat { limit: None }) {
         return Err("COPY of a sorted, grouped or limited query across shards is not supported");
@@ -107,20 +111,20 @@ pub(super) fn the_query(stmt: &Statement) -> Result<&Query, &'static str> {
 /// shard's part of its rows, as a table does, and so does one whose groups each live on one
 /// shard ([`whole_groups_query`]); one that groups otherwise, aggregates, DISTINCTs, limits or
 /// windows works on one shard's rows only.
-fn derived(factor: &TableFactor, groups: OneShardGroups<'_>) -> bool {
+fn derived(factor: &TableFactor, placed: &Placement) -> bool {
     match factor {
         TableFactor::Table { args: None, .. } => false,
         TableFactor::NestedJoin {
             table_with_joins, ..
         } => {
-            derived(&table_with_joins.relation, groups)
+            derived(&table_with_joins.relation, placed)
                 || table_with_joins
                     .joins
                     .iter()
-                    .any(|j| derived(&j.relation, groups))
+                    .any(|j| derived(&j.relation, placed))
         }
         TableFactor::Derived { subquery, .. } => {
-            !row_by_row(subquery, groups) && !whole_groups_query(subquery, groups)
+            !row_by_row(subquery, placed) && !whole_groups_query(subquery, placed)
         }
         // Table functions, and anything else this router does not know to be a plain table.
         _ => true,
@@ -130,7 +134,7 @@ fn derived(factor: &TableFactor, groups: OneShardGroups<'_>) -> bool {
 /// A query that only filters and computes row by row: one SELECT, no WITH, grouping, HAVING,
 /// DISTINCT, LIMIT, OFFSET or FETCH, a select list of columns and operators (no function,
 /// which may be an aggregate or a window), and a FROM of the same kind.
-fn row_by_row(q: &Query, groups: OneShardGroups<'_>) -> bool {
+fn row_by_row(q: &Query, placed: &Placement) -> bool {
     let SetExpr::Select(select) = q.body.as_ref() else {
         return false;
     };
@@ -146,24 +150,24 @@ fn row_by_row(q: &Query, groups: OneShardGroups<'_>) -> bool {
             .projection
             .iter()
             .all(|i| item_expr(i).is_none_or(|e| matches!(classify(e), Ok(Item::Plain))))
-        && !select.from.iter().any(|t| from_derived(t, groups))
+        && !select.from.iter().any(|t| from_derived(t, placed))
 }
 
 /// Whether a FROM item or one it joins is [`derived`].
-fn from_derived(t: &sqlparser::ast::TableWithJoins, groups: OneShardGroups<'_>) -> bool {
-    derived(&t.relation, groups) || t.joins.iter().any(|j| derived(&j.relation, groups))
+fn from_derived(t: &sqlparser::ast::TableWithJoins, placed: &Placement) -> bool {
+    derived(&t.relation, placed) || t.joins.iter().any(|j| derived(&j.relation, placed))
 }
 
 /// A subquery whose rows are groups that each live whole on one shard ([`whole_groups`]),
 /// without WITH, LIMIT, OFFSET or FETCH (which would cut across the shards' groups).
-fn whole_groups_query(q: &Query, groups: OneShardGroups<'_>) -> bool {
+fn whole_groups_query(q: &Query, placed: &Placement) -> bool {
     let SetExpr::Select(select) = q.body.as_ref() else {
         return false;
     };
     q.with.is_none()
         && q.limit_clause.is_none()
         && q.fetch.is_none()
-        && whole_groups(select, groups)
+        && whole_groups(select, placed)
 }
 
 /// A SELECT whose rows are groups that each live whole on one shard: grouped by the sharding key
@@ -171,13 +175,13 @@ fn whole_groups_query(q: &Query, groups: OneShardGroups<'_>) -> bool {
 /// window functions (a window spans the groups of every shard). Each shard gives its groups
 /// exactly as one Postgres would (aggregates of any kind, HAVING), and no group comes from two
 /// shards.
-fn whole_groups(select: &sqlparser::ast::Select, groups: OneShardGroups<'_>) -> bool {
-    groups.iter().any(|g| std::ptr::eq(*g, select))
+fn whole_groups(select: &sqlparser::ast::Select, placed: &Placement) -> bool {
+    placed.whole_groups.iter().any(|g| std::ptr::eq(*g, select))
         && !matches!(select.distinct, Some(Distinct::Distinct))
         && select.qualify.is_none()
         && select.named_window.is_empty()
         && !windows_or_subqueries(select)
-        && !select.from.iter().any(|t| from_derived(t, groups))
+        && !select.from.iter().any(|t| from_derived(t, placed))
 }
 
 /// Whether a window function or a subquery appears in the select list, HAVING or the ORDER BY
@@ -239,7 +243,7 @@ pub(super) enum Item {
     Function,
 }
 
-fn merge_of_query(stmt: &Statement, groups: OneShardGroups<'_>) -> Result<Merge, &'static str> {
+fn merge_of_query(stmt: &Statement, placed: &Placement) -> Result<Merge, &'static str> {
     let q = the_query(stmt)?;
     if q.with.is_some() {
         return Err("WITH is not supported across shards");
@@ -256,10 +260,10 @@ fn merge_of_query(stmt: &Statement, groups: OneShardGroups<'_>) -> Result<Merge,
     }
     // Each shard would run the subquery over its own rows only: its groups, DISTINCT, LIMIT or
     // windows would be per shard, and the merge cannot put them together again.
-    if select.from.iter().any(|t| from_derived(t, groups)) {
+    if select.from.iter().any(|t| from_derived(t, placed)) {
         return Err("a subquery in FROM is not supported across shards");
     }
-    if whole_groups(select, groups) {
+    if whole_groups(select, placed) {
         return rows_in_order(q, &select.projection, limit, offset);
     }
     if select.having.is_some() {
@@ -284,7 +288,11 @@ fn merge_of_query(stmt: &Statement, groups: OneShardGroups<'_>) -> Result<Merge,
             items.push(Item::Plain);
             continue;
         };
-        items.push(classify(expr)?);
+        let over_keys = placed.distinct_keys.iter().any(|e| std::ptr::eq(*e, expr));
+        items.push(match plain_aggregate(expr) {
+            None if over_keys => distinct_key_aggregate(expr),
+            _ => classify(expr)?,
+        });
     }
     let aggregated = items.iter().any(|i| matches!(i, Item::Agg(_) | Item::Avg));
     let grouped = aggregated || distinct || !group_by.is_empty();
@@ -482,6 +490,16 @@ pub(super) fn plain_aggregate(expr: &Expr) -> Option<Item> {
     (list.duplicate_treatment.is_none() && list.clauses.is_empty() && args_ok).then_some(item)
 }
 
+/// `count(DISTINCT key)` or `sum(DISTINCT key)`: the shards' answers add up.
+fn distinct_key_aggregate(expr: &Expr) -> Item {
+    match expr {
+        Expr::Function(f) if f.name.to_string().eq_ignore_ascii_case("sum") => {
+            Item::Agg(AggOp::Sum)
+        }
+        _ => Item::Agg(AggOp::Count),
+    }
+}
+
 /// The select-list column an expression of GROUP BY or ORDER BY means: a 1-based position, an
 /// output name, or the same expression as an item.
 fn output_column(e: &Expr, projection: &[SelectItem]) -> Option<usize> {
@@ -622,7 +640,7 @@ mod tests {
 
     fn plan(sql: &str) -> Result<Merge, &'static str> {
         let stmt = Parser::parse_sql(&PostgreSqlDialect {}, sql).expect("sql");
-        merge_for(&stmt[0], &[])
+        merge_for(&stmt[0], &Placement::default())
     }
 
     fn combine(sql: &str) -> MergePlan {

@@ -1113,3 +1113,80 @@ fn groups_by_the_key_are_whole_on_their_shard() {
         unroutable(&p, sql, why);
     }
 }
+
+#[test]
+fn distinct_keys_add_up_across_shards() {
+    let p = planner();
+    match route(
+        &p,
+        "SELECT v, count(DISTINCT id), sum(DISTINCT kv.id) FROM kv GROUP BY v",
+    ) {
+        Route::Scatter {
+            merge: Merge::Combine(m),
+            ..
+        } => assert_eq!(
+            m.group.as_deref(),
+            Some(
+                &[
+                    crate::merge::Out::Key(0),
+                    crate::merge::Out::Agg {
+                        op: crate::merge::AggOp::Count,
+                        column: 1
+                    },
+                    crate::merge::Out::Agg {
+                        op: crate::merge::AggOp::Sum,
+                        column: 2
+                    },
+                ][..]
+            )
+        ),
+        other => panic!("{other:?}"),
+    }
+    unroutable(
+        &p,
+        "SELECT count(DISTINCT v) FROM kv",
+        "function in the select list",
+    );
+    unroutable(
+        &p,
+        "SELECT avg(DISTINCT id) FROM kv",
+        "function in the select list",
+    );
+}
+
+#[test]
+fn subqueries_tied_to_the_enclosing_key_run_with_its_rows() {
+    let p = with_regions();
+    // Scattered: each items row read lives with its kv row.
+    for sql in [
+        "SELECT kv.id FROM kv WHERE EXISTS (SELECT 1 FROM items i WHERE i.id = kv.id AND i.n > 2)",
+        "SELECT count(*) FROM kv k WHERE NOT EXISTS (SELECT 1 FROM items i WHERE i.id = k.id)",
+        "SELECT k.id FROM kv k WHERE k.n > (SELECT avg(i.n) FROM items i WHERE k.id = i.id) ORDER BY 1",
+    ] {
+        assert!(matches!(route(&p, sql), Route::Scatter { .. }), "{sql}");
+    }
+    // Pinned: the enclosing key pins the subquery's table too.
+    assert_eq!(
+        keys(&p, "SELECT * FROM kv k WHERE k.id = 7 AND EXISTS (SELECT 1 FROM items i WHERE i.id = k.id)"),
+        vec!["7", "7"]
+    );
+    match route(&p, "SELECT * FROM kv k WHERE k.id IN (1, 2, 3) AND EXISTS (SELECT 1 FROM items i WHERE i.id = k.id)") {
+        Route::Keyed { spread: Some(_), .. } => {}
+        other => panic!("{other:?}"),
+    }
+    // Not tied: another column, an unqualified name (the subquery's own), an alias the
+    // subquery itself uses, or not an equality at the top of its WHERE.
+    for sql in [
+        "SELECT kv.id FROM kv WHERE EXISTS (SELECT 1 FROM items i WHERE i.n = kv.id)",
+        "SELECT kv.id FROM kv WHERE EXISTS (SELECT 1 FROM items WHERE id = id)",
+        "SELECT k.id FROM kv k WHERE EXISTS (SELECT 1 FROM items i, regions k WHERE i.id = k.id)",
+        "SELECT k.id FROM kv k WHERE EXISTS (SELECT 1 FROM items i WHERE i.id = k.id OR i.n = 1)",
+        "SELECT * FROM items i WHERE i.id IN (SELECT k.id FROM kv k)",
+    ] {
+        assert!(
+            matches!(route(&p, sql), Route::Unroutable { .. }),
+            "{sql}: {:?}",
+            route(&p, sql)
+        );
+    }
+}
