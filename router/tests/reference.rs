@@ -20,7 +20,7 @@ impl Fixture {
         let map: ShardMap = env
             .map
             .clone()
-            .with_references(vec![Reference::new("regions")])
+            .with_references(vec![Reference::new("regions"), Reference::new("plans")])
             .expect("a map with a reference table");
         let router = Router::start(&map, 4);
         Fixture { env, router }
@@ -233,4 +233,48 @@ async fn a_write_that_fails_or_differs_on_one_shard_changes_no_shard() {
     c.batch_execute("COMMIT").await.expect("commit");
     f.assert_regions("a=A,b=B");
     c.batch_execute("DROP TABLE regions").await.expect("drop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn columns_whose_default_differs_per_shard_must_be_given() {
+    let f = Fixture::start();
+    let c = f.router.connect().await;
+    c.batch_execute(
+        "CREATE TABLE plans (id serial PRIMARY KEY, name text NOT NULL, \
+         created timestamptz DEFAULT now(), tier int DEFAULT 1)",
+    )
+    .await
+    .expect("create through the router");
+    // Each shard's sequence and clock would give its own id and time.
+    for (sql, column) in [
+        ("INSERT INTO plans (name) VALUES ('basic')", "id"),
+        (
+            "INSERT INTO plans (id, name) VALUES (1, 'basic')",
+            "created",
+        ),
+        ("INSERT INTO plans VALUES (1, 'basic', DEFAULT)", "created"),
+    ] {
+        let (code, message) = refused(&c, sql).await;
+        assert_eq!(code, "0A000", "{sql}: {message}");
+        assert!(
+            message.contains(&format!("its column {column}")),
+            "{sql}: {message}"
+        );
+    }
+    // Given, they are the same everywhere; an immutable default (tier) is fine.
+    c.batch_execute(
+        "INSERT INTO plans (id, name, created) VALUES (1, 'basic', '2026-12-03 10:00+00')",
+    )
+    .await
+    .expect("insert with the values given");
+    for (shard, got) in f
+        .everywhere("SELECT id || ',' || name || ',' || created || ',' || tier FROM plans")
+        .into_iter()
+        .enumerate()
+    {
+        assert_eq!(
+            got, "1,basic,2026-12-03 10:00:00+00,1",
+            "plans on shard {shard}"
+        );
+    }
 }

@@ -22,7 +22,7 @@ impl<'m> Refs<'m> {
             return;
         };
         let (tname, key) = (table.qualified_name(), table.key.as_str());
-        let facts = self.learned.get(&tname).copied().unwrap_or_default();
+        let facts = self.learned.get(&tname).cloned().unwrap_or_default();
         let position = if ins.columns.is_empty() {
             // Without a column list the values are in table order, which a shard's catalog told.
             match facts.key_position {

@@ -57,7 +57,64 @@ pub(crate) fn write(stmt: &Statement, refs: &Refs<'_>) -> Option<Route> {
             "and {f}() would give each shard a different value: compute the value in the application and send it as a literal or a parameter"
         ));
     }
+    let facts = refs.learned.get(&name).cloned().unwrap_or_default();
+    if let Some(column) = defaulted(stmt, &facts.per_shard_defaults) {
+        return unroutable(format!(
+            "and the default of its column {column} (an identity, a sequence, now(), ...) would give each shard a different value: give {column} a value in the statement"
+        ));
+    }
     Some(Route::Replicated { table: name })
+}
+
+/// A column of `per_shard` (name, position) that `stmt` leaves to its default: not named by an
+/// INSERT's column list (or beyond its VALUES rows without one), `DEFAULT` in its VALUES or
+/// in an UPDATE's SET, or any of them for `DEFAULT VALUES`.
+fn defaulted<'c>(stmt: &Statement, per_shard: &'c [(String, usize)]) -> Option<&'c str> {
+    use sqlparser::ast::{AssignmentTarget, SetExpr};
+    let is_default = |e: &Expr| matches!(e, Expr::Identifier(i) if i.quote_style.is_none() && i.value.eq_ignore_ascii_case("default"));
+    let named = |name: &sqlparser::ast::Ident, column: &str| match name.quote_style {
+        Some(_) => name.value == column,
+        None => name.value.eq_ignore_ascii_case(column),
+    };
+    match stmt {
+        Statement::Insert(ins) => {
+            let rows = ins.source.as_deref().and_then(|q| match q.body.as_ref() {
+                SetExpr::Values(v) => Some(&v.rows),
+                _ => None,
+            });
+            per_shard.iter().find_map(|(column, position)| {
+                let at = if ins.columns.is_empty() {
+                    Some(*position)
+                } else {
+                    ins.columns.iter().position(|c| {
+                        c.0.last()
+                            .and_then(|p| p.as_ident())
+                            .is_some_and(|i| named(i, column))
+                    })
+                };
+                let left_out = match (at, rows, &ins.source) {
+                    (None, _, _) | (_, _, None) => true,
+                    (Some(at), Some(rows), _) => {
+                        rows.iter().any(|row| row.get(at).is_none_or(is_default))
+                    }
+                    // INSERT ... SELECT without a column list: its width is unknown here.
+                    (Some(_), None, _) => ins.columns.is_empty(),
+                };
+                left_out.then_some(column.as_str())
+            })
+        }
+        Statement::Update(u) => per_shard.iter().find_map(|(column, _)| {
+            u.assignments
+                .iter()
+                .any(|a| {
+                    matches!(&a.target, AssignmentTarget::ColumnName(n)
+                        if n.0.last().and_then(|p| p.as_ident()).is_some_and(|i| named(i, column)))
+                        && is_default(&a.value)
+                })
+                .then_some(column.as_str())
+        }),
+        _ => None,
+    }
 }
 
 /// The table an INSERT, UPDATE or DELETE writes.

@@ -48,16 +48,19 @@ struct Frame {
     visible: usize,
 }
 
-/// What a shard's catalog says about each sharded table (by its name in the map).
+/// What a shard's catalog says about each table of the map (by its name in the map).
 pub type Learned = std::sync::Arc<std::collections::HashMap<String, TableFacts>>;
 
-/// What a shard's catalog says about one sharded table.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// What a shard's catalog says about one table of the map.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TableFacts {
     /// Where the sharding key sits among the columns, for INSERTs without a column list.
     pub key_position: Option<usize>,
     /// How the key gets a value when an INSERT leaves it out.
     pub key_default: KeyDefault,
+    /// Of a reference table: the columns (name, position) whose default would give each
+    /// shard its own value (identity, serial, `DEFAULT now()`): a write must give them.
+    pub per_shard_defaults: Vec<(String, usize)>,
 }
 
 /// How a sharded table's key column gets a value when an INSERT leaves it out.

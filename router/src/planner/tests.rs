@@ -125,6 +125,7 @@ fn inserts() {
     let at_0 = TableFacts {
         key_position: Some(0),
         key_default: KeyDefault::None,
+        per_shard_defaults: Vec::new(),
     };
     p.learn_tables([("kv".to_string(), at_0)].into_iter().collect());
     assert_eq!(
@@ -156,6 +157,7 @@ fn inserts() {
     let from_sequence = TableFacts {
         key_position: Some(0),
         key_default: KeyDefault::Always,
+        per_shard_defaults: Vec::new(),
     };
     p.learn_tables([("kv".to_string(), from_sequence)].into_iter().collect());
     let mut buf = NormalizeBuf::new();
@@ -1188,5 +1190,48 @@ fn subqueries_tied_to_the_enclosing_key_run_with_its_rows() {
             "{sql}: {:?}",
             route(&p, sql)
         );
+    }
+}
+
+#[test]
+fn reference_writes_must_give_columns_whose_default_differs_per_shard() {
+    let p = with_regions();
+    let facts = TableFacts {
+        per_shard_defaults: vec![("id".into(), 0), ("added".into(), 3)],
+        ..TableFacts::default()
+    };
+    p.learn_tables([("regions".to_string(), facts)].into_iter().collect());
+    for sql in [
+        "INSERT INTO regions (id, code, name, added) VALUES (1, 'eu', 'Europe', '2026-01-01')",
+        "INSERT INTO regions VALUES (1, 'eu', 'Europe', '2026-01-01')",
+        "INSERT INTO regions (\"ID\", id, added) SELECT 1, 2, 3",
+        "UPDATE regions SET name = DEFAULT",
+    ] {
+        assert_eq!(
+            route(&p, sql),
+            Route::Replicated {
+                table: "regions".into()
+            },
+            "{sql}"
+        );
+    }
+    for (sql, column) in [
+        (
+            "INSERT INTO regions (code, name, added) VALUES ('eu', 'Europe', '2026-01-01')",
+            "id",
+        ),
+        (
+            "INSERT INTO regions (id, code, added) VALUES (1, 'eu', DEFAULT)",
+            "added",
+        ),
+        ("INSERT INTO regions VALUES (1, 'eu', 'Europe')", "added"),
+        ("INSERT INTO regions DEFAULT VALUES", "id"),
+        (
+            "INSERT INTO regions SELECT 1, 'eu', 'x', '2026-01-01'",
+            "id",
+        ),
+        ("UPDATE regions SET added = DEFAULT WHERE id = 1", "added"),
+    ] {
+        unroutable(&p, sql, &format!("its column {column}"));
     }
 }

@@ -50,7 +50,25 @@ pub async fn learn(routing: &Routing) -> bool {
             }
         }
     }
-    tracing::debug!(tables = tables.len(), "learned the sharded tables' columns");
+    for reference in routing.map.references() {
+        let name = reference.qualified_name();
+        match per_shard_defaults(&mut conn, &name).await {
+            Ok(columns) => {
+                tables.insert(
+                    name,
+                    TableFacts {
+                        per_shard_defaults: columns,
+                        ..TableFacts::default()
+                    },
+                );
+            }
+            Err(e) => {
+                tracing::warn!("could not read the column defaults of {name}: {e}");
+                return false;
+            }
+        }
+    }
+    tracing::debug!(tables = tables.len(), "learned the tables' columns");
     routing.planner.learn_tables(tables);
     true
 }
@@ -86,7 +104,27 @@ async fn facts(conn: &mut BackendConn, table: &shardmap::Table) -> std::io::Resu
     Ok(TableFacts {
         key_position,
         key_default,
+        per_shard_defaults: Vec::new(),
     })
+}
+
+/// The columns of reference table `name` (with their positions) whose default would differ
+/// between shards: identity columns, and defaults that name a function that is not immutable
+/// (`nextval`, `now`, `random`, ...; any function of that name, to be safe) or a SQL value
+/// function (`CURRENT_TIMESTAMP`, `CURRENT_USER`, ...).
+async fn per_shard_defaults(
+    conn: &mut BackendConn,
+    name: &str,
+) -> std::io::Result<Vec<(String, usize)>> {
+    let sql = PER_SHARD_DEFAULTS.replace("$1", &quote_literal(name));
+    Ok(first_column(conn, &sql)
+        .await?
+        .iter()
+        .filter_map(|c| {
+            let (pos, column) = c.split_once(':')?;
+            Some((column.to_string(), pos.parse().ok()?))
+        })
+        .collect())
 }
 
 /// Whether text compares by its bytes everywhere: the database's collation is C or POSIX from
@@ -111,3 +149,16 @@ async fn first_column(
         answer.first_column
     })
 }
+
+/// The columns of reference table `$1` (a literal) whose default differs per shard, as
+/// `position:name`.
+const PER_SHARD_DEFAULTS: &str = r"SELECT pos || ':' || attname FROM (
+    SELECT a.attname, row_number() OVER (ORDER BY a.attnum) - 1 AS pos,
+        a.attidentity <> '' OR coalesce(
+            pg_get_expr(d.adbin, d.adrelid) ~* '\m(current_date|current_time|current_timestamp|localtime|localtimestamp|current_user|current_role|session_user|user|current_catalog|current_schema)\M'
+            OR EXISTS (SELECT 1 FROM regexp_matches(pg_get_expr(d.adbin, d.adrelid), '([A-Za-z_][A-Za-z0-9_$]*)\(', 'g') AS m(f)
+                JOIN pg_proc p ON p.proname = lower(m.f[1]) WHERE p.provolatile <> 'i'),
+            false) AS per_shard
+    FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+    WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped) t
+WHERE per_shard";
