@@ -2,7 +2,8 @@
 //! 4-shard cluster on 2 servers: money moved between accounts on every shard by concurrent
 //! transactions keeps its total exact, also while the router is killed (SIGKILL) and restarted
 //! again and again; a router stopped between PREPARE and the decision, or right after it,
-//! leaves transactions that recovery rolls back or commits as decided; no prepared transaction
+//! leaves transactions that recovery rolls back or commits as decided (also for a write on
+//! several shards outside a transaction); no prepared transaction
 //! stays behind; a router refuses two-phase mode when a shard does not allow prepared
 //! transactions; several routers started at the same instant on fresh shards all start.
 
@@ -237,6 +238,48 @@ async fn recovery_finishes_what_a_stopped_router_decided() {
         until_none_prepared(env, Duration::from_secs(20));
         let want = if commits { "1" } else { "0" };
         for (shard, k) in [(0, a), (3, b)] {
+            assert_eq!(
+                env.on_shard(shard, &format!("SELECT count(*) FROM kv WHERE id = {k}")),
+                want,
+                "{fault}: shard {shard}"
+            );
+        }
+    }
+}
+
+/// A write on several shards outside a transaction (a multi-row INSERT split by shard) also
+/// commits with two-phase commit: stopped after PREPARE it is rolled back everywhere, stopped
+/// after the decision it is committed everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_on_several_shards_outside_a_transaction_commits_in_two_phases() {
+    let env = env();
+    for (fault, commits, base) in [
+        ("after_prepare", false, 84_000_000),
+        ("after_decision", true, 85_000_000),
+    ] {
+        let (a, b) = (env.key_on(1, base), env.key_on(2, base));
+        let faulty = Router::start_with(
+            &env.map,
+            &two_phase_with(&format!("test_fault = \"{fault}\"\n")),
+        );
+        let client = faulty.connect().await;
+        client
+            .simple_query(&format!(
+                "INSERT INTO kv (id, v) VALUES ({a}, 'x'), ({b}, 'y')"
+            ))
+            .await
+            .expect_err("the router stops during the commit");
+        assert!(
+            faulty.wait_exit(Duration::from_secs(10)).is_some(),
+            "the router stopped ({fault})"
+        );
+        assert!(
+            !prepared(env).is_empty(),
+            "{fault}: something is left prepared"
+        );
+        until_none_prepared(env, Duration::from_secs(20));
+        let want = if commits { "1" } else { "0" };
+        for (shard, k) in [(1, a), (2, b)] {
             assert_eq!(
                 env.on_shard(shard, &format!("SELECT count(*) FROM kv WHERE id = {k}")),
                 want,

@@ -8,6 +8,8 @@
 //! then fail with the statement, not at a COMMIT that other shards may already have passed.
 //! Only a failure between the first and the last COMMIT (a shard going away, a serialization
 //! failure) can leave part of a write applied; the error then names the shards on each side.
+//! With `cross_shard = "two_phase"` the parts commit through [`super::two_phase`] instead,
+//! atomically.
 
 use bytes::BytesMut;
 
@@ -140,7 +142,14 @@ impl<'s> Parts<'s> {
     }
 
     /// Commits every part; the error names the shards that committed and those that did not.
+    /// With `cross_shard = "two_phase"`, parts on several shards commit atomically with
+    /// two-phase commit, as a client's transaction across shards does.
     pub async fn commit(self) -> Result<(), SqlError> {
+        let transactions = &self.routing.config.transactions;
+        if self.open.len() > 1 && transactions.cross_shard == crate::config::CrossShard::TwoPhase {
+            return super::two_phase::commit(self.routing, self.open, transactions.test_fault)
+                .await;
+        }
         let shards: Vec<usize> = self.open.iter().map(|(s, _)| *s).collect();
         let results = end_all(self.open, true).await;
         outcome(self.routing, self.what, &shards, results)
