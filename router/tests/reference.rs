@@ -105,6 +105,15 @@ async fn reference_tables_are_whole_on_every_shard_and_answer_once() {
     assert_eq!(n, 1);
     f.assert_regions("new=Nord,paid=South,x=Ex");
 
+    // EXPLAIN (ROUTE) says where it would go.
+    let route = simple(&c, "EXPLAIN (ROUTE) INSERT INTO regions VALUES ('q', 'Q')").await;
+    assert!(
+        route
+            .iter()
+            .flatten()
+            .any(|l| l.contains("a write of a reference table")),
+        "{route:?}"
+    );
     // Reads go to one shard.
     assert_eq!(
         simple(&c, "SELECT count(*) FROM regions").await,

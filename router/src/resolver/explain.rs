@@ -126,7 +126,9 @@ pub fn rows(target: &Target<'_>, sql: &str) -> Vec<Row> {
                 .collect()
         }
         Dest::Write(write) => {
-            let reason = if write.keyed {
+            let reason = if write.replicas {
+                "a write of a reference table, which every shard holds whole (the first shard answers, the others must agree)"
+            } else if write.keyed {
                 "the shards of the statement's keys"
             } else {
                 "a write without its key, allowed on every shard"
