@@ -256,6 +256,59 @@ async fn avg_and_sums_of_integers_and_numeric_match_postgres() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn variance_and_stddev_of_integers_and_numeric_match_postgres() {
+    use shardgate::merge::variance::Dispersion;
+    let client = connect().await;
+    let mut rng = Rng(0x5eed_0007);
+    let sets = value_sets(&mut rng, 400);
+    for (ty, values) in sets {
+        let shards = split(&mut rng, &values);
+        let mut sql = String::new();
+        for shard in &shards {
+            sql.push_str(&format!(
+                "SELECT count(x), sum(x), sum(x::numeric * x::numeric) FROM (VALUES {}) v(x);",
+                values_list(shard, ty)
+            ));
+        }
+        sql.push_str(&format!(
+            "SELECT stddev_pop(x), stddev_samp(x), var_pop(x), var_samp(x) FROM (VALUES {}) v(x)",
+            values_list(&values, ty)
+        ));
+        let results = query(&client, &sql).await;
+        let sum_oid = if ty == "int4" { 20 } else { 1700 };
+        let cols = vec![
+            Column::new(b"count", 20, false),
+            Column::new(b"sum", sum_oid, false),
+            Column::new(b"sum", 1700, false),
+        ];
+        let out = [
+            Dispersion::StddevPop,
+            Dispersion::StddevSamp,
+            Dispersion::VarPop,
+            Dispersion::VarSamp,
+        ]
+        .map(|kind| Out::Dispersion {
+            kind,
+            count: 0,
+            sum: 1,
+            squares: 2,
+        })
+        .to_vec();
+        let mut merge = GroupMerge::new(out, cols, false).expect("mergeable");
+        for shard_rows in &results[..shards.len()] {
+            merge.fold(&text_row(&shard_rows[0])).expect("fold");
+        }
+        let mut buf = Vec::new();
+        merge.finish(&[], &mut buf).expect("finish");
+        assert_eq!(
+            frames_to_rows(&buf),
+            results[shards.len()],
+            "{ty} values {values:?} split as {shards:?}"
+        );
+    }
+}
+
 /// A random float8 literal (finite, away from overflow and underflow on division).
 fn float_value(rng: &mut Rng) -> String {
     match rng.below(12) {

@@ -24,6 +24,7 @@ pub mod group;
 pub mod numeric;
 pub mod row;
 pub mod value;
+pub mod variance;
 
 use std::borrow::Cow;
 use std::cmp::Ordering;

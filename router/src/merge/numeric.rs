@@ -210,6 +210,32 @@ impl Numeric {
         })
     }
 
+    /// A finite value as sign, magnitude and display scale (`None` for NaN and infinities).
+    pub fn to_big(&self) -> Option<(bool, num_bigint::BigUint, usize)> {
+        let Numeric::Finite(d) = self else {
+            return None;
+        };
+        let text: Vec<u8> = d.digits.iter().rev().map(|&g| b'0' + g).collect();
+        let magnitude = num_bigint::BigUint::parse_bytes(&text, 10).unwrap_or_default();
+        Some((d.neg && !d.is_zero(), magnitude, d.scale))
+    }
+
+    /// The finite value `(-1)^neg * magnitude * 10^-scale`, shown with `scale` decimals.
+    pub fn from_big(neg: bool, magnitude: &num_bigint::BigUint, scale: usize) -> Numeric {
+        let digits: Vec<u8> = if magnitude.bits() == 0 {
+            Vec::new()
+        } else {
+            magnitude
+                .to_str_radix(10)
+                .bytes()
+                .rev()
+                .map(|c| c - b'0')
+                .collect()
+        };
+        let neg = neg && !digits.is_empty();
+        Numeric::Finite(Decimal { neg, digits, scale })
+    }
+
     /// Half of a finite value, exactly (one more decimal); specials stay as they are.
     pub fn half(&self) -> Numeric {
         match self {

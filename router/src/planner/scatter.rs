@@ -27,6 +27,7 @@ use sqlparser::ast::{
 };
 
 use super::KeySource;
+use crate::merge::variance::Dispersion;
 use crate::merge::{AggOp, Out, SortKey};
 
 /// How the shards' answers to a scattered statement combine.
@@ -237,6 +238,8 @@ fn rows_in_order(
 pub(super) enum Item {
     Agg(AggOp),
     Avg,
+    /// `stddev`, `variance` and kin: from `count`, `sum` and the sum of squares.
+    Dispersion(Dispersion),
     /// No function call at all: a column, a constant, operators.
     Plain,
     /// Calls a function (which might be an aggregate unless it is a GROUP BY expression).
@@ -294,7 +297,9 @@ fn merge_of_query(stmt: &Statement, placed: &Placement) -> Result<Merge, &'stati
             _ => classify(expr)?,
         });
     }
-    let aggregated = items.iter().any(|i| matches!(i, Item::Agg(_) | Item::Avg));
+    let aggregated = items
+        .iter()
+        .any(|i| matches!(i, Item::Agg(_) | Item::Avg | Item::Dispersion(_)));
     let grouped = aggregated || distinct || !group_by.is_empty();
     if !grouped {
         if items.iter().any(|i| matches!(i, Item::Function)) {
@@ -351,10 +356,24 @@ fn merge_of_query(stmt: &Statement, placed: &Placement) -> Result<Merge, &'stati
                     count: column + 1,
                 });
                 column += 1;
-                avg_names.push(match &select.projection[i] {
-                    SelectItem::ExprWithAlias { alias, .. } => alias.value.clone(),
-                    _ => "avg".to_string(),
+                avg_names.push(output_name(&select.projection[i], "avg"));
+            }
+            Item::Dispersion(kind) => {
+                out.push(Out::Dispersion {
+                    kind: *kind,
+                    count: column,
+                    sum: column + 1,
+                    squares: column + 2,
                 });
+                column += 2;
+                let called = item_expr(&select.projection[i])
+                    .and_then(|e| match e {
+                        Expr::Function(f) => f.name.0.last().map(|p| p.to_string()),
+                        _ => None,
+                    })
+                    .unwrap_or_default()
+                    .to_ascii_lowercase();
+                avg_names.push(output_name(&select.projection[i], &called));
             }
             // A GROUP BY expression, or (when grouping by a primary key) a plain column that
             // depends on it: either way, equal within a group.
@@ -475,6 +494,7 @@ pub(super) fn plain_aggregate(expr: &Expr) -> Option<Item> {
         "min" | "bool_and" | "every" => Item::Agg(AggOp::Min),
         "max" | "bool_or" => Item::Agg(AggOp::Max),
         "avg" if f.filter.is_none() => Item::Avg,
+        name if f.filter.is_none() => Item::Dispersion(Dispersion::of_function(name)?),
         _ => return None,
     };
     let FunctionArguments::List(list) = &f.args else {
@@ -488,6 +508,14 @@ pub(super) fn plain_aggregate(expr: &Expr) -> Option<Item> {
         _ => false,
     };
     (list.duplicate_treatment.is_none() && list.clauses.is_empty() && args_ok).then_some(item)
+}
+
+/// The name Postgres gives a select-list item: its alias, else `called` (the function's name).
+fn output_name(item: &SelectItem, called: &str) -> String {
+    match item {
+        SelectItem::ExprWithAlias { alias, .. } => alias.value.clone(),
+        _ => called.to_string(),
+    }
 }
 
 /// `count(DISTINCT key)` or `sum(DISTINCT key)`: the shards' answers add up.
@@ -696,6 +724,32 @@ mod tests {
         );
         assert_eq!(p.order[0].column, 2);
         assert_eq!(p.avg_names, ["mean"]);
+        let p = combine("SELECT k, stddev(n) AS s, var_pop(n) FROM t GROUP BY k");
+        assert_eq!(
+            p.group.as_deref(),
+            Some(
+                &[
+                    Out::Key(0),
+                    Out::Dispersion {
+                        kind: Dispersion::StddevSamp,
+                        count: 1,
+                        sum: 2,
+                        squares: 3
+                    },
+                    Out::Dispersion {
+                        kind: Dispersion::VarPop,
+                        count: 4,
+                        sum: 5,
+                        squares: 6
+                    },
+                ][..]
+            )
+        );
+        assert_eq!(p.avg_names, ["s", "var_pop"]);
+        assert!(p.rewrite);
+        // FILTER and DISTINCT would need to reach each part: refused.
+        assert!(plan("SELECT stddev(n) FILTER (WHERE n > 1) FROM t").is_err());
+        assert!(plan("SELECT variance(DISTINCT n) FROM t").is_err());
         let p = combine("SELECT count(*), sum(n) FROM t");
         assert!(!p.rewrite);
         let p = combine("SELECT DISTINCT v FROM t");

@@ -75,23 +75,34 @@ pub fn shard_sql(sql: &str, grouped: bool) -> Result<String, &'static str> {
         }
         let mut projection = Vec::with_capacity(select.projection.len() + 2);
         for item in select.projection.drain(..) {
-            let avg_arg = item_expr(&item).and_then(|e| match (plain_aggregate(e), e) {
-                (Some(Item::Avg), Expr::Function(f)) => match &f.args {
-                    FunctionArguments::List(FunctionArgumentList { args, .. }) => {
-                        args.first().cloned()
-                    }
+            // The shard columns the router computes avg and variance from.
+            let parts = item_expr(&item).and_then(|e| match (plain_aggregate(e), e) {
+                (Some(Item::Avg), Expr::Function(f)) => Some((f, &["sum({x})", "count({x})"][..])),
+                (Some(Item::Dispersion(_)), Expr::Function(f)) => Some((
+                    f,
+                    &[
+                        "count({x})",
+                        "sum({x})",
+                        "sum(({x})::numeric * ({x})::numeric)",
+                    ][..],
+                )),
+                _ => None,
+            });
+            let arg = parts.and_then(|(f, parts)| match &f.args {
+                FunctionArguments::List(FunctionArgumentList { args, .. }) => match args.first() {
+                    Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(x))) => Some((x, parts)),
                     _ => None,
                 },
                 _ => None,
             });
-            match avg_arg {
-                Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(x))) => {
-                    let sum = parse(format!("sum({x})"))?;
-                    let count = parse(format!("count({x})"))?;
-                    projection.push(SelectItem::UnnamedExpr(sum));
-                    projection.push(SelectItem::UnnamedExpr(count));
+            match arg {
+                Some((x, parts)) => {
+                    for part in parts {
+                        let text = part.replace("{x}", &x.to_string());
+                        projection.push(SelectItem::UnnamedExpr(parse(text)?));
+                    }
                 }
-                _ => projection.push(item),
+                None => projection.push(item),
             }
         }
         select.projection = projection;
@@ -148,6 +159,11 @@ mod tests {
         assert_eq!(
             shard_sql("SELECT avg(v), k FROM t GROUP BY 2", true).unwrap(),
             "SELECT sum(v), count(v), k FROM t GROUP BY k"
+        );
+        // variance and stddev: count, sum and the sum of squares in numeric.
+        assert_eq!(
+            shard_sql("SELECT k, stddev(n) AS s FROM t GROUP BY k", true).unwrap(),
+            "SELECT k, count(n), sum(n), sum((n)::NUMERIC * (n)::NUMERIC) FROM t GROUP BY k"
         );
         assert_eq!(
             shard_sql("SELECT id FROM t ORDER BY id OFFSET 10", false).unwrap(),

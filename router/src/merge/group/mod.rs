@@ -14,11 +14,14 @@
 
 use std::collections::HashMap;
 
-use super::datetime::DateKind;
 use super::numeric::Numeric;
 use super::row::{self, Column};
 use super::value::{self, Kind};
+use super::variance::{self, Dispersion};
+
+mod plan;
 use super::{check_sortable, compare_rows, float, MergeError, SortKey};
+use plan::{check_group_key, plan_agg, plan_avg, plan_dispersion, Plan};
 
 /// An aggregate whose per-shard partial results combine into the total.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,32 +41,13 @@ pub enum Out {
     Agg { op: AggOp, column: usize },
     /// `avg(x)`, from the shards' `sum(x)` and `count(x)` columns.
     Avg { sum: usize, count: usize },
-}
-
-/// How an output column is computed, decided once from the shard column types.
-#[derive(Debug, Clone, Copy)]
-enum Plan {
-    Key(usize),
-    /// Counts: exact, must fit in int8 at the end; 0 when there are no rows.
-    Count(usize),
-    /// Bigint sums (of int2/int4): like counts, but NULL when there are no values.
-    SumInt(usize),
-    SumNumeric(usize),
-    SumFloat8(usize),
-    SumFloat4(usize),
-    Extreme {
-        column: usize,
-        kind: Kind,
-        max: bool,
-    },
-    AvgNumeric {
-        sum: usize,
+    /// `stddev(x)`, `variance(x)` and kin, from the shards' `count(x)`, `sum(x)` and
+    /// `sum(x::numeric * x::numeric)` columns ([`super::variance`]).
+    Dispersion {
+        kind: Dispersion,
         count: usize,
-        sum_kind: Kind,
-    },
-    AvgFloat8 {
         sum: usize,
-        count: usize,
+        squares: usize,
     },
 }
 
@@ -76,8 +60,19 @@ enum Acc {
     F64(Option<f64>),
     F32(Option<f32>),
     Extreme(Option<Vec<u8>>),
-    Avg { sum: Option<Numeric>, count: i128 },
-    AvgF64 { sum: Option<f64>, count: i128 },
+    Avg {
+        sum: Option<Numeric>,
+        count: i128,
+    },
+    AvgF64 {
+        sum: Option<f64>,
+        count: i128,
+    },
+    Dispersion {
+        sum: Option<Numeric>,
+        count: i128,
+        squares: Option<Numeric>,
+    },
 }
 
 /// A group: its key values as first seen, and one accumulator per output column.
@@ -132,6 +127,16 @@ impl GroupMerge {
                 }
                 Out::Agg { op, column } => plan_agg(op, column, col(column)?, text_bytewise)?,
                 Out::Avg { sum, count } => plan_avg(sum, col(sum)?, count, col(count)?)?,
+                Out::Dispersion {
+                    kind,
+                    count,
+                    sum,
+                    squares,
+                } => plan_dispersion(
+                    kind,
+                    [count, sum, squares],
+                    [col(count)?, col(sum)?, col(squares)?],
+                )?,
             };
             plans.push(plan);
         }
@@ -196,21 +201,26 @@ impl GroupMerge {
         Ok(())
     }
 
+    /// Whether an output column is computed by the router from several shard columns (and so
+    /// needs a name of its own).
+    fn computed(p: &Plan) -> bool {
+        matches!(
+            p,
+            Plan::AvgNumeric { .. } | Plan::AvgFloat8 { .. } | Plan::Dispersion { .. }
+        )
+    }
+
     /// The client's RowDescription body. `avg_names` names the `Avg` columns in output order
     /// (e.g. `avg`, or the alias the client gave).
     pub fn row_description(&self, avg_names: &[&[u8]]) -> Result<Vec<u8>, MergeError> {
-        let avgs = self
-            .plans
-            .iter()
-            .filter(|p| matches!(p, Plan::AvgNumeric { .. } | Plan::AvgFloat8 { .. }))
-            .count();
+        let avgs = self.plans.iter().filter(|p| Self::computed(p)).count();
         if avgs != avg_names.len() {
-            return Err("one name is needed per avg column".into());
+            return Err("one name is needed per computed column".into());
         }
         let mut cols = self.output_columns();
         let mut names = avg_names.iter();
         for (c, p) in cols.iter_mut().zip(&self.plans) {
-            if matches!(p, Plan::AvgNumeric { .. } | Plan::AvgFloat8 { .. }) {
+            if Self::computed(p) {
                 if let Some(name) = names.next() {
                     c.name = name.to_vec();
                 }
@@ -295,6 +305,11 @@ impl GroupMerge {
                     sum: None,
                     count: 0,
                 },
+                Plan::Dispersion { .. } => Acc::Dispersion {
+                    sum: None,
+                    count: 0,
+                    squares: None,
+                },
             })
             .collect();
         self.groups.push(Group { keys, accs });
@@ -316,6 +331,9 @@ impl GroupMerge {
                 }
                 Plan::AvgFloat8 { sum, .. } => {
                     Column::new(b"avg", 701, self.shard_columns[sum].binary)
+                }
+                Plan::Dispersion { squares, .. } => {
+                    Column::new(b"stddev", 1700, self.shard_columns[squares].binary)
                 }
             })
             .collect()
@@ -358,6 +376,17 @@ impl GroupMerge {
                         None => None,
                     }
                 }
+                (
+                    Plan::Dispersion { kind, squares, .. },
+                    Acc::Dispersion {
+                        sum,
+                        count,
+                        squares: sq,
+                    },
+                ) => match variance::finish(kind, *count, sum.as_ref(), sq.as_ref())? {
+                    Some(v) => Some(numeric_bytes(&v, binary(squares))?),
+                    None => None,
+                },
                 (Plan::AvgFloat8 { sum, .. }, Acc::AvgF64 { sum: s, count }) => {
                     match (s, *count) {
                         (_, 0) => None,
@@ -402,90 +431,6 @@ fn f64_bytes(v: f64, binary: bool) -> Vec<u8> {
     }
 }
 
-fn type_name(col: &Column) -> String {
-    format!(
-        "column \"{}\" (type OID {})",
-        String::from_utf8_lossy(&col.name),
-        col.type_oid
-    )
-}
-
-fn check_group_key(col: &Column) -> Result<(), MergeError> {
-    match Kind::of(col.type_oid) {
-        Some(
-            Kind::Int2
-            | Kind::Int4
-            | Kind::Int8
-            | Kind::Oid
-            | Kind::Bool
-            | Kind::Text { .. }
-            | Kind::Uuid
-            | Kind::Date(DateKind::Date | DateKind::Timestamp),
-        ) => Ok(()),
-        // Text timestamptz depends on each session's TimeZone; binary is an absolute instant.
-        Some(Kind::Date(DateKind::TimestampTz)) if col.binary => Ok(()),
-        Some(Kind::Float4 | Kind::Float8 | Kind::Numeric) => Err(format!(
-            "GROUP BY {} across shards: equal values can differ in bytes (1.0 and 1.00)",
-            type_name(col)
-        )
-        .into()),
-        _ => Err(format!("GROUP BY {} is not supported across shards", type_name(col)).into()),
-    }
-}
-
-fn plan_agg(op: AggOp, i: usize, col: &Column, text_bytewise: bool) -> Result<Plan, MergeError> {
-    let kind = Kind::of(col.type_oid);
-    Ok(match op {
-        AggOp::Count if kind == Some(Kind::Int8) => Plan::Count(i),
-        AggOp::Count => return Err("count() column is not a bigint".into()),
-        AggOp::Sum => match kind {
-            // sum(int2/int4) is a bigint; sum(int8) is numeric.
-            Some(Kind::Int8) => Plan::SumInt(i),
-            Some(Kind::Numeric) => Plan::SumNumeric(i),
-            Some(Kind::Float8) => Plan::SumFloat8(i),
-            Some(Kind::Float4) => Plan::SumFloat4(i),
-            _ => {
-                return Err(
-                    format!("sum() of {} cannot be merged across shards", type_name(col)).into(),
-                )
-            }
-        },
-        AggOp::Min | AggOp::Max => Plan::Extreme {
-            column: i,
-            kind: value::check_comparable(col, text_bytewise)?,
-            max: op == AggOp::Max,
-        },
-    })
-}
-
-fn plan_avg(
-    sum: usize,
-    sum_col: &Column,
-    count: usize,
-    count_col: &Column,
-) -> Result<Plan, MergeError> {
-    if Kind::of(count_col.type_oid) != Some(Kind::Int8) {
-        return Err("avg(): the count column is not a bigint".into());
-    }
-    match Kind::of(sum_col.type_oid) {
-        // avg of integers and numeric is numeric, sent in the sum column's format.
-        Some(sum_kind @ (Kind::Int8 | Kind::Numeric)) => Ok(Plan::AvgNumeric {
-            sum,
-            count,
-            sum_kind,
-        }),
-        Some(Kind::Float8) => Ok(Plan::AvgFloat8 { sum, count }),
-        Some(Kind::Float4) => Err(
-            "avg(real) across shards: the shards' real sums lose the precision avg keeps".into(),
-        ),
-        _ => Err(format!(
-            "avg() of {} cannot be merged across shards",
-            type_name(sum_col)
-        )
-        .into()),
-    }
-}
-
 /// Adds one shard row's value(s) into an accumulator.
 fn accumulate(
     plan: Plan,
@@ -506,27 +451,12 @@ fn accumulate(
         }
         (Plan::SumNumeric(i), Acc::Numeric(total)) => {
             if let Some(v) = fields[i] {
-                let v = value::numeric(cols[i].binary, v)?;
-                *total = Some(match total.take() {
-                    Some(t) => t.add(&v),
-                    None => v,
-                });
+                add_numeric(total, value::numeric(cols[i].binary, v)?);
             }
         }
         (Plan::SumFloat8(i), Acc::F64(total)) => {
             if let Some(v) = fields[i] {
-                let v = value::float(Kind::Float8, cols[i].binary, v)?;
-                *total = Some(match *total {
-                    // float8pl: an infinite sum of finite values is an overflow error.
-                    Some(t) => {
-                        let s = t + v;
-                        if s.is_infinite() && t.is_finite() && v.is_finite() {
-                            return Err(OVERFLOW_FLOAT.into());
-                        }
-                        s
-                    }
-                    None => v,
-                });
+                add_f64(total, value::float(Kind::Float8, cols[i].binary, v)?)?;
             }
         }
         (Plan::SumFloat4(i), Acc::F32(total)) => {
@@ -573,36 +503,71 @@ fn accumulate(
         ) => {
             *n += count_value(fields[count], &cols[count])?;
             if let Some(v) = fields[sum] {
-                let binary = cols[sum].binary;
-                let v = match sum_kind {
-                    Kind::Int8 => Numeric::from_i128(value::int(Kind::Int8, binary, v)? as i128),
-                    _ => value::numeric(binary, v)?,
-                };
-                *s = Some(match s.take() {
-                    Some(t) => t.add(&v),
-                    None => v,
-                });
+                add_numeric(s, sum_value(sum_kind, cols[sum].binary, v)?);
+            }
+        }
+        (
+            Plan::Dispersion {
+                count,
+                sum,
+                squares,
+                sum_kind,
+                ..
+            },
+            Acc::Dispersion {
+                sum: s,
+                count: n,
+                squares: sq,
+            },
+        ) => {
+            *n += count_value(fields[count], &cols[count])?;
+            if let Some(v) = fields[sum] {
+                add_numeric(s, sum_value(sum_kind, cols[sum].binary, v)?);
+            }
+            if let Some(v) = fields[squares] {
+                add_numeric(sq, value::numeric(cols[squares].binary, v)?);
             }
         }
         (Plan::AvgFloat8 { sum, count }, Acc::AvgF64 { sum: s, count: n }) => {
             *n += count_value(fields[count], &cols[count])?;
             if let Some(v) = fields[sum] {
-                let v = value::float(kind_of(sum), cols[sum].binary, v)?;
-                *s = Some(match *s {
-                    Some(t) => {
-                        let r = t + v;
-                        if r.is_infinite() && t.is_finite() && v.is_finite() {
-                            return Err(OVERFLOW_FLOAT.into());
-                        }
-                        r
-                    }
-                    None => v,
-                });
+                add_f64(s, value::float(kind_of(sum), cols[sum].binary, v)?)?;
             }
         }
         _ => return Err("internal error: aggregate state mismatch".into()),
     }
     Ok(grew)
+}
+
+/// `total + v` in numeric (`v` alone when there is no total yet).
+fn add_numeric(total: &mut Option<Numeric>, v: Numeric) {
+    *total = Some(match total.take() {
+        Some(t) => t.add(&v),
+        None => v,
+    });
+}
+
+/// `total + v` as `float8pl` adds: an infinite sum of finite values is an overflow error.
+fn add_f64(total: &mut Option<f64>, v: f64) -> Result<(), MergeError> {
+    *total = Some(match *total {
+        Some(t) => {
+            let s = t + v;
+            if s.is_infinite() && t.is_finite() && v.is_finite() {
+                return Err(OVERFLOW_FLOAT.into());
+            }
+            s
+        }
+        None => v,
+    });
+    Ok(())
+}
+
+/// A shard's `sum(x)` of integers (bigint) or of numeric, as numeric.
+fn sum_value(kind: Kind, binary: bool, v: &[u8]) -> Result<Numeric, MergeError> {
+    Ok(match kind {
+        Kind::Int8 => Numeric::from_i128(value::int(Kind::Int8, binary, v)? as i128),
+        _ => value::numeric(binary, v)?,
+    })
 }
 
 fn count_value(v: Option<&[u8]>, col: &Column) -> Result<i128, MergeError> {
