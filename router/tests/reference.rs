@@ -159,6 +159,21 @@ async fn reference_tables_are_whole_on_every_shard_and_answer_once() {
     }
 
     // What would differ per shard is refused before it runs.
+    // A date read when each shard runs it, as a literal or as a parameter.
+    let (code, message) = refused(
+        &c,
+        "INSERT INTO regions VALUES ('t', 'now'::timestamptz::text)",
+    )
+    .await;
+    assert!(code == "0A000" && message.contains("'now'"), "{message}");
+    let err = c
+        .execute(
+            "INSERT INTO regions VALUES ('t', $1::text::timestamptz::text)",
+            &[&"today"],
+        )
+        .await
+        .expect_err("a parameter 'today' is refused");
+    assert_eq!(sqlstate(&err), "0A000", "{err:?}");
     for sql in [
         "INSERT INTO regions VALUES ('t', now()::text)",
         "INSERT INTO regions SELECT v, 'from kv' FROM kv",

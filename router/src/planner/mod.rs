@@ -51,6 +51,7 @@ use sqlparser::parser::Parser;
 pub use cache::{CacheStats, PlanCache, MAX_CACHED_TEXT};
 pub use keys::{key_from_binary, key_from_text, KeyValueError};
 pub use normalize::{normalize, normalize_within, LiteralKind, NormalizeBuf};
+pub use reference::moving_date;
 pub use refs::{KeyDefault, TableFacts};
 
 /// Where one statement must run.

@@ -21,8 +21,14 @@ pub(super) enum Placed {
     Free,
 }
 
-/// The sharded tables of one SELECT being visited, and how each is placed.
-pub(super) type Enclosing<'m> = Vec<(ScopeRel<'m>, Placed)>;
+/// One SELECT being visited: its sharded tables and how each is placed, and every name its
+/// FROM gives (a qualified column with one of these names means that SELECT's item, whether
+/// or not it is a sharded table).
+#[derive(Default)]
+pub(super) struct Enclosing<'m> {
+    pub rels: Vec<(ScopeRel<'m>, Placed)>,
+    pub names: Vec<String>,
+}
 
 impl<'m> Refs<'m> {
     /// How `scope[i]` is placed by a conjunct that makes its key equal to the key of a table
@@ -46,63 +52,99 @@ impl<'m> Refs<'m> {
                 if !super::pins::is_key_column(mine, scope, i) {
                     continue;
                 }
-                for outer in self.enclosing.iter().rev() {
-                    let rels: Vec<ScopeRel<'m>> = outer.iter().map(|(r, _)| r.clone()).collect();
-                    let hit = (0..rels.len()).find(|&j| {
-                        rels[j].table.key_type == scope[i].table.key_type
-                            && super::pins::is_key_column(theirs, &rels, j)
-                            // An unqualified name, or one qualified by a name of this
-                            // query's own FROM, means a column of this query.
-                            && !self.means_local(theirs)
-                    });
-                    if let Some(j) = hit {
-                        return match &outer[j].1 {
-                            Placed::Free => Placed::Correlated,
-                            placed => placed.clone(),
-                        };
-                    }
+                // An unqualified name, or one qualified by a name of this query's own FROM,
+                // means a column of this query.
+                let Some(qualifier) = qualifier(theirs) else {
+                    continue;
+                };
+                if defines(&self.local_names, &qualifier) {
+                    continue;
+                }
+                // The innermost enclosing query that gives the name is the one it means.
+                let Some(outer) = self
+                    .enclosing
+                    .iter()
+                    .rev()
+                    .find(|e| defines(&e.names, &qualifier))
+                else {
+                    continue;
+                };
+                let rels: Vec<ScopeRel<'m>> = outer.rels.iter().map(|(r, _)| r.clone()).collect();
+                let hit = (0..rels.len()).find(|&j| {
+                    rels[j].table.key_type == scope[i].table.key_type
+                        && super::pins::is_key_column(theirs, &rels, j)
+                });
+                if let Some(j) = hit {
+                    return match &outer.rels[j].1 {
+                        Placed::Free => Placed::Correlated,
+                        placed => placed.clone(),
+                    };
                 }
             }
         }
         Placed::Free
     }
+}
 
-    /// Whether a column reference means a column of the SELECT being placed.
-    fn means_local(&self, column: &Expr) -> bool {
-        match column {
-            Expr::CompoundIdentifier(parts) if parts.len() >= 2 => {
-                let qualifier = fold(&parts[parts.len() - 2]);
-                self.local_names.iter().any(|n| *n == qualifier || n == "*")
-            }
-            _ => true,
-        }
+/// The name that qualifies a column reference (`o` of `o.customer_id`), if it has one.
+fn qualifier(column: &Expr) -> Option<String> {
+    match column {
+        Expr::CompoundIdentifier(parts) if parts.len() >= 2 => Some(fold(&parts[parts.len() - 2])),
+        _ => None,
     }
+}
+
+/// Whether a FROM that gives `names` gives `name` (`*`: an item this router does not name).
+fn defines(names: &[String], name: &str) -> bool {
+    names.iter().any(|n| n == name || n == "*")
 }
 
 /// Whether `select` groups (GROUP BY, or DISTINCT ON) by the key of a table of `scope`: an
 /// expression that is the key column, or the position of one in the select list.
 pub(super) fn groups_by_key(select: &Select, scope: &[ScopeRel<'_>]) -> bool {
-    let by: &[Expr] = match (&select.group_by, &select.distinct) {
-        (_, Some(sqlparser::ast::Distinct::On(on))) => on,
-        (sqlparser::ast::GroupByExpr::Expressions(g, m), _) if m.is_empty() => g,
+    use sqlparser::ast::{Distinct, GroupByExpr, SelectItem, Value};
+    // DISTINCT ON reads a bare name as an output column first (as ORDER BY does); GROUP BY as
+    // an input column first.
+    let (by, output_first): (&[Expr], bool) = match (&select.group_by, &select.distinct) {
+        (_, Some(Distinct::On(on))) => (on, true),
+        (GroupByExpr::Expressions(g, m), _) if m.is_empty() => (g, false),
         _ => return false,
     };
+    fn item_expr(item: &SelectItem) -> Option<&Expr> {
+        match item {
+            SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => Some(e),
+            _ => None,
+        }
+    }
+    let meaning = |e: &Expr| -> Option<Expr> {
+        match e {
+            Expr::Value(v) => {
+                let Value::Number(n, _) = &v.value else {
+                    return None;
+                };
+                let i = n.parse::<usize>().ok()?.checked_sub(1)?;
+                // A `*` before it shifts the positions by columns only the shards know.
+                let before = select.projection.get(..i)?;
+                if before.iter().any(|item| item_expr(item).is_none()) {
+                    return None;
+                }
+                select.projection.get(i).and_then(item_expr).cloned()
+            }
+            Expr::Identifier(name) if output_first => {
+                let aliased = select.projection.iter().find_map(|item| match item {
+                    SelectItem::ExprWithAlias { alias, expr } if fold(alias) == fold(name) => {
+                        Some(expr.clone())
+                    }
+                    _ => None,
+                });
+                Some(aliased.unwrap_or_else(|| e.clone()))
+            }
+            other => Some(other.clone()),
+        }
+    };
     by.iter().any(|e| {
-        let e = match e {
-            Expr::Value(v) => match &v.value {
-                sqlparser::ast::Value::Number(n, _) => match n.parse::<usize>() {
-                    Ok(i) if i >= 1 => match select.projection.get(i - 1) {
-                        Some(sqlparser::ast::SelectItem::UnnamedExpr(e))
-                        | Some(sqlparser::ast::SelectItem::ExprWithAlias { expr: e, .. }) => e,
-                        _ => return false,
-                    },
-                    _ => return false,
-                },
-                _ => return false,
-            },
-            other => other,
-        };
-        (0..scope.len()).any(|i| super::pins::is_key_column(e, scope, i))
+        meaning(e)
+            .is_some_and(|e| (0..scope.len()).any(|i| super::pins::is_key_column(&e, scope, i)))
     })
 }
 

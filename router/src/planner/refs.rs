@@ -14,7 +14,7 @@ use std::ops::ControlFlow;
 use shardmap::{Reference, ShardMap, Table};
 use sqlparser::ast::{
     AssignmentTarget, Expr, FromTable, JoinConstraint, JoinOperator, ObjectName, Query, Select,
-    Statement, TableFactor, TableWithJoins, Visit, Visitor,
+    SetExpr, Statement, TableFactor, TableWithJoins, Visit, Visitor,
 };
 
 use super::pins::{conjuncts, fold, name_parts, pin, ScopeRel};
@@ -86,6 +86,8 @@ pub(crate) struct Refs<'m> {
     pub unsharded: Vec<String>,
     /// Every reference to a reference table, in the order met.
     pub references: Vec<&'m Reference>,
+    /// Reads a system catalog (`pg_catalog`, `information_schema`).
+    pub reads_catalog: bool,
     pub pins: Vec<Pin<'m>>,
     /// The first reason found why the statement cannot be routed, for the client.
     pub problem: Option<String>,
@@ -143,6 +145,7 @@ impl<'m> Refs<'m> {
             sharded: Vec::new(),
             unsharded: Vec::new(),
             references: Vec::new(),
+            reads_catalog: false,
             pins: Vec::new(),
             problem: None,
             calls_functions: false,
@@ -298,8 +301,12 @@ impl<'m> Refs<'m> {
         let mut scope = Vec::new();
         let from: Vec<&TableWithJoins> = select.from.iter().collect();
         self.scope(&from, &mut scope);
+        let names = names_in_from(&select.from);
         if scope.is_empty() {
-            return Vec::new();
+            return Enclosing {
+                rels: Vec::new(),
+                names,
+            };
         }
         let mut conds = Vec::new();
         if let Some(w) = &select.selection {
@@ -310,7 +317,7 @@ impl<'m> Refs<'m> {
             inner_join_conditions(twj, &mut conds);
         }
         let equal = super::colocation::equal_keys(&mut scope, &conds, &select.from);
-        self.local_names = names_in_from(&select.from);
+        self.local_names = names.clone();
         let tied_before = self.tied_selects;
         let placed = self.pin_scope(&scope, &conds, &equal);
         self.local_names.clear();
@@ -328,7 +335,10 @@ impl<'m> Refs<'m> {
                 .distinct_keys
                 .extend(distinct_key_aggregates(select, &scope));
         }
-        scope.into_iter().zip(placed).collect()
+        Enclosing {
+            rels: scope.into_iter().zip(placed).collect(),
+            names,
+        }
     }
 
     fn update(
@@ -519,6 +529,28 @@ impl Visitor for Refs<'_> {
         }
         frame.visible = frame.names.len();
         self.frames.push(frame);
+        // `TABLE name` reads a whole table, but sqlparser keeps its name as plain text, which
+        // the relation visitor never sees.
+        let mut bodies = vec![query.body.as_ref()];
+        while let Some(body) = bodies.pop() {
+            match body {
+                SetExpr::SetOperation { left, right, .. } => {
+                    bodies.push(left);
+                    bodies.push(right);
+                }
+                SetExpr::Table(t) => {
+                    let parts: Vec<_> = [&t.schema_name, &t.table_name]
+                        .into_iter()
+                        .flatten()
+                        .map(|i| sqlparser::ast::ObjectNamePart::Identifier(i.clone()))
+                        .collect();
+                    if !parts.is_empty() {
+                        let _ = self.pre_visit_relation(&ObjectName(parts));
+                    }
+                }
+                _ => {}
+            }
+        }
         ControlFlow::Continue(())
     }
 
@@ -552,7 +584,8 @@ impl Visitor for Refs<'_> {
             Rel::Sharded(t) => self.sharded.push(t),
             Rel::Unsharded => self.unsharded.push(relation.to_string()),
             Rel::Reference(r) => self.references.push(r),
-            Rel::Catalog | Rel::Cte => {}
+            Rel::Catalog => self.reads_catalog = true,
+            Rel::Cte => {}
         }
         ControlFlow::Continue(())
     }

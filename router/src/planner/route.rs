@@ -391,6 +391,14 @@ fn reference_ddl(stmt: &Statement, map: &ShardMap, refs: &Refs<'_>) -> Route {
             ),
         };
     }
+    if let Some(why) = super::reference::alter_problem(stmt) {
+        return Route::Unroutable {
+            message: format!(
+                "this ALTER TABLE of the reference table {} runs on every shard, and {why}: add the column without it, fill it with an UPDATE, then set the default",
+                reference.qualified_name()
+            ),
+        };
+    }
     Route::Broadcast
 }
 

@@ -344,45 +344,7 @@ fn merge_of_query(stmt: &Statement, placed: &Placement) -> Result<Merge, &'stati
             .ok_or("GROUP BY across shards must group by columns of the select list")?;
         is_group_key[i] = true;
     }
-    let mut out = Vec::with_capacity(items.len());
-    let mut avg_names = Vec::new();
-    let mut column = 0;
-    for (i, item) in items.iter().enumerate() {
-        match item {
-            Item::Agg(op) => out.push(Out::Agg { op: *op, column }),
-            Item::Avg => {
-                out.push(Out::Avg {
-                    sum: column,
-                    count: column + 1,
-                });
-                column += 1;
-                avg_names.push(output_name(&select.projection[i], "avg"));
-            }
-            Item::Dispersion(kind) => {
-                out.push(Out::Dispersion {
-                    kind: *kind,
-                    count: column,
-                    sum: column + 1,
-                    squares: column + 2,
-                });
-                column += 2;
-                let called = item_expr(&select.projection[i])
-                    .and_then(|e| match e {
-                        Expr::Function(f) => f.name.0.last().map(|p| p.to_string()),
-                        _ => None,
-                    })
-                    .unwrap_or_default()
-                    .to_ascii_lowercase();
-                avg_names.push(output_name(&select.projection[i], &called));
-            }
-            // A GROUP BY expression, or (when grouping by a primary key) a plain column that
-            // depends on it: either way, equal within a group.
-            Item::Plain => out.push(Out::Key(column)),
-            Item::Function if is_group_key[i] => out.push(Out::Key(column)),
-            Item::Function => return Err("a function in the select list of an aggregate query across shards must be a GROUP BY expression (only count/sum/min/max/avg aggregates merge)"),
-        }
-        column += 1;
-    }
+    let (out, avg_names) = grouped_outputs(&items, &select.projection, &is_group_key)?;
     let rewrite = !avg_names.is_empty() || !order.is_empty() || limit.is_some() || offset.is_some();
     if !order_names.is_empty() {
         return Err("ORDER BY across shards must sort by columns of the select list");
@@ -396,6 +358,55 @@ fn merge_of_query(stmt: &Statement, placed: &Placement) -> Result<Merge, &'stati
         avg_names,
         rewrite,
     })))
+}
+
+/// The client's columns of a grouped read in terms of the shards' columns (each `avg` is two
+/// shard columns, each variance three), and the names of the columns the router computes.
+fn grouped_outputs(
+    items: &[Item],
+    projection: &[SelectItem],
+    is_group_key: &[bool],
+) -> Result<(Vec<Out>, Vec<String>), &'static str> {
+    let mut out = Vec::with_capacity(items.len());
+    let mut avg_names = Vec::new();
+    let mut column = 0;
+    for (i, item) in items.iter().enumerate() {
+        match item {
+            Item::Agg(op) => out.push(Out::Agg { op: *op, column }),
+            Item::Avg => {
+                out.push(Out::Avg {
+                    sum: column,
+                    count: column + 1,
+                });
+                column += 1;
+                avg_names.push(output_name(&projection[i], "avg"));
+            }
+            Item::Dispersion(kind) => {
+                out.push(Out::Dispersion {
+                    kind: *kind,
+                    count: column,
+                    sum: column + 1,
+                    squares: column + 2,
+                });
+                column += 2;
+                let called = item_expr(&projection[i])
+                    .and_then(|e| match e {
+                        Expr::Function(f) => f.name.0.last().map(|p| p.to_string()),
+                        _ => None,
+                    })
+                    .unwrap_or_default()
+                    .to_ascii_lowercase();
+                avg_names.push(output_name(&projection[i], &called));
+            }
+            // A GROUP BY expression, or (when grouping by a primary key) a plain column that
+            // depends on it: either way, equal within a group.
+            Item::Plain => out.push(Out::Key(column)),
+            Item::Function if is_group_key[i] => out.push(Out::Key(column)),
+            Item::Function => return Err("a function in the select list of an aggregate query across shards must be a GROUP BY expression (only count/sum/min/max/avg aggregates merge)"),
+        }
+        column += 1;
+    }
+    Ok((out, avg_names))
 }
 
 /// Whether ORDER BY or GROUP BY of a query holds a `$n`: in a normalized text that may be a

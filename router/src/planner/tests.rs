@@ -1039,6 +1039,33 @@ fn ddl_of_reference_tables_runs_on_every_shard() {
     ] {
         assert_eq!(route(&p, sql), Route::Default, "{sql}");
     }
+    for (sql, why) in [
+        (
+            "ALTER TABLE regions ADD COLUMN uid uuid DEFAULT gen_random_uuid()",
+            "gen_random_uuid()",
+        ),
+        (
+            "ALTER TABLE regions ADD COLUMN created timestamptz DEFAULT now()",
+            "now()",
+        ),
+        (
+            "ALTER TABLE regions ADD COLUMN seq bigserial",
+            "sequence values",
+        ),
+        (
+            "ALTER TABLE regions ADD COLUMN n int GENERATED ALWAYS AS IDENTITY",
+            "sequence values",
+        ),
+    ] {
+        unroutable(&p, sql, why);
+    }
+    for sql in [
+        "ALTER TABLE regions ADD COLUMN tier int DEFAULT 1",
+        "ALTER TABLE regions ADD COLUMN up text GENERATED ALWAYS AS (upper(name)) STORED",
+        "ALTER TABLE regions ALTER COLUMN name SET DEFAULT 'x'",
+    ] {
+        assert_eq!(route(&p, sql), Route::Broadcast, "{sql}");
+    }
     unroutable(
         &p,
         "DROP TABLE regions, settings",
@@ -1231,7 +1258,68 @@ fn reference_writes_must_give_columns_whose_default_differs_per_shard() {
             "id",
         ),
         ("UPDATE regions SET added = DEFAULT WHERE id = 1", "added"),
+        ("UPDATE regions SET (name, added) = ('x', DEFAULT)", "added"),
+        ("INSERT INTO regions (id, code, name, added) VALUES (1, 'eu', 'E', '2026-01-01') ON CONFLICT (code) DO UPDATE SET added = DEFAULT", "added"),
     ] {
         unroutable(&p, sql, &format!("its column {column}"));
     }
+}
+
+#[test]
+fn reference_writes_that_could_differ_per_shard_or_hide_in_other_statements_are_refused() {
+    let p = with_regions();
+    for (sql, why) in [
+        ("WITH v(c, n) AS (VALUES ('eu', 'Europe')) INSERT INTO regions SELECT c, n FROM v", "cannot be part of another statement"),
+        ("WITH d AS (DELETE FROM regions WHERE code = 'x' RETURNING *) SELECT * FROM d", "cannot be part of another statement"),
+        ("WITH r AS (INSERT INTO regions VALUES ('q', 'Q') RETURNING code) SELECT * FROM kv WHERE id = 1", "cannot be part of another statement"),
+        ("COPY (DELETE FROM regions RETURNING *) TO STDOUT", "cannot be part of another statement"),
+        ("DELETE FROM regions WHERE ctid IN (SELECT ctid FROM regions LIMIT 10)", "differs per shard"),
+        ("UPDATE regions SET name = 'x' WHERE code = (SELECT code FROM regions ORDER BY code LIMIT 1)", "LIMIT"),
+        ("INSERT INTO regions SELECT 'all', string_agg(code, ',') FROM regions", "string_agg()"),
+        ("INSERT INTO regions SELECT code || row_number() OVER (), name FROM regions", "row_number()"),
+        ("INSERT INTO regions VALUES ('db', current_database())", "current_database()"),
+        ("INSERT INTO regions VALUES ('pid', pg_backend_pid()::text)", "pg_backend_pid()"),
+        ("INSERT INTO regions SELECT relname, 'x' FROM pg_class", "system catalogs"),
+    ] {
+        unroutable(&p, sql, why);
+    }
+    // Deterministic reads of reference tables are fine.
+    assert_eq!(
+        route(&p, "INSERT INTO regions SELECT code || '-2', upper(name) FROM regions WHERE code IN (SELECT code FROM regions WHERE name <> '')"),
+        Route::Replicated { table: "regions".into() }
+    );
+}
+
+#[test]
+fn names_mean_what_postgres_resolves_them_to() {
+    let p = with_regions();
+    // A middle query that names `t` itself: `t.id` there is regions', not kv's.
+    for sql in [
+        "SELECT t.id FROM kv t WHERE EXISTS (SELECT 1 FROM regions t WHERE EXISTS (SELECT 1 FROM items i WHERE i.id = t.id))",
+        "SELECT t.id FROM kv t WHERE t.id = 1 AND EXISTS (SELECT 1 FROM (SELECT 5 AS id) t WHERE EXISTS (SELECT 1 FROM items i WHERE i.id = t.id))",
+    ] {
+        assert!(matches!(route(&p, sql), Route::Unroutable { .. }), "{sql}: {:?}", route(&p, sql));
+    }
+    // Two levels out, through a middle query without that name: still tied.
+    assert!(matches!(
+        route(&p, "SELECT k.id FROM kv k WHERE EXISTS (SELECT 1 FROM regions r WHERE EXISTS (SELECT 1 FROM items i WHERE i.id = k.id))"),
+        Route::Scatter { .. }
+    ));
+    // DISTINCT ON reads a bare name as an output column: `n AS id` is not the key.
+    unroutable(
+        &p,
+        "SELECT DISTINCT ON (id) n AS id, v FROM kv ORDER BY id, v",
+        "DISTINCT ON",
+    );
+    assert!(matches!(
+        route(&p, "SELECT DISTINCT ON (id) id, v FROM kv ORDER BY id, v"),
+        Route::Scatter { .. }
+    ));
+}
+
+#[test]
+fn table_commands_count_as_reads_of_their_table() {
+    let p = planner();
+    unroutable(&p, "SELECT 1 WHERE EXISTS (TABLE kv)", "only in a subquery");
+    unroutable(&p, "SELECT 1 WHERE 5 IN (TABLE kv)", "");
 }

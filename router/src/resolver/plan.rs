@@ -47,6 +47,12 @@ fn alone<'a>(stmt: &Statement<'a>, cx: &Context<'a>) -> Result<Option<Resolved<'
             keyed: false,
             replicas: false,
         }),
+        [Route::Replicated { table }] if stmt.params.any_text(crate::planner::moving_date) => {
+            return Err(SqlError::new(
+                errors::FEATURE_NOT_SUPPORTED,
+                format!("a write of the reference table {table} runs on every shard, and a value 'now', 'today', 'tomorrow' or 'yesterday' is read as a date when each shard runs it: send the date itself"),
+            ));
+        }
         [Route::Replicated { .. }] => Dest::Write(Write {
             shards: (0..map.shards().len()).collect(),
             keyed: false,

@@ -80,6 +80,21 @@ impl<'a> Params<'a> {
         }
     }
 
+    /// Whether some text value of the statement (a literal of its text, or a Bind parameter:
+    /// a text parameter's binary format is its text too) is one that `test` picks.
+    pub(super) fn any_text(&self, test: impl Fn(&str) -> bool) -> bool {
+        let literal = (0..)
+            .map_while(|i| self.literals.literal(i))
+            .any(|l| test(l.trim_matches('\'')));
+        let bound = self.bind.is_some_and(|b| {
+            (0..b.param_count).any(|i| match b.param(i) {
+                Some((_, Some(v))) => std::str::from_utf8(v).is_ok_and(&test),
+                _ => false,
+            })
+        });
+        literal || bound
+    }
+
     /// The key a source stands for; `None` when it is NULL.
     pub fn key(
         &self,

@@ -52,7 +52,7 @@ pub async fn learn(routing: &Routing) -> bool {
     }
     for reference in routing.map.references() {
         let name = reference.qualified_name();
-        match per_shard_defaults(&mut conn, &name).await {
+        match per_shard_defaults(&mut conn, &reference.quoted_name()).await {
             Ok(columns) => {
                 tables.insert(
                     name,
@@ -76,7 +76,8 @@ pub async fn learn(routing: &Routing) -> bool {
 /// Where `table`'s key is among its columns and where its values come from when an INSERT
 /// leaves it out (nothing known when the table does not exist).
 async fn facts(conn: &mut BackendConn, table: &shardmap::Table) -> std::io::Result<TableFacts> {
-    let name = quote_literal(&table.qualified_name());
+    // As SQL writes it (a mixed-case name quoted), for to_regclass.
+    let name = quote_literal(&table.quoted_name());
     let columns = format!(
         "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass({name}) AND attnum > 0 AND NOT attisdropped ORDER BY attnum"
     );
@@ -108,7 +109,7 @@ async fn facts(conn: &mut BackendConn, table: &shardmap::Table) -> std::io::Resu
     })
 }
 
-/// The columns of reference table `name` (with their positions) whose default would differ
+/// The columns of reference table `name` (as SQL writes it) and their positions whose default would differ
 /// between shards: identity columns, and defaults that name a function that is not immutable
 /// (`nextval`, `now`, `random`, ...; any function of that name, to be safe) or a SQL value
 /// function (`CURRENT_TIMESTAMP`, `CURRENT_USER`, ...).
