@@ -1322,4 +1322,6 @@ fn table_commands_count_as_reads_of_their_table() {
     let p = planner();
     unroutable(&p, "SELECT 1 WHERE EXISTS (TABLE kv)", "only in a subquery");
     unroutable(&p, "SELECT 1 WHERE 5 IN (TABLE kv)", "");
+    assert!(matches!(route(&p, "TABLE kv"), Route::Unroutable { .. }));
+    assert_eq!(route(&p, "TABLE settings"), Route::Unparsed);
 }
