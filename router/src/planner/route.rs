@@ -402,6 +402,37 @@ fn reference_ddl(stmt: &Statement, map: &ShardMap, refs: &Refs<'_>) -> Route {
     Route::Broadcast
 }
 
+/// Whether a query's `FOR UPDATE/SHARE` locks rows of a reference table: a clause without
+/// `OF`, or `OF` a reference table (by its name or alias in the query's FROM).
+fn locks_reference(q: &sqlparser::ast::Query, map: &ShardMap) -> bool {
+    let sqlparser::ast::SetExpr::Select(select) = q.body.as_ref() else {
+        return !q.locks.is_empty();
+    };
+    let refs = Refs::new(map);
+    let mut tables = Vec::new();
+    for twj in &select.from {
+        for factor in std::iter::once(&twj.relation).chain(twj.joins.iter().map(|j| &j.relation)) {
+            if let sqlparser::ast::TableFactor::Table { name, alias, .. } = factor {
+                let called = match alias {
+                    Some(a) => super::pins::fold(&a.name),
+                    None => name.0.last().map(|p| p.to_string()).unwrap_or_default(),
+                };
+                tables.push((called, matches!(refs.classify(name), Rel::Reference(_))));
+            }
+        }
+    }
+    q.locks.iter().any(|lock| match &lock.of {
+        None => true,
+        Some(of) => {
+            let of = of.0.last().map(|p| p.to_string()).unwrap_or_default();
+            tables
+                .iter()
+                .any(|(called, reference)| *reference && *called == of)
+                || !tables.iter().any(|(called, _)| *called == of)
+        }
+    })
+}
+
 /// The merge of a read run on several shards, when the shards' answers add up to the answer:
 /// the merge rules of [`super::scatter`], and each row made on one shard only
 /// ([`super::once`]).
@@ -450,6 +481,16 @@ fn data(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Route {
         return route;
     }
     let placed = std::mem::take(&mut refs.placement);
+    if let (Statement::Query(q), Some(r)) = (stmt, refs.references.first()) {
+        if locks_reference(q, map) {
+            return Route::Unroutable {
+                message: format!(
+                    "FOR UPDATE/SHARE of the reference table {} would lock its rows on one shard only, while its writes lock every shard: lock a row of a sharded table instead, or write the reference table directly",
+                    r.qualified_name()
+                ),
+            };
+        }
+    }
     let Some(first) = refs.sharded.first() else {
         // Reference tables are on every shard, the default one too.
         return if !refs.unsharded.is_empty() || refs.calls_functions || refs.select_into {

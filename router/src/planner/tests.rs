@@ -905,6 +905,23 @@ fn reads_of_reference_tables_go_anywhere_and_join_where_the_sharded_rows_are() {
         route(&p, "SELECT * FROM regions WHERE code = 'eu'"),
         Route::Any
     );
+    unroutable(
+        &p,
+        "SELECT * FROM regions WHERE code = 'eu' FOR UPDATE",
+        "lock its rows on one shard",
+    );
+    unroutable(
+        &p,
+        "SELECT * FROM kv JOIN regions r ON r.code = kv.v WHERE kv.id = 1 FOR UPDATE OF r",
+        "lock its rows on one shard",
+    );
+    assert_eq!(
+        keys(
+            &p,
+            "SELECT * FROM kv k JOIN regions r ON r.code = k.v WHERE k.id = 1 FOR UPDATE OF k"
+        ),
+        vec!["1"]
+    );
     assert_eq!(
         route(
             &p,
