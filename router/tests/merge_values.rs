@@ -207,42 +207,29 @@ fn value_sets(rng: &mut Rng, count: usize) -> Vec<(&'static str, Vec<String>)> {
     sets
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn avg_and_sums_of_integers_and_numeric_match_postgres() {
+/// Each value set split over pretend shards: every shard's row of `part` (over its values)
+/// folded by a merge of `out` over the columns `cols(type)` must equal `whole` over all the
+/// values, as one Postgres computes it. `{values}` in the SQL stands for a VALUES list.
+async fn merged_as_postgres(
+    seed: u64,
+    part: &str,
+    whole: &str,
+    cols: impl Fn(&str) -> Vec<Column>,
+    out: &[Out],
+) {
     let client = connect().await;
-    let mut rng = Rng(0x5eed_0001);
+    let mut rng = Rng(seed);
     let sets = value_sets(&mut rng, 400);
     for (ty, values) in sets {
         let shards = split(&mut rng, &values);
         let mut sql = String::new();
         for shard in &shards {
-            sql.push_str(&format!(
-                "SELECT sum(x), count(x) FROM (VALUES {}) v(x);",
-                values_list(shard, ty)
-            ));
+            sql.push_str(&part.replace("{values}", &values_list(shard, ty)));
+            sql.push(';');
         }
-        sql.push_str(&format!(
-            "SELECT avg(x), sum(x), count(x) FROM (VALUES {}) v(x)",
-            values_list(&values, ty)
-        ));
+        sql.push_str(&whole.replace("{values}", &values_list(&values, ty)));
         let results = query(&client, &sql).await;
-        let sum_oid = if ty == "int4" { 20 } else { 1700 };
-        let cols = vec![
-            Column::new(b"sum", sum_oid, false),
-            Column::new(b"count", 20, false),
-        ];
-        let out = vec![
-            Out::Avg { sum: 0, count: 1 },
-            Out::Agg {
-                op: AggOp::Sum,
-                column: 0,
-            },
-            Out::Agg {
-                op: AggOp::Count,
-                column: 1,
-            },
-        ];
-        let mut merge = GroupMerge::new(out, cols, false).expect("mergeable");
+        let mut merge = GroupMerge::new(out.to_vec(), cols(ty), false).expect("mergeable");
         for shard_rows in &results[..shards.len()] {
             merge.fold(&text_row(&shard_rows[0])).expect("fold");
         }
@@ -256,57 +243,72 @@ async fn avg_and_sums_of_integers_and_numeric_match_postgres() {
     }
 }
 
+/// `sum` of int4 is bigint; of int8 and numeric, numeric.
+fn sum_oid(ty: &str) -> u32 {
+    if ty == "int4" {
+        20
+    } else {
+        1700
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn avg_and_sums_of_integers_and_numeric_match_postgres() {
+    let out = [
+        Out::Avg { sum: 0, count: 1 },
+        Out::Agg {
+            op: AggOp::Sum,
+            column: 0,
+        },
+        Out::Agg {
+            op: AggOp::Count,
+            column: 1,
+        },
+    ];
+    merged_as_postgres(
+        0x5eed_0001,
+        "SELECT sum(x), count(x) FROM (VALUES {values}) v(x)",
+        "SELECT avg(x), sum(x), count(x) FROM (VALUES {values}) v(x)",
+        |ty| {
+            vec![
+                Column::new(b"sum", sum_oid(ty), false),
+                Column::new(b"count", 20, false),
+            ]
+        },
+        &out,
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn variance_and_stddev_of_integers_and_numeric_match_postgres() {
     use shardgate::merge::variance::Dispersion;
-    let client = connect().await;
-    let mut rng = Rng(0x5eed_0007);
-    let sets = value_sets(&mut rng, 400);
-    for (ty, values) in sets {
-        let shards = split(&mut rng, &values);
-        let mut sql = String::new();
-        for shard in &shards {
-            sql.push_str(&format!(
-                "SELECT count(x), sum(x), sum(x::numeric * x::numeric) FROM (VALUES {}) v(x);",
-                values_list(shard, ty)
-            ));
-        }
-        sql.push_str(&format!(
-            "SELECT stddev_pop(x), stddev_samp(x), var_pop(x), var_samp(x) FROM (VALUES {}) v(x)",
-            values_list(&values, ty)
-        ));
-        let results = query(&client, &sql).await;
-        let sum_oid = if ty == "int4" { 20 } else { 1700 };
-        let cols = vec![
-            Column::new(b"count", 20, false),
-            Column::new(b"sum", sum_oid, false),
-            Column::new(b"sum", 1700, false),
-        ];
-        let out = [
-            Dispersion::StddevPop,
-            Dispersion::StddevSamp,
-            Dispersion::VarPop,
-            Dispersion::VarSamp,
-        ]
-        .map(|kind| Out::Dispersion {
-            kind,
-            count: 0,
-            sum: 1,
-            squares: 2,
-        })
-        .to_vec();
-        let mut merge = GroupMerge::new(out, cols, false).expect("mergeable");
-        for shard_rows in &results[..shards.len()] {
-            merge.fold(&text_row(&shard_rows[0])).expect("fold");
-        }
-        let mut buf = Vec::new();
-        merge.finish(&[], &mut buf).expect("finish");
-        assert_eq!(
-            frames_to_rows(&buf),
-            results[shards.len()],
-            "{ty} values {values:?} split as {shards:?}"
-        );
-    }
+    let out = [
+        Dispersion::StddevPop,
+        Dispersion::StddevSamp,
+        Dispersion::VarPop,
+        Dispersion::VarSamp,
+    ]
+    .map(|kind| Out::Dispersion {
+        kind,
+        count: 0,
+        sum: 1,
+        squares: 2,
+    });
+    merged_as_postgres(
+        0x5eed_0007,
+        "SELECT count(x), sum(x), sum(x::numeric * x::numeric) FROM (VALUES {values}) v(x)",
+        "SELECT stddev_pop(x), stddev_samp(x), var_pop(x), var_samp(x) FROM (VALUES {values}) v(x)",
+        |ty| {
+            vec![
+                Column::new(b"count", 20, false),
+                Column::new(b"sum", sum_oid(ty), false),
+                Column::new(b"sum", 1700, false),
+            ]
+        },
+        &out,
+    )
+    .await;
 }
 
 /// A random float8 literal (finite, away from overflow and underflow on division).
