@@ -58,8 +58,8 @@ pub fn finish(
         return Err("a shard sent a NULL sum with a non-zero count".into());
     };
     // Any NaN or infinity among the values gives NaN, as in Postgres.
-    let (Some((sum_neg, sum_mag, scale)), Some((_, sq_mag, sq_scale))) =
-        (sum.to_big(), squares.to_big())
+    // The sum's sign does not matter: only its square is used.
+    let (Some((_, sum_mag, scale)), Some((_, sq_mag, sq_scale))) = (sum.to_big(), squares.to_big())
     else {
         return Ok(Some(Numeric::NaN));
     };
@@ -68,7 +68,6 @@ pub fn finish(
     let rscale = scale * 2;
     let n_times_squares = rescale(&(&n_big * &sq_mag), sq_scale, rscale);
     let sum_squared = &sum_mag * &sum_mag;
-    let _ = sum_neg; // the square of the sum is positive either way
     let numerator = BigInt::from_biguint(Sign::Plus, n_times_squares)
         - BigInt::from_biguint(Sign::Plus, sum_squared);
     if numerator.sign() != Sign::Plus {
@@ -124,8 +123,7 @@ mod tests {
         for v in values {
             let x = Numeric::parse(v.as_bytes()).unwrap();
             sum = sum.add(&x);
-            let (neg, m, s) = x.to_big().unwrap();
-            let _ = neg;
+            let (_, m, s) = x.to_big().unwrap();
             squares = squares.add(&Numeric::from_big(false, &(&m * &m), s * 2));
         }
         finish(kind, values.len() as i128, Some(&sum), Some(&squares))
