@@ -240,6 +240,8 @@ pub(super) enum Item {
     Avg,
     /// `stddev`, `variance` and kin: from `count`, `sum` and the sum of squares.
     Dispersion(Dispersion),
+    /// `count(DISTINCT x)` (not of a key): the shards group by `x` too, the router counts.
+    CountDistinct,
     /// No function call at all: a column, a constant, operators.
     Plain,
     /// Calls a function (which might be an aggregate unless it is a GROUP BY expression).
@@ -294,12 +296,16 @@ fn merge_of_query(stmt: &Statement, placed: &Placement) -> Result<Merge, &'stati
         let over_keys = placed.distinct_keys.iter().any(|e| std::ptr::eq(*e, expr));
         items.push(match plain_aggregate(expr) {
             None if over_keys => distinct_key_aggregate(expr),
+            None if count_distinct_arg(expr).is_some() => Item::CountDistinct,
             _ => classify(expr)?,
         });
     }
-    let aggregated = items
-        .iter()
-        .any(|i| matches!(i, Item::Agg(_) | Item::Avg | Item::Dispersion(_)));
+    let aggregated = items.iter().any(|i| {
+        matches!(
+            i,
+            Item::Agg(_) | Item::Avg | Item::Dispersion(_) | Item::CountDistinct
+        )
+    });
     let grouped = aggregated || distinct || !group_by.is_empty();
     if !grouped {
         if items.iter().any(|i| matches!(i, Item::Function)) {
@@ -397,6 +403,10 @@ fn grouped_outputs(
                     .unwrap_or_default()
                     .to_ascii_lowercase();
                 avg_names.push(output_name(&projection[i], &called));
+            }
+            Item::CountDistinct => {
+                out.push(Out::CountDistinct { column });
+                avg_names.push(output_name(&projection[i], "count"));
             }
             // A GROUP BY expression, or (when grouping by a primary key) a plain column that
             // depends on it: either way, equal within a group.
@@ -519,6 +529,27 @@ pub(super) fn plain_aggregate(expr: &Expr) -> Option<Item> {
         _ => false,
     };
     (list.duplicate_treatment.is_none() && list.clauses.is_empty() && args_ok).then_some(item)
+}
+
+/// The `x` of `count(DISTINCT x)` (one argument, no FILTER, ORDER BY or window).
+pub(super) fn count_distinct_arg(expr: &Expr) -> Option<&Expr> {
+    let Expr::Function(f) = expr else {
+        return None;
+    };
+    let FunctionArguments::List(list) = &f.args else {
+        return None;
+    };
+    let plain = f.name.0.len() == 1
+        && f.name.to_string().eq_ignore_ascii_case("count")
+        && f.filter.is_none()
+        && f.over.is_none()
+        && f.within_group.is_empty()
+        && list.clauses.is_empty()
+        && list.duplicate_treatment == Some(sqlparser::ast::DuplicateTreatment::Distinct);
+    match list.args.as_slice() {
+        [FunctionArg::Unnamed(FunctionArgExpr::Expr(x))] if plain => Some(x),
+        _ => None,
+    }
 }
 
 /// The name Postgres gives a select-list item: its alias, else `called` (the function's name).
@@ -774,7 +805,7 @@ mod tests {
             "SELECT id FROM t ORDER BY v",
             "SELECT DISTINCT ON (v) v FROM t",
             "SELECT lower(v) FROM t",
-            "SELECT count(DISTINCT v) FROM t",
+            "SELECT count(DISTINCT v) FILTER (WHERE v > 'a') FROM t",
             "SELECT * FROM t GROUP BY id",
             // Postgres groups by an input column v here, not by the alias.
             "SELECT lower(v) AS v, count(*) FROM t GROUP BY v",

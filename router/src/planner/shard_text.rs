@@ -10,7 +10,8 @@ use sqlparser::ast::{
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 
-use super::scatter::{item_expr, plain_aggregate, Item};
+use super::scatter::{count_distinct_arg, item_expr, plain_aggregate, Item};
+use crate::merge::Out;
 
 /// The text the shards run for a [`MergePlan`] with `rewrite`, made from the client's own text
 /// (not the normalized one: its literals must stay literals). When the router combines the
@@ -19,7 +20,8 @@ use super::scatter::{item_expr, plain_aggregate, Item};
 /// rows are final (groups whole on one shard too), and each shard is asked for
 /// `LIMIT limit + offset` sorted rows without OFFSET. Parameters keep their place and type (`$n::bigint`), so the statement's
 /// parameter types do not change.
-pub fn shard_sql(sql: &str, grouped: bool) -> Result<String, &'static str> {
+pub fn shard_sql(sql: &str, group: Option<&[Out]>) -> Result<String, &'static str> {
+    let grouped = group.is_some();
     let mut stmts = Parser::parse_sql(&PostgreSqlDialect {}, sql)
         .map_err(|_| "the statement does not parse")?;
     let [stmt] = stmts.as_mut_slice() else {
@@ -74,7 +76,17 @@ pub fn shard_sql(sql: &str, grouped: bool) -> Result<String, &'static str> {
             }
         }
         let mut projection = Vec::with_capacity(select.projection.len() + 2);
-        for item in select.projection.drain(..) {
+        let mut group_too = Vec::new();
+        for (i, item) in select.projection.drain(..).enumerate() {
+            // count(DISTINCT x): the shards send each group's distinct x, grouping by it too.
+            if let Some(Out::CountDistinct { .. }) = group.and_then(|g| g.get(i)) {
+                let x = item_expr(&item)
+                    .and_then(count_distinct_arg)
+                    .ok_or("internal: count(DISTINCT) not where the plan has it")?;
+                projection.push(SelectItem::UnnamedExpr(x.clone()));
+                group_too.push(x.clone());
+                continue;
+            }
             // The shard columns the router computes avg and variance from.
             let parts = item_expr(&item).and_then(|e| match (plain_aggregate(e), e) {
                 (Some(Item::Avg), Expr::Function(f)) => Some((f, &["sum({x})", "count({x})"][..])),
@@ -106,6 +118,9 @@ pub fn shard_sql(sql: &str, grouped: bool) -> Result<String, &'static str> {
             }
         }
         select.projection = projection;
+        if let GroupByExpr::Expressions(exprs, _) = &mut select.group_by {
+            exprs.extend(group_too);
+        }
         q.order_by = None;
         // No LIMIT/OFFSET on the shards; parameters stay referenced (and typed).
         let limit = match limit {
@@ -144,29 +159,45 @@ mod tests {
     #[test]
     fn shard_text() {
         assert_eq!(
-            shard_sql("SELECT k, avg(n) AS a, count(*) FROM t WHERE x = 'y' GROUP BY k ORDER BY 2 LIMIT 5", true).unwrap(),
+            shard_sql("SELECT k, avg(n) AS a, count(*) FROM t WHERE x = 'y' GROUP BY k ORDER BY 2 LIMIT 5", Some(&[])).unwrap(),
             "SELECT k, sum(n), count(n), count(*) FROM t WHERE x = 'y' GROUP BY k"
         );
         assert_eq!(
-            shard_sql("SELECT id FROM t ORDER BY id LIMIT $1 OFFSET $2", false).unwrap(),
+            shard_sql("SELECT id FROM t ORDER BY id LIMIT $1 OFFSET $2", None).unwrap(),
             "SELECT id FROM t ORDER BY id LIMIT ($1)::BIGINT + ($2)::BIGINT"
         );
         assert_eq!(
-            shard_sql("SELECT k, sum(n) FROM t GROUP BY k LIMIT $1 OFFSET $2", true).unwrap(),
+            shard_sql("SELECT k, sum(n) FROM t GROUP BY k LIMIT $1 OFFSET $2", Some(&[])).unwrap(),
             "SELECT k, sum(n) FROM t GROUP BY k LIMIT NULL::BIGINT + 0 * ($1)::BIGINT OFFSET 0 * ($2)::BIGINT"
         );
         // Positions in GROUP BY survive the avg expansion.
         assert_eq!(
-            shard_sql("SELECT avg(v), k FROM t GROUP BY 2", true).unwrap(),
+            shard_sql("SELECT avg(v), k FROM t GROUP BY 2", Some(&[])).unwrap(),
             "SELECT sum(v), count(v), k FROM t GROUP BY k"
+        );
+        // count(DISTINCT x): the shards send x, grouped by it too.
+        assert_eq!(
+            shard_sql(
+                "SELECT k, count(DISTINCT v), count(*) FROM t GROUP BY k",
+                Some(&[
+                    Out::Key(0),
+                    Out::CountDistinct { column: 1 },
+                    Out::Agg {
+                        op: crate::merge::AggOp::Count,
+                        column: 2
+                    }
+                ])
+            )
+            .unwrap(),
+            "SELECT k, v, count(*) FROM t GROUP BY k, v"
         );
         // variance and stddev: count, sum and the sum of squares in numeric.
         assert_eq!(
-            shard_sql("SELECT k, stddev(n) AS s FROM t GROUP BY k", true).unwrap(),
+            shard_sql("SELECT k, stddev(n) AS s FROM t GROUP BY k", Some(&[])).unwrap(),
             "SELECT k, count(n), sum(n), sum((n)::NUMERIC * (n)::NUMERIC) FROM t GROUP BY k"
         );
         assert_eq!(
-            shard_sql("SELECT id FROM t ORDER BY id OFFSET 10", false).unwrap(),
+            shard_sql("SELECT id FROM t ORDER BY id OFFSET 10", None).unwrap(),
             "SELECT id FROM t ORDER BY id"
         );
     }

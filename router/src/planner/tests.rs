@@ -1188,9 +1188,31 @@ fn distinct_keys_add_up_across_shards() {
         ),
         other => panic!("{other:?}"),
     }
+    // count(DISTINCT) of another column: the shards group by it too, the router counts.
+    match route(&p, "SELECT count(DISTINCT v) AS kinds, count(*) FROM kv") {
+        Route::Scatter {
+            merge: Merge::Combine(m),
+            ..
+        } => {
+            assert_eq!(
+                m.group.as_deref(),
+                Some(
+                    &[
+                        crate::merge::Out::CountDistinct { column: 0 },
+                        crate::merge::Out::Agg {
+                            op: crate::merge::AggOp::Count,
+                            column: 1
+                        },
+                    ][..]
+                )
+            );
+            assert_eq!(m.avg_names, ["kinds"]);
+        }
+        other => panic!("{other:?}"),
+    }
     unroutable(
         &p,
-        "SELECT count(DISTINCT v) FROM kv",
+        "SELECT count(DISTINCT v) FILTER (WHERE n > 1) FROM kv",
         "function in the select list",
     );
     unroutable(

@@ -369,7 +369,7 @@ fn spread<'a>(
         Merge::Combine(plan) => {
             let shard_sql = if plan.rewrite {
                 Some(
-                    crate::planner::shard_sql(stmt.sql, plan.group.is_some())
+                    crate::planner::shard_sql(stmt.sql, plan.group.as_deref())
                         .map_err(errors::cannot_rewrite)?,
                 )
             } else {

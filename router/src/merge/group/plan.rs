@@ -40,6 +40,7 @@ pub(super) enum Plan {
         squares: usize,
         sum_kind: Kind,
     },
+    CountDistinct(usize),
 }
 
 pub(super) fn type_name(col: &Column) -> String {
