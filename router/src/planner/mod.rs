@@ -16,6 +16,7 @@
 //!
 //! Sans-IO: nothing here touches a socket, a file or a clock.
 
+mod aggregates;
 pub mod arrays;
 pub mod cache;
 mod colocation;

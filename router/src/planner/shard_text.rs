@@ -10,7 +10,8 @@ use sqlparser::ast::{
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 
-use super::scatter::{count_distinct_arg, item_expr, plain_aggregate, Item};
+use super::aggregates::{count_distinct_arg, plain_aggregate, Item};
+use super::scatter::item_expr;
 use crate::merge::Out;
 
 /// The text the shards run for a [`MergePlan`] with `rewrite`, made from the client's own text
