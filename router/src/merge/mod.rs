@@ -18,6 +18,7 @@
 //! done in exact decimal ([`numeric`]) and floats are printed as `float8out` prints them
 //! ([`float`]).
 
+pub mod arith;
 pub mod datetime;
 pub mod float;
 pub mod group;

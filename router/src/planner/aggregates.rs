@@ -3,9 +3,12 @@
 //! shards' columns ([`grouped_outputs`]). Used by [`super::scatter`] to plan a merge and by
 //! [`super::shard_text`] to write what the shards run instead. Pure.
 
-use sqlparser::ast::{Expr, FunctionArg, FunctionArgExpr, FunctionArguments, SelectItem};
+use sqlparser::ast::{
+    BinaryOperator, Expr, FunctionArg, FunctionArgExpr, FunctionArguments, SelectItem,
+};
 
 use super::scatter::item_expr;
+use crate::merge::arith::ArithOp;
 use crate::merge::variance::Dispersion;
 use crate::merge::{AggOp, Out};
 
@@ -17,6 +20,8 @@ pub(super) enum Item {
     Dispersion(Dispersion),
     /// `count(DISTINCT x)` (not of a key): the shards group by `x` too, the router counts.
     CountDistinct,
+    /// `agg1 op agg2` (`+`, `-`, `*`) of two plain aggregates.
+    Arith(ArithOp, AggOp, AggOp),
     /// No function call at all: a column, a constant, operators.
     Plain,
     /// Calls a function (which might be an aggregate unless it is a GROUP BY expression).
@@ -65,6 +70,15 @@ pub(super) fn grouped_outputs(
                 out.push(Out::CountDistinct { column });
                 avg_names.push(output_name(&projection[i], "count"));
             }
+            Item::Arith(op, left, right) => {
+                out.push(Out::Arith {
+                    op: *op,
+                    left: (*left, column),
+                    right: (*right, column + 1),
+                });
+                column += 1;
+                avg_names.push(output_name(&projection[i], "?column?"));
+            }
             // A GROUP BY expression, or (when grouping by a primary key) a plain column that
             // depends on it: either way, equal within a group.
             Item::Plain => out.push(Out::Key(column)),
@@ -108,6 +122,40 @@ pub(super) fn plain_aggregate(expr: &Expr) -> Option<Item> {
         _ => false,
     };
     (list.duplicate_treatment.is_none() && list.clauses.is_empty() && args_ok).then_some(item)
+}
+
+/// `agg1 op agg2` of two plain aggregates (count, sum, min, max; in parentheses or not): the
+/// operator and both operands.
+pub(super) fn arith_of(expr: &Expr) -> Option<(ArithOp, &Expr, &Expr)> {
+    let Expr::BinaryOp { left, op, right } = unnest(expr) else {
+        return None;
+    };
+    let op = match op {
+        BinaryOperator::Plus => ArithOp::Add,
+        BinaryOperator::Minus => ArithOp::Sub,
+        BinaryOperator::Multiply => ArithOp::Mul,
+        _ => return None,
+    };
+    let (l, r) = (unnest(left), unnest(right));
+    let plain = |e: &Expr| matches!(plain_aggregate(e), Some(Item::Agg(_)));
+    (plain(l) && plain(r)).then_some((op, l, r))
+}
+
+/// [`arith_of`] as a select-list item.
+pub(super) fn arith_item(expr: &Expr) -> Option<Item> {
+    let (op, l, r) = arith_of(expr)?;
+    match (plain_aggregate(l)?, plain_aggregate(r)?) {
+        (Item::Agg(a), Item::Agg(b)) => Some(Item::Arith(op, a, b)),
+        _ => None,
+    }
+}
+
+/// An expression without the parentheses around it.
+fn unnest(mut e: &Expr) -> &Expr {
+    while let Expr::Nested(inner) = e {
+        e = inner;
+    }
+    e
 }
 
 /// The `x` of `count(DISTINCT x)` (one argument, no FILTER, ORDER BY or window).

@@ -26,7 +26,7 @@ use sqlparser::ast::{
 };
 
 use super::aggregates::{
-    count_distinct_arg, distinct_key_aggregate, grouped_outputs, plain_aggregate, Item,
+    arith_item, count_distinct_arg, distinct_key_aggregate, grouped_outputs, plain_aggregate, Item,
 };
 use super::KeySource;
 use crate::merge::{Out, SortKey};
@@ -284,13 +284,17 @@ fn merge_of_query(stmt: &Statement, placed: &Placement) -> Result<Merge, &'stati
         items.push(match plain_aggregate(expr) {
             None if over_keys => distinct_key_aggregate(expr),
             None if count_distinct_arg(expr).is_some() => Item::CountDistinct,
+            None => match arith_item(expr) {
+                Some(item) => item,
+                None => classify(expr)?,
+            },
             _ => classify(expr)?,
         });
     }
     let aggregated = items.iter().any(|i| {
         matches!(
             i,
-            Item::Agg(_) | Item::Avg | Item::Dispersion(_) | Item::CountDistinct
+            Item::Agg(_) | Item::Avg | Item::Dispersion(_) | Item::CountDistinct | Item::Arith(..)
         )
     });
     let grouped = aggregated || distinct || !group_by.is_empty();

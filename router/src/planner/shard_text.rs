@@ -10,7 +10,7 @@ use sqlparser::ast::{
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 
-use super::aggregates::{count_distinct_arg, plain_aggregate, Item};
+use super::aggregates::{arith_of, count_distinct_arg, plain_aggregate, Item};
 use super::scatter::item_expr;
 use crate::merge::Out;
 
@@ -79,6 +79,15 @@ pub fn shard_sql(sql: &str, group: Option<&[Out]>) -> Result<String, &'static st
         let mut projection = Vec::with_capacity(select.projection.len() + 2);
         let mut group_too = Vec::new();
         for (i, item) in select.projection.drain(..).enumerate() {
+            // agg1 op agg2: the shards send both aggregates, the router computes.
+            if let Some(Out::Arith { .. }) = group.and_then(|g| g.get(i)) {
+                let (_, l, r) = item_expr(&item)
+                    .and_then(arith_of)
+                    .ok_or("internal: arithmetic not where the plan has it")?;
+                projection.push(SelectItem::UnnamedExpr(l.clone()));
+                projection.push(SelectItem::UnnamedExpr(r.clone()));
+                continue;
+            }
             // count(DISTINCT x): the shards send each group's distinct x, grouping by it too.
             if let Some(Out::CountDistinct { .. }) = group.and_then(|g| g.get(i)) {
                 let x = item_expr(&item)

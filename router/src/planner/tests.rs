@@ -1364,3 +1364,48 @@ fn table_commands_count_as_reads_of_their_table() {
     assert!(matches!(route(&p, "TABLE kv"), Route::Unroutable { .. }));
     assert_eq!(route(&p, "TABLE settings"), Route::Unparsed);
 }
+
+#[test]
+fn arithmetic_of_two_aggregates_merges() {
+    let p = planner();
+    match route(
+        &p,
+        "SELECT v, max(n) - min(n) AS spread, (sum(n)) * count(*) FROM kv GROUP BY v",
+    ) {
+        Route::Scatter {
+            merge: Merge::Combine(m),
+            ..
+        } => {
+            use crate::merge::arith::ArithOp;
+            use crate::merge::{AggOp, Out};
+            assert_eq!(
+                m.group.as_deref(),
+                Some(
+                    &[
+                        Out::Key(0),
+                        Out::Arith {
+                            op: ArithOp::Sub,
+                            left: (AggOp::Max, 1),
+                            right: (AggOp::Min, 2)
+                        },
+                        Out::Arith {
+                            op: ArithOp::Mul,
+                            left: (AggOp::Sum, 3),
+                            right: (AggOp::Count, 4)
+                        },
+                    ][..]
+                )
+            );
+            assert_eq!(m.avg_names, ["spread", "?column?"]);
+        }
+        other => panic!("{other:?}"),
+    }
+    // Other shapes stay refused: a literal operand, a function around it, division.
+    for sql in [
+        "SELECT max(n) - 1 FROM kv",
+        "SELECT abs(max(n) - min(n)) FROM kv",
+        "SELECT sum(n) / count(*) FROM kv",
+    ] {
+        assert!(matches!(route(&p, sql), Route::Unroutable { .. }), "{sql}");
+    }
+}

@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 
+use super::arith::{self, ArithOp, Operand};
 use super::numeric::Numeric;
 use super::row::{self, Column};
 use super::value::{self, Kind};
@@ -21,7 +22,7 @@ use super::variance::{self, Dispersion};
 
 mod plan;
 use super::{check_sortable, compare_rows, float, MergeError, SortKey};
-use plan::{check_group_key, plan_agg, plan_avg, plan_dispersion, Plan};
+use plan::{arith_oid, check_group_key, plan_agg, plan_arith, plan_avg, plan_dispersion, Plan};
 
 /// An aggregate whose per-shard partial results combine into the total.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +53,12 @@ pub enum Out {
     /// `count(DISTINCT x)`: the shards group by `x` too and send its values in `column`; the
     /// router counts the distinct ones of each group.
     CountDistinct { column: usize },
+    /// `agg1 op agg2` of two mergeable aggregates ([`super::arith`]).
+    Arith {
+        op: ArithOp,
+        left: (AggOp, usize),
+        right: (AggOp, usize),
+    },
 }
 
 /// The running value of one output column in one group.
@@ -78,6 +85,8 @@ enum Acc {
     },
     /// The distinct non-NULL values seen (normalized as group keys are).
     Distinct(hashbrown::HashSet<Vec<u8>>),
+    /// The two operands' accumulators.
+    Arith(Box<(Acc, Acc)>),
 }
 
 /// A group: its key values as first seen, and one accumulator per output column.
@@ -141,6 +150,11 @@ impl GroupMerge {
                     kind,
                     [count, sum, squares],
                     [col(count)?, col(sum)?, col(squares)?],
+                )?,
+                Out::Arith { op, left, right } => plan_arith(
+                    op,
+                    plan_agg(left.0, left.1, col(left.1)?, text_bytewise)?,
+                    plan_agg(right.0, right.1, col(right.1)?, text_bytewise)?,
                 )?,
                 Out::CountDistinct { column } => {
                     // Distinct by bytes is distinct by value only where group keys are.
@@ -220,6 +234,7 @@ impl GroupMerge {
                 | Plan::AvgFloat8 { .. }
                 | Plan::Dispersion { .. }
                 | Plan::CountDistinct(_)
+                | Plan::Arith { .. }
         )
     }
 
@@ -299,33 +314,7 @@ impl GroupMerge {
     }
 
     fn new_group(&mut self, keys: Option<Vec<Option<Vec<u8>>>>) {
-        let accs = self
-            .plans
-            .iter()
-            .map(|p| match p {
-                Plan::Key(_) => Acc::Key,
-                Plan::Count(_) => Acc::Int(Some(0)),
-                Plan::SumInt(_) => Acc::Int(None),
-                Plan::SumNumeric(_) => Acc::Numeric(None),
-                Plan::SumFloat8(_) => Acc::F64(None),
-                Plan::SumFloat4(_) => Acc::F32(None),
-                Plan::Extreme { .. } => Acc::Extreme(None),
-                Plan::AvgNumeric { .. } => Acc::Avg {
-                    sum: None,
-                    count: 0,
-                },
-                Plan::AvgFloat8 { .. } => Acc::AvgF64 {
-                    sum: None,
-                    count: 0,
-                },
-                Plan::Dispersion { .. } => Acc::Dispersion {
-                    sum: None,
-                    count: 0,
-                    squares: None,
-                },
-                Plan::CountDistinct(_) => Acc::Distinct(Default::default()),
-            })
-            .collect();
+        let accs = self.plans.iter().map(|p| new_acc(*p)).collect();
         self.groups.push(Group { keys, accs });
     }
 
@@ -350,8 +339,28 @@ impl GroupMerge {
                     Column::new(b"stddev", 1700, self.shard_columns[squares].binary)
                 }
                 Plan::CountDistinct(i) => Column::new(b"count", 20, self.shard_columns[i].binary),
+                Plan::Arith { left, kind, .. } => Column::new(
+                    b"?column?",
+                    arith_oid(kind),
+                    self.shard_columns[left.column()].binary,
+                ),
             })
             .collect()
+    }
+
+    /// The merged value of one operand of an `Arith` column.
+    fn operand(&self, side: plan::Side, acc: &Acc) -> Result<Option<Operand>, MergeError> {
+        let binary = self.shard_columns[side.column()].binary;
+        Ok(match (side.plan(), acc) {
+            (_, Acc::Int(v)) => v.map(|v| Operand::Int(v, Kind::Int8)),
+            (_, Acc::Numeric(v)) => v.clone().map(Operand::Numeric),
+            (Plan::Extreme { kind, .. }, Acc::Extreme(v)) => match (v, kind) {
+                (None, _) => None,
+                (Some(v), Kind::Numeric) => Some(Operand::Numeric(value::numeric(binary, v)?)),
+                (Some(v), kind) => Some(Operand::Int(value::int(kind, binary, v)? as i128, kind)),
+            },
+            _ => return Err("internal error: aggregate state mismatch".into()),
+        })
     }
 
     fn output_row(&self, keys: &[Option<Vec<u8>>], accs: &[Acc]) -> Result<Vec<u8>, MergeError> {
@@ -361,6 +370,25 @@ impl GroupMerge {
             let binary = |i: usize| self.shard_columns[i].binary;
             let v = match (*plan, acc) {
                 (Plan::Key(_), _) => keys.next().cloned().flatten(),
+                (
+                    Plan::Arith {
+                        op,
+                        left,
+                        right,
+                        kind,
+                    },
+                    Acc::Arith(accs),
+                ) => {
+                    let binary = binary(left.column());
+                    let l = self.operand(left, &accs.0)?;
+                    let r = self.operand(right, &accs.1)?;
+                    match (l, r) {
+                        (Some(l), Some(r)) => {
+                            Some(operand_bytes(arith::apply(op, l, r, kind)?, binary)?)
+                        }
+                        _ => None,
+                    }
+                }
                 (Plan::CountDistinct(i), Acc::Distinct(seen)) => {
                     let n = seen.len() as i64;
                     Some(if binary(i) {
@@ -427,6 +455,36 @@ impl GroupMerge {
     }
 }
 
+/// A group's accumulator for one output column, before any row.
+fn new_acc(p: Plan) -> Acc {
+    match p {
+        Plan::Key(_) => Acc::Key,
+        Plan::Count(_) => Acc::Int(Some(0)),
+        Plan::SumInt(_) => Acc::Int(None),
+        Plan::SumNumeric(_) => Acc::Numeric(None),
+        Plan::SumFloat8(_) => Acc::F64(None),
+        Plan::SumFloat4(_) => Acc::F32(None),
+        Plan::Extreme { .. } => Acc::Extreme(None),
+        Plan::AvgNumeric { .. } => Acc::Avg {
+            sum: None,
+            count: 0,
+        },
+        Plan::AvgFloat8 { .. } => Acc::AvgF64 {
+            sum: None,
+            count: 0,
+        },
+        Plan::Dispersion { .. } => Acc::Dispersion {
+            sum: None,
+            count: 0,
+            squares: None,
+        },
+        Plan::CountDistinct(_) => Acc::Distinct(Default::default()),
+        Plan::Arith { left, right, .. } => {
+            Acc::Arith(Box::new((new_acc(left.plan()), new_acc(right.plan()))))
+        }
+    }
+}
+
 const SUM_NULL_COUNT: &str = "a shard sent a NULL sum with a non-zero count";
 
 fn avg_numeric(sum: Option<&Numeric>, count: i128) -> Result<Option<Numeric>, MergeError> {
@@ -436,6 +494,19 @@ fn avg_numeric(sum: Option<&Numeric>, count: i128) -> Result<Option<Numeric>, Me
     let sum = sum.ok_or(SUM_NULL_COUNT)?;
     let count = u64::try_from(count).map_err(|_| MergeError::from(OVERFLOW_BIGINT))?;
     Ok(Some(sum.div_count(count)?))
+}
+
+/// An arithmetic result as its type sends it.
+fn operand_bytes(v: Operand, binary: bool) -> Result<Vec<u8>, MergeError> {
+    match v {
+        Operand::Numeric(n) => numeric_bytes(&n, binary),
+        Operand::Int(v, kind) if binary => Ok(match kind {
+            Kind::Int2 => (v as i16).to_be_bytes().to_vec(),
+            Kind::Int4 => (v as i32).to_be_bytes().to_vec(),
+            _ => (v as i64).to_be_bytes().to_vec(),
+        }),
+        Operand::Int(v, _) => Ok(v.to_string().into_bytes()),
+    }
 }
 
 fn numeric_bytes(n: &Numeric, binary: bool) -> Result<Vec<u8>, MergeError> {
@@ -550,6 +621,11 @@ fn accumulate(
             if let Some(v) = fields[squares] {
                 add_numeric(sq, value::numeric(cols[squares].binary, v)?);
             }
+        }
+        (Plan::Arith { left, right, .. }, Acc::Arith(accs)) => {
+            let (l, r) = &mut **accs;
+            grew += accumulate(left.plan(), l, fields, cols)?;
+            grew += accumulate(right.plan(), r, fields, cols)?;
         }
         (Plan::CountDistinct(i), Acc::Distinct(seen)) => {
             if let Some(v) = fields[i] {

@@ -1,6 +1,7 @@
 //! How each output column of a [`super::GroupMerge`] is computed, decided once from the types
 //! of the shard columns it reads: exactly, or refused with the reason.
 
+use super::super::arith::{self, ArithOp};
 use super::super::datetime::DateKind;
 use super::super::row::Column;
 use super::super::value::{self, Kind};
@@ -41,6 +42,91 @@ pub(super) enum Plan {
         sum_kind: Kind,
     },
     CountDistinct(usize),
+    Arith {
+        op: ArithOp,
+        left: Side,
+        right: Side,
+        /// The result's type.
+        kind: Kind,
+    },
+}
+
+/// One operand of an `Arith` column: an aggregate whose merged value is an integer or numeric.
+#[derive(Debug, Clone, Copy)]
+pub(in crate::merge) enum Side {
+    Count(usize),
+    SumInt(usize),
+    SumNumeric(usize),
+    Extreme {
+        column: usize,
+        kind: Kind,
+        max: bool,
+    },
+}
+
+impl Side {
+    /// How the operand itself merges.
+    pub fn plan(self) -> Plan {
+        match self {
+            Side::Count(i) => Plan::Count(i),
+            Side::SumInt(i) => Plan::SumInt(i),
+            Side::SumNumeric(i) => Plan::SumNumeric(i),
+            Side::Extreme { column, kind, max } => Plan::Extreme { column, kind, max },
+        }
+    }
+
+    pub fn column(self) -> usize {
+        match self {
+            Side::Count(i)
+            | Side::SumInt(i)
+            | Side::SumNumeric(i)
+            | Side::Extreme { column: i, .. } => i,
+        }
+    }
+
+    fn kind(self) -> Kind {
+        match self {
+            Side::Count(_) | Side::SumInt(_) => Kind::Int8,
+            Side::SumNumeric(_) => Kind::Numeric,
+            Side::Extreme { kind, .. } => kind,
+        }
+    }
+}
+
+/// `left op right` of two aggregates' plans: both must merge to integers or numerics.
+pub(super) fn plan_arith(op: ArithOp, left: Plan, right: Plan) -> Result<Plan, MergeError> {
+    let side = |p: Plan| match p {
+        Plan::Count(i) => Ok(Side::Count(i)),
+        Plan::SumInt(i) => Ok(Side::SumInt(i)),
+        Plan::SumNumeric(i) => Ok(Side::SumNumeric(i)),
+        Plan::Extreme { column, kind, max }
+            if matches!(kind, Kind::Int2 | Kind::Int4 | Kind::Int8 | Kind::Numeric) =>
+        {
+            Ok(Side::Extreme { column, kind, max })
+        }
+        _ => Err(MergeError::from(
+            "arithmetic across shards is supported on integer and numeric aggregates only",
+        )),
+    };
+    let (left, right) = (side(left)?, side(right)?);
+    let kind = arith::result_kind(left.kind(), right.kind())
+        .ok_or("arithmetic across shards is supported on integer and numeric aggregates only")?;
+    Ok(Plan::Arith {
+        op,
+        left,
+        right,
+        kind,
+    })
+}
+
+/// The type OID of an arithmetic result.
+pub(super) fn arith_oid(kind: Kind) -> u32 {
+    match kind {
+        Kind::Int2 => 21,
+        Kind::Int4 => 23,
+        Kind::Int8 => 20,
+        _ => 1700,
+    }
 }
 
 pub(super) fn type_name(col: &Column) -> String {
