@@ -302,6 +302,35 @@ pub fn cursor_too_big(limit: usize) -> SqlError {
     .with_hint("give the cursor's query a key (its cursor then lives on the key's shard), a LIMIT, or fewer columns; or close other cursors")
 }
 
+/// `54000`: the first stage of a read the router finishes on one shard
+/// (`crate::planner::staged`) gave more than it holds.
+pub fn staged_too_big(limit: usize) -> SqlError {
+    SqlError::new(
+        PROGRAM_LIMIT_EXCEEDED,
+        format!("this read needs every shard's rows of its first part in the router to finish it on one shard, and they are more than {limit} bytes (limits.max_merge_bytes)"),
+    )
+    .with_hint("narrow the read with a WHERE, read fewer columns, or give it a key (a read of one shard runs whole there)")
+}
+
+/// `0A000`: a read the router finishes on one shard, where columns have collations of their
+/// own (which the rows carried in a VALUES list would lose).
+pub fn staged_collations() -> SqlError {
+    SqlError::new(
+        FEATURE_NOT_SUPPORTED,
+        "this read across shards would be finished on one shard over the rows of its first part, but some columns of the shards' tables have a collation of their own, which those rows would not keep (or the router has not read the catalog yet)",
+    )
+    .with_hint("give the read a key, or simplify it so that the router merges it itself")
+}
+
+/// `0A000`: a read the router finishes on one shard, with parameters.
+pub fn staged_with_parameters() -> SqlError {
+    SqlError::new(
+        FEATURE_NOT_SUPPORTED,
+        "this read across shards is finished on one shard over the rows of its first part, which the router does not do for statements with parameters yet",
+    )
+    .with_hint("send the values in the statement's text (or through the simple protocol), or give the read a key")
+}
+
 /// `54000`: the extended-protocol messages held for one batch (until a Bind names a shard)
 /// passed `limits.max_message_bytes`.
 pub fn held_too_long(limit: usize) -> SqlError {

@@ -420,7 +420,41 @@ fn reference_write(rng: &mut StdRng) -> Generated {
 fn more(rng: &mut StdRng, next_order: &mut i64) -> Generated {
     let c = customer(rng);
     let list = customers(rng);
-    match rng.random_range(0..25) {
+    match rng.random_range(0..31) {
+        25 => read(
+            format!(
+                "SELECT status, created, order_id, lag(amount) OVER (PARTITION BY status ORDER BY created NULLS FIRST, customer_id, order_id), rank() OVER (ORDER BY qty NULLS LAST) FROM orders WHERE qty > {} ORDER BY status NULLS FIRST, created NULLS FIRST, customer_id, order_id",
+                rng.random_range(0..10)
+            ),
+            true,
+        ),
+        26 => read(
+            "SELECT customer_id % 3 AS m, string_agg(sku, ',' ORDER BY sku, customer_id, order_id), percentile_cont(0.5) WITHIN GROUP (ORDER BY price) FROM items GROUP BY 1 ORDER BY 1".into(),
+            true,
+        ),
+        27 => read(
+            "SELECT r.name, s.n, s.total FROM regions r JOIN (SELECT status, count(*) AS n, sum(amount) AS total FROM orders GROUP BY status) s ON s.status = r.code ORDER BY 1, 2".into(),
+            true,
+        ),
+        28 => read(
+            format!(
+                "SELECT date_trunc('month', created)::date AS m, count(*), round(avg(amount), 1) FROM orders{} GROUP BY 1 HAVING count(*) > {} ORDER BY 1 NULLS FIRST",
+                if rng.random_bool(0.5) { format!(" WHERE customer_id IN ({list})") } else { String::new() },
+                rng.random_range(0..3)
+            ),
+            true,
+        ),
+        29 => read(
+            "SELECT DISTINCT ON (status) status, amount, customer_id, order_id FROM orders ORDER BY status NULLS FIRST, amount DESC NULLS LAST, customer_id, order_id".into(),
+            true,
+        ),
+        30 => read(
+            format!(
+                "SELECT s.q, count(*), coalesce(max(s.a), 0) FROM (SELECT qty % 4 AS q, amount AS a FROM orders WHERE created > DATE '2026-{:02}-01') s GROUP BY s.q ORDER BY 1 NULLS FIRST",
+                rng.random_range(1..=12)
+            ),
+            true,
+        ),
         23 => read(
             format!("SELECT count(*), sum(s.q) FROM (SELECT customer_id, qty + 1 AS q FROM orders WHERE qty > {}) s", rng.random_range(0..8)),
             true,

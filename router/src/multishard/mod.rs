@@ -16,6 +16,7 @@
 //! | [`write`] | UPDATE/DELETE on several shards, through [`commit`] |
 //! | [`split_insert`] | a multi-row INSERT split by key, through [`commit`] |
 //! | [`copy_in`] | COPY FROM STDIN split by key |
+//! | [`staged`] | the second stage of a read in two stages: the first stage's rows as a typed VALUES list (sans-IO) |
 
 pub mod broadcast;
 pub mod budget;
@@ -27,6 +28,7 @@ pub mod gather;
 pub mod merged;
 pub mod read;
 pub mod split_insert;
+pub mod staged;
 pub mod stepwise;
 pub mod two_phase;
 pub mod write;

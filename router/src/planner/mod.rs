@@ -28,6 +28,7 @@ pub mod new_keys;
 pub mod normalize;
 mod scatter;
 mod shard_text;
+pub mod staged;
 
 pub use scatter::{Merge, MergePlan};
 pub use shard_text::shard_sql;

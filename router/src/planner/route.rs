@@ -540,8 +540,12 @@ fn data(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Route {
     }
     // The sharded tables of the statement's own query: the others are tied to their rows.
     let main = refs.sharded.len() - refs.tied;
+    let merge_or_stages = |refs: &Refs| {
+        merge_across(stmt, map, &placed)
+            .or_else(|why| super::staged::staged(stmt, refs, &placed, why))
+    };
     if refs.pins.is_empty() && main == 1 {
-        match merge_across(stmt, map, &placed) {
+        match merge_or_stages(&refs) {
             Ok(merge) => return Route::Scatter { table: name, merge },
             Err(why) => {
                 let key = &first.key;
@@ -557,7 +561,7 @@ fn data(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Route {
     let colocated =
         main > 1 && refs.selects_with_sharded - refs.tied_selects == 1 && refs.colocated == main;
     if refs.pins.is_empty() && colocated {
-        if let Ok(merge) = merge_across(stmt, map, &placed) {
+        if let Ok(merge) = merge_or_stages(&refs) {
             return Route::Scatter { table: name, merge };
         }
     }
@@ -577,7 +581,10 @@ fn data(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Route {
         };
     }
     let unnest = refs.unnest.take();
-    let keys: Vec<_> = refs.pins.into_iter().flat_map(|p| p.keys).collect();
+    let keys: Vec<_> = std::mem::take(&mut refs.pins)
+        .into_iter()
+        .flat_map(|p| p.keys)
+        .collect();
     let one_key = keys.len() == 1 && !matches!(keys[0], KeySource::Array(_));
     let spread = if one_key {
         None
@@ -599,7 +606,7 @@ fn data(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Route {
         // A read of one sharded table (or of tables joined by equal keys): each key's rows are
         // only on its shard, so the shards of its keys answer it exactly. A join of two pinned
         // references on different shards has no shard that holds both sides, and is refused.
-        merge_across(stmt, map, &placed).ok()
+        merge_or_stages(&refs).ok()
     } else {
         None
     };

@@ -14,6 +14,7 @@
 //! Everything else is refused with the reason, never answered wrongly: HAVING, window
 //! functions, DISTINCT ON, set operations, WITH, other functions in the select list of an
 //! aggregate query (they might be aggregates), ORDER BY expressions not in the select list.
+//! The router then tries to read it in two stages ([`super::staged`]).
 //! Whether a column's values can be merged (types, collation) is checked on the shards' first
 //! answer, by the merge engine.
 
@@ -52,6 +53,10 @@ pub enum Merge {
     /// `EXPLAIN` of a statement on several shards: each shard's plan, in shard order, under a
     /// line that names the shard.
     Explain,
+    /// A read the merge cannot finish: its first stage runs across shards (merged as
+    /// `first` says), one shard runs the rest over the first stage's rows
+    /// ([`super::staged`]).
+    Staged(Arc<super::staged::Staged>),
 }
 
 /// A read that the merge engine combines.
@@ -86,7 +91,7 @@ pub(crate) struct Placement {
 
 /// The merge for a statement, or why it cannot be scattered.
 pub(crate) fn merge_for(stmt: &Statement, placed: &Placement) -> Result<Merge, &'static str> {
-    let merge = merge_of_query(stmt, placed)?;
+    let merge = merge_of_query(the_query(stmt)?, placed)?;
     // COPY data is concatenated as it comes: no rows to count, sort or stop at.
     if matches!(stmt, Statement::Copy { .. }) && merge != (Merge::Concat { limit: None }) {
         return Err("COPY of a sorted, grouped or limited query across shards is not supported");
@@ -235,8 +240,8 @@ fn rows_in_order(
     })))
 }
 
-fn merge_of_query(stmt: &Statement, placed: &Placement) -> Result<Merge, &'static str> {
-    let q = the_query(stmt)?;
+/// The merge of a query read on several shards, or why it cannot be merged.
+pub(super) fn merge_of_query(q: &Query, placed: &Placement) -> Result<Merge, &'static str> {
     if q.with.is_some() {
         return Err("WITH is not supported across shards");
     }

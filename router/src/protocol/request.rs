@@ -94,6 +94,20 @@ pub fn rebind(buf: &mut BytesMut, portal: &[u8], name: &str, tail: &[u8]) {
     end_frame(buf, at);
 }
 
+/// `sql` run as a client's batch runs it: Parse (unnamed, with `param_types`), Describe of
+/// the statement, the client's Bind (`tail`, everything after its statement name) of the
+/// unnamed portal, Describe of the portal, Execute, Sync.
+pub fn bound(sql: &str, param_types: &[u8], tail: &[u8]) -> Result<Vec<u8>, Unwritable> {
+    let mut buf = BytesMut::new();
+    parse(&mut buf, "", sql, param_types)?;
+    describe_statement(&mut buf, "")?;
+    rebind(&mut buf, b"", "", tail);
+    describe_portal(&mut buf);
+    execute(&mut buf);
+    sync(&mut buf);
+    Ok(buf.to_vec())
+}
+
 /// `D` of a statement.
 pub fn describe_statement(buf: &mut BytesMut, name: &str) -> Result<(), Unwritable> {
     written("Describe", frontend::describe(b'S', name, buf))

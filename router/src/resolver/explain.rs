@@ -46,6 +46,9 @@ impl Row {
     }
 }
 
+/// A row on a shard: `(shard, reason, keyspace_id, how, sql)`.
+type RowAt<'a> = dyn Fn(usize, String, Option<String>, &str, &str) -> Row + 'a;
+
 /// The rows of `target`, for the statement `sql`.
 pub fn rows(target: &Target<'_>, sql: &str) -> Vec<Row> {
     let map = target.map();
@@ -107,24 +110,7 @@ pub fn rows(target: &Target<'_>, sql: &str) -> Vec<Row> {
                 )
             })
             .collect(),
-        Dest::Read(read) => {
-            let reason = if read.keyed {
-                "the shards of the statement's keys"
-            } else {
-                "a sharded table without its key: every shard"
-            };
-            let how = match &read.merge {
-                _ if read.labels => "each shard's answer under a line naming the shard",
-                None => "rows concatenated in shard order",
-                Some(m) if m.group.is_some() => "groups combined by the router",
-                Some(_) => "sorted streams merged by the router",
-            };
-            let shard_sql = read.shard_sql.as_deref().unwrap_or(sql);
-            read.shards
-                .iter()
-                .map(|&s| at(s, reason.into(), None, how, shard_sql))
-                .collect()
-        }
+        Dest::Read(read) => read_rows(read, sql, &at),
         Dest::Write(write) => {
             let reason = if write.replicas {
                 "a write of a reference table, which every shard holds whole (the first shard answers, the others must agree)"
@@ -198,4 +184,40 @@ fn why_text(target: &Target<'_>) -> String {
         Some((_, why)) => why.to_string(),
         None => text,
     }
+}
+
+/// A read's rows: one per shard of its first (or only) stage, and the second stage's.
+fn read_rows(read: &super::target::Read, sql: &str, at: &RowAt<'_>) -> Vec<Row> {
+    let reason = if read.keyed {
+        "the shards of the statement's keys"
+    } else {
+        "a sharded table without its key: every shard"
+    };
+    let how = match &read.merge {
+        _ if read.labels => "each shard's answer under a line naming the shard",
+        None => "rows concatenated in shard order",
+        Some(m) if m.group.is_some() => "groups combined by the router",
+        Some(_) => "sorted streams merged by the router",
+    };
+    let shard_sql = read.shard_sql.as_deref().unwrap_or(sql);
+    let mut rows: Vec<Row> = read
+        .shards
+        .iter()
+        .map(|&s| at(s, reason.into(), None, how, shard_sql))
+        .collect();
+    if let (Some(staged), Some(&first)) = (&read.staged, read.shards.first()) {
+        // The second stage: the rest of the statement over the first stage's rows.
+        let second = format!(
+            "{}(VALUES ...) AS {}{}",
+            staged.before, staged.alias, staged.after
+        );
+        rows.push(at(
+            first,
+            "the rest of the statement, over the rows of the shards' part".into(),
+            None,
+            "then: the shards' rows above, merged, as a VALUES list in that part's place",
+            &second,
+        ));
+    }
+    rows
 }

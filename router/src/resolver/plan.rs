@@ -3,6 +3,8 @@
 //! transaction). Every statement of a simple Query must agree on one shard; a statement that
 //! runs on several shards, or that the router answers, stands alone.
 
+use std::sync::Arc;
+
 use shardmap::{Key, ShardMap};
 
 use super::allowed::{in_transaction, protocol};
@@ -136,6 +138,12 @@ fn declared<'a>(stmt: &Statement<'a>, query: &Route, cx: &Context<'a>) -> Result
         params: stmt.params,
     };
     let (query, _) = in_transaction(by_plan(&inner, cx)?, cx)?;
+    if matches!(&query, Dest::Read(r) if r.staged.is_some()) {
+        return Err(SqlError::new(
+            errors::FEATURE_NOT_SUPPORTED,
+            "a cursor over a read that the router finishes on one shard (its first part merged across shards) is not supported: run the query without a cursor",
+        ));
+    }
     Ok(query)
 }
 
@@ -336,10 +344,6 @@ fn spread<'a>(
     shards: Vec<usize>,
     keyed: bool,
 ) -> Result<Dest, SqlError> {
-    let count = |source: &'a Option<KeySource>| match source {
-        None => Ok(None),
-        Some(source) => stmt.params.count(source),
-    };
     match merge {
         Merge::SplitRows => split_insert(stmt, map),
         Merge::SplitUnnest { arrays, key } => split_unnest(stmt, map, arrays, *key),
@@ -348,43 +352,61 @@ fn spread<'a>(
             keyed,
             replicas: false,
         })),
-        Merge::Concat { limit } => Ok(Dest::Read(Read {
-            shards,
-            keyed,
-            merge: None,
-            limit: count(limit)?,
-            offset: 0,
-            shard_sql: None,
-            labels: false,
-        })),
         Merge::Explain => Ok(Dest::Read(Read {
-            shards,
-            keyed,
-            merge: None,
-            limit: None,
-            offset: 0,
-            shard_sql: None,
             labels: true,
+            ..Read::concatenated(shards, keyed)
         })),
+        Merge::Staged(staged) => {
+            let texts = crate::planner::staged::texts(stmt.sql, staged.part)
+                .map_err(errors::cannot_rewrite)?;
+            let mut read = merged_read(stmt, &texts.first, &staged.first, shards, keyed)?;
+            read.shard_sql.get_or_insert_with(|| texts.first.clone());
+            read.staged = Some(Arc::new(texts));
+            Ok(Dest::Read(read))
+        }
+        Merge::Concat { .. } | Merge::Combine(_) => Ok(Dest::Read(merged_read(
+            stmt, stmt.sql, merge, shards, keyed,
+        )?)),
+    }
+}
+
+/// A read of `sql` on `shards` whose answers are concatenated or combined, as `merge` says.
+fn merged_read<'a>(
+    stmt: &Statement<'a>,
+    sql: &str,
+    merge: &'a Merge,
+    shards: Vec<usize>,
+    keyed: bool,
+) -> Result<Read, SqlError> {
+    let count = |source: &'a Option<KeySource>| match source {
+        None => Ok(None),
+        Some(source) => stmt.params.count(source),
+    };
+    match merge {
+        Merge::Concat { limit } => Ok(Read {
+            limit: count(limit)?,
+            ..Read::concatenated(shards, keyed)
+        }),
         Merge::Combine(plan) => {
             let shard_sql = if plan.rewrite {
                 Some(
-                    crate::planner::shard_sql(stmt.sql, plan.group.as_deref())
+                    crate::planner::shard_sql(sql, plan.group.as_deref())
                         .map_err(errors::cannot_rewrite)?,
                 )
             } else {
                 None
             };
-            Ok(Dest::Read(Read {
-                shards,
-                keyed,
+            Ok(Read {
                 merge: Some(plan.clone()),
                 limit: count(&plan.limit)?,
                 offset: count(&plan.offset)?.unwrap_or(0),
                 shard_sql,
-                labels: false,
-            }))
+                ..Read::concatenated(shards, keyed)
+            })
         }
+        _ => Err(errors::internal(
+            "a read in two stages whose first stage is not a read",
+        )),
     }
 }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use shardmap::{Key, KeyType, KeyspaceId, ShardMap};
 
+use crate::planner::staged::StagedTexts;
 use crate::planner::{CopyFormat, MergePlan};
 use crate::protocol::reply::SqlError;
 
@@ -156,6 +157,25 @@ pub struct Read {
     pub shard_sql: Option<String>,
     /// Each shard's answer comes under a line naming the shard (`EXPLAIN` on several shards).
     pub labels: bool,
+    /// A read in two stages ([`crate::planner::staged`]): this read is its first stage, and
+    /// one shard runs these texts around its rows.
+    pub staged: Option<Arc<StagedTexts>>,
+}
+
+impl Read {
+    /// All rows of `shards`, concatenated in shard order: what the other fields change.
+    pub fn concatenated(shards: Vec<usize>, keyed: bool) -> Read {
+        Read {
+            shards,
+            keyed,
+            merge: None,
+            limit: None,
+            offset: 0,
+            shard_sql: None,
+            labels: false,
+            staged: None,
+        }
+    }
 }
 
 /// An UPDATE or DELETE on several shards.
@@ -270,6 +290,17 @@ impl fmt::Display for Target<'_> {
                 }
                 if let Some(sql) = &r.shard_sql {
                     write!(f, "; shards run: {sql}")?;
+                }
+                if let Some(staged) = &r.staged {
+                    write!(
+                        f,
+                        "; then shard {} runs over those rows as {}: {}{}{}",
+                        ranges(r.shards.get(..1).unwrap_or_default()).join(", "),
+                        staged.alias,
+                        staged.before,
+                        staged.alias,
+                        staged.after
+                    )?;
                 }
                 Ok(())
             }

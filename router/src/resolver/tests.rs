@@ -332,8 +332,27 @@ fn reads_without_a_key_are_merged_or_refused() {
     let bad = bind_body(&[Some(b"-1")], false);
     let (dest, _) = f.bound("SELECT id FROM kv ORDER BY id LIMIT $1", &bad);
     assert_eq!(refused(&dest).0, "22P02");
-    let (dest, _) = f.simple("SELECT v, count(*) FROM kv GROUP BY v HAVING count(*) > 1");
-    assert_eq!(refused(&dest).0, "0A000");
+    // HAVING the merge cannot judge: the rows in two stages, finished on one shard.
+    let (dest, text) = f.simple("SELECT v, count(*) FROM kv GROUP BY v HAVING count(*) > 1");
+    let Dest::Read(read) = dest else {
+        panic!("{dest:?}")
+    };
+    let staged = read.staged.expect("read in two stages");
+    assert_eq!(read.shards, [0, 1, 2, 3]);
+    assert_eq!(read.shard_sql.as_deref(), Some("SELECT * FROM kv"));
+    assert_eq!(
+        (
+            staged.before.as_str(),
+            staged.after.as_str(),
+            staged.alias.as_str()
+        ),
+        (
+            "SELECT v, count(*) FROM ",
+            " GROUP BY v HAVING count(*) > 1",
+            "kv"
+        )
+    );
+    assert!(text.contains("then shard"), "{text}");
     // Two reads across shards in one query.
     let (dest, _) = f.simple("SELECT * FROM kv; SELECT 1");
     assert!(refused(&dest).1.contains("must be the only statement"));

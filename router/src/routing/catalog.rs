@@ -37,6 +37,13 @@ pub async fn learn(routing: &Routing) -> bool {
             return false;
         }
     }
+    match first_column(&mut conn, PLAIN_COLLATIONS).await {
+        Ok(c) => routing.learn_plain_collations(c.first().map(String::as_str) == Some("t")),
+        Err(e) => {
+            tracing::warn!("could not read the columns' collations: {e}");
+            return false;
+        }
+    }
     let mut tables = HashMap::new();
     for table in routing.map.tables() {
         let name = table.qualified_name();
@@ -137,6 +144,13 @@ const TEXT_BYTEWISE: &str = "SELECT datlocprovider = 'c' AND datcollate IN ('C',
     WHERE a.attnum > 0 AND a.attcollation NOT IN (0, 100, 950, 951) \
     AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg_toast%') \
     FROM pg_database WHERE datname = current_database()";
+
+/// Whether no user column has a collation of its own (other than the database's default):
+/// text carried in a VALUES list then compares as the column's did (`crate::planner::staged`).
+const PLAIN_COLLATIONS: &str = "SELECT NOT EXISTS (SELECT 1 FROM pg_attribute a \
+    JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+    WHERE a.attnum > 0 AND a.attcollation NOT IN (0, 100) \
+    AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg_toast%')";
 
 /// The first column of every row of a simple query, as text (empty when it fails).
 async fn first_column(

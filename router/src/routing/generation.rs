@@ -34,6 +34,9 @@ pub struct Routing {
     pub(super) pools: Vec<Pools>,
     /// The shards' database collation is C (or POSIX): text compares by bytes.
     text_bytewise: AtomicBool,
+    /// No user column has a collation of its own: text in a VALUES list (the database's
+    /// collation) compares as the columns' text does.
+    plain_collations: AtomicBool,
     /// Each shard's stats id (by shard index).
     stats_ids: Vec<u32>,
     /// Each shard's primary's health (by shard index).
@@ -115,6 +118,9 @@ impl Routing {
             text_bytewise: AtomicBool::new(
                 previous.is_some_and(|p| p.text_bytewise.load(Ordering::Relaxed)),
             ),
+            plain_collations: AtomicBool::new(
+                previous.is_some_and(|p| p.plain_collations.load(Ordering::Relaxed)),
+            ),
             stats_ids,
             health,
             pauses: board.pauses.clone(),
@@ -181,6 +187,17 @@ impl Routing {
 
     pub fn learn_text_bytewise(&self, bytewise: bool) {
         self.text_bytewise.store(bytewise, Ordering::Relaxed);
+    }
+
+    /// Whether text of a column compares as text of the database's collation does (no user
+    /// column has a collation of its own, or all text compares by bytes), learned from the
+    /// catalog; until known, no.
+    pub fn plain_collations(&self) -> bool {
+        self.text_bytewise() || self.plain_collations.load(Ordering::Relaxed)
+    }
+
+    pub fn learn_plain_collations(&self, plain: bool) {
+        self.plain_collations.store(plain, Ordering::Relaxed);
     }
 }
 

@@ -16,12 +16,13 @@ use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::participants::Requests;
-use super::spread::{Ran, Spread};
+use super::spread::{Portal, Ran, Spread};
 use super::{Session, SessionError};
 use crate::errors;
 use crate::multishard::fanout::{self, Returned};
 use crate::multishard::{self, broadcast, copy_in, split_insert};
 use crate::protocol::reply::{self, SqlError};
+use crate::protocol::request;
 use crate::resolver::{Read, SplitInsert, Write};
 use crate::stats::{RouteKind, NO_SHARD};
 
@@ -42,6 +43,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     ) -> Result<Ran, SessionError> {
         let failed = match spread {
             Spread::Broadcast { sql } => self.run_broadcast(&sql).await,
+            Spread::Read(read, portal) if read.staged.is_some() => {
+                self.run_staged(read, portal, asked).await?
+            }
             Spread::Read(read, Some(portal)) if max_rows > 0 => {
                 self.portal_run_in_steps(read, *portal, max_rows, asked)
                     .await?
@@ -124,6 +128,74 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         asked: &[u8],
     ) -> Result<bool, SessionError> {
         self.client.meter.route(RouteKind::Scatter, NO_SHARD);
+        self.read_on_shards(read, request, asked).await
+    }
+
+    /// A read in two stages (`crate::planner::staged`): the first on its shards, its answer
+    /// kept; then the rest on the first of them over its rows, as a Query or, for an extended
+    /// batch, with the client's Bind (`portal`). `Ok(true)` when it ended with an error.
+    async fn run_staged(
+        &mut self,
+        read: Read,
+        portal: Option<Box<Portal>>,
+        asked: &[u8],
+    ) -> Result<bool, SessionError> {
+        let Some(texts) = read.staged.clone() else {
+            return Err(SessionError::Protocol(
+                "internal: not a read in two stages".into(),
+            ));
+        };
+        if !self.routing.plain_collations() {
+            answer_until_description(asked, &mut self.client.out);
+            errors::staged_collations().write(&mut self.client.out);
+            return Ok(true);
+        }
+        let first = request::query_message(read.shard_sql.as_deref().unwrap_or(&texts.first))?;
+        let limit = self.routing.config.limits.max_merge_bytes;
+        let second = match self.read_kept(&read, first, &[], limit).await? {
+            Err(None) => return Ok(true),
+            Err(Some(_)) => Err(errors::staged_too_big(limit)),
+            Ok(answer) => match crate::protocol::backend::error_frame(&answer) {
+                Some(error) => {
+                    answer_until_description(asked, &mut self.client.out);
+                    self.client.out.extend_from_slice(error);
+                    return Ok(true);
+                }
+                None => multishard::staged::second_stage(&texts, &answer, self.exact_floats()),
+            },
+        };
+        let request = match (second, &portal) {
+            (Err(err), _) => {
+                answer_until_description(asked, &mut self.client.out);
+                err.write(&mut self.client.out);
+                return Ok(true);
+            }
+            (Ok(sql), None) => request::query_message(&sql)?,
+            (Ok(sql), Some(p)) => request::bound(&sql, &p.param_types, &p.bind_tail)?,
+        };
+        let on_one = Read::concatenated(read.shards.get(..1).unwrap_or_default().to_vec(), true);
+        self.read_on_shards(on_one, request, asked).await
+    }
+
+    /// Whether floats print exactly in this session (`extra_float_digits` above 0, as by
+    /// default), so that their text reads back as the same value.
+    fn exact_floats(&self) -> bool {
+        self.changes
+            .current(&self.settings, "extra_float_digits")
+            .is_none_or(|v| {
+                v.trim()
+                    .trim_matches('\'')
+                    .parse::<i32>()
+                    .is_ok_and(|n| n > 0)
+            })
+    }
+
+    async fn read_on_shards(
+        &mut self,
+        read: Read,
+        request: Vec<u8>,
+        asked: &[u8],
+    ) -> Result<bool, SessionError> {
         let Some((receivers, members)) = self.fan_out(&read.shards, request, false).await? else {
             return Ok(true);
         };
@@ -320,16 +392,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             Ok(requests) => split_insert::run(&self.routing, &requests, &self.settings).await,
         };
         let out = &mut self.client.out;
-        let answered_to = |out: &mut Vec<u8>| {
-            // Before an error, what the batch asked that needs no description.
-            for &k in asked {
-                match k {
-                    b'P' => reply::parse_complete(out),
-                    b'B' => reply::bind_complete(out),
-                    _ => break,
-                }
-            }
-        };
+        let answered_to = |out: &mut Vec<u8>| answer_until_description(asked, out);
         match outcome {
             split_insert::Outcome::Committed(replies) => {
                 if let Some(params) = extended {
@@ -420,6 +483,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             copy_in::ClientFailed::Protocol(why) => SessionError::Protocol(why),
             copy_in::ClientFailed::TooLong { len, limit } => SessionError::TooLong { len, limit },
         })
+    }
+}
+
+/// Before an error, what an extended batch asked that needs no description (`asked`, as
+/// [`ScatterBatch`](super::spread::ScatterBatch) keeps it): its ParseComplete and BindComplete.
+fn answer_until_description(asked: &[u8], out: &mut Vec<u8>) {
+    for &k in asked {
+        match k {
+            b'P' => reply::parse_complete(out),
+            b'B' => reply::bind_complete(out),
+            _ => break,
+        }
     }
 }
 

@@ -360,6 +360,56 @@ pub fn rows(msgs: &[tokio_postgres::SimpleQueryMessage]) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// The rows of `sql`'s answer in the simple protocol, each as `a|b|c` (NULL empty), as psql
+/// `-A -t` prints them (see [`Env::on_shard`]).
+pub async fn lines(client: &Client, sql: &str) -> Vec<String> {
+    client
+        .simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+        .iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => Some(
+                (0..r.len())
+                    .map(|i| r.get(i).unwrap_or(""))
+                    .collect::<Vec<_>>()
+                    .join("|"),
+            ),
+            _ => None,
+        })
+        .collect()
+}
+
+impl Env {
+    /// Inserts `(name, n)` rows into `names` through `client`, checks that rows named
+    /// `prefix%` are on more than two shards, and gives a FROM clause that reads the same
+    /// rows on one Postgres: `FROM (VALUES ...) AS names(name, n)`.
+    pub async fn names_on_shards(
+        &self,
+        client: &Client,
+        prefix: &str,
+        data: &[(String, Option<i32>)],
+    ) -> String {
+        for (name, n) in data {
+            client
+                .execute("INSERT INTO names (name, n) VALUES ($1, $2)", &[name, n])
+                .await
+                .expect("insert");
+        }
+        let count = format!("SELECT count(*) FROM names WHERE name LIKE '{prefix}%'");
+        let spread = (0..4).filter(|&s| self.on_shard(s, &count) != "0").count();
+        assert!(spread > 2, "rows on several shards");
+        let values: Vec<String> = data
+            .iter()
+            .map(|(name, n)| match n {
+                Some(n) => format!("('{name}', {n})"),
+                None => format!("('{name}', NULL::int)"),
+            })
+            .collect();
+        format!("FROM (VALUES {}) AS names(name, n)", values.join(", "))
+    }
+}
+
 /// `GET path` on the router's HTTP side port: the status code and the body.
 pub fn http_get(port: u16, path: &str) -> (u16, String) {
     use std::io::{Read, Write};

@@ -225,15 +225,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 }
                 let read = match (*query, on_shard) {
                     (Dest::Read(read), _) => read,
-                    (_, Some(shard)) => Read {
-                        shards: vec![shard],
-                        keyed: true,
-                        merge: None,
-                        limit: None,
-                        offset: 0,
-                        shard_sql: None,
-                        labels: false,
-                    },
+                    (_, Some(shard)) => Read::concatenated(vec![shard], true),
                     _ => {
                         return CursorWork::Route(Dest::Refused(SqlError::new(
                             errors::FEATURE_NOT_SUPPORTED,

@@ -44,6 +44,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         bind: &Bind<'_>,
         stmt: &Arc<ClientStatement>,
     ) -> Result<(), SessionError> {
+        if matches!(&spread, Spread::Read(read, _) if read.staged.is_some()) && bind.param_count > 0
+        {
+            return self.batch_error(&errors::staged_with_parameters()).await;
+        }
         match spread {
             Spread::Declare { .. } => {
                 if self.mixed_batch() {
@@ -117,14 +121,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 return Ok(());
             }
             Spread::Read(read, _) => {
-                // Inside a transaction a row limit at Execute runs the portal step by step.
-                let steps = self.state.in_transaction()
+                // Inside a transaction a row limit at Execute runs the portal step by step; a
+                // read in two stages runs whole, its second stage with the client's Bind.
+                let staged = read.staged.is_some();
+                let steps = !staged
+                    && self.state.in_transaction()
                     && !read.labels
                     && read.merge.as_ref().is_none_or(|m| m.group.is_none());
                 let sql = read.shard_sql.as_deref().unwrap_or(stmt.sql());
                 let group = read.merge.as_ref().and_then(|m| m.group.as_deref());
                 let request = shard_request(sql, stmt.param_types(), bind, group)?;
-                let portal = steps.then(|| {
+                let portal = (steps || staged).then(|| {
                     Box::new(Portal {
                         name: bind.portal.to_string(),
                         sql: sql.to_string(),
@@ -358,31 +365,30 @@ fn shard_request(
     bind: &Bind<'_>,
     group: Option<&[Out]>,
 ) -> Result<Vec<u8>, SessionError> {
+    let Some(columns) = group.filter(|_| bind.result_format_count() > 1) else {
+        return Ok(request::bound(sql, param_types, bind.tail)?);
+    };
     let mut out = BytesMut::new();
     request::parse(&mut out, "", sql, param_types)?;
     request::describe_statement(&mut out, "")?;
-    match group {
-        Some(columns) if bind.result_format_count() > 1 => {
-            let at = begin_frame(&mut out, b'B');
-            out.extend_from_slice(b"\0\0");
-            out.extend_from_slice(bind.without_result_formats());
-            let codes: Vec<i16> = columns
-                .iter()
-                .enumerate()
-                .flat_map(|(i, o)| {
-                    let code = i16::from(bind.result_binary(i));
-                    let n = if matches!(o, Out::Avg { .. }) { 2 } else { 1 };
-                    std::iter::repeat_n(code, n)
-                })
-                .collect();
-            out.extend_from_slice(&(codes.len() as i16).to_be_bytes());
-            for c in codes {
-                out.extend_from_slice(&c.to_be_bytes());
-            }
-            end_frame(&mut out, at);
-        }
-        _ => request::rebind(&mut out, b"", "", bind.tail),
+    // The client's result formats per column, each avg's twice (its sum and count).
+    let at = begin_frame(&mut out, b'B');
+    out.extend_from_slice(b"\0\0");
+    out.extend_from_slice(bind.without_result_formats());
+    let codes: Vec<i16> = columns
+        .iter()
+        .enumerate()
+        .flat_map(|(i, o)| {
+            let code = i16::from(bind.result_binary(i));
+            let n = if matches!(o, Out::Avg { .. }) { 2 } else { 1 };
+            std::iter::repeat_n(code, n)
+        })
+        .collect();
+    out.extend_from_slice(&(codes.len() as i16).to_be_bytes());
+    for c in codes {
+        out.extend_from_slice(&c.to_be_bytes());
     }
+    end_frame(&mut out, at);
     request::describe_portal(&mut out);
     request::execute(&mut out);
     request::sync(&mut out);

@@ -1,0 +1,174 @@
+//! Reads across shards that the merge cannot finish, run in two stages: the shards' part
+//! (a subquery in FROM, or the table's rows under its WHERE) across shards, the rest on one
+//! shard over those rows as a VALUES list. Each answer is compared with one Postgres holding
+//! the same rows; what the router cannot carry exactly is refused, and the session goes on.
+
+mod common;
+
+use common::{lines, rows, shared_env, sqlstate};
+
+/// The message of a database error.
+fn message(err: &tokio_postgres::Error) -> String {
+    err.as_db_error()
+        .map(|e| e.message().to_string())
+        .unwrap_or_else(|| err.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_in_two_stages_match_one_postgres() {
+    let env = shared_env();
+    let client = env.router.connect().await;
+    let data: Vec<(String, Option<i32>)> = (0..48)
+        .map(|i| (format!("stg-{i:03}"), (i % 9 != 0).then_some(i % 5)))
+        .collect();
+    let one_postgres = env.names_on_shards(&client, "stg-", &data).await;
+    for sql in [
+        // Windows over every shard's rows.
+        "SELECT n, count(*), rank() OVER (ORDER BY count(*) DESC, n NULLS FIRST) FROM names WHERE name LIKE 'stg-%' GROUP BY n ORDER BY n NULLS FIRST",
+        "SELECT name, sum(n) OVER (ORDER BY name ROWS 2 PRECEDING) FROM names WHERE name LIKE 'stg-%' ORDER BY name",
+        // Functions over aggregates, HAVING on another column, DISTINCT ON.
+        "SELECT coalesce(sum(n), 0), max(n) - min(n) + 1, round(avg(n), 2) FROM names WHERE name LIKE 'stg-%'",
+        "SELECT n % 3 AS m, count(*) FROM names WHERE name LIKE 'stg-%' GROUP BY 1 HAVING count(*) > 2 ORDER BY 1 NULLS FIRST",
+        "SELECT DISTINCT ON (n) n, name FROM names WHERE name LIKE 'stg-%' ORDER BY n, name DESC",
+        // Subqueries in FROM: groups of groups, a sorted LIMIT re-sorted.
+        "SELECT count(*), max(c), sum(c) FROM (SELECT n, count(*) AS c FROM names WHERE name LIKE 'stg-%' GROUP BY n) s",
+        "SELECT * FROM (SELECT name, n FROM names WHERE name LIKE 'stg-%' ORDER BY name LIMIT 5) s ORDER BY n NULLS FIRST, name",
+        "SELECT s.k, s.c FROM (SELECT n AS k, count(*) FROM names WHERE name LIKE 'stg-%' GROUP BY n) AS s(k, c) WHERE s.c > 1 ORDER BY 1 NULLS LAST",
+        // Nothing in the first stage.
+        "SELECT row_number() OVER (), name FROM names WHERE name LIKE 'none-%'",
+        "SELECT count(*), coalesce(max(c), -1) FROM (SELECT n, count(*) AS c FROM names WHERE name LIKE 'none-%' GROUP BY n) s",
+    ] {
+        let got = lines(&client, sql).await;
+        let want = env.on_shard(0, &sql.replace("FROM names", &one_postgres));
+        let want: Vec<&str> = want.lines().collect();
+        assert_eq!(got, want, "{sql}");
+    }
+    // EXPLAIN (ROUTE) says so.
+    let plan = lines(
+        &client,
+        "EXPLAIN (ROUTE) SELECT DISTINCT n, count(*) OVER () FROM names WHERE name LIKE 'stg-%'",
+    )
+    .await
+    .join("\n");
+    assert!(plan.contains("(VALUES ...) AS names"), "{plan}");
+
+    // The extended protocol without parameters, binary results: the same rows.
+    let sql = "SELECT n, count(*) AS c, (sum(count(*)) OVER ())::int8 AS total FROM names WHERE name LIKE 'stg-%' GROUP BY n ORDER BY n NULLS FIRST";
+    let got: Vec<String> = client
+        .query(sql, &[])
+        .await
+        .expect("extended, two stages")
+        .iter()
+        .map(|r| {
+            let n: Option<i32> = r.get(0);
+            let c: i64 = r.get(1);
+            let total: i64 = r.get(2);
+            format!(
+                "{}|{c}|{total}",
+                n.map(|n| n.to_string()).unwrap_or_default()
+            )
+        })
+        .collect();
+    let want = env.on_shard(0, &sql.replace("FROM names", &one_postgres));
+    assert_eq!(got, want.lines().collect::<Vec<_>>());
+    // With parameters: refused, and the session goes on.
+    let err = client
+        .query(
+            "SELECT n, rank() OVER (ORDER BY n) FROM names WHERE name LIKE $1",
+            &[&"stg-%"],
+        )
+        .await
+        .expect_err("parameters");
+    assert_eq!(sqlstate(&err), "0A000");
+    assert!(message(&err).contains("parameters"), "{err}");
+    assert_eq!(
+        rows(&client.simple_query("SELECT 1").await.expect("usable")),
+        [["1"]]
+    );
+
+    // Inside a transaction: the first stage sees the transaction's own rows.
+    client.batch_execute("BEGIN").await.expect("begin");
+    client
+        .execute("INSERT INTO names (name, n) VALUES ('stg-new', 4)", &[])
+        .await
+        .expect("insert in transaction");
+    let got = lines(
+        &client,
+        "SELECT count(*), max(c) FROM (SELECT n, count(*) AS c FROM names WHERE name LIKE 'stg-%' GROUP BY n) s",
+    )
+    .await;
+    client.batch_execute("ROLLBACK").await.expect("rollback");
+    let want = env.on_shard(
+        0,
+        &format!(
+            "SELECT count(*), max(c) FROM (SELECT n, count(*) AS c FROM (SELECT * {one_postgres} UNION ALL SELECT 'stg-new', 4) names GROUP BY n) s"
+        ),
+    );
+    assert_eq!(got, want.lines().collect::<Vec<_>>());
+}
+
+/// Floats cross between the stages as text: exactly, unless the session rounds them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floats_cross_exactly_or_not_at_all() {
+    let env = shared_env();
+    let client = env.router.connect().await;
+    for i in 0..12 {
+        client
+            .execute(
+                "INSERT INTO names (name, n) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                &[&format!("flt-{i:02}"), &(i * 7 + 1)],
+            )
+            .await
+            .expect("insert");
+    }
+    let sql = "SELECT x, sum(x) OVER (ORDER BY x) FROM (SELECT n / 3.0::float8 AS x FROM names WHERE name LIKE 'flt-%') s ORDER BY x";
+    let got = lines(&client, sql).await;
+    let direct = sql.replace(
+        "FROM names WHERE name LIKE 'flt-%'",
+        "FROM generate_series(0, 11) AS i, LATERAL (SELECT i * 7 + 1 AS n) names",
+    );
+    let want = env.on_shard(0, &direct);
+    assert_eq!(got, want.lines().collect::<Vec<_>>());
+    client
+        .batch_execute("SET extra_float_digits = 0")
+        .await
+        .expect("set");
+    let err = client.simple_query(sql).await.expect_err("rounded floats");
+    assert_eq!(sqlstate(&err), "0A000");
+    assert!(message(&err).contains("extra_float_digits"), "{err}");
+    assert_eq!(
+        rows(&client.simple_query("SELECT 1").await.expect("usable")),
+        [["1"]]
+    );
+}
+
+/// The first stage's rows are held in the router: `limits.max_merge_bytes` bounds them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_stage_is_bounded() {
+    let env = shared_env();
+    let router = common::Router::start_with(&env.map, "[limits]\nmax_merge_bytes = 2048\n");
+    let client = router.connect().await;
+    for i in 0..100 {
+        client
+            .execute(
+                "INSERT INTO names (name, n) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                &[&format!("big-{i:03}-{}", "x".repeat(40)), &i],
+            )
+            .await
+            .expect("insert");
+    }
+    let err = client
+        .simple_query(
+            "SELECT name, row_number() OVER (ORDER BY name) FROM names WHERE name LIKE 'big-%'",
+        )
+        .await
+        .expect_err("too many rows for the first stage");
+    assert_eq!(sqlstate(&err), "54000");
+    assert!(message(&err).contains("max_merge_bytes"), "{err}");
+    let got = lines(
+        &client,
+        "SELECT count(*), row_number() OVER () FROM names WHERE name LIKE 'big-00%'",
+    )
+    .await;
+    assert_eq!(got, ["10|1"]);
+}
