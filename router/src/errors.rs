@@ -322,15 +322,6 @@ pub fn staged_collations() -> SqlError {
     .with_hint("give the read a key, or simplify it so that the router merges it itself")
 }
 
-/// `0A000`: a read the router finishes on one shard, with parameters.
-pub fn staged_with_parameters() -> SqlError {
-    SqlError::new(
-        FEATURE_NOT_SUPPORTED,
-        "this read across shards is finished on one shard over the rows of its first part, which the router does not do for statements with parameters yet",
-    )
-    .with_hint("send the values in the statement's text (or through the simple protocol), or give the read a key")
-}
-
 /// `54000`: the extended-protocol messages held for one batch (until a Bind names a shard)
 /// passed `limits.max_message_bytes`.
 pub fn held_too_long(limit: usize) -> SqlError {

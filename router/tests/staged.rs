@@ -71,16 +71,54 @@ async fn reads_in_two_stages_match_one_postgres() {
         .collect();
     let want = env.on_shard(0, &sql.replace("FROM names", &one_postgres));
     assert_eq!(got, want.lines().collect::<Vec<_>>());
-    // With parameters: refused, and the session goes on.
+    // With parameters (tokio-postgres leaves their types to the server and sends them in
+    // binary): the client's values in both stages, typed as in the whole statement, whichever
+    // stage uses them.
+    let sql = "SELECT n, count(*) FROM names WHERE name LIKE $1 GROUP BY n HAVING count(*) > $2 ORDER BY n NULLS FIRST";
+    let got: Vec<String> = client
+        .query(sql, &[&"stg-%", &3i64])
+        .await
+        .expect("parameters in both stages")
+        .iter()
+        .map(|r| {
+            let n: Option<i32> = r.get(0);
+            let c: i64 = r.get(1);
+            format!("{}|{c}", n.map(|n| n.to_string()).unwrap_or_default())
+        })
+        .collect();
+    let direct = sql
+        .replace("FROM names", &one_postgres)
+        .replace("$1", "'stg-%'")
+        .replace("$2", "3");
+    assert_eq!(got, env.on_shard(0, &direct).lines().collect::<Vec<_>>());
+    let sql = "SELECT count(*) FROM (SELECT n, count(*) AS c FROM names WHERE name LIKE $1 GROUP BY n) s WHERE s.c > $2";
+    let got: i64 = client
+        .query_one(sql, &[&"stg-%", &4i64])
+        .await
+        .expect("a parameter in each stage")
+        .get(0);
+    let direct = sql
+        .replace("FROM names", &one_postgres)
+        .replace("$1", "'stg-%'")
+        .replace("$2", "4");
+    assert_eq!(got.to_string(), env.on_shard(0, &direct));
+    // Postgres's errors come through, from either stage, and the session goes on.
     let err = client
         .query(
-            "SELECT n, rank() OVER (ORDER BY n) FROM names WHERE name LIKE $1",
-            &[&"stg-%"],
+            "SELECT n, rank() OVER (ORDER BY n) FROM names WHERE name LIKE 'stg-%' AND n / $1 > 0",
+            &[&0i32],
         )
         .await
-        .expect_err("parameters");
-    assert_eq!(sqlstate(&err), "0A000");
-    assert!(message(&err).contains("parameters"), "{err}");
+        .expect_err("division by zero on the shards");
+    assert_eq!(sqlstate(&err), "22012");
+    let err = client
+        .query(
+            "SELECT n, 10 / (count(*) - $1) FROM names WHERE name LIKE 'stg-%' GROUP BY n HAVING count(*) > 0",
+            &[&(data.iter().filter(|(_, n)| n.is_none()).count() as i64)],
+        )
+        .await
+        .expect_err("division by zero in the second stage");
+    assert_eq!(sqlstate(&err), "22012");
     assert_eq!(
         rows(&client.simple_query("SELECT 1").await.expect("usable")),
         [["1"]]

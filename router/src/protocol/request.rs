@@ -108,6 +108,21 @@ pub fn bound(sql: &str, param_types: &[u8], tail: &[u8]) -> Result<Vec<u8>, Unwr
     Ok(buf.to_vec())
 }
 
+/// `sql` with a client's parameters (`params`: its Bind's parameter formats and values) and
+/// every result in text: Parse (unnamed, with `param_types`), Bind, Describe of the portal,
+/// Execute, Sync.
+pub fn bound_as_text(sql: &str, param_types: &[u8], params: &[u8]) -> Result<Vec<u8>, Unwritable> {
+    let mut tail = params.to_vec();
+    tail.extend_from_slice(&0i16.to_be_bytes());
+    let mut buf = BytesMut::new();
+    parse(&mut buf, "", sql, param_types)?;
+    rebind(&mut buf, b"", "", &tail);
+    describe_portal(&mut buf);
+    execute(&mut buf);
+    sync(&mut buf);
+    Ok(buf.to_vec())
+}
+
 /// `D` of a statement.
 pub fn describe_statement(buf: &mut BytesMut, name: &str) -> Result<(), Unwritable> {
     written("Describe", frontend::describe(b'S', name, buf))

@@ -150,7 +150,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             errors::staged_collations().write(&mut self.client.out);
             return Ok(true);
         }
-        let first = request::query_message(read.shard_sql.as_deref().unwrap_or(&texts.first))?;
+        let first_sql = read.shard_sql.as_deref().unwrap_or(&texts.first);
+        // With parameters both stages take the client's, typed as in the whole statement (a
+        // stage need not use them all).
+        let mut types = None;
+        if let Some(p) = portal.as_ref().filter(|p| p.param_count > 0) {
+            let shard = read.shards.first().copied().unwrap_or_default();
+            match self.parameter_types(shard, p, asked).await? {
+                Some(t) => types = Some(t),
+                None => return Ok(true),
+            }
+        }
+        let first = match (&portal, &types) {
+            (Some(p), Some(types)) => {
+                request::bound_as_text(first_sql, types, &p.bind_tail[..p.params_end])?
+            }
+            _ => request::query_message(first_sql)?,
+        };
         let limit = self.routing.config.limits.max_merge_bytes;
         let second = match self.read_kept(&read, first, &[], limit).await? {
             Err(None) => return Ok(true),
@@ -171,10 +187,52 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 return Ok(true);
             }
             (Ok(sql), None) => request::query_message(&sql)?,
-            (Ok(sql), Some(p)) => request::bound(&sql, &p.param_types, &p.bind_tail)?,
+            (Ok(sql), Some(p)) => request::bound(
+                &sql,
+                types.as_deref().unwrap_or(&p.param_types),
+                &p.bind_tail,
+            )?,
         };
         let on_one = Read::concatenated(read.shards.get(..1).unwrap_or_default().to_vec(), true);
         self.read_on_shards(on_one, request, asked).await
+    }
+
+    /// The types of the parameters of `portal`'s statement as Postgres infers them (a Parse
+    /// message's count and OIDs): the client's when it gave them all, else shard `shard`'s
+    /// description of the client's text. `None` when that failed (the client has the error).
+    async fn parameter_types(
+        &mut self,
+        shard: usize,
+        portal: &Portal,
+        asked: &[u8],
+    ) -> Result<Option<Vec<u8>>, SessionError> {
+        let given = &portal.param_types;
+        let all_given = given.len() == 2 + 4 * portal.param_count
+            && given[2..].chunks_exact(4).all(|oid| oid != [0; 4]);
+        if all_given {
+            return Ok(Some(given.clone()));
+        }
+        let mut describe = bytes::BytesMut::new();
+        request::parse(&mut describe, "", &portal.sql, given)?;
+        request::describe_statement(&mut describe, "")?;
+        request::sync(&mut describe);
+        let Some(answers) = self.ask_in_transaction(&[shard], describe.to_vec()).await? else {
+            return Ok(None);
+        };
+        let answer = answers.concat();
+        for frame in crate::protocol::frame::frames(&answer).map_while(Result::ok) {
+            match frame[0] {
+                b't' => return Ok(Some(frame[5..].to_vec())),
+                b'E' => {
+                    answer_until_description(asked, &mut self.client.out);
+                    self.client.out.extend_from_slice(frame);
+                    return Ok(None);
+                }
+                _ => {}
+            }
+        }
+        errors::internal("a shard described no parameters").write(&mut self.client.out);
+        Ok(None)
     }
 
     /// Whether floats print exactly in this session (`extra_float_digits` above 0, as by

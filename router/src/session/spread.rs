@@ -47,6 +47,10 @@ pub(super) struct Portal {
     pub param_types: Vec<u8>,
     /// The client's Bind after the statement name (parameters, formats).
     pub bind_tail: Vec<u8>,
+    /// How many parameters the Bind gives, and where in `bind_tail` they end (the result
+    /// formats follow).
+    pub param_count: usize,
+    pub params_end: usize,
 }
 
 /// How a statement on several shards ended.

@@ -44,10 +44,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         bind: &Bind<'_>,
         stmt: &Arc<ClientStatement>,
     ) -> Result<(), SessionError> {
-        if matches!(&spread, Spread::Read(read, _) if read.staged.is_some()) && bind.param_count > 0
-        {
-            return self.batch_error(&errors::staged_with_parameters()).await;
-        }
         match spread {
             Spread::Declare { .. } => {
                 if self.mixed_batch() {
@@ -134,9 +130,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 let portal = (steps || staged).then(|| {
                     Box::new(Portal {
                         name: bind.portal.to_string(),
-                        sql: sql.to_string(),
+                        // Both stages are made from the client's text.
+                        sql: if staged { stmt.sql() } else { sql }.to_string(),
                         param_types: stmt.param_types().to_vec(),
                         bind_tail: bind.tail.to_vec(),
+                        param_count: bind.param_count,
+                        params_end: bind.without_result_formats().len(),
                     })
                 });
                 self.set_scatter(request, Spread::Read(read, portal), asked);

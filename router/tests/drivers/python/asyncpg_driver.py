@@ -206,6 +206,30 @@ async def main():
         f" x{SCATTER_REPEAT}, named statements, binary numeric"
     )
 
+    step = "scatter_two_stages"
+    # Reads the merge cannot finish (a window, HAVING on a parameter), run in two stages: the
+    # rows across shards, the rest on one shard; asyncpg's parameters (binary, typed by the
+    # server's description) in both stages.
+    want_ranks = [(k, i + 1) for i, k in enumerate(sorted(keys))]
+    for _ in range(SCATTER_REPEAT):
+        rows = await conn.fetch(
+            "SELECT id, rank() OVER (ORDER BY id) FROM kv WHERE id BETWEEN $1 AND $2 ORDER BY id",
+            lo,
+            hi,
+        )
+        if [tuple(r) for r in rows] != want_ranks:
+            fail(f"rank() OVER (ORDER BY id): expected {want_ranks}, got {[tuple(r) for r in rows]}")
+        rows = await conn.fetch(
+            "SELECT id % 2 AS parity, count(*) FROM kv WHERE id BETWEEN $1 AND $2"
+            " GROUP BY id % 2 HAVING count(*) >= $3 ORDER BY parity",
+            lo,
+            hi,
+            1,
+        )
+        if [tuple(r) for r in rows] != want_groups:
+            fail(f"HAVING count(*) >= $3: expected {want_groups}, got {[tuple(r) for r in rows]}")
+    ok(f"window, HAVING with a parameter x{SCATTER_REPEAT}")
+
     await conn.close()
     if deferred:
         fail("earlier step(s) failed:\n" + "\n".join(deferred))

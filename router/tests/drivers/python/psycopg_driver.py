@@ -182,6 +182,33 @@ def main():
             fail(f"GROUP BY id % 2: expected {want_groups}, got {rows!r}")
     ok(f"order/limit/offset, count/min/max/sum/avg (sum {total_sum}, avg {avg}), group by x{SCATTER_REPEAT}, text numeric")
 
+    step = "scatter_two_stages"
+    # Reads the merge cannot finish (a window, a function over aggregates, HAVING), run in two
+    # stages: the rows across shards, the rest on one shard. Parameters in both stages,
+    # repeated so that they also run as named prepared statements.
+    want_ranks = [(k, i + 1) for i, k in enumerate(sorted(keys))]
+    for _ in range(SCATTER_REPEAT):
+        rows = conn.execute(
+            "SELECT id, rank() OVER (ORDER BY id) FROM kv WHERE id BETWEEN %s AND %s ORDER BY id",
+            (lo, hi),
+        ).fetchall()
+        if [tuple(r) for r in rows] != want_ranks:
+            fail(f"rank() OVER (ORDER BY id): expected {want_ranks}, got {rows!r}")
+        row = conn.execute(
+            "SELECT coalesce(max(id) - min(id), 0) + %s FROM kv WHERE id BETWEEN %s AND %s",
+            (1, lo, hi),
+        ).fetchone()
+        if row != (hi - lo + 1,):
+            fail(f"coalesce(max(id) - min(id), 0) + 1: expected {hi - lo + 1}, got {row!r}")
+        rows = conn.execute(
+            "SELECT id %% 2 AS parity, count(*) FROM kv WHERE id BETWEEN %s AND %s"
+            " GROUP BY id %% 2 HAVING count(*) >= %s ORDER BY parity",
+            (lo, hi, 1),
+        ).fetchall()
+        if [tuple(r) for r in rows] != want_groups:
+            fail(f"GROUP BY id % 2 HAVING count(*) >= 1: expected {want_groups}, got {rows!r}")
+    ok(f"window, function over aggregates, HAVING x{SCATTER_REPEAT}")
+
     conn.close()
     print("PASS", flush=True)
 
