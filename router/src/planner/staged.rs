@@ -108,6 +108,10 @@ pub(super) fn staged(
             if count_sharded(subquery, &sharded) != total {
                 continue;
             }
+            // Text of the VALUES list takes the database's collation, not an explicit one.
+            if collates(subquery) {
+                return Err(why);
+            }
             let first = super::scatter::merge_of_query(subquery, placed)?;
             super::once::each_row_once(subquery, &sharded)?;
             return Ok(Merge::Staged(Arc::new(Staged {
@@ -163,6 +167,14 @@ fn mentions_system_column(q: &Query) -> bool {
     visit_expressions(q, |e| match e {
         Expr::Identifier(id) if system(id) => ControlFlow::Break(()),
         Expr::CompoundIdentifier(ids) if ids.last().is_some_and(system) => ControlFlow::Break(()),
+        _ => ControlFlow::Continue(()),
+    })
+    .is_break()
+}
+
+fn collates(q: &Query) -> bool {
+    visit_expressions(q, |e| match e {
+        Expr::Collate { .. } => ControlFlow::Break(()),
         _ => ControlFlow::Continue(()),
     })
     .is_break()

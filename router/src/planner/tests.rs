@@ -1465,6 +1465,7 @@ fn reads_the_merge_cannot_finish_run_in_two_stages() {
         "SELECT * FROM (SELECT v, count(*) FROM kv GROUP BY v) s JOIN kv k ON k.v = s.v",
         "WITH s AS (SELECT v FROM kv) SELECT DISTINCT v, count(*) OVER () FROM s",
         "SELECT my_function(v), row_number() OVER () FROM kv",
+        "SELECT v, row_number() OVER (ORDER BY v) FROM (SELECT v COLLATE \"C\" AS v FROM kv GROUP BY 1) s",
         "SELECT count(*) FROM (SELECT v FROM kv GROUP BY v) s, LATERAL (SELECT * FROM kv k WHERE k.v = s.v) l",
     ] {
         assert_eq!(staged_part(&p, sql), None, "{sql}: {:?}", route(&p, sql));

@@ -238,14 +238,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// Whether floats print exactly in this session (`extra_float_digits` above 0, as by
     /// default), so that their text reads back as the same value.
     fn exact_floats(&self) -> bool {
-        self.changes
-            .current(&self.settings, "extra_float_digits")
-            .is_none_or(|v| {
-                v.trim()
-                    .trim_matches('\'')
-                    .parse::<i32>()
-                    .is_ok_and(|n| n > 0)
-            })
+        match self.changes.current(&self.settings, "extra_float_digits") {
+            Some(v) => v
+                .trim()
+                .trim_matches('\'')
+                .parse::<i32>()
+                .is_ok_and(|n| n > 0),
+            // What the server or the client's role set.
+            None => self.routing.floats_exact(),
+        }
     }
 
     async fn read_on_shards(
