@@ -367,6 +367,15 @@ impl Planner {
         &self.map
     }
 
+    /// Which planner and which generation of its plans: a plan made under another epoch may
+    /// be stale.
+    pub fn epoch(&self) -> (u64, u64) {
+        (
+            self.id,
+            self.generation.load(std::sync::atomic::Ordering::Acquire),
+        )
+    }
+
     /// Hits count both the shared cache and the threads' own.
     pub fn cache_stats(&self) -> CacheStats {
         let mut stats = self.cache.stats();

@@ -83,6 +83,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 body,
                 param_types,
                 &planned,
+                self.routing.planner.epoch(),
                 &self.shared.statements,
                 self.routing.config.limits.max_prepared_bytes,
             )

@@ -124,6 +124,8 @@ fn cost(name: &str, sql: &str, types: &[u8], literals: impl Iterator<Item = usiz
 pub struct Statements {
     named: HashMap<String, Arc<ClientStatement>>,
     unnamed: Option<Arc<ClientStatement>>,
+    /// The planner epoch ([`Planner::epoch`]) the unnamed statement was planned in.
+    unnamed_epoch: Option<(u64, u64)>,
     versions: u64,
     /// What they hold, in [`ClientStatement::bytes`].
     held: usize,
@@ -143,14 +145,58 @@ impl Statements {
         self.get(name).is_some()
     }
 
-    /// Records a Parse of `sql` as `name`, planned as `planned`; refused (`42P05`) when `name`
-    /// exists, and (`54000`) when the session's statements would hold more than `limit` bytes.
+    /// The unnamed statement parsed again with the very text and types it has, when it was
+    /// planned in planner epoch `epoch`: the same plan and literals under a new version (a
+    /// backend parses it again, as Postgres would). Drivers that send a Parse with every
+    /// execution then skip normalizing and planning its text. `None` otherwise.
+    pub fn parse_again(
+        &mut self,
+        name: &str,
+        sql: &str,
+        param_types: &[u8],
+        epoch: (u64, u64),
+    ) -> Option<Arc<ClientStatement>> {
+        let old = self.unnamed.as_ref()?;
+        if !name.is_empty()
+            || self.unnamed_epoch != Some(epoch)
+            || old.sql() != sql
+            || old.param_types() != param_types
+        {
+            return None;
+        }
+        self.versions += 1;
+        let version = self.versions;
+        let mut stmt = self.unnamed.take()?;
+        match Arc::get_mut(&mut stmt) {
+            Some(s) => s.text.refill(sql, param_types, version),
+            None => {
+                stmt = Arc::new(ClientStatement {
+                    text: Text::Unnamed {
+                        sql: sql.to_string(),
+                        param_types: param_types.to_vec(),
+                        version,
+                    },
+                    plan: stmt.plan.clone(),
+                    params_before: stmt.params_before,
+                    literals: stmt.literals.clone(),
+                })
+            }
+        }
+        self.unnamed = Some(stmt.clone());
+        Some(stmt)
+    }
+
+    /// Records a Parse of `sql` as `name`, planned as `planned` in planner epoch `epoch`;
+    /// refused (`42P05`) when `name` exists, and (`54000`) when the session's statements would
+    /// hold more than `limit` bytes.
+    #[allow(clippy::too_many_arguments)]
     pub fn parse(
         &mut self,
         name: &str,
         sql: &str,
         param_types: &[u8],
         planned: &PlanRef<'_>,
+        epoch: (u64, u64),
         registry: &Registry,
         limit: usize,
     ) -> Result<Arc<ClientStatement>, SqlError> {
@@ -169,6 +215,7 @@ impl Statements {
         self.held = self.held - replaced + cost;
         let literals = literals.map(Box::from);
         if name.is_empty() {
+            self.unnamed_epoch = Some(epoch);
             return Ok(self.parse_unnamed(sql, param_types, planned, literals));
         }
         let stmt = Arc::new(ClientStatement {
@@ -245,6 +292,7 @@ impl Statements {
     /// Forgets `name` (`""`: the unnamed statement); `false` when there was none.
     pub fn close(&mut self, name: &str) -> bool {
         let gone = if name.is_empty() {
+            self.unnamed_epoch = None;
             self.unnamed.take()
         } else {
             self.named.remove(name)
@@ -295,6 +343,7 @@ impl Statements {
         }
         if let Some(s) = self.unnamed.as_mut() {
             *s = again(s, buf);
+            self.unnamed_epoch = Some(planner.epoch());
         }
         // A new plan may take out other literals.
         self.recount();
@@ -338,7 +387,7 @@ mod tests {
     ) -> Result<(), String> {
         let mut buf = NormalizeBuf::new();
         let planned = p.plan(sql, &mut buf);
-        s.parse(name, sql, &[0, 0], &planned, r, limit)
+        s.parse(name, sql, &[0, 0], &planned, p.epoch(), r, limit)
             .map(|_| ())
             .map_err(|e| e.code.to_string())
     }
@@ -392,5 +441,43 @@ mod tests {
         );
         assert!(s.close(""));
         assert_eq!(s.held, 0);
+    }
+
+    #[test]
+    fn the_same_unnamed_text_again_keeps_its_plan_under_a_new_version() {
+        let (p, r) = (planner(), Registry::default());
+        let mut s = Statements::default();
+        let sql = "SELECT v FROM kv WHERE id = $1 AND tag = 'a'";
+        assert!(
+            s.parse_again("", sql, &[0, 0], p.epoch()).is_none(),
+            "nothing yet"
+        );
+        parse(&mut s, &p, &r, "", sql, 4096).expect("parsed");
+        let first = s.get("").expect("unnamed").clone();
+        let version = |st: &ClientStatement| match st.text {
+            Text::Unnamed { version, .. } => version,
+            Text::Named(_) => 0,
+        };
+        let again = s
+            .parse_again("", sql, &[0, 0], p.epoch())
+            .expect("the same text");
+        assert!(Arc::ptr_eq(&again.plan, &first.plan));
+        assert_eq!(again.literals, first.literals);
+        assert_eq!(
+            version(&again),
+            version(&first) + 1,
+            "a backend parses it again"
+        );
+        assert_eq!(s.held, again.bytes(""), "counted once");
+        // Another text, other types, a name, or plans gone stale: planned afresh.
+        assert!(s.parse_again("", "SELECT 1", &[0, 0], p.epoch()).is_none());
+        assert!(s
+            .parse_again("", sql, &[0, 1, 0, 0, 0, 20], p.epoch())
+            .is_none());
+        assert!(s.parse_again("n", sql, &[0, 0], p.epoch()).is_none());
+        p.learn_tables(Default::default());
+        assert!(s.parse_again("", sql, &[0, 0], p.epoch()).is_none());
+        assert!(s.close(""));
+        assert!(s.parse_again("", sql, &[0, 0], p.epoch()).is_none());
     }
 }

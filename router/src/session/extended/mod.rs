@@ -44,16 +44,24 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         match tag {
             b'P' => {
                 let p = frontend::parse(body)?;
-                let parsed = {
-                    let planned = self.routing.planner.plan(p.sql, &mut self.nbuf);
-                    self.statements.parse(
-                        p.name,
-                        p.sql,
-                        p.param_types,
-                        &planned,
-                        &self.shared.statements,
-                        self.routing.config.limits.max_prepared_bytes,
-                    )
+                let epoch = self.routing.planner.epoch();
+                let again = self
+                    .statements
+                    .parse_again(p.name, p.sql, p.param_types, epoch);
+                let parsed = match again {
+                    Some(stmt) => Ok(stmt),
+                    None => {
+                        let planned = self.routing.planner.plan(p.sql, &mut self.nbuf);
+                        self.statements.parse(
+                            p.name,
+                            p.sql,
+                            p.param_types,
+                            &planned,
+                            epoch,
+                            &self.shared.statements,
+                            self.routing.config.limits.max_prepared_bytes,
+                        )
+                    }
                 };
                 match parsed {
                     Ok(stmt) => self.route_or_hold(Msg::Parse(stmt)).await,
