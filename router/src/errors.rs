@@ -12,6 +12,7 @@ pub const CONNECTION_FAILURE: &str = "08006";
 pub const CANNOT_CONNECT: &str = "08001";
 pub const TOO_MANY_CONNECTIONS: &str = "53300";
 pub const FEATURE_NOT_SUPPORTED: &str = "0A000";
+pub const INVALID_COLUMN_REFERENCE: &str = "42P10";
 pub const INVALID_PASSWORD: &str = "28P01";
 pub const INVALID_AUTHORIZATION: &str = "28000";
 pub const UNKNOWN_DATABASE: &str = "3D000";

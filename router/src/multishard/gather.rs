@@ -59,6 +59,9 @@ pub struct Concat<'a> {
     /// The shards hold the same rows (a write of a reference table): the first shard answers,
     /// the others' command tags must equal its tags ([`Concat::replicas`]).
     replicas: Option<Replicas>,
+    /// The client's statement has this many parameters; the shards' has more, the router's
+    /// own after them ([`Concat::showing_params`]).
+    params_shown: Option<usize>,
 }
 
 /// The first shard's command tags, and how many of the current shard's were checked against them.
@@ -86,6 +89,7 @@ impl<'a> Concat<'a> {
             tagged: 0,
             copy_out: false,
             replicas: None,
+            params_shown: None,
         }
     }
 
@@ -135,6 +139,13 @@ impl<'a> Concat<'a> {
     }
 
     /// Each shard's rows come under a one-column row `labels[shard]`.
+    /// Describes the statement with only its first `n` parameters: the shards run it with
+    /// more, which the router binds itself (the second stage of a read in two stages).
+    pub fn showing_params(mut self, n: usize) -> Concat<'a> {
+        self.params_shown = Some(n);
+        self
+    }
+
     pub fn with_labels(mut self, labels: &'a [String]) -> Concat<'a> {
         self.labels = Some(labels);
         self
@@ -160,7 +171,13 @@ impl<'a> Concat<'a> {
                 out.extend_from_slice(frame);
                 return Seen::Failed;
             }
-            b't' if extended && first => self.statement_desc.extend_from_slice(frame),
+            b't' if extended && first => match self.params_shown {
+                Some(n) => reply::parameter_description(
+                    &mut self.statement_desc,
+                    frame[7..].chunks_exact(4).take(n),
+                ),
+                None => self.statement_desc.extend_from_slice(frame),
+            },
             b'T' | b'n' if extended && first => {
                 if self.descriptions == 0 {
                     self.statement_desc.extend_from_slice(frame);

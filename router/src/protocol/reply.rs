@@ -187,6 +187,16 @@ pub fn no_data_description(out: &mut Vec<u8>, kind: u8) {
     put_frame(out, b'n', &[]);
 }
 
+/// `t` ParameterDescription of these parameter type OIDs (each 4 bytes, as sent).
+pub fn parameter_description<'a>(out: &mut Vec<u8>, oids: impl ExactSizeIterator<Item = &'a [u8]>) {
+    let mut body = Vec::with_capacity(2 + 4 * oids.len());
+    body.extend_from_slice(&(oids.len() as i16).to_be_bytes());
+    for oid in oids {
+        body.extend_from_slice(oid);
+    }
+    put_frame(out, b't', &body);
+}
+
 pub fn empty_query(out: &mut Vec<u8>) {
     put_frame(out, b'I', &[]);
 }

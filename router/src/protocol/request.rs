@@ -108,19 +108,65 @@ pub fn bound(sql: &str, param_types: &[u8], tail: &[u8]) -> Result<Vec<u8>, Unwr
     Ok(buf.to_vec())
 }
 
-/// `sql` with a client's parameters (`params`: its Bind's parameter formats and values) and
-/// every result in text: Parse (unnamed, with `param_types`), Bind, Describe of the portal,
-/// Execute, Sync.
-pub fn bound_as_text(sql: &str, param_types: &[u8], params: &[u8]) -> Result<Vec<u8>, Unwritable> {
-    let mut tail = params.to_vec();
-    tail.extend_from_slice(&0i16.to_be_bytes());
+/// `sql` bound with `tail` (a Bind's bytes after the statement name), run without a
+/// description of the statement: Parse (unnamed, with `param_types`), Bind, Describe of the
+/// portal, Execute, Sync.
+pub fn bound_portal(sql: &str, param_types: &[u8], tail: &[u8]) -> Result<Vec<u8>, Unwritable> {
     let mut buf = BytesMut::new();
     parse(&mut buf, "", sql, param_types)?;
-    rebind(&mut buf, b"", "", &tail);
+    rebind(&mut buf, b"", "", tail);
     describe_portal(&mut buf);
     execute(&mut buf);
     sync(&mut buf);
     Ok(buf.to_vec())
+}
+
+/// The tail of a Bind (what follows the statement name): a client's parameters (`params`, its
+/// Bind's format codes and values as it sent them), then `extra` values in binary, then
+/// `result_formats` (count and codes).
+pub fn bind_tail(
+    params: &[u8],
+    extra: &[Vec<u8>],
+    result_formats: &[u8],
+) -> Result<Vec<u8>, Unwritable> {
+    let bad = |why: &str| Unwritable {
+        message: "Bind",
+        source: std::io::Error::other(why.to_string()),
+    };
+    let mut r = super::frontend::Reader::new(params, "Bind");
+    let codes_given = r.count().map_err(|_| bad("malformed parameter formats"))?;
+    let mut codes = Vec::with_capacity(codes_given);
+    for _ in 0..codes_given {
+        codes.push(r.i16().map_err(|_| bad("malformed parameter formats"))?);
+    }
+    let n = r.count().map_err(|_| bad("malformed parameter count"))?;
+    let total = i16::try_from(n + extra.len()).map_err(|_| bad("too many parameters"))?;
+    let mut tail = Vec::with_capacity(params.len() + 4 * extra.len() + result_formats.len() + 8);
+    // Every parameter's format, then the router's (binary) ones.
+    tail.extend_from_slice(&total.to_be_bytes());
+    for i in 0..n {
+        let code = match codes.as_slice() {
+            [] => 0,
+            [one] => *one,
+            each => each
+                .get(i)
+                .copied()
+                .ok_or_else(|| bad("fewer formats than parameters"))?,
+        };
+        tail.extend_from_slice(&code.to_be_bytes());
+    }
+    for _ in extra {
+        tail.extend_from_slice(&1i16.to_be_bytes());
+    }
+    tail.extend_from_slice(&total.to_be_bytes());
+    tail.extend_from_slice(r.rest());
+    for value in extra {
+        let len = i32::try_from(value.len()).map_err(|_| bad("a value past 2 GiB"))?;
+        tail.extend_from_slice(&len.to_be_bytes());
+        tail.extend_from_slice(value);
+    }
+    tail.extend_from_slice(result_formats);
+    Ok(tail)
 }
 
 /// `D` of a statement.

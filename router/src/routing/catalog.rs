@@ -44,13 +44,6 @@ pub async fn learn(routing: &Routing) -> bool {
             return false;
         }
     }
-    match first_column(&mut conn, FLOATS_EXACT).await {
-        Ok(c) => routing.learn_floats_exact(c.first().map(String::as_str) == Some("t")),
-        Err(e) => {
-            tracing::warn!("could not read extra_float_digits: {e}");
-            return false;
-        }
-    }
     let mut tables = HashMap::new();
     for table in routing.map.tables() {
         let name = table.qualified_name();
@@ -158,10 +151,6 @@ const PLAIN_COLLATIONS: &str = "SELECT NOT EXISTS (SELECT 1 FROM pg_attribute a 
     JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
     WHERE a.attnum > 0 AND a.attcollation NOT IN (0, 100) \
     AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg_toast%')";
-
-/// Whether a backend prints floats exactly (shortest exact form) when the client leaves
-/// `extra_float_digits` alone: the server's or the role's setting is above 0.
-const FLOATS_EXACT: &str = "SELECT current_setting('extra_float_digits')::int > 0";
 
 /// The first column of every row of a simple query, as text (empty when it fails).
 async fn first_column(

@@ -37,9 +37,6 @@ pub struct Routing {
     /// No user column has a collation of its own: text in a VALUES list (the database's
     /// collation) compares as the columns' text does.
     plain_collations: AtomicBool,
-    /// The backends print floats exactly unless a client says otherwise (their
-    /// `extra_float_digits`, from the server's or the role's settings, is above 0).
-    floats_exact: AtomicBool,
     /// Each shard's stats id (by shard index).
     stats_ids: Vec<u32>,
     /// Each shard's primary's health (by shard index).
@@ -124,9 +121,7 @@ impl Routing {
             plain_collations: AtomicBool::new(
                 previous.is_some_and(|p| p.plain_collations.load(Ordering::Relaxed)),
             ),
-            floats_exact: AtomicBool::new(
-                previous.is_some_and(|p| p.floats_exact.load(Ordering::Relaxed)),
-            ),
+
             stats_ids,
             health,
             pauses: board.pauses.clone(),
@@ -204,16 +199,6 @@ impl Routing {
 
     pub fn learn_plain_collations(&self, plain: bool) {
         self.plain_collations.store(plain, Ordering::Relaxed);
-    }
-
-    /// Whether a backend prints floats exactly when the client did not set
-    /// `extra_float_digits`, learned from the catalog; until known, no.
-    pub fn floats_exact(&self) -> bool {
-        self.floats_exact.load(Ordering::Relaxed)
-    }
-
-    pub fn learn_floats_exact(&self, exact: bool) {
-        self.floats_exact.store(exact, Ordering::Relaxed);
     }
 }
 

@@ -131,9 +131,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         self.read_on_shards(read, request, asked).await
     }
 
-    /// A read in two stages (`crate::planner::staged`): the first on its shards, its answer
-    /// kept; then the rest on the first of them over its rows, as a Query or, for an extended
-    /// batch, with the client's Bind (`portal`). `Ok(true)` when it ended with an error.
+    /// A read in two stages (`crate::planner::staged`): the first on its shards, its rows kept
+    /// in binary; then the rest on the first of them over those rows, bound as arrays after
+    /// the client's own parameters (`multishard::staged`). Answered as a Query, or for an
+    /// extended batch with the client's Bind (`portal`). `Ok(true)` when it ended with an error.
     async fn run_staged(
         &mut self,
         read: Read,
@@ -146,55 +147,75 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             ));
         };
         if !self.routing.plain_collations() {
+            return Ok(self.staged_refused(asked, &errors::staged_collations()));
+        }
+        let shard = read.shards.first().copied().unwrap_or_default();
+        // The client's parameters go to both stages, each Parse declaring every parameter's
+        // type, since a stage need not use them all.
+        const NONE: &[u8] = &[0, 0, 0, 0];
+        let (types, params, n) = match &portal {
+            Some(p) if p.param_count > 0 => match self.parameter_types(shard, p, asked).await? {
+                Some(t) => (t, &p.bind_tail[..p.params_end], p.param_count),
+                None => return Ok(true),
+            },
+            _ => (vec![0, 0], NONE, 0),
+        };
+        // The first stage's rows in binary: the shards' own values, whatever the settings.
+        let first_sql = read.shard_sql.as_deref().unwrap_or(&texts.first);
+        let binary_results = [0, 1, 0, 1];
+        let tail = request::bind_tail(params, &[], &binary_results)?;
+        let first = request::bound_portal(first_sql, &types, &tail)?;
+        let limit = self.routing.config.limits.max_merge_bytes;
+        let answer = match self.read_kept(&read, first, &[], limit).await? {
+            Err(None) => return Ok(true),
+            Err(Some(_)) => return Ok(self.staged_refused(asked, &errors::staged_too_big(limit))),
+            Ok(answer) => answer,
+        };
+        if let Some(error) = crate::protocol::backend::error_frame(&answer) {
             answer_until_description(asked, &mut self.client.out);
-            errors::staged_collations().write(&mut self.client.out);
+            self.client.out.extend_from_slice(error);
             return Ok(true);
         }
-        let first_sql = read.shard_sql.as_deref().unwrap_or(&texts.first);
-        // With parameters both stages take the client's, typed as in the whole statement (a
-        // stage need not use them all).
-        let mut types = None;
-        if let Some(p) = portal.as_ref().filter(|p| p.param_count > 0) {
-            let shard = read.shards.first().copied().unwrap_or_default();
-            match self.parameter_types(shard, p, asked).await? {
-                Some(t) => types = Some(t),
-                None => return Ok(true),
-            }
+        let second = match multishard::staged::second_stage(&texts, &answer, n) {
+            Ok(second) => second,
+            Err(err) => return Ok(self.staged_refused(asked, &err)),
+        };
+        drop(answer);
+        let mut all_types = Vec::with_capacity(types.len() + 4 * second.types.len());
+        let count = i16::try_from(n + second.types.len()).unwrap_or(i16::MAX);
+        all_types.extend_from_slice(&count.to_be_bytes());
+        all_types.extend_from_slice(types.get(2..).unwrap_or_default());
+        for oid in &second.types {
+            all_types.extend_from_slice(&oid.to_be_bytes());
         }
-        let first = match (&portal, &types) {
-            (Some(p), Some(types)) => {
-                request::bound_as_text(first_sql, types, &p.bind_tail[..p.params_end])?
+        let request = match &portal {
+            Some(p) => {
+                let tail =
+                    request::bind_tail(params, &second.arrays, &p.bind_tail[p.params_end..])?;
+                request::bound(&second.sql, &all_types, &tail)?
             }
-            _ => request::query_message(first_sql)?,
-        };
-        let limit = self.routing.config.limits.max_merge_bytes;
-        let second = match self.read_kept(&read, first, &[], limit).await? {
-            Err(None) => return Ok(true),
-            Err(Some(_)) => Err(errors::staged_too_big(limit)),
-            Ok(answer) => match crate::protocol::backend::error_frame(&answer) {
-                Some(error) => {
-                    answer_until_description(asked, &mut self.client.out);
-                    self.client.out.extend_from_slice(error);
-                    return Ok(true);
-                }
-                None => multishard::staged::second_stage(&texts, &answer, self.exact_floats()),
-            },
-        };
-        let request = match (second, &portal) {
-            (Err(err), _) => {
-                answer_until_description(asked, &mut self.client.out);
-                err.write(&mut self.client.out);
-                return Ok(true);
+            None => {
+                let tail = request::bind_tail(params, &second.arrays, &[0, 0])?;
+                request::bound_portal(&second.sql, &all_types, &tail)?
             }
-            (Ok(sql), None) => request::query_message(&sql)?,
-            (Ok(sql), Some(p)) => request::bound(
-                &sql,
-                types.as_deref().unwrap_or(&p.param_types),
-                &p.bind_tail,
-            )?,
         };
-        let on_one = Read::concatenated(read.shards.get(..1).unwrap_or_default().to_vec(), true);
-        self.read_on_shards(on_one, request, asked).await
+        drop(second);
+        let Some((receivers, members)) = self.fan_out(&[shard], request, false).await? else {
+            return Ok(true);
+        };
+        let gather = multishard::gather::Concat::new(asked, None).showing_params(n);
+        let failed = multishard::read::concatenated(&mut self.client, receivers, gather).await;
+        self.fanned_in(members, &failed).await;
+        failed.map_err(SessionError::Client)
+    }
+
+    /// A read in two stages that the router refuses once it knows its rows: what the batch
+    /// asked so far, the error, and the client's transaction failed (as by any error).
+    /// Always `true`: it ended with an error.
+    fn staged_refused(&mut self, asked: &[u8], err: &SqlError) -> bool {
+        answer_until_description(asked, &mut self.client.out);
+        self.refuse_here(err);
+        true
     }
 
     /// The types of the parameters of `portal`'s statement as Postgres infers them (a Parse
@@ -233,20 +254,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         }
         errors::internal("a shard described no parameters").write(&mut self.client.out);
         Ok(None)
-    }
-
-    /// Whether floats print exactly in this session (`extra_float_digits` above 0, as by
-    /// default), so that their text reads back as the same value.
-    fn exact_floats(&self) -> bool {
-        match self.changes.current(&self.settings, "extra_float_digits") {
-            Some(v) => v
-                .trim()
-                .trim_matches('\'')
-                .parse::<i32>()
-                .is_ok_and(|n| n > 0),
-            // What the server or the client's role set.
-            None => self.routing.floats_exact(),
-        }
     }
 
     async fn read_on_shards(
