@@ -14,6 +14,33 @@ use super::aggregates::{arith_of, count_distinct_arg, plain_aggregate, Item};
 use super::scatter::item_expr;
 use crate::merge::Out;
 
+/// Whether the parser's printing of `sql` (which the rewritten texts are made of) means what
+/// `sql` means: not when it holds a construct sqlparser reads or prints otherwise than
+/// Postgres: the postfix `ISNULL` (read as a column alias: `v ISNULL` printed `v AS ISNULL`),
+/// and `INTERVAL (p) '...'` (printed without its precision).
+pub(super) fn displays_as_written(sql: &str) -> Result<(), &'static str> {
+    let tokens = sqlparser::tokenizer::Tokenizer::new(&PostgreSqlDialect {}, sql)
+        .tokenize()
+        .map_err(|_| "the statement does not parse")?;
+    let significant = tokens
+        .iter()
+        .filter(|t| !matches!(t, sqlparser::tokenizer::Token::Whitespace(_)));
+    let mut interval = false;
+    for t in significant {
+        if let sqlparser::tokenizer::Token::Word(w) = t {
+            if w.quote_style.is_none() && w.value.eq_ignore_ascii_case("isnull") {
+                return Err("ISNULL would be rewritten wrongly: write IS NULL");
+            }
+        }
+        if interval && matches!(t, sqlparser::tokenizer::Token::LParen) {
+            return Err("INTERVAL (p) would be rewritten wrongly: write '...'::interval(p)");
+        }
+        interval = matches!(t, sqlparser::tokenizer::Token::Word(w)
+            if w.quote_style.is_none() && w.value.eq_ignore_ascii_case("interval"));
+    }
+    Ok(())
+}
+
 /// The text the shards run for a [`MergePlan`] with `rewrite`, made from the client's own text
 /// (not the normalized one: its literals must stay literals). When the router combines the
 /// shards' groups (`grouped`), each `avg(x)` becomes `sum(x), count(x)` and the query loses
@@ -22,6 +49,7 @@ use crate::merge::Out;
 /// `LIMIT limit + offset` sorted rows without OFFSET. Parameters keep their place and type (`$n::bigint`), so the statement's
 /// parameter types do not change.
 pub fn shard_sql(sql: &str, group: Option<&[Out]>) -> Result<String, &'static str> {
+    displays_as_written(sql)?;
     let grouped = group.is_some();
     let mut stmts = Parser::parse_sql(&PostgreSqlDialect {}, sql)
         .map_err(|_| "the statement does not parse")?;

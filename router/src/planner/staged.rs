@@ -134,10 +134,14 @@ pub(super) fn staged(
             if !sharded(name) {
                 return Err(why);
             }
-            // A bare `o` is the whole row, whose type would be the VALUES list's record.
+            // A bare `o` (or `o.*` given to a function) is the whole row, whose type would be
+            // the record of the first stage's rows.
             let called = match alias {
                 Some(a) => super::pins::fold(&a.name),
-                None => name.0.last().map(|p| p.to_string()).unwrap_or_default(),
+                None => match name.0.last().and_then(|p| p.as_ident()) {
+                    Some(ident) => super::pins::fold(ident),
+                    None => return Err(why),
+                },
             };
             if names_whole_row(q, &called) {
                 return Err(why);
@@ -181,8 +185,20 @@ fn collates(q: &Query) -> bool {
 }
 
 fn names_whole_row(q: &Query, called: &str) -> bool {
+    use sqlparser::ast::{FunctionArg, FunctionArgExpr, FunctionArguments};
+    let row_arg = |arg: &FunctionArg| {
+        let (FunctionArg::Unnamed(a) | FunctionArg::Named { arg: a, .. }) = arg else {
+            return false;
+        };
+        matches!(a, FunctionArgExpr::QualifiedWildcard(_))
+    };
     visit_expressions(q, |e| match e {
         Expr::Identifier(id) if super::pins::fold(id) == called => ControlFlow::Break(()),
+        Expr::Function(f)
+            if matches!(&f.args, FunctionArguments::List(l) if l.args.iter().any(row_arg)) =>
+        {
+            ControlFlow::Break(())
+        }
         _ => ControlFlow::Continue(()),
     })
     .is_break()
@@ -190,6 +206,7 @@ fn names_whole_row(q: &Query, called: &str) -> bool {
 
 /// The texts of both stages of `sql` (the client's text of a statement planned as `part`).
 pub fn texts(sql: &str, part: Part) -> Result<StagedTexts, &'static str> {
+    super::shard_text::displays_as_written(sql)?;
     let dialect = PostgreSqlDialect {};
     let mut stmts = Parser::parse_sql(&dialect, sql).map_err(|_| "the statement does not parse")?;
     let [Statement::Query(q)] = stmts.as_mut_slice() else {
@@ -319,6 +336,20 @@ mod tests {
         assert_eq!(
             (t.first.as_str(), t.alias.as_str()),
             ("SELECT * FROM orders", "orders")
+        );
+    }
+
+    #[test]
+    fn what_the_parser_would_print_otherwise_is_refused() {
+        for sql in [
+            "SELECT v ISNULL, row_number() OVER () FROM kv",
+            "SELECT v, lag(v) OVER () FROM kv WHERE d > interval(0) '1.7 sec'",
+        ] {
+            assert!(texts(sql, Part::Table).is_err(), "{sql}");
+        }
+        assert!(texts("SELECT \"isnull\", v IS NULL FROM kv", Part::Table).is_ok());
+        assert!(
+            super::super::shard_sql("SELECT v ISNULL, count(*) FROM kv GROUP BY 1", None).is_err()
         );
     }
 

@@ -1460,6 +1460,8 @@ fn reads_the_merge_cannot_finish_run_in_two_stages() {
     for sql in [
         "SELECT v, count(*) OVER () FROM kv FOR UPDATE",
         "SELECT k, row_number() OVER () FROM kv k",
+        "SELECT Kv, row_number() OVER () FROM Kv",
+        "SELECT to_json(k.*), row_number() OVER () FROM kv k",
         "SELECT ctid, row_number() OVER () FROM kv",
         "SELECT k.v, row_number() OVER () FROM kv k JOIN items i ON i.id = k.id",
         "SELECT * FROM (SELECT v, count(*) FROM kv GROUP BY v) s JOIN kv k ON k.v = s.v",
