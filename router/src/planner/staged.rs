@@ -2,8 +2,9 @@
 //! stages. The first stage is a part of the statement that the shards can answer together: a
 //! subquery in FROM whose answer merges exactly ([`super::scatter`]), or the rows of the one
 //! sharded table the statement reads, filtered by its WHERE. Its rows then take that part's
-//! place in the statement as a typed VALUES list, and one shard runs the rest: windows, HAVING,
-//! DISTINCT ON, functions over aggregates, groups of groups, whatever the merge refuses. Postgres
+//! place in the statement (as array parameters, `crate::multishard::staged`), and one shard
+//! runs the rest: windows, HAVING, DISTINCT ON, functions over aggregates, groups of groups,
+//! whatever the merge refuses. Postgres
 //! computes everything after the first stage, so the answer is its own; the price is that the
 //! first stage's rows pass through the router (at most `limits.max_merge_bytes` of them).
 //!
@@ -60,7 +61,7 @@ pub struct StagedTexts {
 /// The stand-in for the first stage's place while the second stage's text is made.
 const PLACE: &str = "shardgate_first_stage_rows";
 
-/// Columns a VALUES list does not have, and that the second stage would then read from
+/// Columns the first stage's rows do not have, and that the second stage would then read from
 /// somewhere else or not at all.
 const SYSTEM_COLUMNS: [&str; 6] = ["ctid", "xmin", "xmax", "cmin", "cmax", "tableoid"];
 
@@ -108,7 +109,7 @@ pub(super) fn staged(
             if count_sharded(subquery, &sharded) != total {
                 continue;
             }
-            // Text of the VALUES list takes the database's collation, not an explicit one.
+            // Text carried to the second stage takes the database's collation, not an explicit one.
             if collates(subquery) {
                 return Err(why);
             }

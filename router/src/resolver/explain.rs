@@ -208,14 +208,14 @@ fn read_rows(read: &super::target::Read, sql: &str, at: &RowAt<'_>) -> Vec<Row> 
     if let (Some(staged), Some(&first)) = (&read.staged, read.shards.first()) {
         // The second stage: the rest of the statement over the first stage's rows.
         let second = format!(
-            "{}(VALUES ...) AS {}{}",
+            "{}(SELECT ... FROM unnest(<the rows, one array per column>)) AS {}{}",
             staged.before, staged.alias, staged.after
         );
         rows.push(at(
             first,
             "the rest of the statement, over the rows of the shards' part".into(),
             None,
-            "then: the shards' rows above, merged, as a VALUES list in that part's place",
+            "then: the shards' rows above, merged, as array parameters in that part's place",
             &second,
         ));
     }
