@@ -176,6 +176,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             self.client.out.extend_from_slice(error);
             return Ok(true);
         }
+        // The rows count against what all merged reads may hold until the second stage has
+        // them (their copies in arrays and in the request live as long).
+        let router_wide = self.routing.config.limits.merge_memory_bytes;
+        let mut budget = multishard::budget::Budget::new(limit, router_wide);
+        if let Err(err) = budget.hold(answer.len()) {
+            return Ok(self.staged_refused(asked, &err));
+        }
         let second = match multishard::staged::second_stage(&texts, &answer, n) {
             Ok(second) => second,
             Err(err) => return Ok(self.staged_refused(asked, &err)),
@@ -203,6 +210,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let Some((receivers, members)) = self.fan_out(&[shard], request, false).await? else {
             return Ok(true);
         };
+        drop(budget);
         let gather = multishard::gather::Concat::new(asked, None).showing_params(n);
         let failed = multishard::read::concatenated(&mut self.client, receivers, gather).await;
         self.fanned_in(members, &failed).await;
