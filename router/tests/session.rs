@@ -20,6 +20,41 @@ async fn show(client: &Client, sql: &str) -> String {
         .unwrap_or_default()
 }
 
+/// `SET a; SET b` in one Query (as some drivers send at connect) follows the client to every
+/// connection; when one of them fails, Postgres undoes the Query's others, and so does the
+/// router.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_settings_in_one_query_follow_their_client() {
+    let env = shared_env();
+    let router = Router::start_single_pool(&env.map, 1, "");
+    let a = router.connect().await;
+    a.batch_execute("SET TimeZone = 'Asia/Tokyo'; SET app.one = 'x;y'; SET extra_float_digits = 0")
+        .await
+        .expect("several settings");
+    for round in 0..8 {
+        // Statements without a table go round robin over the shards' single connections.
+        assert_eq!(
+            show(&a, "SHOW TimeZone").await,
+            "Asia/Tokyo",
+            "round {round}"
+        );
+        assert_eq!(show(&a, "SELECT current_setting('app.one')").await, "x;y");
+        assert_eq!(show(&a, "SHOW extra_float_digits").await, "0");
+    }
+    let err = a
+        .batch_execute("SET TimeZone = 'Europe/Paris'; SET no_such_setting = 1")
+        .await
+        .expect_err("an unknown setting");
+    assert_eq!(err.code().map(|c| c.code()), Some("42704"));
+    for round in 0..8 {
+        assert_eq!(
+            show(&a, "SHOW TimeZone").await,
+            "Asia/Tokyo",
+            "round {round}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settings_follow_their_client_and_only_their_client() {
     let env = shared_env();

@@ -158,13 +158,51 @@ impl Settings {
 /// The settings changes of the statement or transaction under way: kept when it ends well (at
 /// ReadyForQuery idle), dropped at ROLLBACK.
 #[derive(Debug, Default)]
-pub struct Changes(Vec<Change>, Vec<String>);
+pub struct Changes(Vec<Change>, Vec<String>, Option<Several>);
+
+/// A Query of several statements, all `SET`/`RESET`, whose changes were taken whole at its
+/// first completion: the text (its other completions add nothing), and where its changes
+/// start (an error in it undoes them all, as Postgres undoes its implicit transaction).
+#[derive(Debug)]
+struct Several {
+    sql: String,
+    from: usize,
+}
 
 impl Changes {
-    /// A SET, RESET or DISCARD completed; `sql` is the statement's text.
+    /// A SET, RESET or DISCARD completed; `sql` is the text of the statement, or of the Query
+    /// it is one statement of.
     pub fn push(&mut self, sql: &str) {
+        if self.2.as_ref().is_some_and(|s| s.sql == sql) {
+            return;
+        }
+        self.2 = None;
+        if let Some(all) = several_changes(sql) {
+            self.2 = Some(Several {
+                sql: sql.to_string(),
+                from: self.0.len(),
+            });
+            self.0.extend(all);
+            self.1.push(sql.to_string());
+            return;
+        }
         self.0.push(parse_change(sql));
         self.1.push(sql.to_string());
+    }
+
+    /// The Query under way got its ReadyForQuery: a later error is not its.
+    pub fn query_over(&mut self) {
+        self.2 = None;
+    }
+
+    /// A statement failed: the changes of a Query of several statements that it belongs to
+    /// are undone with the Query's implicit transaction (inside a transaction block, the
+    /// client's ROLLBACK undoes them anyway).
+    pub fn failed(&mut self) {
+        if let Some(s) = self.2.take() {
+            self.0.truncate(s.from);
+            self.1.pop();
+        }
     }
 
     /// The value of setting `name` as the statements still under way left it: `None` when
@@ -211,6 +249,7 @@ impl Changes {
     pub fn rollback(&mut self) {
         self.0.clear();
         self.1.clear();
+        self.2 = None;
     }
 
     /// The statement or transaction is over: applies its changes to `settings` and returns the
@@ -225,6 +264,7 @@ impl Changes {
             known &= settings.apply(&change);
         }
         self.1.clear();
+        self.2 = None;
         Some(if known {
             settings.fingerprint()
         } else {
@@ -292,11 +332,54 @@ pub fn parse_options(options: &str) -> Vec<(String, String)> {
 
 /// What a single `SET`/`RESET`/`DISCARD` statement does. Anything it does not recognise is
 /// `Unknown`, which is always safe (the connection is reset before reuse).
+/// The changes of a text of several statements that are all `SET`s or `RESET`s the router
+/// follows (`SET a = 1; SET b = 2`, as some drivers send at connect), in order; `None` for
+/// anything else (one statement, another kind among them, a quoting this splitter does not
+/// read: dollar quotes, comments).
+fn several_changes(sql: &str) -> Option<Vec<Change>> {
+    if sql.contains(['$', '\\']) || sql.contains("--") || sql.contains("/*") {
+        return None;
+    }
+    let mut statements = Vec::new();
+    let (mut start, mut quote) = (0, None);
+    for (i, c) in sql.char_indices() {
+        match (quote, c) {
+            (None, '\'' | '"') => quote = Some(c),
+            (Some(q), c) if c == q => quote = None,
+            (None, ';') => {
+                statements.push(&sql[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    statements.push(&sql[start..]);
+    let statements: Vec<&str> = statements
+        .into_iter()
+        .filter(|s| !s.trim().is_empty())
+        .collect();
+    if statements.len() < 2 || quote.is_some() {
+        return None;
+    }
+    statements
+        .into_iter()
+        .map(|s| match parse_statement(s.trim()) {
+            c @ (Change::Set { .. } | Change::Reset { .. } | Change::ResetAll) => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
 pub fn parse_change(sql: &str) -> Change {
     let text = sql.trim().trim_end_matches(';').trim();
     if text.contains(';') {
         return Change::Unknown;
     }
+    parse_statement(text)
+}
+
+/// The change of one statement (`text`, trimmed, without its `;`).
+fn parse_statement(text: &str) -> Change {
     let mut words = text.split_whitespace();
     let first = words.next().map(str::to_ascii_lowercase);
     match first.as_deref() {
@@ -412,6 +495,51 @@ mod tests {
         Change::Set {
             name: name.into(),
             value: value.into(),
+        }
+    }
+
+    #[test]
+    fn a_query_of_several_settings_is_followed_whole_or_not_at_all() {
+        let sql = "SET TimeZone = 'Asia/Tokyo'; SET app.one = 'x;y'; RESET search_path;";
+        let mut c = Changes::default();
+        c.push(sql);
+        // Its other completions add nothing.
+        c.push(sql);
+        c.push(sql);
+        assert_eq!(
+            c.0,
+            [
+                set("timezone", "'Asia/Tokyo'"),
+                set("app.one", "'x;y'"),
+                Change::Reset {
+                    name: "search_path".into()
+                }
+            ]
+        );
+        assert_eq!(c.texts(), [sql]);
+        let mut settings = Settings::default();
+        assert_ne!(c.settle(&mut settings), Some(UNKNOWN));
+        assert_eq!(settings.get("app.one"), Some("'x;y'"));
+        // An error in the Query undoes its changes, not those before it.
+        c.push("SET a.b = 1");
+        c.push("SET a.c = 2; SET no_such = 3");
+        c.failed();
+        assert_eq!(c.0, [set("a.b", "1")]);
+        assert_eq!(c.texts(), ["SET a.b = 1"]);
+        // After its ReadyForQuery an error is another Query's.
+        c.push("SET a.c = 2; SET a.d = 3");
+        c.query_over();
+        c.failed();
+        assert_eq!(c.0.len(), 3);
+        // Anything but SET and RESET among them, or quoting the split does not read: unknown.
+        for sql in [
+            "SET a.b = 1; SELECT 1",
+            "SET LOCAL a.b = 1; SET a.c = 2",
+            "SET a.b = $$x;y$$; SET a.c = 2",
+            "SET a.b = E'x\\'; SET a.c = 2'",
+            "SET a.b = 1 /* ; */; SET a.c = 2",
+        ] {
+            assert_eq!(several_changes(sql), None, "{sql}");
         }
     }
 

@@ -267,6 +267,9 @@ impl Replying<'_> {
                 return Err(Failed::Aborted(format!("{message} (SQLSTATE {code})")));
             }
             let seen = self.client.len();
+            if h.tag == b'E' {
+                self.changes.failed();
+            }
             let step = self
                 .replies
                 .on_frame(h.tag, &frame[5..])
@@ -314,6 +317,9 @@ impl Replying<'_> {
             Some(Completion::DeallocateAll) => conn.prepared.clear(),
             Some(Completion::Rollback) => self.changes.rollback(),
             None => {}
+        }
+        if ready.is_some() {
+            self.changes.query_over();
         }
         if ready == Some(TxStatus::Idle) {
             // The statement or transaction that made these changes is over and kept.
