@@ -56,6 +56,8 @@ pub type Learned = std::sync::Arc<std::collections::HashMap<String, TableFacts>>
 pub struct TableFacts {
     /// Where the sharding key sits among the columns, for INSERTs without a column list.
     pub key_position: Option<usize>,
+    /// The columns, in order (empty when not known).
+    pub columns: Vec<String>,
     /// How the key gets a value when an INSERT leaves it out.
     pub key_default: KeyDefault,
     /// Of a reference table: the columns (name, position) whose default would give each

@@ -34,13 +34,15 @@ pub struct Staged {
 }
 
 /// The part of a statement that runs across shards first, by its place in the top-level FROM.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Part {
     /// The subquery at `from` (the index of the FROM item) and `join` (`None`: the item's own
     /// relation, else the relation of that join), which holds every sharded table reference.
     Derived { from: usize, join: Option<usize> },
-    /// The statement's one FROM item, a sharded table, filtered by the statement's WHERE.
-    Table,
+    /// The statement's one FROM item, a sharded table, filtered by the statement's WHERE:
+    /// the `columns` the statement names (in table order), or all of them (`None`: a `*`, or
+    /// the table's columns not known).
+    Table { columns: Option<Vec<String>> },
 }
 
 /// The texts of a read in two stages, from the client's text.
@@ -147,9 +149,15 @@ pub(super) fn staged(
             if names_whole_row(q, &called) {
                 return Err(why);
             }
+            let Rel::Sharded(table) = refs.classify(name) else {
+                return Err(why);
+            };
+            let known = refs.learned.get(&table.qualified_name());
+            let columns = known
+                .and_then(|facts| named_columns(q, select, &called, &facts.columns, &table.key));
             Ok(Merge::Staged(Arc::new(Staged {
                 first: Merge::Concat { limit: None },
-                part: Part::Table,
+                part: Part::Table { columns },
             })))
         }
         _ => Err(why),
@@ -175,6 +183,52 @@ fn mentions_system_column(q: &Query) -> bool {
         _ => ControlFlow::Continue(()),
     })
     .is_break()
+}
+
+/// The columns of the table (`columns`, in its order) that the statement names (bare, or
+/// qualified by `called`); `None` when its select list has a `*` or the columns are not known.
+/// Naming none, it carries the key (the rows must have a column).
+fn named_columns(
+    q: &Query,
+    select: &sqlparser::ast::Select,
+    called: &str,
+    columns: &[String],
+    key: &str,
+) -> Option<Vec<String>> {
+    use sqlparser::ast::SelectItem;
+    let star = select.projection.iter().any(|i| {
+        matches!(
+            i,
+            SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..)
+        )
+    });
+    if star || columns.is_empty() {
+        return None;
+    }
+    let mut named = std::collections::HashSet::new();
+    let _ = visit_expressions(q, |e| {
+        match e {
+            Expr::Identifier(id) => {
+                named.insert(super::pins::fold(id));
+            }
+            Expr::CompoundIdentifier(ids)
+                if ids.len() >= 2 && super::pins::fold(&ids[ids.len() - 2]) == called =>
+            {
+                named.insert(super::pins::fold(&ids[ids.len() - 1]));
+            }
+            _ => {}
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    let mut carried: Vec<String> = columns
+        .iter()
+        .filter(|c| named.contains(c.as_str()))
+        .cloned()
+        .collect();
+    if carried.is_empty() {
+        carried.push(key.to_string());
+    }
+    Some(carried)
 }
 
 fn collates(q: &Query) -> bool {
@@ -206,7 +260,7 @@ fn names_whole_row(q: &Query, called: &str) -> bool {
 }
 
 /// The texts of both stages of `sql` (the client's text of a statement planned as `part`).
-pub fn texts(sql: &str, part: Part) -> Result<StagedTexts, &'static str> {
+pub fn texts(sql: &str, part: &Part) -> Result<StagedTexts, &'static str> {
     super::shard_text::displays_as_written(sql)?;
     let dialect = PostgreSqlDialect {};
     let mut stmts = Parser::parse_sql(&dialect, sql).map_err(|_| "the statement does not parse")?;
@@ -226,7 +280,7 @@ pub fn texts(sql: &str, part: Part) -> Result<StagedTexts, &'static str> {
             _ => None,
         })
         .ok_or("internal: the stand-in does not parse")?;
-    let (first, alias, columns) = match part {
+    let (first, alias, columns) = match part.clone() {
         Part::Derived { from, join } => {
             let twj = select
                 .from
@@ -258,7 +312,7 @@ pub fn texts(sql: &str, part: Part) -> Result<StagedTexts, &'static str> {
             *factor = place;
             texts
         }
-        Part::Table => {
+        Part::Table { columns } => {
             let [twj] = select.from.as_mut_slice() else {
                 return Err("internal: the first stage is not one table");
             };
@@ -269,7 +323,16 @@ pub fn texts(sql: &str, part: Part) -> Result<StagedTexts, &'static str> {
                 Some(a) => a.name.to_string(),
                 None => name.0.last().map(|p| p.to_string()).unwrap_or_default(),
             };
-            let mut first = format!("SELECT * FROM {}", twj.relation);
+            let carried = match columns {
+                // Always quoted: a column may be named `user`, which unquoted is a function.
+                Some(columns) => columns
+                    .iter()
+                    .map(|c| format!("\"{}\"", c.replace('"', "\"\"")))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                None => "*".to_string(),
+            };
+            let mut first = format!("SELECT {carried} FROM {}", twj.relation);
             if let Some(w) = select.selection.take() {
                 first.push_str(&format!(" WHERE {w}"));
             }
@@ -300,7 +363,7 @@ mod tests {
     fn a_subquery_is_the_first_stage_and_its_alias_names_the_rows() {
         let t = texts(
             "SELECT s.v, max(s.n) FROM (SELECT v, count(*) AS n FROM kv WHERE id > 3 GROUP BY v) AS s(v, n) GROUP BY s.v HAVING max(s.n) > 1",
-            Part::Derived {
+            &Part::Derived {
                 from: 0,
                 join: None,
             },
@@ -322,7 +385,7 @@ mod tests {
     fn a_table_with_its_where_is_the_first_stage() {
         let t = texts(
             "SELECT DISTINCT \"Status\", count(*) OVER () FROM orders AS o WHERE o.qty > 2 ORDER BY 1",
-            Part::Table,
+            &Part::Table { columns: None },
         )
         .unwrap();
         assert_eq!(t.first, "SELECT * FROM orders AS o WHERE o.qty > 2");
@@ -333,11 +396,21 @@ mod tests {
         assert_eq!(t.after, " ORDER BY 1");
         assert_eq!(t.alias, "o");
         assert!(t.columns.is_empty());
-        let t = texts("SELECT coalesce(sum(qty), 0) FROM orders", Part::Table).unwrap();
+        let t = texts(
+            "SELECT coalesce(sum(qty), 0) FROM orders",
+            &Part::Table { columns: None },
+        )
+        .unwrap();
         assert_eq!(
             (t.first.as_str(), t.alias.as_str()),
             ("SELECT * FROM orders", "orders")
         );
+        // The columns the statement names, always quoted (`user` unquoted is a function).
+        let carried = Part::Table {
+            columns: Some(vec!["qty".into(), "user".into()]),
+        };
+        let t = texts("SELECT coalesce(sum(qty), 0) FROM orders", &carried).unwrap();
+        assert_eq!(t.first, "SELECT \"qty\", \"user\" FROM orders");
     }
 
     #[test]
@@ -346,9 +419,13 @@ mod tests {
             "SELECT v ISNULL, row_number() OVER () FROM kv",
             "SELECT v, lag(v) OVER () FROM kv WHERE d > interval(0) '1.7 sec'",
         ] {
-            assert!(texts(sql, Part::Table).is_err(), "{sql}");
+            assert!(texts(sql, &Part::Table { columns: None }).is_err(), "{sql}");
         }
-        assert!(texts("SELECT \"isnull\", v IS NULL FROM kv", Part::Table).is_ok());
+        assert!(texts(
+            "SELECT \"isnull\", v IS NULL FROM kv",
+            &Part::Table { columns: None }
+        )
+        .is_ok());
         assert!(
             super::super::shard_sql("SELECT v ISNULL, count(*) FROM kv GROUP BY 1", None).is_err()
         );
@@ -358,7 +435,7 @@ mod tests {
     fn the_stand_in_cannot_be_confused_with_the_statement() {
         assert!(texts(
             "SELECT 'shardgate_first_stage_rows', row_number() OVER () FROM orders",
-            Part::Table
+            &Part::Table { columns: None }
         )
         .is_err());
     }

@@ -71,7 +71,7 @@ fn staged_part(p: &Planner, sql: &str) -> Option<super::staged::Part> {
         | Route::Keyed {
             spread: Some(Merge::Staged(s)),
             ..
-        } => Some(s.part),
+        } => Some(s.part.clone()),
         _ => None,
     }
 }
@@ -148,7 +148,7 @@ fn inserts() {
     let at_0 = TableFacts {
         key_position: Some(0),
         key_default: KeyDefault::None,
-        per_shard_defaults: Vec::new(),
+        ..TableFacts::default()
     };
     p.learn_tables([("kv".to_string(), at_0)].into_iter().collect());
     assert_eq!(
@@ -180,7 +180,7 @@ fn inserts() {
     let from_sequence = TableFacts {
         key_position: Some(0),
         key_default: KeyDefault::Always,
-        per_shard_defaults: Vec::new(),
+        ..TableFacts::default()
     };
     p.learn_tables([("kv".to_string(), from_sequence)].into_iter().collect());
     let mut buf = NormalizeBuf::new();
@@ -1436,8 +1436,10 @@ fn reads_the_merge_cannot_finish_run_in_two_stages() {
         from: 0,
         join: None,
     };
+    // This planner has not read the shards' catalogs: the table's rows go whole.
+    let table = Part::Table { columns: None };
     for (sql, part) in [
-        ("SELECT count(*) FROM (SELECT v FROM kv GROUP BY v) s", derived),
+        ("SELECT count(*) FROM (SELECT v FROM kv GROUP BY v) s", derived.clone()),
         (
             "SELECT r.name, s.n FROM regions r JOIN (SELECT v, count(*) AS n FROM items GROUP BY v) s ON s.v = r.code",
             Part::Derived {
@@ -1445,13 +1447,13 @@ fn reads_the_merge_cannot_finish_run_in_two_stages() {
                 join: Some(0),
             },
         ),
-        ("SELECT DISTINCT v, count(*) OVER () FROM kv", Part::Table),
-        ("SELECT coalesce(sum(n), 0) FROM kv k WHERE k.v > 'a'", Part::Table),
-        ("SELECT v, sum(n) FROM kv GROUP BY v HAVING sum(n) > 3", Part::Table),
+        ("SELECT DISTINCT v, count(*) OVER () FROM kv", table.clone()),
+        ("SELECT coalesce(sum(n), 0) FROM kv k WHERE k.v > 'a'", table.clone()),
+        ("SELECT v, sum(n) FROM kv GROUP BY v HAVING sum(n) > 3", table.clone()),
         // Keys on several shards: the first stage runs on theirs.
         (
             "SELECT v FROM kv WHERE id IN (1, 2, 3, 4, 5, 6, 7, 8) GROUP BY v HAVING count(*) > 1",
-            Part::Table,
+            table.clone(),
         ),
     ] {
         assert_eq!(staged_part(&p, sql), Some(part), "{sql}: {:?}", route(&p, sql));
@@ -1473,4 +1475,36 @@ fn reads_the_merge_cannot_finish_run_in_two_stages() {
         assert_eq!(staged_part(&p, sql), None, "{sql}: {:?}", route(&p, sql));
         assert!(!merged(&p, sql), "{sql}");
     }
+}
+
+#[test]
+fn a_tables_first_stage_carries_only_the_columns_the_statement_names() {
+    use super::staged::Part;
+    let p = with_regions();
+    let facts = TableFacts {
+        columns: vec![
+            "id".into(),
+            "v".into(),
+            "n".into(),
+            "user".into(),
+            "big".into(),
+        ],
+        ..TableFacts::default()
+    };
+    p.learn_tables([("kv".to_string(), facts)].into_iter().collect());
+    let carried = |sql: &str| match staged_part(&p, sql) {
+        Some(Part::Table { columns }) => columns,
+        other => panic!("{sql}: {other:?}"),
+    };
+    let names = |n: &[&str]| Some(n.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+    assert_eq!(
+        carried("SELECT v, row_number() OVER (ORDER BY k.n) FROM kv k WHERE big > 1"),
+        names(&["v", "n", "big"])
+    );
+    assert_eq!(
+        carried("SELECT \"user\", lag(v) OVER () AS x FROM kv ORDER BY x"),
+        names(&["v", "user"])
+    );
+    assert_eq!(carried("SELECT count(*) OVER () FROM kv"), names(&["id"]));
+    assert_eq!(carried("SELECT *, rank() OVER (ORDER BY v) FROM kv"), None);
 }

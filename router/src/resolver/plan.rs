@@ -357,7 +357,7 @@ fn spread<'a>(
             ..Read::concatenated(shards, keyed)
         })),
         Merge::Staged(staged) => {
-            let texts = crate::planner::staged::texts(stmt.sql, staged.part)
+            let texts = crate::planner::staged::texts(stmt.sql, &staged.part)
                 .map_err(errors::cannot_rewrite)?;
             let mut read = merged_read(stmt, &texts.first, &staged.first, shards, keyed)?;
             read.shard_sql.get_or_insert_with(|| texts.first.clone());

@@ -88,10 +88,8 @@ async fn facts(conn: &mut BackendConn, table: &shardmap::Table) -> std::io::Resu
     let columns = format!(
         "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass({name}) AND attnum > 0 AND NOT attisdropped ORDER BY attnum"
     );
-    let key_position = first_column(conn, &columns)
-        .await?
-        .iter()
-        .position(|c| *c == table.key);
+    let columns = first_column(conn, &columns).await?;
+    let key_position = columns.iter().position(|c| *c == table.key);
     let default = format!(
         "SELECT CASE WHEN a.attidentity = 'a' THEN 'always' \
          WHEN a.attidentity = 'd' OR pg_get_expr(d.adbin, d.adrelid) LIKE 'nextval(%' THEN 'sequence' \
@@ -111,6 +109,7 @@ async fn facts(conn: &mut BackendConn, table: &shardmap::Table) -> std::io::Resu
     };
     Ok(TableFacts {
         key_position,
+        columns,
         key_default,
         per_shard_defaults: Vec::new(),
     })
