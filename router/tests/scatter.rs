@@ -84,19 +84,32 @@ async fn reads_across_shards_merge_exactly() {
     assert!(none.is_empty());
 
     // count(DISTINCT) of a column other than the key: each value counted once over all shards.
-    let all: std::collections::HashSet<String> = client
-        .query("SELECT v FROM kv", &[])
-        .await
-        .expect("every v")
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    let distinct: i64 = client
-        .query_one("SELECT count(DISTINCT v) FROM kv", &[])
-        .await
-        .expect("count distinct")
-        .get(0);
-    assert_eq!(distinct, all.len() as i64);
+    // Other tests of this binary write kv meanwhile: compared when the values read before and
+    // after the count are the same.
+    let every_v = || async {
+        client
+            .query("SELECT v FROM kv", &[])
+            .await
+            .expect("every v")
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect::<std::collections::HashSet<String>>()
+    };
+    let mut compared = false;
+    for _ in 0..20 {
+        let before = every_v().await;
+        let distinct: i64 = client
+            .query_one("SELECT count(DISTINCT v) FROM kv", &[])
+            .await
+            .expect("count distinct")
+            .get(0);
+        if every_v().await == before {
+            assert_eq!(distinct, before.len() as i64);
+            compared = true;
+            break;
+        }
+    }
+    assert!(compared, "kv's values never stood still around the count");
 
     // What the merge cannot finish is read in two stages (tests/staged.rs): this test's rows
     // (others write kv at the same time) as they were read back.
