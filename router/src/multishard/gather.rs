@@ -138,7 +138,6 @@ impl<'a> Concat<'a> {
             .or(Some(Seen::More))
     }
 
-    /// Each shard's rows come under a one-column row `labels[shard]`.
     /// Describes the statement with only its first `n` parameters: the shards run it with
     /// more, which the router binds itself (the second stage of a read in two stages).
     pub fn showing_params(mut self, n: usize) -> Concat<'a> {
@@ -146,6 +145,7 @@ impl<'a> Concat<'a> {
         self
     }
 
+    /// Each shard's rows come under a one-column row `labels[shard]`.
     pub fn with_labels(mut self, labels: &'a [String]) -> Concat<'a> {
         self.labels = Some(labels);
         self

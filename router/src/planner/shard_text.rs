@@ -25,18 +25,21 @@ pub(super) fn displays_as_written(sql: &str) -> Result<(), &'static str> {
     let significant = tokens
         .iter()
         .filter(|t| !matches!(t, sqlparser::tokenizer::Token::Whitespace(_)));
-    let mut interval = false;
+    use sqlparser::tokenizer::Token;
+    let word = |t: &Token, name: &str| matches!(t, Token::Word(w) if w.quote_style.is_none() && w.value.eq_ignore_ascii_case(name));
+    // The literal `INTERVAL (p) '...'`, not the type in a cast (`::interval(p)`, `AS
+    // interval(p)`), which prints as written.
+    let (mut before, mut interval) = (None::<&Token>, false);
     for t in significant {
-        if let sqlparser::tokenizer::Token::Word(w) = t {
-            if w.quote_style.is_none() && w.value.eq_ignore_ascii_case("isnull") {
-                return Err("ISNULL would be rewritten wrongly: write IS NULL");
-            }
+        if word(t, "isnull") {
+            return Err("ISNULL would be rewritten wrongly: write IS NULL");
         }
-        if interval && matches!(t, sqlparser::tokenizer::Token::LParen) {
-            return Err("INTERVAL (p) would be rewritten wrongly: write '...'::interval(p)");
+        if interval && matches!(t, Token::LParen) {
+            return Err("INTERVAL (p) '...' would be rewritten wrongly: write '...'::interval(p)");
         }
-        interval = matches!(t, sqlparser::tokenizer::Token::Word(w)
-            if w.quote_style.is_none() && w.value.eq_ignore_ascii_case("interval"));
+        interval = word(t, "interval")
+            && !before.is_some_and(|b| matches!(b, Token::DoubleColon) || word(b, "as"));
+        before = Some(t);
     }
     Ok(())
 }

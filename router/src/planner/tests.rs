@@ -1507,4 +1507,20 @@ fn a_tables_first_stage_carries_only_the_columns_the_statement_names() {
     );
     assert_eq!(carried("SELECT count(*) OVER () FROM kv"), names(&["id"]));
     assert_eq!(carried("SELECT *, rank() OVER (ORDER BY v) FROM kv"), None);
+    // A `*` in a subquery's select list, or names an alias's column list gives: every column.
+    assert_eq!(
+        carried("SELECT v, rank() OVER () FROM kv k WHERE EXISTS (SELECT k.* FROM regions)"),
+        None
+    );
+    assert_eq!(
+        carried("SELECT a, row_number() OVER (ORDER BY a) FROM kv AS k(a, b)"),
+        None
+    );
+    // The row as a value would be rebuilt from the columns carried: refused.
+    for sql in [
+        "SELECT (k.*)::text, row_number() OVER (ORDER BY id) FROM kv k",
+        "SELECT ARRAY[k.*], count(*) OVER () FROM kv k",
+    ] {
+        assert_eq!(staged_part(&p, sql), None, "{sql}");
+    }
 }

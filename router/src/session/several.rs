@@ -188,8 +188,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             Err(err) => return Ok(self.staged_refused(asked, &err)),
         };
         drop(answer);
+        let Ok(count) = i16::try_from(n + second.types.len()) else {
+            let err = SqlError::new(
+                errors::PROGRAM_LIMIT_EXCEEDED,
+                "a read finished on one shard needs a parameter per column of its first part after the statement's own, and they are more than 32767",
+            );
+            return Ok(self.staged_refused(asked, &err));
+        };
         let mut all_types = Vec::with_capacity(types.len() + 4 * second.types.len());
-        let count = i16::try_from(n + second.types.len()).unwrap_or(i16::MAX);
         all_types.extend_from_slice(&count.to_be_bytes());
         all_types.extend_from_slice(types.get(2..).unwrap_or_default());
         for oid in &second.types {
