@@ -128,7 +128,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         asked: &[u8],
     ) -> Result<bool, SessionError> {
         self.client.meter.route(RouteKind::Scatter, NO_SHARD);
-        self.read_on_shards(read, request, asked).await
+        let Some((receivers, members)) = self.fan_out(&read.shards, request, false).await? else {
+            return Ok(true);
+        };
+        let failed = answer_read(&self.routing, &mut self.client, &read, receivers, asked).await;
+        self.fanned_in(members, &failed).await;
+        failed.map_err(SessionError::Client)
     }
 
     /// A read in two stages (`crate::planner::staged`): the first on its shards, its rows kept
@@ -188,29 +193,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             Err(err) => return Ok(self.staged_refused(asked, &err)),
         };
         drop(answer);
-        let Ok(count) = i16::try_from(n + second.types.len()) else {
-            let err = SqlError::new(
-                errors::PROGRAM_LIMIT_EXCEEDED,
-                "a read finished on one shard needs a parameter per column of its first part after the statement's own, and they are more than 32767",
-            );
-            return Ok(self.staged_refused(asked, &err));
-        };
-        let mut all_types = Vec::with_capacity(types.len() + 4 * second.types.len());
-        all_types.extend_from_slice(&count.to_be_bytes());
-        all_types.extend_from_slice(types.get(2..).unwrap_or_default());
-        for oid in &second.types {
-            all_types.extend_from_slice(&oid.to_be_bytes());
-        }
-        let request = match &portal {
-            Some(p) => {
-                let tail =
-                    request::bind_tail(params, &second.arrays, &p.bind_tail[p.params_end..])?;
-                request::bound(&second.sql, &all_types, &tail)?
-            }
-            None => {
-                let tail = request::bind_tail(params, &second.arrays, &[0, 0])?;
-                request::bound_portal(&second.sql, &all_types, &tail)?
-            }
+        let request = match second_request(&second, portal.as_deref(), &types, params)? {
+            Ok(request) => request,
+            Err(err) => return Ok(self.staged_refused(asked, &err)),
         };
         drop(second);
         let Some((receivers, members)) = self.fan_out(&[shard], request, false).await? else {
@@ -268,20 +253,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         }
         errors::internal("a shard described no parameters").write(&mut self.client.out);
         Ok(None)
-    }
-
-    async fn read_on_shards(
-        &mut self,
-        read: Read,
-        request: Vec<u8>,
-        asked: &[u8],
-    ) -> Result<bool, SessionError> {
-        let Some((receivers, members)) = self.fan_out(&read.shards, request, false).await? else {
-            return Ok(true);
-        };
-        let failed = answer_read(&self.routing, &mut self.client, &read, receivers, asked).await;
-        self.fanned_in(members, &failed).await;
-        failed.map_err(SessionError::Client)
     }
 
     /// Sends `request` (a Query, or extended messages ending in Sync) to each of `shards`
@@ -564,6 +535,41 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             copy_in::ClientFailed::TooLong { len, limit } => SessionError::TooLong { len, limit },
         })
     }
+}
+
+/// The second stage's request: its text, parsed with the statement's parameter types (`types`,
+/// a Parse's count and OIDs) and then the arrays', bound with the client's parameters
+/// (`params`) and the arrays, answered in the client's result formats (`portal`'s; text for a
+/// Query). `Err` inside when the parameters are more than a Bind takes.
+fn second_request(
+    second: &multishard::staged::SecondStage,
+    portal: Option<&Portal>,
+    types: &[u8],
+    params: &[u8],
+) -> Result<Result<Vec<u8>, SqlError>, SessionError> {
+    let n = portal.map_or(0, |p| p.param_count);
+    let Ok(count) = i16::try_from(n + second.types.len()) else {
+        return Ok(Err(SqlError::new(
+            errors::PROGRAM_LIMIT_EXCEEDED,
+            "a read finished on one shard needs a parameter per column of its first part after the statement's own, and they are more than 32767",
+        )));
+    };
+    let mut all_types = Vec::with_capacity(types.len() + 4 * second.types.len());
+    all_types.extend_from_slice(&count.to_be_bytes());
+    all_types.extend_from_slice(types.get(2..).unwrap_or_default());
+    for oid in &second.types {
+        all_types.extend_from_slice(&oid.to_be_bytes());
+    }
+    Ok(Ok(match portal {
+        Some(p) => {
+            let tail = request::bind_tail(params, &second.arrays, &p.bind_tail[p.params_end..])?;
+            request::bound(&second.sql, &all_types, &tail)?
+        }
+        None => {
+            let tail = request::bind_tail(params, &second.arrays, &[0, 0])?;
+            request::bound_portal(&second.sql, &all_types, &tail)?
+        }
+    }))
 }
 
 /// Before an error, what an extended batch asked that needs no description (`asked`, as
