@@ -13,8 +13,14 @@ pub fn quote_ident(name: &str) -> String {
     if plain {
         name.to_string()
     } else {
-        format!("\"{}\"", name.replace('"', "\"\""))
+        quote_ident_always(name)
     }
+}
+
+/// An identifier quoted whatever it is (a column may be named `user`, which unquoted is a
+/// function): Postgres reads it back as exactly `name`.
+pub fn quote_ident_always(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
 }
 
 /// `text` as a string literal that means the same whatever `standard_conforming_strings` is:

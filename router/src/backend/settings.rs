@@ -284,7 +284,7 @@ fn is_utf8(v: &str) -> bool {
 /// may be a reserved word, and Postgres looks setting names up without regard to case.
 fn quote_name(name: &str) -> String {
     name.split('.')
-        .map(|part| format!("\"{}\"", part.replace('"', "\"\"")))
+        .map(shardmap::sql::quote_ident_always)
         .collect::<Vec<_>>()
         .join(".")
 }

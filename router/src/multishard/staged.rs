@@ -10,6 +10,8 @@
 //! Only built-in types (fixed OIDs) can be carried: a user type's OID differs per database.
 //! Pure.
 
+use shardmap::sql::quote_ident_always;
+
 use crate::errors;
 use crate::merge::{self, Column};
 use crate::planner::staged::StagedTexts;
@@ -136,7 +138,7 @@ fn text(texts: &StagedTexts, columns: &[Column], params: usize) -> Result<String
         from.push_str(&format!("${}", params + i + 1));
         match texts.columns.get(i) {
             Some(name) => names.push_str(name),
-            None => names.push_str(&quote(&String::from_utf8_lossy(&c.name))),
+            None => names.push_str(&quote_ident_always(&String::from_utf8_lossy(&c.name))),
         }
     }
     let u: Vec<String> = (0..columns.len()).map(|i| format!("c{i}")).collect();
@@ -152,11 +154,6 @@ fn text(texts: &StagedTexts, columns: &[Column], params: usize) -> Result<String
     ));
     sql.push_str(&texts.after);
     Ok(sql)
-}
-
-/// An identifier, always quoted (a column may be named `user` or `order`).
-fn quote(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
 }
 
 fn broken(what: &str) -> SqlError {

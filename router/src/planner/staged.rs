@@ -345,7 +345,7 @@ pub fn texts(sql: &str, part: &Part) -> Result<StagedTexts, &'static str> {
                 // Always quoted: a column may be named `user`, which unquoted is a function.
                 Some(columns) => columns
                     .iter()
-                    .map(|c| format!("\"{}\"", c.replace('"', "\"\"")))
+                    .map(|c| shardmap::sql::quote_ident_always(c))
                     .collect::<Vec<_>>()
                     .join(", "),
                 None => "*".to_string(),

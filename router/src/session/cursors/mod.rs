@@ -24,6 +24,7 @@
 mod portal;
 mod table;
 
+use shardmap::sql::quote_ident_always;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use table::{forward_only, Place, Steps};
@@ -95,12 +96,10 @@ fn answer_declare(out: &mut Vec<u8>, asked: &[u8], params: &[u8]) {
 
 /// What each shard runs to declare its part of a cursor merged step by step.
 fn shard_declare(name: &str, query: &str) -> String {
-    format!("DECLARE {} NO SCROLL CURSOR FOR {query}", quote_ident(name))
-}
-
-/// A name as a quoted identifier.
-pub(super) fn quote_ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
+    format!(
+        "DECLARE {} NO SCROLL CURSOR FOR {query}",
+        quote_ident_always(name)
+    )
 }
 
 /// What the session does with a cursor statement.
@@ -270,7 +269,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 let shards = steps.shards.clone();
                 let request = crate::protocol::request::query_message(&format!(
                     "CLOSE {}",
-                    quote_ident(&name)
+                    quote_ident_always(&name)
                 ))?;
                 if let Some(answers) = self.ask_in_transaction(&shards, request).await? {
                     if let Some(error) = answers
@@ -379,7 +378,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 }
                 None => crate::protocol::request::query(
                     &mut request,
-                    &format!("FETCH FORWARD {asked} FROM {}", quote_ident(key)),
+                    &format!("FETCH FORWARD {asked} FROM {}", quote_ident_always(key)),
                 )?,
             }
             let Some(answers) = self.ask_in_transaction(&shards, request.to_vec()).await? else {
