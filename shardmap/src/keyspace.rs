@@ -147,6 +147,25 @@ pub enum Key<'a> {
 }
 
 impl Key<'_> {
+    /// The key as an SQL literal of its type's text form (`42`, `'a''b'`, `'0e...-...'`).
+    pub fn sql_literal(&self) -> String {
+        match self {
+            Key::Int(v) => v.to_string(),
+            Key::Text(s) => crate::sql::quote_literal(s),
+            Key::Uuid(b) => {
+                let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+                format!(
+                    "'{}-{}-{}-{}-{}'",
+                    &hex[..8],
+                    &hex[8..12],
+                    &hex[12..16],
+                    &hex[16..20],
+                    &hex[20..]
+                )
+            }
+        }
+    }
+
     /// The keyspace ID of this key.
     #[inline]
     pub fn keyspace_id(&self) -> KeyspaceId {
@@ -161,6 +180,16 @@ impl Key<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_print_as_sql_literals() {
+        assert_eq!(Key::Int(-5).sql_literal(), "-5");
+        assert_eq!(Key::Text("it's").sql_literal(), "'it''s'");
+        let u = KeyType::Uuid
+            .parse_key("A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11")
+            .unwrap();
+        assert_eq!(u.sql_literal(), "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'");
+    }
 
     #[test]
     fn parses_type_names() {

@@ -20,6 +20,6 @@ pub mod sql;
 pub use error::{MapError, Problem};
 pub use keyspace::{Key, KeyError, KeyType, KeyspaceId, KEYSPACE_SEED};
 pub use load::{load, parse};
-pub use map::{Reference, Shard, ShardMap, Table};
+pub use map::{Lookup, Reference, Shard, ShardMap, Table, ROUTER_SCHEMA};
 pub use primary::Primary;
 pub use range::{KeyRange, RangeError};

@@ -10,7 +10,7 @@ use toml::Spanned;
 
 use crate::error::{line_of, MapError, Problems};
 use crate::keyspace::KeyType;
-use crate::map::{Lines, Reference, Shard, ShardMap, Table};
+use crate::map::{Lines, Lookup, Reference, Shard, ShardMap, Table};
 use crate::primary::Primary;
 use crate::range::KeyRange;
 
@@ -35,6 +35,8 @@ struct RawTable {
     /// A reference table: whole on every shard, no key.
     #[serde(default)]
     reference: bool,
+    /// Unique columns routed by a lookup table: column name to type.
+    lookup: Option<Spanned<std::collections::BTreeMap<String, String>>>,
 }
 
 #[derive(Deserialize)]
@@ -42,6 +44,43 @@ struct RawTable {
 struct RawShard {
     range: Spanned<String>,
     primary: Spanned<String>,
+}
+
+/// The lookups of table `name` (keyed by `key`) from its `lookup = { column = "type", ... }`.
+fn lookups(
+    name: &str,
+    key: &str,
+    raw: &std::collections::BTreeMap<String, String>,
+) -> Result<Vec<Lookup>, String> {
+    let mut out = Vec::with_capacity(raw.len());
+    for (column, type_name) in raw {
+        let column = column.trim();
+        if column.is_empty() || column == key {
+            return Err(format!(
+                "table {name:?}: lookup column {column:?} must be a column other than the key {key:?}"
+            ));
+        }
+        let Some(key_type) = KeyType::parse(type_name) else {
+            return Err(format!(
+                "table {name:?}: lookup column {column:?} has type {type_name:?}, which cannot route; use one of: {}",
+                KeyType::ACCEPTED
+            ));
+        };
+        let lookup = Lookup {
+            column: column.to_string(),
+            key_type,
+        };
+        let table = Table::new(name, key, key_type).lookup_table(&lookup);
+        // Postgres cuts longer names to 63 bytes, which could make two lookups one table.
+        if table.name.len() > 63 {
+            return Err(format!(
+                "table {name:?}: the lookup table of {column:?} would be named {:?}, longer than Postgres's 63 bytes; shorten the table or column name",
+                table.name
+            ));
+        }
+        out.push(lookup);
+    }
+    Ok(out)
 }
 
 /// Reads and validates a shard map file.
@@ -85,6 +124,13 @@ pub fn parse(text: &str, origin: &str) -> Result<ShardMap, MapError> {
             );
             continue;
         }
+        if let (true, Some(lookup)) = (t.reference, &t.lookup) {
+            problems.add(
+                line(lookup.span()),
+                format!("table {name:?} is a reference table (whole on every shard): any shard answers for any value, so it needs no `lookup`"),
+            );
+            continue;
+        }
         if t.reference {
             match t.key.as_ref().or(t.key_type.as_ref()) {
                 Some(field) => problems.add(
@@ -110,8 +156,21 @@ pub fn parse(text: &str, origin: &str) -> Result<ShardMap, MapError> {
             );
             continue;
         }
+        let lookups = match &t.lookup {
+            None => Vec::new(),
+            Some(l) => match lookups(name, key_name, l.get_ref()) {
+                Ok(lookups) => lookups,
+                Err(why) => {
+                    problems.add(line(l.span()), why);
+                    continue;
+                }
+            },
+        };
         match KeyType::parse(key_type.get_ref()) {
-            Some(kt) => tables.push((Table::new(name, key_name, kt), Lines { item })),
+            Some(kt) => tables.push((
+                Table::new(name, key_name, kt).with_lookups(lookups),
+                Lines { item },
+            )),
             None => problems.add(
                 line(key_type.span()),
                 format!(
@@ -120,6 +179,19 @@ pub fn parse(text: &str, origin: &str) -> Result<ShardMap, MapError> {
                     KeyType::ACCEPTED
                 ),
             ),
+        }
+    }
+
+    let mut lookup_names = std::collections::HashMap::new();
+    for (t, lines) in &tables {
+        for l in &t.lookups {
+            let table = t.lookup_table(l).name;
+            if let Some(other) = lookup_names.insert(table.clone(), t.qualified_name()) {
+                problems.add(
+                    lines.item,
+                    format!("the lookups of tables {other:?} and {:?} would both be the table shardgate.{table}: rename a column or table", t.qualified_name()),
+                );
+            }
         }
     }
 

@@ -20,7 +20,23 @@ pub struct Table {
     pub name: String,
     pub key: String,
     pub key_type: KeyType,
+    /// Unique columns other than the key that statements may be routed by (`lookup = { email =
+    /// "text" }`): each has a lookup table from the column's value to the row's keyspace ID.
+    pub lookups: Vec<Lookup>,
 }
+
+/// A unique column of a sharded table that routes by a lookup table: `shardgate.<table>` (see
+/// [`Table::lookup_table`]), which holds one row per value (the column's value, the keyspace ID
+/// of the row that has it), sharded by the value itself as any sharded table is by its key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lookup {
+    pub column: String,
+    /// The column's type: how its values hash to the shard of their lookup row.
+    pub key_type: KeyType,
+}
+
+/// The schema that holds what routers create on the shards (lookup tables among them).
+pub const ROUTER_SCHEMA: &str = "shardgate";
 
 impl Table {
     /// A table from its possibly schema-qualified name.
@@ -31,7 +47,36 @@ impl Table {
             name,
             key: key.to_string(),
             key_type,
+            lookups: Vec::new(),
         }
+    }
+
+    /// The table with `lookups`.
+    pub fn with_lookups(self, lookups: Vec<Lookup>) -> Table {
+        Table { lookups, ..self }
+    }
+
+    /// The lookup table of `lookup`, itself a sharded table: `shardgate.lookup_<schema>_<table>_<column>`,
+    /// its key the column (same name, same type), with one more column, `keyspace_id bigint`.
+    pub fn lookup_table(&self, lookup: &Lookup) -> Table {
+        let mut name = String::from("lookup_");
+        if let Some(schema) = &self.schema {
+            name.push_str(schema);
+            name.push('_');
+        }
+        name.push_str(&self.name);
+        name.push('_');
+        name.push_str(&lookup.column);
+        Table::new(
+            &format!("{ROUTER_SCHEMA}.{name}"),
+            &lookup.column,
+            lookup.key_type,
+        )
+    }
+
+    /// The lookup of `column`, if the map declares one.
+    pub fn lookup(&self, column: &str) -> Option<&Lookup> {
+        self.lookups.iter().find(|l| l.column == column)
     }
 
     /// The name as written in the map (`schema.name` or `name`).
@@ -339,6 +384,14 @@ impl ShardMap {
         &self.tables
     }
 
+    /// The lookup tables of every lookup the map declares (see [`Lookup`]), each with the
+    /// table it serves.
+    pub fn lookup_tables(&self) -> impl Iterator<Item = (&Table, &Lookup, Table)> {
+        self.tables
+            .iter()
+            .flat_map(|t| t.lookups.iter().map(move |l| (t, l, t.lookup_table(l))))
+    }
+
     /// The reference tables: whole on every shard.
     pub fn references(&self) -> &[Reference] {
         &self.references
@@ -431,6 +484,14 @@ impl ShardMap {
             let _ = writeln!(out, "name = {}", q(&t.qualified_name()));
             let _ = writeln!(out, "key = {}", q(&t.key));
             let _ = writeln!(out, "type = {}", q(t.key_type.name()));
+            if !t.lookups.is_empty() {
+                let each: Vec<String> = t
+                    .lookups
+                    .iter()
+                    .map(|l| format!("{} = {}", q(&l.column), q(l.key_type.name())))
+                    .collect();
+                let _ = writeln!(out, "lookup = {{ {} }}", each.join(", "));
+            }
         }
         for r in &self.references {
             let _ = writeln!(out, "\n[[tables]]");

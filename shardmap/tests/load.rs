@@ -257,3 +257,48 @@ fn reports_reference_tables_with_keys_tables_without_and_twice_listed() {
     ));
     assert!(msg.contains("listed twice"), "{msg}");
 }
+
+#[test]
+fn lookups_load_round_trip_and_name_their_tables() {
+    let text = format!(
+        "{GOOD}\n[[tables]]\nname = \"app.members\"\nkey = \"id\"\ntype = \"bigint\"\nlookup = {{ email = \"text\", badge = \"int\" }}\n"
+    );
+    let map = parse(&text, "lookups.toml").unwrap();
+    let members = map.table(Some("app"), "members").unwrap();
+    let email = members.lookup("email").unwrap();
+    assert_eq!(email.key_type, KeyType::Text);
+    assert_eq!(members.lookup("badge").unwrap().key_type, KeyType::Integer);
+    assert!(members.lookup("id").is_none());
+    let table = members.lookup_table(email);
+    assert_eq!(table.qualified_name(), "shardgate.lookup_app_members_email");
+    assert_eq!(
+        (table.key.as_str(), table.key_type),
+        ("email", KeyType::Text)
+    );
+    assert_eq!(map.lookup_tables().count(), 2);
+    assert_eq!(parse(&map.to_toml(), "again.toml").unwrap(), map);
+}
+
+#[test]
+fn reports_bad_lookups_with_their_line() {
+    let table = "\n[[tables]]\nname = \"members\"\nkey = \"id\"\ntype = \"bigint\"\n";
+    let (line, msg) = one_problem(&format!("{GOOD}{table}lookup = {{ id = \"bigint\" }}\n"));
+    assert!(msg.contains("other than the key"), "{msg}");
+    assert_eq!(line, GOOD.lines().count() + 6, "{msg}");
+    let (_, msg) = one_problem(&format!("{GOOD}{table}lookup = {{ email = \"jsonb\" }}\n"));
+    assert!(
+        msg.contains("cannot route") && msg.contains("bigint"),
+        "{msg}"
+    );
+    let long = "c".repeat(60);
+    let (_, msg) = one_problem(&format!("{GOOD}{table}lookup = {{ {long} = \"text\" }}\n"));
+    assert!(msg.contains("63 bytes"), "{msg}");
+    let (_, msg) = one_problem(&format!(
+        "{GOOD}\n[[tables]]\nname = \"regions\"\nreference = true\nlookup = {{ code = \"text\" }}\n"
+    ));
+    assert!(msg.contains("needs no `lookup`"), "{msg}");
+    let (_, msg) = one_problem(&format!(
+        "{GOOD}{table}lookup = {{ b_c = \"text\" }}\n[[tables]]\nname = \"members_b\"\nkey = \"id\"\ntype = \"bigint\"\nlookup = {{ c = \"text\" }}\n"
+    ));
+    assert!(msg.contains("would both be"), "{msg}");
+}

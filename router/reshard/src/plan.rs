@@ -142,7 +142,13 @@ impl Plan {
             source,
             map_version: map.version(),
             parts,
-            tables: map.tables().to_vec(),
+            // Lookup tables are sharded by their values, and move as any sharded table does.
+            tables: map
+                .tables()
+                .iter()
+                .map(|t| Table::new(&t.qualified_name(), &t.key, t.key_type))
+                .chain(map.lookup_tables().map(|(_, _, lookup)| lookup))
+                .collect(),
             references: map.references().to_vec(),
         })
     }

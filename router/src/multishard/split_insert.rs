@@ -167,10 +167,12 @@ pub async fn run(routing: &Routing, requests: &[(usize, Vec<u8>)], settings: &Se
 /// The client's answer from every part's reply frames (without ReadyForQuery): the first
 /// RowDescription (`with_description`: a simple query's; in the extended protocol it answers
 /// the Describe instead), RETURNING rows in VALUES order (`part_of_row[i]` is the part that
-/// inserted row i; each part returns its rows in its own order) and `INSERT 0 <total>`.
+/// inserted row i; each part returns its rows in its own order) and `INSERT 0 <total>`. Parts
+/// that write only lookup rows (`lookup_only`) add nothing.
 pub fn combine(
     replies: &[Vec<u8>],
     part_of_row: &[usize],
+    lookup_only: &[bool],
     with_description: bool,
     out: &mut Vec<u8>,
 ) {
@@ -178,6 +180,9 @@ pub fn combine(
     let mut rows: Vec<std::collections::VecDeque<&[u8]>> = vec![Default::default(); replies.len()];
     let mut total = 0;
     for (p, reply) in replies.iter().enumerate() {
+        if lookup_only.get(p).copied().unwrap_or(false) {
+            continue;
+        }
         for frame in frames(reply).map_while(Result::ok) {
             match frame[0] {
                 b'T' => {
@@ -212,6 +217,9 @@ pub fn descriptions(
     let mut portal: Option<&[u8]> = None;
     let mut statement_rows: Option<&[u8]> = None;
     for (p, reply) in replies.iter().enumerate() {
+        if split.lookup_only.get(p).copied().unwrap_or(false) {
+            continue;
+        }
         let mut after_params = false;
         for frame in frames(reply).map_while(Result::ok) {
             match frame[0] {
@@ -270,7 +278,7 @@ mod tests {
         // Rows 0, 2, 3 went to part 0 and rows 1, 4 to part 1.
         let replies = [part(&["r0", "r2", "r3"]), part(&["r1", "r4"])];
         let mut out = Vec::new();
-        combine(&replies, &[0, 1, 0, 0, 1], true, &mut out);
+        combine(&replies, &[0, 1, 0, 0, 1], &[], true, &mut out);
         let got: Vec<(u8, &[u8])> = crate::protocol::frame::frames(&out)
             .map_while(Result::ok)
             .map(|f| (f[0], &f[5..]))

@@ -9,8 +9,9 @@ use sqlparser::ast::{
     TableWithJoins,
 };
 
+use super::pins::assigned_columns;
 use super::pins::{fold, name_parts};
-use super::refs::{assigned_columns, KeyDefault, Pin, Refs, Rel};
+use super::refs::{KeyDefault, Pin, Refs, Rel};
 use super::{KeySource, NewRows};
 
 impl<'m> Refs<'m> {
@@ -66,7 +67,8 @@ impl<'m> Refs<'m> {
                 }
             },
             _ if ins.source.as_deref().and_then(unnest_arrays).is_some() => {
-                return self.insert_unnest(ins, table, position)
+                self.insert_lookups(ins, table, &[]);
+                return self.insert_unnest(ins, table, position);
             }
             _ => {
                 return self.refuse(format!(
@@ -86,6 +88,7 @@ impl<'m> Refs<'m> {
                 }
             }
         }
+        self.insert_lookups(ins, table, rows);
         self.pins.push(Pin { table, keys });
     }
 

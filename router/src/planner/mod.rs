@@ -24,6 +24,7 @@ pub mod cursor;
 mod inserts;
 pub mod keys;
 mod local;
+mod lookups;
 pub mod new_keys;
 pub mod normalize;
 mod scatter;
@@ -93,6 +94,22 @@ pub enum Route {
         /// `GENERATED ALWAYS AS IDENTITY`: the INSERT needs `OVERRIDING SYSTEM VALUE`.
         always: bool,
     },
+    /// A statement of one sharded table without its key whose WHERE fixes a lookup column
+    /// (`table`'s unique column routed by `lookup`, a lookup table) to `value`: the session reads
+    /// the value's lookup row, then runs the statement on the shard of its keyspace ID as a keyed
+    /// statement; without a lookup row it runs as `without` says ([`lookups`]).
+    Lookup {
+        table: String,
+        lookup: shardmap::Table,
+        value: KeySource,
+        without: Box<Route>,
+    },
+    /// An INSERT (`route`, keyed) into a table with lookup columns: the lookup rows of its
+    /// values are written in the same write as its rows, one list per lookup column.
+    WithLookups {
+        route: Box<Route>,
+        rows: Vec<LookupRows>,
+    },
     /// `BEGIN`, `START TRANSACTION`.
     Begin,
     /// `COMMIT`, `END`.
@@ -149,6 +166,14 @@ pub enum Route {
 }
 
 pub use crate::protocol::copy::Format as CopyFormat;
+
+/// The values an INSERT gives one lookup column ([`Route::WithLookups`]), row by row (`None`:
+/// NULL, which needs no lookup row), and the lookup table they go to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LookupRows {
+    pub table: shardmap::Table,
+    pub values: Vec<Option<KeySource>>,
+}
 
 /// The rows of an INSERT that leaves out its key ([`Route::NewKeys`]), one new key each.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -8,8 +8,8 @@
 
 use shardmap::{KeyType, Table};
 use sqlparser::ast::{
-    ArrayElemTypeDef, BinaryOperator, CastKind, DataType, Expr, Ident, InTarget, ObjectName,
-    ObjectNamePart, UnaryOperator, Value,
+    ArrayElemTypeDef, AssignmentTarget, BinaryOperator, CastKind, DataType, Expr, Ident, InTarget,
+    ObjectName, ObjectNamePart, UnaryOperator, Value,
 };
 
 use super::KeySource;
@@ -52,9 +52,28 @@ pub(crate) fn pin(
     index: usize,
     conjuncts: &[&Expr],
 ) -> Option<Vec<KeySource>> {
+    let table = scope[index].table;
+    pin_by(scope, index, conjuncts, &table.key, table.key_type)
+}
+
+/// The values the conjuncts fix `column` (of type `key_type`) of `scope[index]` to, as
+/// [`pin`] finds the key's; also for a lookup column ([`shardmap::Lookup`]).
+pub(crate) fn pin_by(
+    scope: &[ScopeRel<'_>],
+    index: usize,
+    conjuncts: &[&Expr],
+    column: &str,
+    key_type: KeyType,
+) -> Option<Vec<KeySource>> {
     let mut best: Option<Vec<KeySource>> = None;
+    let on = Column {
+        scope,
+        index,
+        name: column,
+        key_type,
+    };
     for c in conjuncts {
-        if let Some(keys) = pin_of(c, scope, index) {
+        if let Some(keys) = pin_of(c, &on) {
             if best.as_ref().is_none_or(|b| keys.len() < b.len()) {
                 best = Some(keys);
             }
@@ -79,18 +98,32 @@ pub(crate) fn conjuncts<'e>(expr: &'e Expr, out: &mut Vec<&'e Expr>) {
     }
 }
 
-fn pin_of(expr: &Expr, scope: &[ScopeRel<'_>], index: usize) -> Option<Vec<KeySource>> {
-    let key_type = scope[index].table.key_type;
+/// One column of one table of a query's scope.
+struct Column<'a, 'm> {
+    scope: &'a [ScopeRel<'m>],
+    index: usize,
+    name: &'a str,
+    key_type: KeyType,
+}
+
+impl Column<'_, '_> {
+    fn is(&self, expr: &Expr) -> bool {
+        is_column(expr, self.scope, self.index, self.name)
+    }
+}
+
+fn pin_of(expr: &Expr, on: &Column<'_, '_>) -> Option<Vec<KeySource>> {
+    let key_type = on.key_type;
     match expr {
-        Expr::Nested(inner) => pin_of(inner, scope, index),
+        Expr::Nested(inner) => pin_of(inner, on),
         Expr::BinaryOp {
             left,
             op: BinaryOperator::Eq,
             right,
         } => {
-            if is_key_column(left, scope, index) {
+            if on.is(left) {
                 key_source(right, key_type).map(|k| vec![k])
-            } else if is_key_column(right, scope, index) {
+            } else if on.is(right) {
                 key_source(left, key_type).map(|k| vec![k])
             } else {
                 None
@@ -101,7 +134,7 @@ fn pin_of(expr: &Expr, scope: &[ScopeRel<'_>], index: usize) -> Option<Vec<KeySo
             target: InTarget::List(list),
             negated: false,
             ..
-        } if is_key_column(expr, scope, index) && !list.is_empty() => {
+        } if on.is(expr) && !list.is_empty() => {
             list.iter().map(|e| key_source(e, key_type)).collect()
         }
         Expr::AnyOp {
@@ -109,7 +142,7 @@ fn pin_of(expr: &Expr, scope: &[ScopeRel<'_>], index: usize) -> Option<Vec<KeySo
             compare_op: BinaryOperator::Eq,
             right,
             ..
-        } if is_key_column(left, scope, index) => array_keys(right, key_type),
+        } if on.is(left) => array_keys(right, key_type),
         _ => None,
     }
 }
@@ -117,20 +150,27 @@ fn pin_of(expr: &Expr, scope: &[ScopeRel<'_>], index: usize) -> Option<Vec<KeySo
 /// Whether `expr` is the key column of `scope[index]`: `key` (when no other sharded table in
 /// the scope has a column of that name), `qualifier.key`, or `schema.table.key`.
 pub(crate) fn is_key_column(expr: &Expr, scope: &[ScopeRel<'_>], index: usize) -> bool {
+    is_column(expr, scope, index, &scope[index].table.key)
+}
+
+/// Whether `expr` is column `column` (its key or a lookup column) of `scope[index]`, named as
+/// [`is_key_column`] says.
+fn is_column(expr: &Expr, scope: &[ScopeRel<'_>], index: usize, column: &str) -> bool {
     let rel = &scope[index];
+    let known = |t: &shardmap::Table, col: &str| t.key == col || t.lookup(col).is_some();
     match expr {
-        Expr::Nested(inner) => is_key_column(inner, scope, index),
+        Expr::Nested(inner) => is_column(inner, scope, index, column),
         Expr::Identifier(ident) => {
             let col = fold(ident);
-            col == rel.table.key
-                && (rel.merged || scope.iter().filter(|r| r.table.key == col).count() == 1)
+            col == column
+                && (rel.merged || scope.iter().filter(|r| known(r.table, &col)).count() == 1)
         }
         Expr::CompoundIdentifier(parts) => {
             let parts: Vec<String> = parts.iter().map(fold).collect();
             match parts.as_slice() {
-                [q, col] => *col == rel.table.key && rel.alias.as_ref().unwrap_or(&rel.name) == q,
+                [q, col] => *col == column && rel.alias.as_ref().unwrap_or(&rel.name) == q,
                 [schema, table, col] => {
-                    *col == rel.table.key
+                    *col == column
                         && rel.alias.is_none()
                         && rel.name == *table
                         && rel.schema.as_deref().is_none_or(|s| s == schema)
@@ -268,4 +308,21 @@ fn cast_keeps_value(data_type: &DataType, key_type: KeyType) -> bool {
         }
         KeyType::Uuid => matches!(data_type, DataType::Uuid) || named(&["uuid"]),
     }
+}
+
+/// Folded names of the columns an assignment list sets.
+pub(crate) fn assigned_columns(assignments: &[sqlparser::ast::Assignment]) -> Vec<String> {
+    let mut out = Vec::new();
+    for a in assignments {
+        let names: Vec<&ObjectName> = match &a.target {
+            AssignmentTarget::ColumnName(n) => vec![n],
+            AssignmentTarget::Tuple(ns) => ns.iter().collect(),
+        };
+        out.extend(
+            names
+                .into_iter()
+                .filter_map(|n| name_parts(n).and_then(|p| p.last().cloned())),
+        );
+    }
+    out
 }

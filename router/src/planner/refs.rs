@@ -13,11 +13,11 @@ use std::ops::ControlFlow;
 
 use shardmap::{Reference, ShardMap, Table};
 use sqlparser::ast::{
-    AssignmentTarget, Expr, FromTable, JoinConstraint, JoinOperator, ObjectName, Query, Select,
-    SetExpr, Statement, TableFactor, TableWithJoins, Visit, Visitor,
+    Expr, FromTable, JoinConstraint, JoinOperator, ObjectName, Query, Select, SetExpr, Statement,
+    TableFactor, TableWithJoins, Visit, Visitor,
 };
 
-use super::pins::{conjuncts, fold, name_parts, pin, ScopeRel};
+use super::pins::{assigned_columns, conjuncts, fold, name_parts, pin, ScopeRel};
 use super::placement::{distinct_key_aggregates, groups_by_key, names_in_from, Enclosing, Placed};
 use super::{KeySource, NewRows};
 
@@ -100,6 +100,9 @@ pub(crate) struct Refs<'m> {
     /// `INSERT ... SELECT * FROM UNNEST(...)` into a sharded table: where each UNNEST array
     /// comes from, and which of them holds the keys.
     pub unnest: Option<(Vec<KeySource>, usize)>,
+    /// Lookup columns fixed to values ([`super::lookups`]), and the values an INSERT gives them.
+    pub lookup_pins: Vec<super::lookups::LookupPin<'m>>,
+    pub lookup_rows: Vec<super::LookupRows>,
     /// An INSERT of this many VALUES rows into a sharded table that leaves out its key, which
     /// the router gives ([`super::Route::NewKeys`]); `Always` for `GENERATED ALWAYS`.
     pub new_keys: Option<(NewRows, KeyDefault)>,
@@ -154,6 +157,8 @@ impl<'m> Refs<'m> {
             select_into: false,
             unnest: None,
             new_keys: None,
+            lookup_pins: Vec::new(),
+            lookup_rows: Vec::new(),
             selects_with_sharded: 0,
             tied: 0,
             correlated: 0,
@@ -278,7 +283,7 @@ impl<'m> Refs<'m> {
                 }
             }
         }
-        for (rel, (placed, tied)) in scope.iter().zip(&found) {
+        for (i, (rel, (placed, tied))) in scope.iter().zip(&found).enumerate() {
             self.tied += usize::from(*tied);
             match placed {
                 Placed::Pinned(keys) => self.pins.push(Pin {
@@ -286,7 +291,7 @@ impl<'m> Refs<'m> {
                     keys: keys.clone(),
                 }),
                 Placed::Correlated => self.correlated += 1,
-                Placed::Free => {}
+                Placed::Free => self.lookup_pin(scope, i, conds),
             }
         }
         if found.iter().all(|(_, tied)| *tied) {
@@ -363,6 +368,9 @@ impl<'m> Refs<'m> {
                 ));
             }
         }
+        if let Some(target) = scope.first() {
+            self.sets_lookups(target.table, &keys_set);
+        }
         self.scope(&from, &mut scope);
         let mut conds = Vec::new();
         if let Some(w) = selection {
@@ -381,23 +389,6 @@ fn inner_join_conditions<'e>(twj: &'e TableWithJoins, out: &mut Vec<&'e Expr>) {
             conjuncts(e, out);
         }
     }
-}
-
-/// Folded names of the columns an assignment list sets.
-pub(super) fn assigned_columns(assignments: &[sqlparser::ast::Assignment]) -> Vec<String> {
-    let mut out = Vec::new();
-    for a in assignments {
-        let names: Vec<&ObjectName> = match &a.target {
-            AssignmentTarget::ColumnName(n) => vec![n],
-            AssignmentTarget::Tuple(ns) => ns.iter().collect(),
-        };
-        out.extend(
-            names
-                .into_iter()
-                .filter_map(|n| name_parts(n).and_then(|p| p.last().cloned())),
-        );
-    }
-    out
 }
 
 /// Functions that read no tables: calling them does not tie a statement to the default shard.

@@ -474,10 +474,16 @@ fn drop(map: &ShardMap, object_type: ObjectType, names: &[ObjectName]) -> Route 
 
 fn data(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Route {
     let mut refs = Refs::collect(stmt, map, learned);
-    if let Some(message) = refs.problem {
+    let route = routed(stmt, map, &mut refs);
+    super::lookups::with_lookups(stmt, route, &mut refs)
+}
+
+/// The route of a statement that reads or writes tables, from what it references.
+fn routed(stmt: &Statement, map: &ShardMap, refs: &mut Refs<'_>) -> Route {
+    if let Some(message) = refs.problem.clone() {
         return Route::Unroutable { message };
     }
-    if let Some(route) = super::reference::write(stmt, &refs) {
+    if let Some(route) = super::reference::write(stmt, refs) {
         return route;
     }
     let placed = std::mem::take(&mut refs.placement);
@@ -545,7 +551,7 @@ fn data(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Route {
             .or_else(|why| super::staged::staged(stmt, refs, &placed, why))
     };
     if refs.pins.is_empty() && main == 1 {
-        match merge_or_stages(&refs) {
+        match merge_or_stages(refs) {
             Ok(merge) => return Route::Scatter { table: name, merge },
             Err(why) => {
                 let key = &first.key;
@@ -561,13 +567,13 @@ fn data(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Route {
     let colocated =
         main > 1 && refs.selects_with_sharded - refs.tied_selects == 1 && refs.colocated == main;
     if refs.pins.is_empty() && colocated {
-        if let Ok(merge) = merge_or_stages(&refs) {
+        if let Ok(merge) = merge_or_stages(refs) {
             return Route::Scatter { table: name, merge };
         }
     }
     if refs.pins.len() + refs.correlated != refs.sharded.len() {
         return Route::Unroutable {
-            message: unpinned(&refs, first),
+            message: unpinned(refs, first),
         };
     }
     let key_type = first.key_type;
@@ -606,7 +612,7 @@ fn data(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Route {
         // A read of one sharded table (or of tables joined by equal keys): each key's rows are
         // only on its shard, so the shards of its keys answer it exactly. A join of two pinned
         // references on different shards has no shard that holds both sides, and is refused.
-        merge_or_stages(&refs).ok()
+        merge_or_stages(refs).ok()
     } else {
         None
     };

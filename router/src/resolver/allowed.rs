@@ -95,12 +95,17 @@ pub(super) fn in_transaction<'a>(
 /// would take a transaction that failed, or one held to its shard by a savepoint or a portal,
 /// to other shards; or it makes a savepoint in a transaction that spans shards.
 pub(super) fn keeps_from(dest: &Dest, plan: &Plan, cx: &Context<'_>) -> Option<SqlError> {
-    let keeps = cx.keeps;
-    let pinned = keeps.pinned?;
     let savepoint = plan
         .statements
         .iter()
         .any(|r| matches!(r, Route::Savepoint));
+    keeps(dest, savepoint, cx)
+}
+
+/// [`keeps_from`] for a statement that makes a savepoint (`savepoint`) or not.
+pub(super) fn keeps(dest: &Dest, savepoint: bool, cx: &Context<'_>) -> Option<SqlError> {
+    let keeps = cx.keeps;
+    let pinned = keeps.pinned?;
     if savepoint && keeps.spread {
         return Some(errors::savepoint_across_shards());
     }

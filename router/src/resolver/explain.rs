@@ -87,6 +87,13 @@ pub fn rows(target: &Target<'_>, sql: &str) -> Vec<Row> {
             };
             vec![at(*shard, reason, id, "one shard", sql)]
         }
+        Dest::Lookup(l) => vec![at(
+            l.shard,
+            format!("{} = {}: its lookup row ({}) is here", l.column, l.value, l.lookup_table),
+            None,
+            "read first; the statement then runs on the shard of the keyspace ID it holds (every shard when there is none)",
+            &l.sql,
+        )],
         Dest::Any => vec![router(
             "no sharded or unsharded table: any shard",
             "one shard, chosen in turn",
@@ -136,7 +143,17 @@ pub fn rows(target: &Target<'_>, sql: &str) -> Vec<Row> {
         Dest::SplitInsert(split) => split
             .parts
             .iter()
-            .map(|(s, part)| {
+            .zip(&split.lookup_only)
+            .map(|((s, part), &lookup_only)| {
+                if lookup_only {
+                    return at(
+                        *s,
+                        "lookup rows of the INSERT's values live here".into(),
+                        None,
+                        "one transaction per shard in shard order, committed together",
+                        part,
+                    );
+                }
                 let n = split
                     .part_of_row
                     .iter()

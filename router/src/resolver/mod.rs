@@ -15,6 +15,7 @@
 
 mod allowed;
 pub mod explain;
+pub mod lookups;
 pub mod manual;
 mod plan;
 mod split;
@@ -27,7 +28,7 @@ mod tests;
 use shardmap::ShardMap;
 
 pub use allowed::{Anchor, Keeps};
-pub use target::{Dest, NewKeys, Read, Reroute, SplitInsert, Target, Why, Write};
+pub use target::{ByLookup, Dest, NewKeys, Read, Reroute, SplitInsert, Target, Why, Write};
 pub use values::{Literals, Params};
 
 use crate::errors;

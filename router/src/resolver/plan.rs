@@ -94,6 +94,15 @@ fn alone<'a>(stmt: &Statement<'a>, cx: &Context<'a>) -> Result<Option<Resolved<'
             always: *always,
             shard: None,
         }),
+        [Route::Lookup {
+            table,
+            lookup,
+            value,
+            without,
+        }] => super::lookups::by_lookup(stmt, cx, table, lookup, value, without)?,
+        [Route::WithLookups { route, rows }] => {
+            return super::lookups::insert(stmt, cx, route, rows).map(Some)
+        }
         [Route::CopyIn { key_type, format }] => Dest::CopyIn {
             key_type: *key_type,
             format: *format,
@@ -138,6 +147,11 @@ fn declared<'a>(stmt: &Statement<'a>, query: &Route, cx: &Context<'a>) -> Result
         params: stmt.params,
     };
     let (query, _) = in_transaction(by_plan(&inner, cx)?, cx)?;
+    // A cursor's query is placed now, without reading a lookup row.
+    let query = match query {
+        Dest::Lookup(by) => *by.without,
+        other => other,
+    };
     if matches!(&query, Dest::Read(r) if r.staged.is_some()) {
         return Err(SqlError::new(
             errors::FEATURE_NOT_SUPPORTED,
@@ -317,6 +331,12 @@ fn not_in_a_query(route: &Route) -> Result<(), SqlError> {
         Route::CopyIn { .. } => {
             alone("COPY into a sharded table must be the only statement of its query".into())
         }
+        Route::Lookup { table, .. } => alone(format!(
+            "a statement that the lookup of a column of {table} routes must be the only statement of its query"
+        )),
+        Route::WithLookups { .. } => alone(
+            "an INSERT into a table with lookup columns must be the only statement of its query".into(),
+        ),
         Route::NewKeys { table, key, .. } => alone(format!(
             "an INSERT that leaves out the sharding key {key} of {table} must be the only statement of its query (the router gives the key)"
         )),

@@ -38,18 +38,32 @@ pub(super) fn split_insert(stmt: &Statement<'_>, map: &ShardMap) -> Result<Dest,
         })
         .collect::<Result<Vec<usize>, SqlError>>()?;
     let mut split = split_rows(stmt.sql, &shard_of_row).ok_or_else(cannot)?;
-    if let Some(bind) = stmt.params.bind {
-        for (_, sql) in &mut split.parts {
-            let (renumbered, old) =
-                crate::planner::values::renumber_params(sql).ok_or_else(cannot)?;
-            if old.iter().any(|&i| i >= bind.param_count) {
-                return Err(cannot());
-            }
-            *sql = renumbered;
-            split.params.push(old);
-        }
-    }
+    renumber(&mut split, stmt)?;
     Ok(Dest::SplitInsert(split))
+}
+
+/// With bound parameters: each part's parameters numbered afresh, and which of the client's
+/// each stands for.
+pub(super) fn renumber(split: &mut SplitInsert, stmt: &Statement<'_>) -> Result<(), SqlError> {
+    let Some(bind) = stmt.params.bind else {
+        return Ok(());
+    };
+    let cannot = || {
+        SqlError::new(
+            errors::FEATURE_NOT_SUPPORTED,
+            "the router could not number the parameters of this INSERT's parts",
+        )
+        .with_hint("send one INSERT per shard")
+    };
+    for (_, sql) in &mut split.parts {
+        let (renumbered, old) = crate::planner::values::renumber_params(sql).ok_or_else(cannot)?;
+        if old.iter().any(|&i| i >= bind.param_count) {
+            return Err(cannot());
+        }
+        *sql = renumbered;
+        split.params.push(old);
+    }
+    Ok(())
 }
 
 /// `INSERT ... SELECT * FROM UNNEST(arrays)` cut into one statement per shard: each gets the
@@ -141,6 +155,8 @@ pub(super) fn split_unnest(
         part_of_row: Vec::with_capacity(rows),
         params: Vec::new(),
         values: Vec::new(),
+        lookup_only: vec![false; by_shard.len()],
+        writes_lookups: false,
     };
     let part_of_shard: BTreeMap<usize, usize> =
         by_shard.keys().enumerate().map(|(p, &s)| (s, p)).collect();
@@ -199,6 +215,8 @@ fn split_rows(sql: &str, shard_of_row: &[usize]) -> Option<SplitInsert> {
         .map(|s| part_of_shard.get(s).copied().unwrap_or(0))
         .collect();
     Some(SplitInsert {
+        lookup_only: vec![false; by_shard.len()],
+        writes_lookups: false,
         parts,
         part_of_row,
         params: Vec::new(),

@@ -67,6 +67,9 @@ pub enum Dest {
     /// An INSERT that leaves out its table's key, which the router gives: the session takes
     /// keys for its rows (all of one shard), writes them in, and routes that INSERT.
     NewKeys(NewKeys),
+    /// Routed by a lookup column: the session reads the value's lookup row, then runs the
+    /// statement on its keyspace ID's shard ([`super::lookups::found`]), or as `without` says.
+    Lookup(ByLookup),
     /// COPY FROM STDIN into a sharded table, rows split by key.
     CopyIn {
         key_type: KeyType,
@@ -206,6 +209,22 @@ pub struct NewKeys {
     pub shard: Option<usize>,
 }
 
+/// A statement routed by a lookup column ([`Dest::Lookup`]).
+#[derive(Debug, Clone)]
+pub struct ByLookup {
+    /// `table.column`, for messages and EXPLAIN.
+    pub column: String,
+    /// The value, as an SQL literal.
+    pub value: String,
+    /// The lookup table's name, the shard of the value's lookup row, and the SELECT that reads
+    /// its keyspace ID there.
+    pub lookup_table: String,
+    pub shard: usize,
+    pub sql: String,
+    /// Where the statement runs when no lookup row has the value.
+    pub without: Box<Dest>,
+}
+
 /// A multi-row INSERT cut into one INSERT per shard.
 #[derive(Debug, Clone)]
 pub struct SplitInsert {
@@ -219,6 +238,11 @@ pub struct SplitInsert {
     /// With bound parameters: for each part, the parameters sent another value than the
     /// client's (a split UNNEST's arrays, cut to the part's rows), in the client's format.
     pub values: Vec<Vec<(usize, Vec<u8>)>>,
+    /// For each part: it writes only lookup rows (no row of the client's), so it adds nothing
+    /// to the client's answer.
+    pub lookup_only: Vec<bool>,
+    /// It writes lookup rows (in parts of their own or in front of the rows' INSERTs).
+    pub writes_lookups: bool,
 }
 
 impl fmt::Display for Target<'_> {
@@ -264,6 +288,14 @@ impl fmt::Display for Target<'_> {
                     }
                 }
             }
+            Dest::Lookup(l) => write!(
+                f,
+                "by lookup: {} = {}, whose lookup row ({}) is on shard {}; the statement runs on the shard of its keyspace ID",
+                l.column,
+                l.value,
+                l.lookup_table,
+                range(l.shard)
+            ),
             Dest::Any => f.write_str("any shard: no sharded or unsharded table"),
             Dest::Begin => f.write_str("router: BEGIN; the first statement chooses the shard"),
             Dest::Commit => f.write_str("router: COMMIT on the transaction's shard"),

@@ -28,6 +28,7 @@ pub mod door;
 mod generation;
 mod hold;
 pub mod ids;
+pub mod lookups;
 pub mod pause;
 mod phase;
 pub mod probe;

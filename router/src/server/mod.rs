@@ -16,6 +16,7 @@ mod accept;
 pub mod handshake;
 pub mod http;
 pub mod lifecycle;
+mod lookups;
 mod negotiate;
 mod nofile;
 mod recovery;
@@ -93,6 +94,7 @@ pub fn run(shared: Router) -> Result<(), String> {
     if routing.config.transactions.cross_shard == crate::config::CrossShard::TwoPhase {
         rt.block_on(recovery::check_shards(&routing))?;
     }
+    rt.block_on(lookups::check_shards(&routing))?;
     let shared = Arc::new(shared);
     // Worker 0 says when it has asked a shard for what the router learns at start.
     let (warmed, warm) = std::sync::mpsc::channel();
@@ -181,6 +183,7 @@ fn worker_main(
         if warmed.is_some() {
             // Worker 0 resolves prepared transactions left in doubt, with its own pools.
             tokio::spawn(recovery::run(shared.clone()));
+            tokio::spawn(lookups::run(shared.clone()));
         }
         if let Some(warmed) = warmed {
             // Learn a real server's ParameterStatus values before the first client asks.

@@ -91,7 +91,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         carrier: Carrier<'_>,
     ) -> Result<(), SessionError> {
         if let Carrier::SqlExecute { name, .. } = carrier {
-            if !matches!(dest, Dest::Shard(_) | Dest::Any | Dest::Refused(_)) {
+            if !matches!(
+                dest,
+                Dest::Shard(_) | Dest::Any | Dest::Refused(_) | Dest::Lookup(_)
+            ) {
                 let err = errors::execute_on_several_shards(name);
                 return self.refuse_query(&err).await;
             }
@@ -149,6 +152,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.several(spread, carrier).await
             }
             Dest::NewKeys(new) => self.with_new_keys(new, carrier).await,
+            Dest::Lookup(by) => self.by_lookup(by, carrier).await,
             Dest::CopyIn { key_type, format } => {
                 let sql = carrier.sql().to_string();
                 let spread = Spread::CopyIn {

@@ -40,6 +40,7 @@ mod cursors;
 mod execute;
 mod explain;
 mod extended;
+mod lookup;
 mod new_keys;
 mod outbox;
 mod participants;
@@ -338,7 +339,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         pinned: Option<usize>,
         stmt: &resolver::Statement<'a>,
     ) -> Target<'a> {
-        let cx = Context {
+        let cx = Self::context(routing, settings, state, pinned);
+        resolver::resolve(stmt, &cx)
+    }
+
+    /// What besides a statement decides its target: the map, the transaction, the session's
+    /// settings and the config.
+    fn context<'a>(
+        routing: &'a Routing,
+        settings: Seen<'a>,
+        state: &State,
+        pinned: Option<usize>,
+    ) -> Context<'a> {
+        Context {
             map: &routing.map,
             transaction: state.transaction(pinned),
             pins: resolver::manual::Pins {
@@ -357,8 +370,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             cross_shard: routing.config.transactions.cross_shard
                 != crate::config::CrossShard::Refuse,
             keeps: state.keeps(pinned),
-        };
-        resolver::resolve(stmt, &cx)
+        }
     }
 
     /// Resolves one of the client's statements with a Bind's parameters.

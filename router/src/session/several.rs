@@ -438,6 +438,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let outcome = match requests {
             Err(err) => split_insert::Outcome::Failed(err),
             Ok(requests) if self.state.in_transaction() => {
+                if split.writes_lookups {
+                    self.state.writes_lookups();
+                }
                 self.split_in_transaction(requests).await?
             }
             Ok(requests) => split_insert::run(&self.routing, &requests, &self.settings).await,
@@ -450,7 +453,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     let (statement, portal) = split_insert::descriptions(&replies, split, params);
                     multishard::gather::answer_asked(out, asked, &statement, &portal);
                 }
-                split_insert::combine(&replies, &split.part_of_row, extended.is_none(), out);
+                split_insert::combine(
+                    &replies,
+                    &split.part_of_row,
+                    &split.lookup_only,
+                    extended.is_none(),
+                    out,
+                );
                 Ok(false)
             }
             split_insert::Outcome::RolledBack(frame) => {

@@ -63,6 +63,9 @@ pub struct Scope {
     spans: bool,
     /// What holds it to its shard: a savepoint made there, a named portal bound there.
     anchor: Option<Anchor>,
+    /// It wrote lookup rows (`crate::resolver::lookups`), which a lookup read outside it
+    /// would not see.
+    wrote_lookups: bool,
 }
 
 /// The client's extended-protocol batch: the messages since its last Sync.
@@ -120,6 +123,16 @@ impl State {
             Tx::Pending { .. } | Tx::Open => TxStatus::InTransaction,
             Tx::Failed => TxStatus::Failed,
         }
+    }
+
+    /// The transaction wrote lookup rows: reads by lookup in it run as without the lookup.
+    pub fn wrote_lookups(&self) -> bool {
+        self.scope.wrote_lookups
+    }
+
+    /// Notes that the open transaction wrote lookup rows.
+    pub fn writes_lookups(&mut self) {
+        self.scope.wrote_lookups = true;
     }
 
     /// A transaction is open: the client's, or an extended batch's that spans shards.

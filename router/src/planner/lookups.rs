@@ -1,0 +1,239 @@
+//! Routing by a lookup column (`lookup = { email = "text" }` in the shard map,
+//! [`shardmap::Lookup`]): what a statement's text says about a sharded table's unique columns
+//! other than its key. Part of [`super::refs`]'s one pass, finished by [`with_lookups`].
+//!
+//! - A statement of one sharded table (and reference tables) whose WHERE fixes no key but a
+//!   lookup column to one value becomes [`Route::Lookup`]: the session reads the value's
+//!   lookup row, and the statement runs on the shard of that keyspace ID. The rows it can see
+//!   all have that value, and the value is unique, so the other shards have none of them.
+//! - An INSERT of VALUES rows into a table with lookups becomes [`Route::WithLookups`]: the
+//!   lookup rows of its values are written in the same write as its rows.
+//! - What would change a lookup column without the router knowing the old and new values
+//!   (UPDATE of it, DELETE, `ON CONFLICT`, an INSERT from a query) is refused: a stale or
+//!   missing lookup row would send later reads to a shard without the row.
+//!
+//! Sans-IO.
+
+use shardmap::Table;
+use sqlparser::ast::{Expr, Insert, Parens, SetExpr, Statement, Value};
+
+use super::pins::{name_parts, pin_by, ScopeRel};
+use super::refs::Refs;
+use super::{KeySource, LookupRows, Route};
+
+/// A lookup column that a query's conditions fix (for [`Route::Lookup`]).
+pub(crate) struct LookupPin<'m> {
+    pub table: &'m Table,
+    pub column: String,
+    pub values: Vec<KeySource>,
+}
+
+impl<'m> Refs<'m> {
+    /// Notes the first lookup column of `scope[index]` (a table no key pins) that `conds` fix.
+    pub(super) fn lookup_pin(&mut self, scope: &[ScopeRel<'m>], index: usize, conds: &[&Expr]) {
+        let table = scope[index].table;
+        for lookup in &table.lookups {
+            if let Some(values) = pin_by(scope, index, conds, &lookup.column, lookup.key_type) {
+                self.lookup_pins.push(LookupPin {
+                    table,
+                    column: lookup.column.clone(),
+                    values,
+                });
+                return;
+            }
+        }
+    }
+
+    /// Refuses an UPDATE of `table` that sets one of its lookup columns.
+    pub(super) fn sets_lookups(&mut self, table: &Table, set: &[String]) {
+        if let Some(l) = table.lookups.iter().find(|l| set.contains(&l.column)) {
+            self.refuse(format!(
+                "this UPDATE changes {column} of {name}, which the router routes by (a lookup column): that is not supported yet; delete the row and insert it again instead",
+                column = l.column,
+                name = table.qualified_name()
+            ));
+        }
+    }
+
+    /// The values an INSERT of `rows` (VALUES rows, columns as `ins` names them) into `table`
+    /// gives each lookup column; refused when the router could not keep the lookup rows.
+    pub(super) fn insert_lookups(
+        &mut self,
+        ins: &Insert,
+        table: &Table,
+        rows: &[Parens<Vec<Expr>>],
+    ) {
+        if table.lookups.is_empty() {
+            return;
+        }
+        let name = table.qualified_name();
+        let plain_values = matches!(
+            ins.source.as_deref().map(|q| &*q.body),
+            Some(SetExpr::Values(_))
+        );
+        if !plain_values || ins.columns.is_empty() || ins.on.is_some() {
+            return self.refuse(format!(
+                "INSERT INTO {name}, which has lookup columns, must be a plain INSERT ... (columns) VALUES ... without ON CONFLICT, so that the router can write the lookup rows of its values"
+            ));
+        }
+        let mut out = Vec::with_capacity(table.lookups.len());
+        for lookup in &table.lookups {
+            let position = ins.columns.iter().position(|c| {
+                name_parts(c)
+                    .and_then(|p| p.last().cloned())
+                    .is_some_and(|n| n == lookup.column)
+            });
+            let Some(position) = position else {
+                return self.refuse(format!(
+                    "INSERT INTO {name} must give its lookup column {} (NULL when it has none), so that the router can write its lookup row",
+                    lookup.column
+                ));
+            };
+            let mut values = Vec::with_capacity(rows.len());
+            for (n, row) in rows.iter().enumerate() {
+                let value = row.content.get(position);
+                if value.is_some_and(is_null) {
+                    values.push(None);
+                    continue;
+                }
+                match value.and_then(|e| super::pins::key_source(e, lookup.key_type)) {
+                    Some(v) => values.push(Some(v)),
+                    None => {
+                        return self.refuse(format!(
+                            "row {} of this INSERT INTO {name} gives the lookup column {} as an expression: it must be a literal, a parameter or NULL",
+                            n + 1,
+                            lookup.column
+                        ))
+                    }
+                }
+            }
+            out.push(LookupRows {
+                table: table.lookup_table(lookup),
+                values,
+            });
+        }
+        self.lookup_rows = out;
+    }
+}
+
+fn is_null(e: &Expr) -> bool {
+    matches!(e, Expr::Value(v) if v.value == Value::Null)
+}
+
+/// The route of `stmt` once its lookups are accounted for: `route` as planned without them,
+/// wrapped for a lookup read or an INSERT that writes lookup rows, or refused.
+pub(super) fn with_lookups(stmt: &Statement, route: Route, refs: &mut Refs<'_>) -> Route {
+    if matches!(route, Route::Unroutable { .. } | Route::TooLong { .. }) && refs.problem.is_some() {
+        return route;
+    }
+    let rows = std::mem::take(&mut refs.lookup_rows);
+    if !rows.is_empty() {
+        return match route {
+            Route::Keyed { .. } => Route::WithLookups {
+                route: Box::new(route),
+                rows,
+            },
+            other => other,
+        };
+    }
+    if let (Statement::Delete(_), Some(t)) =
+        (stmt, refs.sharded.iter().find(|t| !t.lookups.is_empty()))
+    {
+        return Route::Unroutable {
+            message: format!(
+                "DELETE from {}, which has lookup columns, is not supported yet: the router would have to remove the lookup rows of the deleted values",
+                t.qualified_name()
+            ),
+        };
+    }
+    // One reference to one sharded table, which no key pins: its rows are those of one value.
+    let one_free_table =
+        refs.sharded.len() == 1 && refs.pins.is_empty() && refs.correlated == 0 && refs.tied == 0;
+    let pin = match refs.lookup_pins.as_mut_slice() {
+        [pin] if one_free_table && pin.values.len() == 1 => pin,
+        _ => return route,
+    };
+    if !matches!(stmt, Statement::Query(_) | Statement::Update(_))
+        || !matches!(
+            route,
+            Route::Scatter { .. } | Route::ScatterWrite { .. } | Route::Unroutable { .. }
+        )
+    {
+        return route;
+    }
+    let Some(lookup) = pin.table.lookup(&pin.column) else {
+        return route;
+    };
+    Route::Lookup {
+        table: pin.table.qualified_name(),
+        lookup: pin.table.lookup_table(lookup),
+        value: pin.values.remove(0),
+        without: Box::new(route),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use shardmap::{KeyType, Lookup, ShardMap, Table};
+
+    use super::super::{NormalizeBuf, Planner, Route};
+
+    fn route(sql: &str) -> Route {
+        let urls: Vec<String> = (0..4).map(|i| format!("postgres://h/s{i}")).collect();
+        let people = Table::new("people", "id", KeyType::BigInt).with_lookups(vec![Lookup {
+            column: "email".into(),
+            key_type: KeyType::Text,
+        }]);
+        let map = ShardMap::even_split(&urls, vec![people]).expect("valid map");
+        let p = Planner::new(Arc::new(map), 1000);
+        let mut buf = NormalizeBuf::new();
+        let planned = p.plan(sql, &mut buf).statements().to_vec();
+        assert_eq!(planned.len(), 1, "{sql}");
+        planned.into_iter().next().unwrap_or(Route::Unparsed)
+    }
+
+    #[test]
+    fn reads_and_updates_by_one_lookup_value_route_by_it() {
+        for sql in [
+            "SELECT * FROM people WHERE email = 'a@x'",
+            "SELECT count(*) FROM people p WHERE p.email = $1 AND name IS NOT NULL",
+            "SELECT name FROM people WHERE email IN ('a@x')",
+            "UPDATE people SET name = 'n' WHERE email = $1",
+        ] {
+            assert!(matches!(route(sql), Route::Lookup { .. }), "{sql}");
+        }
+        // The key decides when there is one; several values, an OR or a function do not pin.
+        for sql in [
+            "SELECT * FROM people WHERE email = 'a@x' AND id = 3",
+            "SELECT * FROM people WHERE email IN ('a@x', 'b@x')",
+            "SELECT * FROM people WHERE email = 'a@x' OR name = 'b'",
+            "SELECT * FROM people WHERE lower(email) = 'a@x'",
+        ] {
+            assert!(!matches!(route(sql), Route::Lookup { .. }), "{sql}");
+        }
+    }
+
+    #[test]
+    fn inserts_carry_their_lookup_values_and_what_would_lose_them_is_refused() {
+        match route("INSERT INTO people (id, email) VALUES (1, 'a@x'), ($1, NULL)") {
+            Route::WithLookups { rows, .. } => {
+                assert_eq!(rows.len(), 1);
+                assert_eq!(rows[0].values.len(), 2);
+                assert!(rows[0].values[0].is_some() && rows[0].values[1].is_none());
+                assert_eq!(rows[0].table.qualified_name(), "shardgate.lookup_people_email");
+            }
+            other => panic!("{other:?}"),
+        }
+        for sql in [
+            "UPDATE people SET email = 'b@x' WHERE id = 1",
+            "DELETE FROM people WHERE id = 1",
+            "INSERT INTO people (id) VALUES (1)",
+            "INSERT INTO people (id, email) VALUES (1, lower('A'))",
+            "INSERT INTO people (id, email) VALUES (1, 'a') ON CONFLICT DO NOTHING",
+        ] {
+            assert!(matches!(route(sql), Route::Unroutable { .. }), "{sql}: {:?}", route(sql));
+        }
+    }
+}

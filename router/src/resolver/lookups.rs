@@ -1,0 +1,245 @@
+//! Statements a lookup column routes ([`crate::planner::Route::Lookup`] and
+//! [`crate::planner::Route::WithLookups`]). Pure: the reading of a lookup row is the session's.
+//!
+//! - A read (or UPDATE) by a lookup column resolves to [`Dest::Lookup`]: the SELECT that reads
+//!   the value's lookup row and the shard it runs on, and where the statement runs when there is
+//!   no such row (as it would without the lookup: every shard). Once the session has the
+//!   keyspace ID, [`found`] applies the transaction's rules to its shard.
+//! - An INSERT into a table with lookups resolves to a split INSERT whose parts also write the
+//!   lookup rows of its values: on a shard that gets rows too, as a data-modifying `WITH` in
+//!   front of that shard's INSERT; on any other, as a part of its own. All parts run as one
+//!   write (in shard order, committed together, or in the client's transaction), so a row and
+//!   its lookup rows are written together or not at all, and a value another row has already
+//!   fails the write with `23505` from the lookup table's primary key.
+
+use std::collections::BTreeMap;
+
+use shardmap::sql::quote_ident;
+use shardmap::{Key, ShardMap, Table};
+
+use super::allowed::{in_transaction, keeps};
+use super::plan::by_plan;
+use super::target::{ByLookup, Dest, SplitInsert};
+use super::{Context, Resolved, Statement};
+use crate::errors;
+use crate::planner::{KeySource, LookupRows, Plan, Route};
+use crate::protocol::reply::SqlError;
+
+/// The statement as `route` alone would place it (with the transaction's rules).
+fn as_route<'a>(stmt: &Statement<'a>, route: &Route, cx: &Context<'a>) -> Result<Dest, SqlError> {
+    let plan = Plan {
+        statements: vec![route.clone()],
+        normalized: stmt.plan.normalized,
+        use_original: false,
+        shareable: false,
+    };
+    let inner = Statement {
+        sql: stmt.sql,
+        plan: &plan,
+        params: stmt.params,
+    };
+    in_transaction(by_plan(&inner, cx)?, cx).map(|(dest, _)| dest)
+}
+
+/// A statement whose WHERE fixes `table`'s lookup column (the key of lookup table `lookup`) to
+/// `value`.
+pub(super) fn by_lookup<'a>(
+    stmt: &Statement<'a>,
+    cx: &Context<'a>,
+    table: &str,
+    lookup: &Table,
+    value: &'a KeySource,
+    without: &Route,
+) -> Result<Dest, SqlError> {
+    let Some(key) = stmt.params.key(value, lookup.key_type)? else {
+        // `column = NULL` holds for no row: any shard answers.
+        return Ok(Dest::Any);
+    };
+    let without = as_route(stmt, without, cx).unwrap_or_else(Dest::Refused);
+    Ok(Dest::Lookup(ByLookup {
+        column: format!("{table}.{}", lookup.key),
+        value: key.sql_literal(),
+        lookup_table: lookup.qualified_name(),
+        shard: cx.map.shard_for_key(&key),
+        sql: entry_sql(lookup, &key),
+        without: Box::new(without),
+    }))
+}
+
+/// The SELECT that reads the keyspace ID of `value` in lookup table `lookup`.
+pub fn entry_sql(lookup: &Table, value: &Key<'_>) -> String {
+    format!(
+        "SELECT keyspace_id FROM {} WHERE {} = {}",
+        lookup.quoted_name(),
+        quote_ident(&lookup.key),
+        value.sql_literal()
+    )
+}
+
+/// The destination of a [`Dest::Lookup`] statement once its lookup row names `shard`: that
+/// shard, as for a keyed statement, under the transaction's rules.
+pub fn found(shard: usize, cx: &Context<'_>) -> Dest {
+    let dest = match in_transaction((Dest::Shard(shard), None), cx) {
+        Ok((dest, _)) => dest,
+        Err(e) => return Dest::Refused(e),
+    };
+    match keeps(&dest, false, cx) {
+        Some(e) => Dest::Refused(e),
+        None => dest,
+    }
+}
+
+/// An INSERT (`route`, keyed by its rows) that writes the lookup rows `lookups` too.
+pub(super) fn insert<'a>(
+    stmt: &Statement<'a>,
+    cx: &Context<'a>,
+    route: &'a Route,
+    lookups: &'a [LookupRows],
+) -> Result<Resolved<'a>, SqlError> {
+    let Route::Keyed { keys, key_type, .. } = route else {
+        return Err(errors::internal("an INSERT with lookups that is not keyed"));
+    };
+    if starts_with_with(stmt.sql) {
+        return Err(SqlError::new(
+            errors::FEATURE_NOT_SUPPORTED,
+            "an INSERT with a WITH clause into a table with lookup columns is not supported",
+        )
+        .with_hint("send the INSERT without WITH"));
+    }
+    let mut split = match as_route(stmt, route, cx)? {
+        Dest::Shard(shard) => whole(stmt, shard)?,
+        Dest::SplitInsert(split) => split,
+        Dest::Refused(e) => return Err(e),
+        // Every key NULL: Postgres refuses the rows; nothing to look up.
+        other => return Ok((other, None)),
+    };
+    // Each row's keyspace ID (`None` for a NULL key, which its shard refuses).
+    let ids = keys
+        .iter()
+        .map(|k| Ok(stmt.params.key(k, *key_type)?.map(|k| k.keyspace_id())))
+        .collect::<Result<Vec<_>, SqlError>>()?;
+    let mut entries: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    for rows in lookups {
+        for (shard, sql) in entry_inserts(stmt, cx.map, rows, &ids)? {
+            entries.entry(shard).or_default().push(sql);
+        }
+    }
+    split.writes_lookups = !entries.is_empty();
+    with_entries(&mut split, entries);
+    Ok((Dest::SplitInsert(split), None))
+}
+
+/// One lookup table's INSERT per shard for the values `rows` gives (rows with a NULL value or
+/// key have none).
+fn entry_inserts(
+    stmt: &Statement<'_>,
+    map: &ShardMap,
+    rows: &LookupRows,
+    ids: &[Option<shardmap::KeyspaceId>],
+) -> Result<Vec<(usize, String)>, SqlError> {
+    let mut by_shard: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    for (source, id) in rows.values.iter().zip(ids) {
+        let (Some(source), Some(id)) = (source, id) else {
+            continue;
+        };
+        if let Some(value) = stmt.params.key(source, rows.table.key_type)? {
+            by_shard
+                .entry(map.shard_for_key(&value))
+                .or_default()
+                .push(format!("({}, {})", value.sql_literal(), id.as_pg_bigint()));
+        }
+    }
+    let head = format!(
+        "INSERT INTO {} ({}, keyspace_id) VALUES ",
+        rows.table.quoted_name(),
+        quote_ident(&rows.table.key)
+    );
+    Ok(by_shard
+        .into_iter()
+        .map(|(shard, values)| (shard, format!("{head}{}", values.join(", "))))
+        .collect())
+}
+
+/// A keyed INSERT on one shard as a split INSERT of one part (its parameters all its own).
+fn whole(stmt: &Statement<'_>, shard: usize) -> Result<SplitInsert, SqlError> {
+    let rows = crate::planner::values::values_rows(stmt.sql).map_or(1, |cut| cut.rows.len());
+    let mut split = SplitInsert {
+        parts: vec![(shard, stmt.sql.to_string())],
+        part_of_row: vec![0; rows],
+        params: Vec::new(),
+        values: Vec::new(),
+        lookup_only: vec![false],
+        writes_lookups: false,
+    };
+    super::split::renumber(&mut split, stmt)?;
+    Ok(split)
+}
+
+/// Adds the lookup INSERTs (by shard) to `split`: in front of the part of their shard as a
+/// data-modifying WITH, or as parts of their own, all in shard order.
+fn with_entries(split: &mut SplitInsert, mut entries: BTreeMap<usize, Vec<String>>) {
+    for (shard, sql) in &mut split.parts {
+        if let Some(inserts) = entries.remove(shard) {
+            *sql = prefixed(&inserts, sql);
+        }
+    }
+    for (shard, inserts) in entries {
+        let (last, before) = inserts
+            .split_last()
+            .map_or(("", &[][..]), |(l, b)| (l.as_str(), b));
+        let sql = if before.is_empty() {
+            last.to_string()
+        } else {
+            prefixed(before, last)
+        };
+        let at = split.parts.partition_point(|(s, _)| *s < shard);
+        split.parts.insert(at, (shard, sql));
+        split.lookup_only.insert(at, true);
+        if !split.params.is_empty() {
+            split.params.insert(at, Vec::new());
+        }
+        if !split.values.is_empty() {
+            split.values.insert(at, Vec::new());
+        }
+        for p in &mut split.part_of_row {
+            if *p >= at {
+                *p += 1;
+            }
+        }
+    }
+}
+
+/// `statement` after a WITH of the data-modifying `inserts`.
+fn prefixed(inserts: &[String], statement: &str) -> String {
+    let ctes: Vec<String> = inserts
+        .iter()
+        .enumerate()
+        .map(|(n, ins)| format!("shardgate_lookup_{n} AS ({ins})"))
+        .collect();
+    format!("WITH {} {statement}", ctes.join(", "))
+}
+
+/// Whether the text's first word is WITH (after blanks and comments).
+fn starts_with_with(sql: &str) -> bool {
+    use sqlparser::dialect::PostgreSqlDialect;
+    use sqlparser::keywords::Keyword;
+    use sqlparser::tokenizer::{Token, Tokenizer, Whitespace};
+    let Ok(tokens) = Tokenizer::new(&PostgreSqlDialect {}, sql).tokenize() else {
+        return false;
+    };
+    tokens
+        .iter()
+        .find(|t| {
+            !matches!(
+                t,
+                Token::Whitespace(
+                    _ws @ (Whitespace::Space
+                    | Whitespace::Newline
+                    | Whitespace::Tab
+                    | Whitespace::SingleLineComment { .. }
+                    | Whitespace::MultiLineComment(_)),
+                )
+            )
+        })
+        .is_some_and(|t| matches!(t, Token::Word(w) if w.keyword == Keyword::WITH))
+}
