@@ -269,6 +269,7 @@ async fn duplicates_are_refused_and_failed_inserts_leave_no_lookup_row() {
         "INSERT INTO people (id, email) VALUES (3, 'c@example.com') ON CONFLICT DO NOTHING",
         "INSERT INTO people (id, name) VALUES (3, 'no email')",
         "INSERT INTO people (id, email) SELECT 3, 'c@example.com'",
+        "COPY people (id, email) FROM STDIN",
     ] {
         let err = c.simple_query(sql).await.expect_err(sql);
         assert_eq!(sqlstate(&err), "0A000", "{sql}: {err:?}");

@@ -222,7 +222,10 @@ mod tests {
                 assert_eq!(rows.len(), 1);
                 assert_eq!(rows[0].values.len(), 2);
                 assert!(rows[0].values[0].is_some() && rows[0].values[1].is_none());
-                assert_eq!(rows[0].table.qualified_name(), "shardgate.lookup_people_email");
+                assert_eq!(
+                    rows[0].table.qualified_name(),
+                    "shardgate.lookup_people_email"
+                );
             }
             other => panic!("{other:?}"),
         }
@@ -233,7 +236,11 @@ mod tests {
             "INSERT INTO people (id, email) VALUES (1, lower('A'))",
             "INSERT INTO people (id, email) VALUES (1, 'a') ON CONFLICT DO NOTHING",
         ] {
-            assert!(matches!(route(sql), Route::Unroutable { .. }), "{sql}: {:?}", route(sql));
+            assert!(
+                matches!(route(sql), Route::Unroutable { .. }),
+                "{sql}: {:?}",
+                route(sql)
+            );
         }
     }
 }

@@ -261,6 +261,9 @@ fn copy_sharded(
             table: name,
             merge: super::Merge::Concat { limit: None },
         },
+        (false, CopyTarget::Stdin) if !t.lookups.is_empty() => Route::Unroutable {
+            message: format!("COPY into {name}, which has lookup columns, is not supported yet (the router would have to write the lookup rows of its values): insert the rows with INSERT ... VALUES"),
+        },
         (false, CopyTarget::Stdin) => {
             let Some(key_index) = columns.iter().position(|c| ident_is(c, &t.key)) else {
                 return Route::Unroutable {
