@@ -265,7 +265,7 @@ async fn duplicates_are_refused_and_failed_inserts_leave_no_lookup_row() {
     // What would change a lookup column out of the router's sight is refused.
     for sql in [
         "UPDATE people SET email = 'b@example.com' WHERE id = 1",
-        "DELETE FROM people WHERE id = 1",
+        "DELETE FROM people WHERE id = 1 RETURNING id",
         "INSERT INTO people (id, email) VALUES (3, 'c@example.com') ON CONFLICT DO NOTHING",
         "INSERT INTO people (id, name) VALUES (3, 'no email')",
         "INSERT INTO people (id, email) SELECT 3, 'c@example.com'",
@@ -289,4 +289,85 @@ async fn duplicates_are_refused_and_failed_inserts_leave_no_lookup_row() {
         .await
         .expect("found by its handle");
     assert_eq!((row.get::<_, i64>(0), row.get::<_, i32>(1)), (id, 7));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletes_remove_the_lookup_rows_of_what_they_deleted() {
+    let fleet = Fleet::start();
+    let router = Router::start(&fleet.map, 4);
+    let mut c = router.connect().await;
+    for i in 1..=6i64 {
+        c.execute(
+            "INSERT INTO people (id, email) VALUES ($1, $2)",
+            &[&i, &format!("d{i}@example.com")],
+        )
+        .await
+        .expect("insert");
+    }
+    // By key, in each protocol: the row and its lookup row go.
+    let n = c
+        .execute("DELETE FROM people WHERE id = $1", &[&1i64])
+        .await
+        .expect("delete by key");
+    assert_eq!(n, 1);
+    let got = c
+        .simple_query("DELETE FROM people WHERE id = 2;")
+        .await
+        .expect("delete by key, simple");
+    assert!(got
+        .iter()
+        .any(|m| matches!(m, tokio_postgres::SimpleQueryMessage::CommandComplete(1))));
+    assert!(fleet.entries("d1@example.com").is_empty());
+    assert!(fleet.entries("d2@example.com").is_empty());
+    assert_eq!(fleet.entries("d3@example.com").len(), 1);
+    // The value is free again, for a row on any shard.
+    let other = (7i64..)
+        .find(|&i| fleet.shard_of(Key::Int(i)) != fleet.shard_of(Key::Int(1)))
+        .expect("a key on another shard");
+    c.execute(
+        "INSERT INTO people (id, email) VALUES ($1, 'd1@example.com')",
+        &[&other],
+    )
+    .await
+    .expect("the value of a deleted row, again");
+    let id: i64 = c
+        .query_one("SELECT id FROM people WHERE email = 'd1@example.com'", &[])
+        .await
+        .expect("found by its value")
+        .get(0);
+    assert_eq!(id, other);
+    // By the lookup column (on every shard), and by several keys.
+    let n = c
+        .execute("DELETE FROM people WHERE email = $1", &[&"d3@example.com"])
+        .await
+        .expect("delete by email");
+    assert_eq!(n, 1);
+    assert!(fleet.entries("d3@example.com").is_empty());
+    let n = c
+        .execute("DELETE FROM people WHERE id IN (4, 5)", &[])
+        .await
+        .expect("delete by keys");
+    assert_eq!(n, 2);
+    assert!(fleet.entries("d4@example.com").is_empty());
+    assert!(fleet.entries("d5@example.com").is_empty());
+    // In a transaction rolled back, the row and its lookup row stay.
+    let tx = c.transaction().await.expect("begin");
+    let n = tx
+        .execute("DELETE FROM people WHERE id = 6", &[])
+        .await
+        .expect("delete in a transaction");
+    assert_eq!(n, 1);
+    let gone = tx
+        .query("SELECT 1 FROM people WHERE email = 'd6@example.com'", &[])
+        .await
+        .expect("read in the transaction");
+    assert!(gone.is_empty());
+    tx.rollback().await.expect("rollback");
+    assert_eq!(fleet.entries("d6@example.com").len(), 1);
+    let back: i64 = c
+        .query_one("SELECT id FROM people WHERE email = 'd6@example.com'", &[])
+        .await
+        .expect("the row after the rollback")
+        .get(0);
+    assert_eq!(back, 6);
 }

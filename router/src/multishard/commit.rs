@@ -87,8 +87,20 @@ impl<'s> Parts<'s> {
     }
 
     /// Begins the next part on `shard` (after every part begun before, whose replies the caller
-    /// has read) and sends `request` in its transaction; [`Parts::replies`] then reads them.
+    /// has read) and sends `request` in its transaction; [`Parts::replies`] then reads them. A
+    /// shard that has a part already runs `request` in that part's transaction: one transaction
+    /// per shard, as two-phase commit names them.
     pub async fn begin(&mut self, shard: usize, request: &[u8]) -> Result<(), SqlError> {
+        if let Some(at) = self.open.iter().position(|(s, _)| *s == shard) {
+            let (_, mut conn) = self.open.remove(at);
+            if let Err(e) = conn.stream.send_parts(&[], request).await {
+                discard(conn);
+                return Err(self.lost(shard, &e));
+            }
+            self.skip = 0;
+            self.open.push((shard, conn));
+            return Ok(());
+        }
         let mut conn = self.routing.checkout(shard).await?;
         let mut head = BytesMut::new();
         let settings_sent = self

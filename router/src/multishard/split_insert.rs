@@ -30,6 +30,16 @@ pub fn requests(
     split: &SplitInsert,
     bound: Option<(&Bind<'_>, &[u8])>,
 ) -> Result<Vec<(usize, Vec<u8>)>, SqlError> {
+    requests_as(split, bound, false)
+}
+
+/// [`requests`], with every result column in text (`text_results`) rather than in the
+/// client's formats: for rows the router reads itself.
+pub fn requests_as(
+    split: &SplitInsert,
+    bound: Option<(&Bind<'_>, &[u8])>,
+    text_results: bool,
+) -> Result<Vec<(usize, Vec<u8>)>, SqlError> {
     let mut out = Vec::with_capacity(split.parts.len());
     for (p, (shard, sql)) in split.parts.iter().enumerate() {
         let mut buf = BytesMut::with_capacity(sql.len() + 64);
@@ -38,7 +48,12 @@ pub fn requests(
             Some((bind, param_types)) => {
                 let picked = split.params.get(p).map_or(&[][..], Vec::as_slice);
                 let values = split.values.get(p).map_or(&[][..], Vec::as_slice);
-                extended_part(&mut buf, sql, picked, values, bind, param_types)?;
+                let part = Extended {
+                    picked,
+                    values,
+                    text_results,
+                };
+                extended_part(&mut buf, sql, &part, bind, param_types)?;
             }
         }
         out.push((*shard, buf.to_vec()));
@@ -46,14 +61,22 @@ pub fn requests(
     Ok(out)
 }
 
+/// What one part binds: the client's parameters it uses (`picked`), values of its own for
+/// some of them, and whether its results come back in text.
+struct Extended<'a> {
+    picked: &'a [usize],
+    values: &'a [(usize, Vec<u8>)],
+    text_results: bool,
+}
+
 fn extended_part(
     buf: &mut BytesMut,
     sql: &str,
-    picked: &[usize],
-    values_of: &[(usize, Vec<u8>)],
+    part: &Extended<'_>,
     bind: &Bind<'_>,
     param_types: &[u8],
 ) -> Result<(), SqlError> {
+    let (picked, values_of) = (part.picked, part.values);
     let oid = |i: usize| -> [u8; 4] {
         param_types
             .get(2 + 4 * i..6 + 4 * i)
@@ -94,7 +117,11 @@ fn extended_part(
     }
     body.extend_from_slice(&(picked.len() as i16).to_be_bytes());
     body.extend_from_slice(&values);
-    body.extend_from_slice(bind.result_formats());
+    if part.text_results {
+        body.extend_from_slice(&0i16.to_be_bytes());
+    } else {
+        body.extend_from_slice(bind.result_formats());
+    }
     put_frame(buf, b'B', &body);
     request::describe_portal(buf);
     request::describe_statement(buf, "").map_err(errors::internal)?;
@@ -119,13 +146,58 @@ pub enum Outcome {
 
 /// Runs the parts' `requests` (from [`requests`]), in shard order, as the module doc says.
 pub async fn run(routing: &Routing, requests: &[(usize, Vec<u8>)], settings: &Settings) -> Outcome {
-    let mut open = Parts::new(routing, settings, "the INSERT");
+    run_then(
+        routing,
+        requests,
+        settings,
+        "the INSERT",
+        |_| Ok(Vec::new()),
+    )
+    .await
+}
+
+/// [`run`], and then, in the same write, the parts that `then` makes from every part's reply
+/// frames (their own replies are not returned): what a write does after it has seen what it
+/// wrote (the lookup rows of the values a DELETE removed). `what` names the write in errors.
+pub async fn run_then(
+    routing: &Routing,
+    requests: &[(usize, Vec<u8>)],
+    settings: &Settings,
+    what: &'static str,
+    then: impl FnOnce(&[Vec<u8>]) -> Result<Vec<(usize, Vec<u8>)>, SqlError>,
+) -> Outcome {
+    let mut open = Parts::new(routing, settings, what);
     let mut replies = Vec::with_capacity(requests.len());
-    for (shard, request) in requests {
-        if let Err(e) = open.begin(*shard, request).await {
+    if let Err(failed) = run_parts(&mut open, requests, &mut replies).await {
+        open.rollback().await;
+        return failed;
+    }
+    let more = match then(&replies) {
+        Ok(more) => more,
+        Err(e) => {
             open.rollback().await;
             return Outcome::Failed(e);
         }
+    };
+    if let Err(failed) = run_parts(&mut open, &more, &mut Vec::new()).await {
+        open.rollback().await;
+        return failed;
+    }
+    match open.commit().await {
+        Ok(()) => Outcome::Committed(replies),
+        Err(e) => Outcome::Failed(e),
+    }
+}
+
+/// Begins each of `requests` as a part of `open` and reads its replies into `replies`; the
+/// outcome to report (after rolling back) when one fails.
+async fn run_parts(
+    open: &mut Parts<'_>,
+    requests: &[(usize, Vec<u8>)],
+    replies: &mut Vec<Vec<u8>>,
+) -> Result<(), Outcome> {
+    for (shard, request) in requests {
+        open.begin(*shard, request).await.map_err(Outcome::Failed)?;
         let mut frames = Vec::new();
         let mut error = None;
         let mut lost = None;
@@ -148,20 +220,15 @@ pub async fn run(routing: &Routing, requests: &[(usize, Vec<u8>)], settings: &Se
         if let Some(e) = lost {
             let err = open.lost(*shard, &e);
             open.drop_last();
-            open.rollback().await;
-            return Outcome::Failed(err);
+            return Err(Outcome::Failed(err));
         }
         if let Some(frame) = error {
             // Postgres refused the rows; every part is rolled back.
-            open.rollback().await;
-            return Outcome::RolledBack(frame);
+            return Err(Outcome::RolledBack(frame));
         }
         replies.push(frames);
     }
-    match open.commit().await {
-        Ok(()) => Outcome::Committed(replies),
-        Err(e) => Outcome::Failed(e),
-    }
+    Ok(())
 }
 
 /// The client's answer from every part's reply frames (without ReadyForQuery): the first

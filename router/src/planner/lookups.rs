@@ -116,6 +116,61 @@ impl<'m> Refs<'m> {
     }
 }
 
+/// A DELETE from `table`, which has lookup columns (`tables`: the statement's sharded table
+/// references): its route with the lookup rows kept, or refused.
+fn delete(d: &sqlparser::ast::Delete, route: Route, table: &Table, tables: usize) -> Route {
+    let name = table.qualified_name();
+    let refuse = |why: &str| Route::Unroutable {
+        message: format!("DELETE from {name}, which has lookup columns, {why}"),
+    };
+    if tables > 1 {
+        return refuse("cannot read other sharded tables (the router removes the lookup rows of the values it deletes)");
+    }
+    if d.returning.is_some() {
+        return refuse("cannot have RETURNING yet (the router reads the deleted values to remove their lookup rows)");
+    }
+    if !matches!(route, Route::Keyed { .. } | Route::ScatterWrite { .. }) {
+        return route;
+    }
+    let returning = std::iter::once(&table.key)
+        .chain(table.lookups.iter().map(|l| &l.column))
+        .map(|c| shardmap::sql::quote_ident_always(c))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Route::DeletesLookups {
+        route: Box::new(route),
+        key_type: table.key_type,
+        returning,
+        lookups: table
+            .lookups
+            .iter()
+            .map(|l| table.lookup_table(l))
+            .collect(),
+    }
+}
+
+/// `sql` (one statement, without RETURNING) with ` RETURNING columns` after its last word
+/// (before a closing `;` and comments). `None` when it does not tokenize.
+pub fn with_returning(sql: &str, columns: &str) -> Option<String> {
+    use sqlparser::dialect::PostgreSqlDialect;
+    use sqlparser::tokenizer::{Token, Tokenizer};
+    let tokens = Tokenizer::new(&PostgreSqlDialect {}, sql)
+        .tokenize_with_location()
+        .ok()?;
+    let last = tokens.iter().rev().find(|t| {
+        !matches!(
+            t.token,
+            Token::Whitespace(_) | Token::SemiColon | Token::EOF
+        )
+    })?;
+    let end = super::values::byte_offset(sql, last.span.end.line, last.span.end.column)?;
+    Some(format!(
+        "{} RETURNING {columns}{}",
+        &sql[..end],
+        &sql[end..]
+    ))
+}
+
 fn is_null(e: &Expr) -> bool {
     matches!(e, Expr::Value(v) if v.value == Value::Null)
 }
@@ -136,15 +191,10 @@ pub(super) fn with_lookups(stmt: &Statement, route: Route, refs: &mut Refs<'_>) 
             other => other,
         };
     }
-    if let (Statement::Delete(_), Some(t)) =
-        (stmt, refs.sharded.iter().find(|t| !t.lookups.is_empty()))
-    {
-        return Route::Unroutable {
-            message: format!(
-                "DELETE from {}, which has lookup columns, is not supported yet: the router would have to remove the lookup rows of the deleted values",
-                t.qualified_name()
-            ),
-        };
+    if let Statement::Delete(d) = stmt {
+        if let Some(t) = refs.sharded.iter().find(|t| !t.lookups.is_empty()) {
+            return delete(d, route, t, refs.sharded.len());
+        }
     }
     // One reference to one sharded table, which no key pins: its rows are those of one value.
     let one_free_table =
@@ -231,7 +281,7 @@ mod tests {
         }
         for sql in [
             "UPDATE people SET email = 'b@x' WHERE id = 1",
-            "DELETE FROM people WHERE id = 1",
+            "DELETE FROM people WHERE id = 1 RETURNING *",
             "INSERT INTO people (id) VALUES (1)",
             "INSERT INTO people (id, email) VALUES (1, lower('A'))",
             "INSERT INTO people (id, email) VALUES (1, 'a') ON CONFLICT DO NOTHING",
@@ -240,6 +290,49 @@ mod tests {
                 matches!(route(sql), Route::Unroutable { .. }),
                 "{sql}: {:?}",
                 route(sql)
+            );
+        }
+        for sql in [
+            "DELETE FROM people WHERE id = 1",
+            "DELETE FROM people WHERE email = $1",
+        ] {
+            match route(sql) {
+                Route::DeletesLookups {
+                    returning, lookups, ..
+                } => {
+                    assert_eq!(returning, r#""id", "email""#);
+                    assert_eq!(lookups.len(), 1);
+                }
+                other => panic!("{sql}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn returning_goes_after_the_last_word() {
+        let cases = [
+            (
+                "DELETE FROM t WHERE id = 1",
+                "DELETE FROM t WHERE id = 1 RETURNING a",
+            ),
+            (
+                "DELETE FROM t WHERE id = 1;",
+                "DELETE FROM t WHERE id = 1 RETURNING a;",
+            ),
+            (
+                "DELETE FROM t WHERE v = 'x' -- done\n",
+                "DELETE FROM t WHERE v = 'x' RETURNING a -- done\n",
+            ),
+            (
+                "DELETE FROM t\nWHERE id = $1 /* c */ ;",
+                "DELETE FROM t\nWHERE id = $1 RETURNING a /* c */ ;",
+            ),
+        ];
+        for (sql, want) in cases {
+            assert_eq!(
+                super::with_returning(sql, "a").as_deref(),
+                Some(want),
+                "{sql}"
             );
         }
     }

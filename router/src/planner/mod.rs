@@ -24,7 +24,7 @@ pub mod cursor;
 mod inserts;
 pub mod keys;
 mod local;
-mod lookups;
+pub mod lookups;
 pub mod new_keys;
 pub mod normalize;
 mod scatter;
@@ -109,6 +109,17 @@ pub enum Route {
     WithLookups {
         route: Box<Route>,
         rows: Vec<LookupRows>,
+    },
+    /// A DELETE (`route`, keyed or on every shard) from a table with lookup columns: it runs
+    /// with `RETURNING` its key and those columns, and the lookup rows of the values it removed
+    /// are deleted in the same write.
+    DeletesLookups {
+        route: Box<Route>,
+        key_type: KeyType,
+        /// The columns it returns: the key, then each lookup column.
+        returning: String,
+        /// The lookup tables, in the order of their columns in `returning`.
+        lookups: Vec<shardmap::Table>,
     },
     /// `BEGIN`, `START TRANSACTION`.
     Begin,

@@ -81,7 +81,11 @@ pub(super) fn in_transaction<'a>(
             errors::FEATURE_NOT_SUPPORTED,
             "COPY into a sharded table cannot run inside a transaction, which stays on one shard",
         )),
-        Dest::SplitInsert(_) if cx.cross_shard => Ok(resolved),
+        Dest::SplitInsert(_) | Dest::DeleteLookups(_) if cx.cross_shard => Ok(resolved),
+        Dest::DeleteLookups(_) => Err(SqlError::new(
+            errors::FEATURE_NOT_SUPPORTED,
+            "a DELETE from a table with lookup columns also deletes lookup rows on other shards, which a transaction that stays on one shard cannot do",
+        )),
         Dest::SplitInsert(_) => Err(SqlError::new(
             errors::FEATURE_NOT_SUPPORTED,
             "the rows of this INSERT fall on several shards, which an INSERT inside a transaction cannot do yet",
@@ -124,7 +128,7 @@ pub(super) fn keeps(dest: &Dest, savepoint: bool, cx: &Context<'_>) -> Option<Sq
 fn leaves_shard(dest: &Dest, pinned: usize) -> bool {
     match dest {
         Dest::Shard(s) => *s != pinned,
-        Dest::Read(_) | Dest::Write(_) | Dest::SplitInsert(_) => true,
+        Dest::Read(_) | Dest::Write(_) | Dest::SplitInsert(_) | Dest::DeleteLookups(_) => true,
         Dest::Declare { query, .. } => leaves_shard(query, pinned),
         _ => false,
     }

@@ -94,6 +94,19 @@ pub fn rows(target: &Target<'_>, sql: &str) -> Vec<Row> {
             "read first; the statement then runs on the shard of the keyspace ID it holds (every shard when there is none)",
             &l.sql,
         )],
+        Dest::DeleteLookups(d) => d
+            .shards
+            .iter()
+            .map(|&s| {
+                at(
+                    s,
+                    "a DELETE from a table with lookup columns".into(),
+                    None,
+                    "then the lookup rows of the values it removed, on their shards; one write, committed together",
+                    &d.sql,
+                )
+            })
+            .collect(),
         Dest::Any => vec![router(
             "no sharded or unsharded table: any shard",
             "one shard, chosen in turn",
@@ -140,34 +153,7 @@ pub fn rows(target: &Target<'_>, sql: &str) -> Vec<Row> {
                 })
                 .collect()
         }
-        Dest::SplitInsert(split) => split
-            .parts
-            .iter()
-            .zip(&split.lookup_only)
-            .map(|((s, part), &lookup_only)| {
-                if lookup_only {
-                    return at(
-                        *s,
-                        "lookup rows of the INSERT's values live here".into(),
-                        None,
-                        "one transaction per shard in shard order, committed together",
-                        part,
-                    );
-                }
-                let n = split
-                    .part_of_row
-                    .iter()
-                    .filter(|&&p| split.parts.get(p).is_some_and(|q| q.0 == *s))
-                    .count();
-                at(
-                    *s,
-                    format!("{n} of the INSERT's rows have their keys here"),
-                    None,
-                    "one transaction per shard in shard order, committed together",
-                    part,
-                )
-            })
-            .collect(),
+        Dest::SplitInsert(split) => split_rows(split, &at),
         Dest::NewKeys(n) => vec![router(
             &format!(
                 "an INSERT that leaves out the sharding key {}.{}: the router gives its {} rows keys of one shard, from the blocks of keys it reserves",
@@ -192,6 +178,39 @@ pub fn rows(target: &Target<'_>, sql: &str) -> Vec<Row> {
             "not run",
         )],
     }
+}
+
+/// A split INSERT's rows: one per part (the parts that write only lookup rows say so).
+fn split_rows(split: &super::target::SplitInsert, at: &RowAt<'_>) -> Vec<Row> {
+    let how = "one transaction per shard in shard order, committed together";
+    split
+        .parts
+        .iter()
+        .zip(&split.lookup_only)
+        .map(|((s, part), &lookup_only)| {
+            if lookup_only {
+                return at(
+                    *s,
+                    "lookup rows of the INSERT's values live here".into(),
+                    None,
+                    how,
+                    part,
+                );
+            }
+            let n = split
+                .part_of_row
+                .iter()
+                .filter(|&&p| split.parts.get(p).is_some_and(|q| q.0 == *s))
+                .count();
+            at(
+                *s,
+                format!("{n} of the INSERT's rows have their keys here"),
+                None,
+                how,
+                part,
+            )
+        })
+        .collect()
 }
 
 /// The reason of a single-shard target, as [`Target`]'s Display says it.

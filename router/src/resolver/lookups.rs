@@ -19,7 +19,7 @@ use shardmap::{Key, ShardMap, Table};
 
 use super::allowed::{in_transaction, keeps};
 use super::plan::by_plan;
-use super::target::{ByLookup, Dest, SplitInsert};
+use super::target::{ByLookup, DeleteLookups, Dest, SplitInsert};
 use super::{Context, Resolved, Statement};
 use crate::errors;
 use crate::planner::{KeySource, LookupRows, Plan, Route};
@@ -127,6 +127,36 @@ pub(super) fn insert<'a>(
     split.writes_lookups = !entries.is_empty();
     with_entries(&mut split, entries);
     Ok((Dest::SplitInsert(split), None))
+}
+
+/// A DELETE (`route`) from a table with lookups: where it runs, with `RETURNING returning`.
+pub(super) fn delete<'a>(
+    stmt: &Statement<'a>,
+    cx: &Context<'a>,
+    route: &Route,
+    key_type: shardmap::KeyType,
+    returning: &str,
+    lookups: &[Table],
+) -> Result<Dest, SqlError> {
+    let shards = match as_route(stmt, route, cx)? {
+        Dest::Shard(shard) => vec![shard],
+        Dest::Write(write) => write.shards,
+        Dest::Refused(e) => return Err(e),
+        // Every key NULL: it deletes nothing anywhere.
+        other => return Ok(other),
+    };
+    let sql = crate::planner::lookups::with_returning(stmt.sql, returning).ok_or_else(|| {
+        SqlError::new(
+            errors::FEATURE_NOT_SUPPORTED,
+            "the router could not add RETURNING to this DELETE",
+        )
+    })?;
+    Ok(Dest::DeleteLookups(DeleteLookups {
+        shards,
+        sql,
+        key_type,
+        lookups: lookups.to_vec(),
+    }))
 }
 
 /// One lookup table's INSERT per shard for the values `rows` gives (rows with a NULL value or

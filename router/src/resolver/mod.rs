@@ -28,7 +28,9 @@ mod tests;
 use shardmap::ShardMap;
 
 pub use allowed::{Anchor, Keeps};
-pub use target::{ByLookup, Dest, NewKeys, Read, Reroute, SplitInsert, Target, Why, Write};
+pub use target::{
+    ByLookup, DeleteLookups, Dest, NewKeys, Read, Reroute, SplitInsert, Target, Why, Write,
+};
 pub use values::{Literals, Params};
 
 use crate::errors;

@@ -103,6 +103,12 @@ fn alone<'a>(stmt: &Statement<'a>, cx: &Context<'a>) -> Result<Option<Resolved<'
         [Route::WithLookups { route, rows }] => {
             return super::lookups::insert(stmt, cx, route, rows).map(Some)
         }
+        [Route::DeletesLookups {
+            route,
+            key_type,
+            returning,
+            lookups,
+        }] => super::lookups::delete(stmt, cx, route, *key_type, returning, lookups)?,
         [Route::CopyIn { key_type, format }] => Dest::CopyIn {
             key_type: *key_type,
             format: *format,
@@ -334,6 +340,10 @@ fn not_in_a_query(route: &Route) -> Result<(), SqlError> {
         Route::Lookup { table, .. } => alone(format!(
             "a statement that the lookup of a column of {table} routes must be the only statement of its query"
         )),
+        Route::DeletesLookups { .. } => alone(
+            "a DELETE from a table with lookup columns must be the only statement of its query"
+                .into(),
+        ),
         Route::WithLookups { .. } => alone(
             "an INSERT into a table with lookup columns must be the only statement of its query".into(),
         ),

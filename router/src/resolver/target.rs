@@ -70,6 +70,9 @@ pub enum Dest {
     /// Routed by a lookup column: the session reads the value's lookup row, then runs the
     /// statement on its keyspace ID's shard ([`super::lookups::found`]), or as `without` says.
     Lookup(ByLookup),
+    /// A DELETE from a table with lookup columns: it runs with RETURNING on its shards, and
+    /// the lookup rows of the values it removed are deleted in the same write.
+    DeleteLookups(DeleteLookups),
     /// COPY FROM STDIN into a sharded table, rows split by key.
     CopyIn {
         key_type: KeyType,
@@ -225,6 +228,18 @@ pub struct ByLookup {
     pub without: Box<Dest>,
 }
 
+/// A DELETE from a table with lookup columns ([`Dest::DeleteLookups`]).
+#[derive(Debug, Clone)]
+pub struct DeleteLookups {
+    /// Where it runs, in shard order.
+    pub shards: Vec<usize>,
+    /// The client's DELETE with `RETURNING` its table's key and lookup columns.
+    pub sql: String,
+    pub key_type: KeyType,
+    /// The lookup tables, in the order of their columns after the key.
+    pub lookups: Vec<shardmap::Table>,
+}
+
 /// A multi-row INSERT cut into one INSERT per shard.
 #[derive(Debug, Clone)]
 pub struct SplitInsert {
@@ -295,6 +310,11 @@ impl fmt::Display for Target<'_> {
                 l.value,
                 l.lookup_table,
                 range(l.shard)
+            ),
+            Dest::DeleteLookups(d) => write!(
+                f,
+                "shards {}: a DELETE that removes the lookup rows of what it deleted",
+                ranges(&d.shards).join(", ")
             ),
             Dest::Any => f.write_str("any shard: no sharded or unsharded table"),
             Dest::Begin => f.write_str("router: BEGIN; the first statement chooses the shard"),

@@ -33,7 +33,7 @@ use crate::multishard::split_insert;
 use crate::protocol::frontend::{self, Bind};
 use crate::protocol::reply::{self, SqlError};
 use crate::protocol::request;
-use crate::resolver::{Dest, SplitInsert};
+use crate::resolver::{DeleteLookups, Dest, SplitInsert};
 
 /// A statement as the protocol that carried it gave it.
 pub(super) enum Carrier<'a> {
@@ -71,6 +71,33 @@ impl Carrier<'_> {
                 split_insert::requests(split, Some((bind, stmt.param_types())))
             }
             _ => split_insert::requests(split, None),
+        }
+    }
+
+    /// What each shard of a DELETE from a table with lookup columns runs: its text with
+    /// RETURNING, the client's parameters as they are, results in text.
+    fn delete_requests(&self, delete: &DeleteLookups) -> Result<Vec<(usize, Vec<u8>)>, SqlError> {
+        let params = match self {
+            Carrier::Bind { bind, .. } => (0..bind.param_count).collect(),
+            _ => Vec::new(),
+        };
+        let split = SplitInsert {
+            parts: delete
+                .shards
+                .iter()
+                .map(|&s| (s, delete.sql.clone()))
+                .collect(),
+            part_of_row: Vec::new(),
+            params: delete.shards.iter().map(|_| params.clone()).collect(),
+            values: Vec::new(),
+            lookup_only: vec![false; delete.shards.len()],
+            writes_lookups: true,
+        };
+        match self {
+            Carrier::Bind { bind, stmt } => {
+                split_insert::requests_as(&split, Some((bind, stmt.param_types())), true)
+            }
+            _ => split_insert::requests_as(&split, None, true),
         }
     }
 
@@ -153,6 +180,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             }
             Dest::NewKeys(new) => self.with_new_keys(new, carrier).await,
             Dest::Lookup(by) => self.by_lookup(by, carrier).await,
+            Dest::DeleteLookups(delete) => {
+                let requests = carrier.delete_requests(&delete);
+                let params = carrier.params();
+                let spread = Spread::DeleteLookups {
+                    delete,
+                    requests,
+                    params,
+                };
+                self.several(spread, carrier).await
+            }
             Dest::CopyIn { key_type, format } => {
                 let sql = carrier.sql().to_string();
                 let spread = Spread::CopyIn {
@@ -322,7 +359,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 stepwise,
                 ..
             } => request::query_message(&super::cursors::shard_text(sql, name, read, *stepwise))?,
-            Spread::Broadcast { .. } | Spread::Split { .. } | Spread::CopyIn { .. } => Vec::new(),
+            Spread::Broadcast { .. }
+            | Spread::Split { .. }
+            | Spread::DeleteLookups { .. }
+            | Spread::CopyIn { .. } => Vec::new(),
         };
         match self.run_spread(spread, request, &[], 0).await? {
             Ran::Refused(err) => self.refuse_query(&err).await,

@@ -60,6 +60,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.run_split_insert(&split, requests, params, asked)
                     .await?
             }
+            Spread::DeleteLookups {
+                delete,
+                requests,
+                params,
+            } => {
+                self.run_lookup_delete(&delete, requests, params, asked)
+                    .await?
+            }
             Spread::CopyIn {
                 sql,
                 key_type,
@@ -478,7 +486,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
 
     /// The parts of a split INSERT inside the client's transaction, on its connections: each
     /// part's reply frames, or the first error (which fails the transaction).
-    async fn split_in_transaction(
+    pub(super) async fn split_in_transaction(
         &mut self,
         requests: Vec<(usize, Vec<u8>)>,
     ) -> Result<split_insert::Outcome, SessionError> {
@@ -583,7 +591,7 @@ fn second_request(
 
 /// Before an error, what an extended batch asked that needs no description (`asked`, as
 /// [`ScatterBatch`](super::spread::ScatterBatch) keeps it): its ParseComplete and BindComplete.
-fn answer_until_description(asked: &[u8], out: &mut Vec<u8>) {
+pub(super) fn answer_until_description(asked: &[u8], out: &mut Vec<u8>) {
     for &k in asked {
         match k {
             b'P' => reply::parse_complete(out),

@@ -4,7 +4,7 @@
 //! `super::several`.
 
 use crate::protocol::reply::SqlError;
-use crate::resolver::{Read, SplitInsert, Write};
+use crate::resolver::{DeleteLookups, Read, SplitInsert, Write};
 
 /// A statement on several shards, as it runs.
 #[derive(Debug)]
@@ -28,6 +28,13 @@ pub(super) enum Spread {
     /// made at the Bind, with the client's parameter count).
     Split {
         split: SplitInsert,
+        requests: Result<Vec<(usize, Vec<u8>)>, SqlError>,
+        params: Option<usize>,
+    },
+    /// A DELETE from a table with lookup columns, with its request for each shard (made at the
+    /// Bind in the extended protocol, with the client's parameter count).
+    DeleteLookups {
+        delete: DeleteLookups,
         requests: Result<Vec<(usize, Vec<u8>)>, SqlError>,
         params: Option<usize>,
     },

@@ -56,7 +56,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 return self.batch_error(&err).await;
             }
             Spread::Broadcast { .. } => {}
-            Spread::Read(..) | Spread::Write(_) | Spread::Split { .. } => {
+            Spread::Read(..)
+            | Spread::Write(_)
+            | Spread::Split { .. }
+            | Spread::DeleteLookups { .. } => {
                 // Inside a transaction it may follow other statements of its batch (a
                 // driver's BEGIN in front of it, earlier statements on the pinned shard):
                 // those run first, and it joins the transaction.
@@ -74,8 +77,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let after_others = matches!(self.state.batch, Batch::OnBackend { executed: true });
         if spanning
             && self.state.tx == Tx::Idle
-            && (matches!(spread, Spread::Write(_) | Spread::Split { .. })
-                || matches!(spread, Spread::Read(..)) && after_others)
+            && (matches!(
+                spread,
+                Spread::Write(_) | Spread::Split { .. } | Spread::DeleteLookups { .. }
+            ) || matches!(spread, Spread::Read(..)) && after_others)
             && (!self.bring_in_step().await? || !self.open_on_first_shard(false).await?)
         {
             return Ok(());
@@ -111,7 +116,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.state.set_batch(Batch::Broadcast { sql });
                 return Ok(());
             }
-            Spread::Split { .. } => {
+            Spread::Split { .. } | Spread::DeleteLookups { .. } => {
                 // Each part's request was made with the Bind.
                 self.set_scatter(Vec::new(), spread, asked);
                 return Ok(());
