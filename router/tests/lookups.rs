@@ -264,7 +264,7 @@ async fn duplicates_are_refused_and_failed_inserts_leave_no_lookup_row() {
 
     // What would change a lookup column out of the router's sight is refused.
     for sql in [
-        "UPDATE people SET email = 'b@example.com' WHERE id = 1",
+        "UPDATE people SET email = 'b@example.com' WHERE id = 1 RETURNING id",
         "DELETE FROM people WHERE id = 1 RETURNING id",
         "INSERT INTO people (id, email) VALUES (3, 'c@example.com') ON CONFLICT DO NOTHING",
         "INSERT INTO people (id, name) VALUES (3, 'no email')",
@@ -370,4 +370,96 @@ async fn deletes_remove_the_lookup_rows_of_what_they_deleted() {
         .expect("the row after the rollback")
         .get(0);
     assert_eq!(back, 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn updates_of_a_lookup_column_move_its_lookup_rows() {
+    let fleet = Fleet::start();
+    let router = Router::start(&fleet.map, 4);
+    let mut c = router.connect().await;
+    for i in 1..=4i64 {
+        c.execute(
+            "INSERT INTO people (id, email, name) VALUES ($1, $2, 'n')",
+            &[&i, &format!("u{i}@example.com")],
+        )
+        .await
+        .expect("insert");
+    }
+    let id_of = |i: i64| Key::Int(i).keyspace_id().as_pg_bigint();
+    // As an ORM saves a row: every column set, the lookup column among them.
+    let n = c
+        .execute(
+            "UPDATE people SET email = $1, name = $2 WHERE id = $3",
+            &[&"v1@example.com", &"renamed", &1i64],
+        )
+        .await
+        .expect("update of the lookup column");
+    assert_eq!(n, 1);
+    assert!(fleet.entries("u1@example.com").is_empty());
+    let at = fleet.shard_of(Key::Text("v1@example.com"));
+    assert_eq!(
+        fleet.entries("v1@example.com"),
+        [format!("{at}:{}", id_of(1))]
+    );
+    let row = c
+        .query_one(
+            "SELECT id, name FROM people WHERE email = $1",
+            &[&"v1@example.com"],
+        )
+        .await
+        .expect("found by the new value");
+    assert_eq!(
+        (row.get::<_, i64>(0), row.get::<_, String>(1)),
+        (1, "renamed".into())
+    );
+    // The same value again changes no lookup row.
+    let n = c
+        .execute(
+            "UPDATE people SET email = $1 WHERE id = $2",
+            &[&"v1@example.com", &1i64],
+        )
+        .await
+        .expect("an update to the same value");
+    assert_eq!(n, 1);
+    assert_eq!(fleet.entries("v1@example.com").len(), 1);
+    // A value another row has: 23505, and nothing changed.
+    let err = c
+        .simple_query("UPDATE people SET email = 'u2@example.com' WHERE id = 3")
+        .await
+        .expect_err("a duplicate value");
+    assert_eq!(sqlstate(&err), "23505", "{err:?}");
+    assert_eq!(fleet.entries("u3@example.com").len(), 1);
+    let still: String = c
+        .query_one("SELECT email FROM people WHERE id = 3", &[])
+        .await
+        .expect("row 3")
+        .get(0);
+    assert_eq!(still, "u3@example.com");
+    // By the lookup column itself (every shard), and to NULL (no lookup row).
+    let n = c
+        .execute(
+            "UPDATE people SET email = NULL WHERE email = $1",
+            &[&"u4@example.com"],
+        )
+        .await
+        .expect("an update by email, to NULL");
+    assert_eq!(n, 1);
+    assert!(fleet.entries("u4@example.com").is_empty());
+    // Rolled back, the lookup rows are as before.
+    let tx = c.transaction().await.expect("begin");
+    tx.execute(
+        "UPDATE people SET email = 'w2@example.com' WHERE id = 2",
+        &[],
+    )
+    .await
+    .expect("update in a transaction");
+    let moved: i64 = tx
+        .query_one("SELECT id FROM people WHERE email = 'w2@example.com'", &[])
+        .await
+        .expect("read in the transaction")
+        .get(0);
+    assert_eq!(moved, 2);
+    tx.rollback().await.expect("rollback");
+    assert!(fleet.entries("w2@example.com").is_empty());
+    assert_eq!(fleet.entries("u2@example.com").len(), 1);
 }

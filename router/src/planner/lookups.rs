@@ -45,13 +45,10 @@ impl<'m> Refs<'m> {
     }
 
     /// Refuses an UPDATE of `table` that sets one of its lookup columns.
+    /// Notes an UPDATE of `table` that sets (`set`) one of its lookup columns.
     pub(super) fn sets_lookups(&mut self, table: &Table, set: &[String]) {
-        if let Some(l) = table.lookups.iter().find(|l| set.contains(&l.column)) {
-            self.refuse(format!(
-                "this UPDATE changes {column} of {name}, which the router routes by (a lookup column): that is not supported yet; delete the row and insert it again instead",
-                column = l.column,
-                name = table.qualified_name()
-            ));
+        if table.lookups.iter().any(|l| set.contains(&l.column)) {
+            self.sets_lookups = true;
         }
     }
 
@@ -149,6 +146,165 @@ fn delete(d: &sqlparser::ast::Delete, route: Route, table: &Table, tables: usize
     }
 }
 
+/// An UPDATE that sets a lookup column of `table` (`tables`: the statement's sharded table
+/// references): its route with the lookup rows kept, or refused.
+fn update(u: &sqlparser::ast::Update, route: Route, table: &Table, tables: usize) -> Route {
+    let name = table.qualified_name();
+    let refuse = |why: &str| Route::Unroutable {
+        message: format!("this UPDATE sets a lookup column of {name}, so it {why}"),
+    };
+    if tables > 1 || u.from.is_some() {
+        return refuse("cannot read other tables (the router reads the old and new values of the rows it changes)");
+    }
+    if u.returning.is_some() {
+        return refuse("cannot have RETURNING yet (the router reads the old and new values of the rows it changes)");
+    }
+    if !matches!(route, Route::Keyed { .. } | Route::ScatterWrite { .. }) {
+        return route;
+    }
+    let qualifier = match &u.table.relation {
+        sqlparser::ast::TableFactor::Table { alias: Some(a), .. } => super::pins::fold(&a.name),
+        _ => table.name.clone(),
+    };
+    Route::UpdatesLookups {
+        route: Box::new(route),
+        key_type: table.key_type,
+        qualifier,
+        key: table.key.clone(),
+        lookups: table
+            .lookups
+            .iter()
+            .map(|l| table.lookup_table(l))
+            .collect(),
+    }
+}
+
+/// An UPDATE (of `qualifier`'s table: its alias, else its name) rewritten to return, for each
+/// row it changes, its `key`, the new values of the lookup `columns` and their old values:
+///
+/// ```text
+/// WITH shardgate_old AS (SELECT ctid AS shardgate_ctid, c AS shardgate_old_0, ...
+///                        FROM <target> WHERE <where> FOR UPDATE)
+/// UPDATE <target> SET <sets> FROM shardgate_old WHERE q.ctid = shardgate_old.shardgate_ctid
+/// RETURNING q.key, q.c, ..., shardgate_old.shardgate_old_0, ...
+/// ```
+///
+/// The CTE locks the rows the client's WHERE picks and reads their old values; the UPDATE then
+/// changes exactly those row versions. `None` for any other shape (WITH, FROM, RETURNING,
+/// `WHERE CURRENT OF`).
+pub fn update_returning_old(
+    sql: &str,
+    qualifier: &str,
+    key: &str,
+    columns: &[String],
+) -> Option<String> {
+    let marks = update_marks(sql)?;
+    let q = shardmap::sql::quote_ident_always(qualifier);
+    let target = sql[marks.update..marks.set_word].trim();
+    let sets = sql[marks.set..marks.where_word.unwrap_or(marks.end)].trim();
+    let filter = marks
+        .where_word
+        .map(|_| format!(" WHERE {}", sql[marks.filter..marks.end].trim()))
+        .unwrap_or_default();
+    let quoted: Vec<String> = columns
+        .iter()
+        .map(|c| shardmap::sql::quote_ident_always(c))
+        .collect();
+    let old: Vec<String> = quoted
+        .iter()
+        .enumerate()
+        .map(|(n, c)| format!("{q}.{c} AS shardgate_old_{n}"))
+        .collect();
+    let new: Vec<String> = quoted.iter().map(|c| format!("{q}.{c}")).collect();
+    let was: Vec<String> = (0..columns.len())
+        .map(|n| format!("shardgate_old.shardgate_old_{n}"))
+        .collect();
+    Some(format!(
+        "WITH shardgate_old AS (SELECT {q}.ctid AS shardgate_ctid, {old} FROM {target}{filter} FOR UPDATE) \
+         UPDATE {target} SET {sets} FROM shardgate_old WHERE {q}.ctid = shardgate_old.shardgate_ctid \
+         RETURNING {q}.{key}, {new}, {was}{tail}",
+        old = old.join(", "),
+        key = shardmap::sql::quote_ident_always(key),
+        new = new.join(", "),
+        was = was.join(", "),
+        tail = &sql[marks.end..],
+    ))
+}
+
+/// Where the parts of an UPDATE's text are (byte offsets).
+struct UpdateMarks {
+    /// After the word UPDATE; the word SET and after it; the word WHERE and after it; the end
+    /// of the last word.
+    update: usize,
+    set_word: usize,
+    set: usize,
+    where_word: Option<usize>,
+    filter: usize,
+    end: usize,
+}
+
+fn update_marks(sql: &str) -> Option<UpdateMarks> {
+    use sqlparser::dialect::PostgreSqlDialect;
+    use sqlparser::keywords::Keyword;
+    use sqlparser::tokenizer::{Token, Tokenizer};
+    let tokens = Tokenizer::new(&PostgreSqlDialect {}, sql)
+        .tokenize_with_location()
+        .ok()?;
+    let at = |l: sqlparser::tokenizer::Location| super::values::byte_offset(sql, l.line, l.column);
+    let words: Vec<_> = tokens
+        .iter()
+        .filter(|t| !matches!(t.token, Token::Whitespace(_) | Token::EOF))
+        .collect();
+    // The first word is UPDATE: a WITH in front is another shape.
+    let first = words.first()?;
+    if !matches!(&first.token, Token::Word(w) if w.keyword == Keyword::UPDATE) {
+        return None;
+    }
+    let (mut set, mut filter, mut depth) = (None, None, 0i32);
+    for (n, t) in words.iter().enumerate() {
+        let keyword = match &t.token {
+            Token::LParen => {
+                depth += 1;
+                continue;
+            }
+            Token::RParen => {
+                depth -= 1;
+                continue;
+            }
+            Token::Word(w) if depth == 0 => w.keyword,
+            _ => continue,
+        };
+        match keyword {
+            Keyword::SET if set.is_none() => set = Some((at(t.span.start)?, at(t.span.end)?)),
+            Keyword::WHERE if set.is_some() && filter.is_none() => {
+                let current = words.get(n + 1).is_some_and(
+                    |next| matches!(&next.token, Token::Word(w) if w.keyword == Keyword::CURRENT),
+                );
+                if current {
+                    return None;
+                }
+                filter = Some((at(t.span.start)?, at(t.span.end)?));
+            }
+            Keyword::FROM | Keyword::RETURNING if set.is_some() => return None,
+            _ => {}
+        }
+    }
+    let last = words
+        .iter()
+        .rev()
+        .find(|t| !matches!(t.token, Token::SemiColon))?;
+    let end = at(last.span.end)?;
+    let (set_word, set) = set?;
+    Some(UpdateMarks {
+        update: at(first.span.end)?,
+        set_word,
+        set,
+        where_word: filter.map(|(w, _)| w),
+        filter: filter.map_or(end, |(_, f)| f),
+        end,
+    })
+}
+
 /// `sql` (one statement, without RETURNING) with ` RETURNING columns` after its last word
 /// (before a closing `;` and comments). `None` when it does not tokenize.
 pub fn with_returning(sql: &str, columns: &str) -> Option<String> {
@@ -194,6 +350,11 @@ pub(super) fn with_lookups(stmt: &Statement, route: Route, refs: &mut Refs<'_>) 
     if let Statement::Delete(d) = stmt {
         if let Some(t) = refs.sharded.iter().find(|t| !t.lookups.is_empty()) {
             return delete(d, route, t, refs.sharded.len());
+        }
+    }
+    if let (Statement::Update(u), true) = (stmt, refs.sets_lookups) {
+        if let Some(t) = refs.sharded.first() {
+            return update(u, route, t, refs.sharded.len());
         }
     }
     // One reference to one sharded table, which no key pins: its rows are those of one value.
@@ -280,7 +441,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         for sql in [
-            "UPDATE people SET email = 'b@x' WHERE id = 1",
+            "UPDATE people SET email = 'b@x' WHERE id = 1 RETURNING id",
             "DELETE FROM people WHERE id = 1 RETURNING *",
             "INSERT INTO people (id) VALUES (1)",
             "INSERT INTO people (id, email) VALUES (1, lower('A'))",
@@ -306,6 +467,45 @@ mod tests {
                 other => panic!("{sql}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn updates_of_lookup_columns_return_old_and_new_values() {
+        assert!(matches!(
+            route("UPDATE people SET email = $1, name = 'x' WHERE id = $2"),
+            Route::UpdatesLookups { .. }
+        ));
+        let got = super::update_returning_old(
+            "UPDATE people p SET email = $1 WHERE p.id = $2;",
+            "p",
+            "id",
+            &["email".into()],
+        );
+        assert_eq!(
+            got.as_deref(),
+            Some(concat!(
+                r#"WITH shardgate_old AS (SELECT "p".ctid AS shardgate_ctid, "p"."email" AS shardgate_old_0 "#,
+                r#"FROM people p WHERE p.id = $2 FOR UPDATE) "#,
+                r#"UPDATE people p SET email = $1 FROM shardgate_old WHERE "p".ctid = shardgate_old.shardgate_ctid "#,
+                r#"RETURNING "p"."id", "p"."email", shardgate_old.shardgate_old_0;"#
+            ))
+        );
+        let all = super::update_returning_old("UPDATE t SET v = 1", "t", "id", &["v".into()]);
+        assert!(all.is_some_and(|s| s.contains("FROM t FOR UPDATE")));
+        for sql in [
+            "UPDATE t SET v = 1 FROM u WHERE u.id = t.id",
+            "UPDATE t SET v = 1 WHERE id = 1 RETURNING v",
+            "UPDATE t SET v = 1 WHERE CURRENT OF c",
+            "WITH x AS (SELECT 1) UPDATE t SET v = 1",
+        ] {
+            assert!(
+                super::update_returning_old(sql, "t", "id", &["v".into()]).is_none(),
+                "{sql}"
+            );
+        }
+        // Parentheses hide what is inside them.
+        let nested = "UPDATE t SET v = (SELECT max(v) FROM u WHERE u.k = 1) WHERE id = 2";
+        assert!(super::update_returning_old(nested, "t", "id", &["v".into()]).is_some());
     }
 
     #[test]

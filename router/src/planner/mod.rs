@@ -121,6 +121,18 @@ pub enum Route {
         /// The lookup tables, in the order of their columns in `returning`.
         lookups: Vec<shardmap::Table>,
     },
+    /// An UPDATE (`route`, keyed or on every shard) that sets lookup columns of its table:
+    /// it runs rewritten to return each changed row's key and the columns' new and old values
+    /// ([`lookups::update_returning_old`]), and the lookup rows change in the same write.
+    UpdatesLookups {
+        route: Box<Route>,
+        key_type: KeyType,
+        /// The table's alias in the UPDATE, else its name.
+        qualifier: String,
+        key: String,
+        /// The lookup tables of the table's lookup columns.
+        lookups: Vec<shardmap::Table>,
+    },
     /// `BEGIN`, `START TRANSACTION`.
     Begin,
     /// `COMMIT`, `END`.

@@ -103,6 +103,8 @@ pub(crate) struct Refs<'m> {
     /// Lookup columns fixed to values ([`super::lookups`]), and the values an INSERT gives them.
     pub lookup_pins: Vec<super::lookups::LookupPin<'m>>,
     pub lookup_rows: Vec<super::LookupRows>,
+    /// An UPDATE sets a lookup column of its table.
+    pub sets_lookups: bool,
     /// An INSERT of this many VALUES rows into a sharded table that leaves out its key, which
     /// the router gives ([`super::Route::NewKeys`]); `Always` for `GENERATED ALWAYS`.
     pub new_keys: Option<(NewRows, KeyDefault)>,
@@ -159,6 +161,7 @@ impl<'m> Refs<'m> {
             new_keys: None,
             lookup_pins: Vec::new(),
             lookup_rows: Vec::new(),
+            sets_lookups: false,
             selects_with_sharded: 0,
             tied: 0,
             correlated: 0,

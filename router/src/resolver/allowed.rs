@@ -81,8 +81,8 @@ pub(super) fn in_transaction<'a>(
             errors::FEATURE_NOT_SUPPORTED,
             "COPY into a sharded table cannot run inside a transaction, which stays on one shard",
         )),
-        Dest::SplitInsert(_) | Dest::DeleteLookups(_) if cx.cross_shard => Ok(resolved),
-        Dest::DeleteLookups(_) => Err(SqlError::new(
+        Dest::SplitInsert(_) | Dest::ChangesLookups(_) if cx.cross_shard => Ok(resolved),
+        Dest::ChangesLookups(_) => Err(SqlError::new(
             errors::FEATURE_NOT_SUPPORTED,
             "a DELETE from a table with lookup columns also deletes lookup rows on other shards, which a transaction that stays on one shard cannot do",
         )),
@@ -128,7 +128,7 @@ pub(super) fn keeps(dest: &Dest, savepoint: bool, cx: &Context<'_>) -> Option<Sq
 fn leaves_shard(dest: &Dest, pinned: usize) -> bool {
     match dest {
         Dest::Shard(s) => *s != pinned,
-        Dest::Read(_) | Dest::Write(_) | Dest::SplitInsert(_) | Dest::DeleteLookups(_) => true,
+        Dest::Read(_) | Dest::Write(_) | Dest::SplitInsert(_) | Dest::ChangesLookups(_) => true,
         Dest::Declare { query, .. } => leaves_shard(query, pinned),
         _ => false,
     }

@@ -94,7 +94,7 @@ pub fn rows(target: &Target<'_>, sql: &str) -> Vec<Row> {
             "read first; the statement then runs on the shard of the keyspace ID it holds (every shard when there is none)",
             &l.sql,
         )],
-        Dest::DeleteLookups(d) => d
+        Dest::ChangesLookups(d) => d
             .shards
             .iter()
             .map(|&s| {

@@ -19,7 +19,7 @@ use shardmap::{Key, ShardMap, Table};
 
 use super::allowed::{in_transaction, keeps};
 use super::plan::by_plan;
-use super::target::{ByLookup, DeleteLookups, Dest, SplitInsert};
+use super::target::{ByLookup, ChangesLookups, Dest, SplitInsert};
 use super::{Context, Resolved, Statement};
 use crate::errors;
 use crate::planner::{KeySource, LookupRows, Plan, Route};
@@ -151,9 +151,44 @@ pub(super) fn delete<'a>(
             "the router could not add RETURNING to this DELETE",
         )
     })?;
-    Ok(Dest::DeleteLookups(DeleteLookups {
+    Ok(Dest::ChangesLookups(ChangesLookups {
         shards,
         sql,
+        update: false,
+        key_type,
+        lookups: lookups.to_vec(),
+    }))
+}
+
+/// An UPDATE (`route`) that sets lookup columns of its table (`qualifier` in its text, keyed by
+/// `key`): where it runs, rewritten to return the old and new values.
+pub(super) fn update<'a>(
+    stmt: &Statement<'a>,
+    cx: &Context<'a>,
+    route: &Route,
+    qualifier: &str,
+    key: &str,
+    key_type: shardmap::KeyType,
+    lookups: &[Table],
+) -> Result<Dest, SqlError> {
+    let shards = match as_route(stmt, route, cx)? {
+        Dest::Shard(shard) => vec![shard],
+        Dest::Write(write) => write.shards,
+        Dest::Refused(e) => return Err(e),
+        other => return Ok(other),
+    };
+    let columns: Vec<String> = lookups.iter().map(|l| l.key.clone()).collect();
+    let sql = crate::planner::lookups::update_returning_old(stmt.sql, qualifier, key, &columns)
+        .ok_or_else(|| {
+            SqlError::new(
+                errors::FEATURE_NOT_SUPPORTED,
+                "this UPDATE sets a lookup column, and the router could not rewrite it to read the old values (WITH, FROM, RETURNING and WHERE CURRENT OF are not supported there)",
+            )
+        })?;
+    Ok(Dest::ChangesLookups(ChangesLookups {
+        shards,
+        sql,
+        update: true,
         key_type,
         lookups: lookups.to_vec(),
     }))

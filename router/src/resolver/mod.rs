@@ -29,7 +29,7 @@ use shardmap::ShardMap;
 
 pub use allowed::{Anchor, Keeps};
 pub use target::{
-    ByLookup, DeleteLookups, Dest, NewKeys, Read, Reroute, SplitInsert, Target, Why, Write,
+    ByLookup, ChangesLookups, Dest, NewKeys, Read, Reroute, SplitInsert, Target, Why, Write,
 };
 pub use values::{Literals, Params};
 

@@ -109,6 +109,13 @@ fn alone<'a>(stmt: &Statement<'a>, cx: &Context<'a>) -> Result<Option<Resolved<'
             returning,
             lookups,
         }] => super::lookups::delete(stmt, cx, route, *key_type, returning, lookups)?,
+        [Route::UpdatesLookups {
+            route,
+            key_type,
+            qualifier,
+            key,
+            lookups,
+        }] => super::lookups::update(stmt, cx, route, qualifier, key, *key_type, lookups)?,
         [Route::CopyIn { key_type, format }] => Dest::CopyIn {
             key_type: *key_type,
             format: *format,
@@ -340,6 +347,9 @@ fn not_in_a_query(route: &Route) -> Result<(), SqlError> {
         Route::Lookup { table, .. } => alone(format!(
             "a statement that the lookup of a column of {table} routes must be the only statement of its query"
         )),
+        Route::UpdatesLookups { .. } => alone(
+            "an UPDATE of a lookup column must be the only statement of its query".into(),
+        ),
         Route::DeletesLookups { .. } => alone(
             "a DELETE from a table with lookup columns must be the only statement of its query"
                 .into(),

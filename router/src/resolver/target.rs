@@ -70,9 +70,10 @@ pub enum Dest {
     /// Routed by a lookup column: the session reads the value's lookup row, then runs the
     /// statement on its keyspace ID's shard ([`super::lookups::found`]), or as `without` says.
     Lookup(ByLookup),
-    /// A DELETE from a table with lookup columns: it runs with RETURNING on its shards, and
-    /// the lookup rows of the values it removed are deleted in the same write.
-    DeleteLookups(DeleteLookups),
+    /// A DELETE from a table with lookup columns, or an UPDATE that sets them: it runs with
+    /// RETURNING on its shards, and the lookup rows of the values it removed (and added) change
+    /// in the same write.
+    ChangesLookups(ChangesLookups),
     /// COPY FROM STDIN into a sharded table, rows split by key.
     CopyIn {
         key_type: KeyType,
@@ -228,13 +229,16 @@ pub struct ByLookup {
     pub without: Box<Dest>,
 }
 
-/// A DELETE from a table with lookup columns ([`Dest::DeleteLookups`]).
+/// A DELETE from a table with lookup columns, or an UPDATE that sets them
+/// ([`Dest::ChangesLookups`]).
 #[derive(Debug, Clone)]
-pub struct DeleteLookups {
+pub struct ChangesLookups {
     /// Where it runs, in shard order.
     pub shards: Vec<usize>,
-    /// The client's DELETE with `RETURNING` its table's key and lookup columns.
+    /// The client's DELETE with `RETURNING` its table's key and lookup columns; or its UPDATE
+    /// rewritten to return the key, the lookup columns' new values and their old values.
     pub sql: String,
+    pub update: bool,
     pub key_type: KeyType,
     /// The lookup tables, in the order of their columns after the key.
     pub lookups: Vec<shardmap::Table>,
@@ -311,9 +315,9 @@ impl fmt::Display for Target<'_> {
                 l.lookup_table,
                 range(l.shard)
             ),
-            Dest::DeleteLookups(d) => write!(
+            Dest::ChangesLookups(d) => write!(
                 f,
-                "shards {}: a DELETE that removes the lookup rows of what it deleted",
+                "shards {}: a write that changes the lookup rows of what it changed",
                 ranges(&d.shards).join(", ")
             ),
             Dest::Any => f.write_str("any shard: no sharded or unsharded table"),

@@ -33,7 +33,7 @@ use crate::multishard::split_insert;
 use crate::protocol::frontend::{self, Bind};
 use crate::protocol::reply::{self, SqlError};
 use crate::protocol::request;
-use crate::resolver::{DeleteLookups, Dest, SplitInsert};
+use crate::resolver::{ChangesLookups, Dest, SplitInsert};
 
 /// A statement as the protocol that carried it gave it.
 pub(super) enum Carrier<'a> {
@@ -74,9 +74,9 @@ impl Carrier<'_> {
         }
     }
 
-    /// What each shard of a DELETE from a table with lookup columns runs: its text with
-    /// RETURNING, the client's parameters as they are, results in text.
-    fn delete_requests(&self, delete: &DeleteLookups) -> Result<Vec<(usize, Vec<u8>)>, SqlError> {
+    /// What each shard of a write that changes lookup rows runs: its text with RETURNING, the
+    /// client's parameters as they are, results in text.
+    fn delete_requests(&self, delete: &ChangesLookups) -> Result<Vec<(usize, Vec<u8>)>, SqlError> {
         let params = match self {
             Carrier::Bind { bind, .. } => (0..bind.param_count).collect(),
             _ => Vec::new(),
@@ -180,10 +180,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             }
             Dest::NewKeys(new) => self.with_new_keys(new, carrier).await,
             Dest::Lookup(by) => self.by_lookup(by, carrier).await,
-            Dest::DeleteLookups(delete) => {
+            Dest::ChangesLookups(delete) => {
                 let requests = carrier.delete_requests(&delete);
                 let params = carrier.params();
-                let spread = Spread::DeleteLookups {
+                let spread = Spread::ChangesLookups {
                     delete,
                     requests,
                     params,
@@ -361,7 +361,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             } => request::query_message(&super::cursors::shard_text(sql, name, read, *stepwise))?,
             Spread::Broadcast { .. }
             | Spread::Split { .. }
-            | Spread::DeleteLookups { .. }
+            | Spread::ChangesLookups { .. }
             | Spread::CopyIn { .. } => Vec::new(),
         };
         match self.run_spread(spread, request, &[], 0).await? {

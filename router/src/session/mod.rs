@@ -41,7 +41,7 @@ mod execute;
 mod explain;
 mod extended;
 mod lookup;
-mod lookup_delete;
+mod lookup_write;
 mod new_keys;
 mod outbox;
 mod participants;

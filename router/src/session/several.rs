@@ -60,7 +60,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.run_split_insert(&split, requests, params, asked)
                     .await?
             }
-            Spread::DeleteLookups {
+            Spread::ChangesLookups {
                 delete,
                 requests,
                 params,

@@ -4,7 +4,7 @@
 //! `super::several`.
 
 use crate::protocol::reply::SqlError;
-use crate::resolver::{DeleteLookups, Read, SplitInsert, Write};
+use crate::resolver::{ChangesLookups, Read, SplitInsert, Write};
 
 /// A statement on several shards, as it runs.
 #[derive(Debug)]
@@ -33,8 +33,8 @@ pub(super) enum Spread {
     },
     /// A DELETE from a table with lookup columns, with its request for each shard (made at the
     /// Bind in the extended protocol, with the client's parameter count).
-    DeleteLookups {
-        delete: DeleteLookups,
+    ChangesLookups {
+        delete: ChangesLookups,
         requests: Result<Vec<(usize, Vec<u8>)>, SqlError>,
         params: Option<usize>,
     },

@@ -59,7 +59,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             Spread::Read(..)
             | Spread::Write(_)
             | Spread::Split { .. }
-            | Spread::DeleteLookups { .. } => {
+            | Spread::ChangesLookups { .. } => {
                 // Inside a transaction it may follow other statements of its batch (a
                 // driver's BEGIN in front of it, earlier statements on the pinned shard):
                 // those run first, and it joins the transaction.
@@ -79,7 +79,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             && self.state.tx == Tx::Idle
             && (matches!(
                 spread,
-                Spread::Write(_) | Spread::Split { .. } | Spread::DeleteLookups { .. }
+                Spread::Write(_) | Spread::Split { .. } | Spread::ChangesLookups { .. }
             ) || matches!(spread, Spread::Read(..)) && after_others)
             && (!self.bring_in_step().await? || !self.open_on_first_shard(false).await?)
         {
@@ -116,7 +116,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.state.set_batch(Batch::Broadcast { sql });
                 return Ok(());
             }
-            Spread::Split { .. } | Spread::DeleteLookups { .. } => {
+            Spread::Split { .. } | Spread::ChangesLookups { .. } => {
                 // Each part's request was made with the Bind.
                 self.set_scatter(Vec::new(), spread, asked);
                 return Ok(());

@@ -1,9 +1,11 @@
-//! A DELETE from a table with lookup columns (`Dest::DeleteLookups`): it runs on its shards
-//! with `RETURNING` the key and the lookup columns (in text), the router reads which values it
-//! removed, and deletes their lookup rows (those holding the deleted rows' keyspace IDs) in the
-//! same write: outside a transaction as one write on several shards
-//! (`multishard::split_insert::run_then`), inside one on the transaction's connections. The
-//! client gets `DELETE n`, as from the DELETE it sent.
+//! A DELETE from a table with lookup columns, or an UPDATE that sets them
+//! (`Dest::ChangesLookups`): it runs on its shards returning, in text, each row's key and the
+//! lookup columns' values (a DELETE: those it removed; an UPDATE: the new ones, then the old),
+//! the router reads them, and changes the lookup rows in the same write: deletes those of the
+//! values gone (holding the rows' keyspace IDs), inserts those of the values new (a value
+//! another row has fails the write with `23505`). Outside a transaction that is one write on
+//! several shards (`multishard::split_insert::run_then`), inside one it runs on the
+//! transaction's connections. The client gets `DELETE n` or `UPDATE n`, as from what it sent.
 
 use std::collections::BTreeMap;
 
@@ -17,7 +19,7 @@ use crate::multishard::split_insert::{self, Outcome};
 use crate::protocol::frame::frames;
 use crate::protocol::reply::{self, SqlError};
 use crate::protocol::request;
-use crate::resolver::DeleteLookups;
+use crate::resolver::ChangesLookups;
 use crate::stats::{RouteKind, NO_SHARD};
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
@@ -25,7 +27,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// writes the client's answer; `Ok(true)` when it failed.
     pub(super) async fn run_lookup_delete(
         &mut self,
-        delete: &DeleteLookups,
+        delete: &ChangesLookups,
         requests: Result<Vec<(usize, Vec<u8>)>, SqlError>,
         extended: Option<usize>,
         asked: &[u8],
@@ -41,7 +43,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.delete_in_transaction(delete, requests).await?
             }
             Ok(requests) => {
-                let then = |replies: &[Vec<u8>]| lookup_deletes(&routing.map, delete, replies);
+                let then = |replies: &[Vec<u8>]| lookup_changes(&routing.map, delete, replies);
                 split_insert::run_then(&routing, &requests, &self.settings, "the DELETE", then)
                     .await
             }
@@ -59,7 +61,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     .filter(|f| f[0] == b'C')
                     .map(|f| crate::protocol::backend::rows_in_tag(&f[5..]))
                     .sum();
-                reply::command_complete(out, &format!("DELETE {total}"));
+                let verb = if delete.update { "UPDATE" } else { "DELETE" };
+                reply::command_complete(out, &format!("{verb} {total}"));
                 Ok(false)
             }
             Outcome::RolledBack(frame) => {
@@ -79,14 +82,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     /// The DELETE and then its lookup rows' DELETEs, in the client's transaction.
     async fn delete_in_transaction(
         &mut self,
-        delete: &DeleteLookups,
+        delete: &ChangesLookups,
         requests: Vec<(usize, Vec<u8>)>,
     ) -> Result<Outcome, SessionError> {
         let replies = match self.split_in_transaction(requests).await? {
             Outcome::Committed(replies) => replies,
             other => return Ok(other),
         };
-        let more = match lookup_deletes(&self.routing.map, delete, &replies) {
+        let more = match lookup_changes(&self.routing.map, delete, &replies) {
             Ok(more) => more,
             Err(e) => return Ok(Outcome::Failed(e)),
         };
@@ -100,16 +103,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     }
 }
 
-/// The DELETEs of the lookup rows of the values the DELETE's `replies` (its RETURNING rows:
-/// key, then each lookup column, in text) removed, one simple Query per shard, in shard order.
-fn lookup_deletes(
+/// The changes of lookup rows that the write's `replies` (its RETURNING rows, in text) call
+/// for, one simple Query per shard (deletes before inserts), in shard order.
+fn lookup_changes(
     map: &ShardMap,
-    delete: &DeleteLookups,
+    delete: &ChangesLookups,
     replies: &[Vec<u8>],
 ) -> Result<Vec<(usize, Vec<u8>)>, SqlError> {
-    // (shard, lookup) -> "(value, keyspace_id)" of each row.
-    let mut rows: BTreeMap<(usize, usize), Vec<String>> = BTreeMap::new();
-    let bad = |what: &str| errors::internal(format!("the DELETE's RETURNING row: {what}"));
+    // (shard, lookup) -> "(value, keyspace_id)" of the lookup rows to delete, and to insert.
+    let mut gone: BTreeMap<(usize, usize), Vec<String>> = BTreeMap::new();
+    let mut new: BTreeMap<(usize, usize), Vec<String>> = BTreeMap::new();
+    let bad = |what: &str| errors::internal(format!("the write's RETURNING row: {what}"));
+    let lookups = delete.lookups.len();
     for frame in replies.iter().flat_map(|r| frames(r).map_while(Result::ok)) {
         if frame[0] != b'D' {
             continue;
@@ -126,24 +131,45 @@ fn lookup_deletes(
             .keyspace_id()
             .as_pg_bigint();
         for (n, lookup) in delete.lookups.iter().enumerate() {
-            let Some(Some(value)) = values.get(n + 1) else {
-                continue;
+            let now = values.get(n + 1).copied().flatten();
+            let (old, added) = if delete.update {
+                (values.get(1 + lookups + n).copied().flatten(), now)
+            } else {
+                (now, None)
             };
-            let value = std::str::from_utf8(value).map_err(|_| bad("a value that is not text"))?;
-            let value = lookup
-                .key_type
-                .parse_key(value)
-                .map_err(|e| bad(&e.to_string()))?;
-            rows.entry((map.shard_for_key(&value), n))
-                .or_default()
-                .push(format!("({}, {id})", value.sql_literal()));
+            if old == added {
+                continue;
+            }
+            for (value, into) in [(old, &mut gone), (added, &mut new)] {
+                let Some(value) = value else {
+                    continue;
+                };
+                let value =
+                    std::str::from_utf8(value).map_err(|_| bad("a value that is not text"))?;
+                let value = lookup
+                    .key_type
+                    .parse_key(value)
+                    .map_err(|e| bad(&e.to_string()))?;
+                into.entry((map.shard_for_key(&value), n))
+                    .or_default()
+                    .push(format!("({}, {id})", value.sql_literal()));
+            }
         }
     }
     let mut by_shard: BTreeMap<usize, Vec<String>> = BTreeMap::new();
-    for ((shard, n), values) in rows {
+    for ((shard, n), values) in gone {
         let lookup = &delete.lookups[n];
         by_shard.entry(shard).or_default().push(format!(
             "DELETE FROM {} WHERE ({}, keyspace_id) IN ({})",
+            lookup.quoted_name(),
+            shardmap::sql::quote_ident(&lookup.key),
+            values.join(", ")
+        ));
+    }
+    for ((shard, n), values) in new {
+        let lookup = &delete.lookups[n];
+        by_shard.entry(shard).or_default().push(format!(
+            "INSERT INTO {} ({}, keyspace_id) VALUES {}",
             lookup.quoted_name(),
             shardmap::sql::quote_ident(&lookup.key),
             values.join(", ")
