@@ -106,8 +106,39 @@ async fn reads_by_a_lookup_column_reach_the_rows_shard_only() {
     .await
     .expect("a multi-row insert");
 
+    // As ORMs write many rows: SQLAlchemy's SELECT from VALUES (rows of one shard, as the
+    // router's keys are), Django's UNNEST of arrays (over several shards).
+    let twin = (100i64..)
+        .find(|&i| fleet.shard_of(Key::Int(i)) == fleet.shard_of(Key::Int(13)))
+        .expect("a key on 13's shard");
+    c.execute(
+        "INSERT INTO people (id, email, name) SELECT p0, p1, p2 FROM (VALUES ($1::bigint, $2::text, 'P13', 0), ($3::bigint, $4::text, 'twin', 1)) AS imp(p0, p1, p2, n) ORDER BY n",
+        &[&13i64, &"p13@example.com", &twin, &"twin@example.com"],
+    )
+    .await
+    .expect("an insert from VALUES");
+    let at = fleet.shard_of(Key::Text("twin@example.com"));
+    let twin_id = Key::Int(twin).keyspace_id().as_pg_bigint();
+    assert_eq!(
+        fleet.entries("twin@example.com"),
+        [format!("{at}:{twin_id}")]
+    );
+    let ids: Vec<i64> = (15..19).collect();
+    let emails: Vec<String> = ids.iter().map(|i| format!("p{i}@example.com")).collect();
+    let back = c
+        .query(
+            "INSERT INTO people (id, email) SELECT * FROM UNNEST($1::bigint[], $2::text[]) RETURNING id",
+            &[&ids, &emails],
+        )
+        .await
+        .expect("an insert from UNNEST");
+    assert_eq!(
+        back.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>(),
+        ids
+    );
+
     // Each lookup row is on the shard of its value and holds its row's keyspace ID.
-    for i in 0..12i64 {
+    for i in (0..12i64).chain([13]).chain(15..19) {
         let email = format!("p{i}@example.com");
         let id = Key::Int(i).keyspace_id().as_pg_bigint();
         let at = fleet.shard_of(Key::Text(&email));

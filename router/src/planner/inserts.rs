@@ -9,6 +9,7 @@ use sqlparser::ast::{
     TableWithJoins,
 };
 
+use super::lookups::LookupSource;
 use super::pins::assigned_columns;
 use super::pins::{fold, name_parts};
 use super::refs::{KeyDefault, Pin, Refs, Rel};
@@ -53,11 +54,13 @@ impl<'m> Refs<'m> {
                 }
             }
         }
+        let mut of_values = None;
         let rows = match ins.source.as_deref().map(|q| (&*q.body, values_rows_of(q))) {
             Some((SetExpr::Values(values), _)) => values.rows.as_slice(),
             Some((_, Some((values, columns)))) => match select_of_values(values, columns, position) {
                 Some((rows, at)) => {
                     position = at;
+                    of_values = Some((values, columns));
                     rows
                 }
                 None => {
@@ -67,7 +70,9 @@ impl<'m> Refs<'m> {
                 }
             },
             _ if ins.source.as_deref().and_then(unnest_arrays).is_some() => {
-                self.insert_lookups(ins, table, &[]);
+                if let Some(arrays) = ins.source.as_deref().and_then(unnest_arrays) {
+                    self.insert_lookups(ins, table, LookupSource::Arrays(arrays));
+                }
                 return self.insert_unnest(ins, table, position);
             }
             _ => {
@@ -88,7 +93,12 @@ impl<'m> Refs<'m> {
                 }
             }
         }
-        self.insert_lookups(ins, table, rows);
+        // Which element of a row holds a column of the INSERT's list.
+        let element = |p: usize| match of_values {
+            Some((values, columns)) => select_of_values(values, columns, p).map(|(_, at)| at),
+            None => Some(p),
+        };
+        self.insert_lookups(ins, table, LookupSource::Rows(rows, &element));
         self.pins.push(Pin { table, keys });
     }
 

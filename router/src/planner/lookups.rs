@@ -15,11 +15,11 @@
 //! Sans-IO.
 
 use shardmap::Table;
-use sqlparser::ast::{Expr, Insert, Parens, SetExpr, Statement, Value};
+use sqlparser::ast::{Expr, Insert, Parens, Statement, Value};
 
 use super::pins::{name_parts, pin_by, ScopeRel};
 use super::refs::Refs;
-use super::{KeySource, LookupRows, Route};
+use super::{KeySource, LookupRows, LookupValues, Route};
 
 /// A lookup column that a query's conditions fix (for [`Route::Lookup`]).
 pub(crate) struct LookupPin<'m> {
@@ -54,23 +54,14 @@ impl<'m> Refs<'m> {
 
     /// The values an INSERT of `rows` (VALUES rows, columns as `ins` names them) into `table`
     /// gives each lookup column; refused when the router could not keep the lookup rows.
-    pub(super) fn insert_lookups(
-        &mut self,
-        ins: &Insert,
-        table: &Table,
-        rows: &[Parens<Vec<Expr>>],
-    ) {
+    pub(super) fn insert_lookups(&mut self, ins: &Insert, table: &Table, source: LookupSource<'_>) {
         if table.lookups.is_empty() {
             return;
         }
         let name = table.qualified_name();
-        let plain_values = matches!(
-            ins.source.as_deref().map(|q| &*q.body),
-            Some(SetExpr::Values(_))
-        );
-        if !plain_values || ins.columns.is_empty() || ins.on.is_some() {
+        if ins.columns.is_empty() || ins.on.is_some() {
             return self.refuse(format!(
-                "INSERT INTO {name}, which has lookup columns, must be a plain INSERT ... (columns) VALUES ... without ON CONFLICT, so that the router can write the lookup rows of its values"
+                "INSERT INTO {name}, which has lookup columns, needs a column list and no ON CONFLICT, so that the router can write the lookup rows of its values"
             ));
         }
         let mut out = Vec::with_capacity(table.lookups.len());
@@ -86,24 +77,30 @@ impl<'m> Refs<'m> {
                     lookup.column
                 ));
             };
-            let mut values = Vec::with_capacity(rows.len());
-            for (n, row) in rows.iter().enumerate() {
-                let value = row.content.get(position);
-                if value.is_some_and(is_null) {
-                    values.push(None);
-                    continue;
-                }
-                match value.and_then(|e| super::pins::key_source(e, lookup.key_type)) {
-                    Some(v) => values.push(Some(v)),
-                    None => {
-                        return self.refuse(format!(
-                            "row {} of this INSERT INTO {name} gives the lookup column {} as an expression: it must be a literal, a parameter or NULL",
-                            n + 1,
-                            lookup.column
-                        ))
+            let values = match &source {
+                LookupSource::Rows(rows, element) => {
+                    match row_values(rows, element(position), lookup.key_type) {
+                        Ok(values) => LookupValues::Rows(values),
+                        Err(row) => {
+                            return self.refuse(format!(
+                                "row {row} of this INSERT INTO {name} gives the lookup column {} as an expression: it must be a literal, a parameter or NULL",
+                                lookup.column
+                            ))
+                        }
                     }
                 }
-            }
+                LookupSource::Arrays(arrays) => {
+                    match arrays.get(position).and_then(|a| super::pins::array_keys(a, lookup.key_type)).as_deref() {
+                        Some([one @ KeySource::Array(_)]) => LookupValues::Array(one.clone()),
+                        _ => {
+                            return self.refuse(format!(
+                                "the lookup column {} of this INSERT INTO {name} ... SELECT * FROM UNNEST(...) must come from one array parameter or literal",
+                                lookup.column
+                            ))
+                        }
+                    }
+                }
+            };
             out.push(LookupRows {
                 table: table.lookup_table(lookup),
                 values,
@@ -111,6 +108,37 @@ impl<'m> Refs<'m> {
         }
         self.lookup_rows = out;
     }
+}
+
+/// Where an INSERT's rows are, for reading its lookup columns.
+pub(super) enum LookupSource<'q> {
+    /// VALUES rows, and which element of a row holds a column of the INSERT's list.
+    Rows(&'q [Parens<Vec<Expr>>], &'q dyn Fn(usize) -> Option<usize>),
+    /// `SELECT * FROM UNNEST(arrays)`: one array per column of the INSERT's list.
+    Arrays(&'q [Expr]),
+}
+
+/// Each row's value of the element at `at`: a literal, a parameter, or NULL (`None`); the
+/// 1-based row that has anything else.
+fn row_values(
+    rows: &[Parens<Vec<Expr>>],
+    at: Option<usize>,
+    key_type: shardmap::KeyType,
+) -> Result<Vec<Option<KeySource>>, usize> {
+    let mut values = Vec::with_capacity(rows.len());
+    for (n, row) in rows.iter().enumerate() {
+        let value = at.and_then(|at| row.content.get(at));
+        if value.is_some_and(is_null) {
+            values.push(None);
+            continue;
+        }
+        values.push(Some(
+            value
+                .and_then(|e| super::pins::key_source(e, key_type))
+                .ok_or(n + 1)?,
+        ));
+    }
+    Ok(values)
 }
 
 /// A DELETE from `table`, which has lookup columns (`tables`: the statement's sharded table
@@ -389,7 +417,7 @@ mod tests {
 
     use shardmap::{KeyType, Lookup, ShardMap, Table};
 
-    use super::super::{NormalizeBuf, Planner, Route};
+    use super::super::{LookupValues, NormalizeBuf, Planner, Route};
 
     fn route(sql: &str) -> Route {
         let urls: Vec<String> = (0..4).map(|i| format!("postgres://h/s{i}")).collect();
@@ -431,8 +459,13 @@ mod tests {
         match route("INSERT INTO people (id, email) VALUES (1, 'a@x'), ($1, NULL)") {
             Route::WithLookups { rows, .. } => {
                 assert_eq!(rows.len(), 1);
-                assert_eq!(rows[0].values.len(), 2);
-                assert!(rows[0].values[0].is_some() && rows[0].values[1].is_none());
+                match &rows[0].values {
+                    LookupValues::Rows(values) => {
+                        assert_eq!(values.len(), 2);
+                        assert!(values[0].is_some() && values[1].is_none());
+                    }
+                    other => panic!("{other:?}"),
+                }
                 assert_eq!(
                     rows[0].table.qualified_name(),
                     "shardgate.lookup_people_email"
@@ -452,6 +485,12 @@ mod tests {
                 "{sql}: {:?}",
                 route(sql)
             );
+        }
+        for sql in [
+            "INSERT INTO people (id, email) SELECT * FROM UNNEST($1::bigint[], $2::text[])",
+            "INSERT INTO people (id, email) SELECT p0, p1 FROM (VALUES ($1, $2, 0)) AS s(p0, p1, n) ORDER BY n",
+        ] {
+            assert!(matches!(route(sql), Route::WithLookups { .. }), "{sql}");
         }
         for sql in [
             "DELETE FROM people WHERE id = 1",

@@ -190,12 +190,21 @@ pub enum Route {
 
 pub use crate::protocol::copy::Format as CopyFormat;
 
-/// The values an INSERT gives one lookup column ([`Route::WithLookups`]), row by row (`None`:
-/// NULL, which needs no lookup row), and the lookup table they go to.
+/// The values an INSERT gives one lookup column ([`Route::WithLookups`]), and the lookup table
+/// they go to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LookupRows {
     pub table: shardmap::Table,
-    pub values: Vec<Option<KeySource>>,
+    pub values: LookupValues,
+}
+
+/// Where an INSERT's values of a lookup column are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LookupValues {
+    /// One per VALUES row (`None`: NULL, which needs no lookup row).
+    Rows(Vec<Option<KeySource>>),
+    /// The elements of an UNNEST array, one per row.
+    Array(KeySource),
 }
 
 /// The rows of an INSERT that leaves out its key ([`Route::NewKeys`]), one new key each.

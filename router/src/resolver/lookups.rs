@@ -15,14 +15,14 @@
 use std::collections::BTreeMap;
 
 use shardmap::sql::quote_ident;
-use shardmap::{Key, ShardMap, Table};
+use shardmap::{Key, KeyspaceId, ShardMap, Table};
 
 use super::allowed::{in_transaction, keeps};
 use super::plan::by_plan;
 use super::target::{ByLookup, ChangesLookups, Dest, SplitInsert};
 use super::{Context, Resolved, Statement};
 use crate::errors;
-use crate::planner::{KeySource, LookupRows, Plan, Route};
+use crate::planner::{KeySource, LookupRows, LookupValues, Plan, Route};
 use crate::protocol::reply::SqlError;
 
 /// The statement as `route` alone would place it (with the transaction's rules).
@@ -106,18 +106,26 @@ pub(super) fn insert<'a>(
         )
         .with_hint("send the INSERT without WITH"));
     }
+    // Each row's keyspace ID (`None` for a NULL key, which its shard refuses).
+    let ids: Vec<Option<KeyspaceId>> = match keys.as_slice() {
+        [KeySource::Array(inner)] => stmt
+            .params
+            .array_keys(inner, *key_type)?
+            .into_iter()
+            .map(|k| k.map(|(_, id)| id))
+            .collect(),
+        _ => keys
+            .iter()
+            .map(|k| Ok(stmt.params.key(k, *key_type)?.map(|k| k.keyspace_id())))
+            .collect::<Result<_, SqlError>>()?,
+    };
     let mut split = match as_route(stmt, route, cx)? {
-        Dest::Shard(shard) => whole(stmt, shard)?,
+        Dest::Shard(shard) => whole(stmt, shard, ids.len())?,
         Dest::SplitInsert(split) => split,
         Dest::Refused(e) => return Err(e),
         // Every key NULL: Postgres refuses the rows; nothing to look up.
         other => return Ok((other, None)),
     };
-    // Each row's keyspace ID (`None` for a NULL key, which its shard refuses).
-    let ids = keys
-        .iter()
-        .map(|k| Ok(stmt.params.key(k, *key_type)?.map(|k| k.keyspace_id())))
-        .collect::<Result<Vec<_>, SqlError>>()?;
     let mut entries: BTreeMap<usize, Vec<String>> = BTreeMap::new();
     for rows in lookups {
         for (shard, sql) in entry_inserts(stmt, cx.map, rows, &ids)? {
@@ -202,16 +210,35 @@ fn entry_inserts(
     rows: &LookupRows,
     ids: &[Option<shardmap::KeyspaceId>],
 ) -> Result<Vec<(usize, String)>, SqlError> {
+    // Each row's value, as an SQL literal, and the shard of its lookup row.
+    let values: Vec<Option<(String, usize)>> = match &rows.values {
+        LookupValues::Rows(sources) => sources
+            .iter()
+            .map(|source| {
+                let Some(source) = source else {
+                    return Ok(None);
+                };
+                Ok(stmt
+                    .params
+                    .key(source, rows.table.key_type)?
+                    .map(|v| (v.sql_literal(), map.shard_for_key(&v))))
+            })
+            .collect::<Result<_, SqlError>>()?,
+        LookupValues::Array(KeySource::Array(inner)) => stmt
+            .params
+            .array_keys(inner, rows.table.key_type)?
+            .into_iter()
+            .map(|v| v.map(|(literal, id)| (literal, map.shard_for(id))))
+            .collect(),
+        LookupValues::Array(_) => return Err(errors::internal("a lookup array that is not one")),
+    };
     let mut by_shard: BTreeMap<usize, Vec<String>> = BTreeMap::new();
-    for (source, id) in rows.values.iter().zip(ids) {
-        let (Some(source), Some(id)) = (source, id) else {
-            continue;
-        };
-        if let Some(value) = stmt.params.key(source, rows.table.key_type)? {
+    for (value, id) in values.into_iter().zip(ids) {
+        if let (Some((literal, shard)), Some(id)) = (value, id) {
             by_shard
-                .entry(map.shard_for_key(&value))
+                .entry(shard)
                 .or_default()
-                .push(format!("({}, {})", value.sql_literal(), id.as_pg_bigint()));
+                .push(format!("({literal}, {})", id.as_pg_bigint()));
         }
     }
     let head = format!(
@@ -225,9 +252,9 @@ fn entry_inserts(
         .collect())
 }
 
-/// A keyed INSERT on one shard as a split INSERT of one part (its parameters all its own).
-fn whole(stmt: &Statement<'_>, shard: usize) -> Result<SplitInsert, SqlError> {
-    let rows = crate::planner::values::values_rows(stmt.sql).map_or(1, |cut| cut.rows.len());
+/// A keyed INSERT of `rows` rows on one shard as a split INSERT of one part (its parameters all
+/// its own).
+fn whole(stmt: &Statement<'_>, shard: usize, rows: usize) -> Result<SplitInsert, SqlError> {
     let mut split = SplitInsert {
         parts: vec![(shard, stmt.sql.to_string())],
         part_of_row: vec![0; rows],

@@ -155,6 +155,42 @@ impl<'a> Params<'a> {
         Ok(())
     }
 
+    /// Each element of an array value of keys (`source`): its key as an SQL literal and its
+    /// keyspace ID (`None` for a NULL element; none for a NULL array).
+    pub fn array_keys(
+        &self,
+        source: &'a KeySource,
+        key_type: KeyType,
+    ) -> Result<Vec<Option<(String, shardmap::KeyspaceId)>>, SqlError> {
+        let bad_array = |e: String| SqlError::new(errors::INVALID_TEXT_REPRESENTATION, e);
+        let Some((format, v)) = self.raw(source)? else {
+            return Ok(Vec::new());
+        };
+        let elements = crate::planner::arrays::Elements::parse(format, v).map_err(bad_array)?;
+        if format == Format::Binary && !keys::element_type_fits(key_type, elements.elem_oid()) {
+            return Err(SqlError::new(
+                errors::INVALID_BINARY_REPRESENTATION,
+                format!(
+                    "the array is sent as elements of type OID {}, which is not a {key_type}",
+                    elements.elem_oid()
+                ),
+            ));
+        }
+        (0..elements.len())
+            .map(|i| {
+                let Some(bytes) = elements.value(i) else {
+                    return Ok(None);
+                };
+                let key = match format {
+                    Format::Binary => keys::key_from_binary(key_type, &bytes),
+                    Format::Text => keys::key_from_text(key_type, utf8(&bytes)?),
+                }
+                .map_err(bad_key)?;
+                Ok(Some((key.sql_literal(), key.keyspace_id())))
+            })
+            .collect()
+    }
+
     /// A LIMIT's (or OFFSET's) value; `None` for `LIMIT NULL` (no limit, as in Postgres).
     pub fn count(&self, source: &'a KeySource) -> Result<Option<u64>, SqlError> {
         let bad = || {
