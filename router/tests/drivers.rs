@@ -914,6 +914,23 @@ fn orm_models_with_automatic_keys_match_one_postgres() {
     );
 }
 
+/// ORM models on a sharded table with a lookup column (`handles.handle`): Django and
+/// SQLAlchemy create rows, find them by the lookup column, save a new value, hit a duplicate
+/// (`23505` as one Postgres's unique index), create in bulk and delete
+/// (`python/lookup_models.py`), compared step by step with one Postgres.
+#[test]
+fn orm_models_with_lookup_columns_match_one_postgres() {
+    let env = shared_env();
+    let python = python("lookup_models.py");
+    let direct = direct_database(env, 0, "direct_lookups");
+    run_program(
+        env,
+        "lookup-models",
+        python,
+        &[("SHARDGATE_DIRECT_URL", direct.clone())],
+    );
+}
+
 /// pgjdbc inserting into the sharded identity table `autos` without keys: `RETURN_GENERATED_KEYS`
 /// on a prepared INSERT past `prepareThreshold`, `executeBatch` with generated keys with and
 /// without `reWriteBatchedInserts` (`java/AutoKeys.java`), compared with one Postgres.

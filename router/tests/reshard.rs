@@ -290,6 +290,15 @@ async fn a_shard_splits_under_load_with_nothing_lost_and_nothing_failed() {
         .collect();
     let work = routers[0].dir.join("split.toml");
     let plan = path(&work);
+    // Rows with lookup values (`handles.handle`), so that the split moves lookup rows too.
+    let handles: Vec<String> = (0..60).map(|i| format!("h{i}")).collect();
+    let writer = db(&routers[0].url()).await;
+    for h in &handles {
+        writer
+            .execute("INSERT INTO handles (handle, n) VALUES ($1, 1)", &[h])
+            .await
+            .expect("a row with a lookup value");
+    }
 
     // Plan: checks, then the plan file. A target that is not empty is refused first.
     db(&high_url)
@@ -401,6 +410,32 @@ async fn a_shard_splits_under_load_with_nothing_lost_and_nothing_failed() {
             let misplaced: i64 = client.query_one(&sql, &[]).await.expect("misplaced").get(0);
             assert_eq!(misplaced, 0, "{sql} on {}", shard.primary);
         }
+    }
+    // Lookup rows moved with the halves of their values, and reads by the lookup column find
+    // every row through the new map.
+    let mut lookup_rows = 0;
+    for shard in new_map.shards() {
+        let client = db(shard.primary.url()).await;
+        for (_, _, lt) in new_map.lookup_tables() {
+            let sql = format!(
+                "SELECT count(*), count(*) FILTER (WHERE NOT ({})) FROM {}",
+                predicate::predicate(&lt, &shard.range),
+                lt.quoted_name()
+            );
+            let row = client.query_one(&sql, &[]).await.expect("lookup rows");
+            assert_eq!(row.get::<_, i64>(1), 0, "{sql} on {}", shard.primary);
+            lookup_rows += row.get::<_, i64>(0);
+        }
+    }
+    assert_eq!(lookup_rows, handles.len() as i64);
+    let reader = db(&routers[1].url()).await;
+    for h in &handles {
+        let n: i32 = reader
+            .query_one("SELECT n FROM handles WHERE handle = $1", &[h])
+            .await
+            .expect("found by its handle after the split")
+            .get(0);
+        assert_eq!(n, 1, "{h}");
     }
     // The source refuses writes of moved rows (a router that missed the switch).
     let moved = keys

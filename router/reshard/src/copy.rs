@@ -12,12 +12,14 @@ use super::db::{self, connect, Db};
 use super::plan::{CatalogTable, Plan, MARKER, SCHEMA, SUBSCRIPTIONS};
 use shardmap::sql::quote_literal;
 
-/// The source's user tables (outside the split's own schema), in name order.
+/// The source's user tables (outside the split's own schema, but with the routers' lookup
+/// tables there, which are sharded by their values and move with the range), in name order.
 pub async fn source_tables(source: &Db) -> Result<Vec<CatalogTable>, String> {
     let rows = source
         .rows(&format!(
             "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-             WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema', {}) \
+             WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
+             AND (n.nspname <> {} OR c.relname LIKE 'lookup\\_%') \
              AND n.nspname NOT LIKE 'pg\\_%' ORDER BY 1, 2",
             quote_literal(SCHEMA)
         ))
