@@ -55,7 +55,9 @@ async fn prepare_new(routing: &Routing, ready: &mut HashSet<(String, String)>) {
         {
             continue;
         }
-        let Ok(mut conn) = routing.checkout(shard).await else {
+        // A connection of its own, closed after: the pools' sizes are the clients' business.
+        let endpoint = &routing.pools_of(0).for_shard(shard).endpoint;
+        let Ok(mut conn) = BackendConn::connect(endpoint).await else {
             continue;
         };
         match lookups::prepare_shard(&mut conn, &routing.map, &routing.shard_name(shard)).await {
