@@ -61,7 +61,7 @@ for s in tomllib.load(open(sys.argv[1], "rb"))["shards"]:
     print(s["primary"])
 PY
 while read -r primary; do
-    psql "$primary" -qc "CREATE TABLE plain (id bigint PRIMARY KEY, badge bigint); CREATE TABLE people (id bigint PRIMARY KEY, badge bigint)" >/dev/null
+    psql "$primary" -qc "CREATE TABLE plain (id bigint PRIMARY KEY, badge bigint UNIQUE); CREATE TABLE people (id bigint PRIMARY KEY, badge bigint UNIQUE)" >/dev/null
 done <"$tmp/primaries"
 cat >>"$dir/shardmap.toml" <<'EOT'
 

@@ -494,3 +494,101 @@ async fn updates_of_a_lookup_column_move_its_lookup_rows() {
     assert!(fleet.entries("w2@example.com").is_empty());
     assert_eq!(fleet.entries("u2@example.com").len(), 1);
 }
+
+/// A lookup declared on a table that already holds values: the router refuses to start (reads
+/// by the lookup column would miss the rows that have no lookup row) until the lookup table is
+/// filled the way docs/shardmap.md says: each shard's values and keyspace IDs, copied through a
+/// router whose map names the lookup table as a table sharded by its value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_on_a_table_with_rows_is_filled_before_a_router_serves_it() {
+    let fleet = Fleet::start();
+    let urls = fleet.cluster.shard_urls();
+    // The rows come first, written while the map had no lookup.
+    let without = ShardMap::even_split(&urls, vec![Table::new("people", "id", KeyType::BigInt)])
+        .expect("map without the lookup");
+    {
+        let router = Router::start(&without, 2);
+        let c = router.connect().await;
+        for i in 0..30i64 {
+            c.execute(
+                "INSERT INTO people (id, email) VALUES ($1, $2)",
+                &[&i, &format!("old{i}@example.com")],
+            )
+            .await
+            .expect("a row before the lookup");
+        }
+    }
+    // A router with the lookup refuses to start, and says why.
+    let dir = std::env::temp_dir().join(format!("shardgate-lookup-fill-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let config = pgharness::router::write_config(
+        &dir,
+        &fleet.map.to_toml(),
+        common::free_port(),
+        common::DATABASE,
+        (common::USER, common::PASSWORD),
+        "",
+        "",
+    )
+    .expect("config");
+    let out = std::process::Command::new(common::shardgate_bin())
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .expect("run the router");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("lookup") && stderr.contains("is empty") && stderr.contains("email"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    // The fill: every shard's values with their keyspace IDs (Postgres's own hash of the key),
+    // copied through a router that shards the lookup table by its value.
+    let filler_map = ShardMap::even_split(
+        &urls,
+        vec![Table::new(
+            "shardgate.lookup_people_email",
+            "email",
+            KeyType::Text,
+        )],
+    )
+    .expect("map of the lookup table");
+    let filler = Router::start(&filler_map, 2);
+    let c = filler.connect().await;
+    for shard in 0..urls.len() {
+        let rows = fleet.on_shard(
+            shard,
+            "SELECT string_agg(format('(%L, %s)', email, hashint8extended(id, 0)), ', ') FROM people WHERE email IS NOT NULL",
+        );
+        if rows.is_empty() {
+            continue;
+        }
+        for row in rows.split("), (") {
+            let row = row.trim_start_matches('(').trim_end_matches(')');
+            c.simple_query(&format!(
+                "INSERT INTO shardgate.lookup_people_email (email, keyspace_id) VALUES ({row})"
+            ))
+            .await
+            .expect("a lookup row through the router");
+        }
+    }
+    drop(filler);
+    // Now a router with the lookup starts, and reads by email find the old rows.
+    let router = Router::start(&fleet.map, 2);
+    let c = router.connect().await;
+    for i in 0..30i64 {
+        let id: i64 = c
+            .query_one(
+                "SELECT id FROM people WHERE email = $1",
+                &[&format!("old{i}@example.com")],
+            )
+            .await
+            .expect("an old row by email")
+            .get(0);
+        assert_eq!(id, i);
+        let at = fleet.shard_of(Key::Text(&format!("old{i}@example.com")));
+        assert_eq!(fleet.entries(&format!("old{i}@example.com")).len(), 1);
+        assert!(fleet.entries(&format!("old{i}@example.com"))[0].starts_with(&format!("{at}:")));
+    }
+}

@@ -173,6 +173,9 @@ pub struct ShardMap {
     version: u64,
     default_shard: usize,
     tables: Vec<Table>,
+    /// The lookup tables of `tables`' lookups ([`Table::lookup_table`]): sharded by their values,
+    /// found by [`ShardMap::table`] like the tables the map names, never written back to TOML.
+    lookups: Vec<Table>,
     references: Vec<Reference>,
     shards: Vec<Shard>,
     /// `shards[i].range.start`, kept apart so the lookup scans a dense array.
@@ -349,10 +352,15 @@ impl ShardMap {
         };
 
         let shards: Vec<Shard> = shards.into_iter().map(|(s, _)| s).collect();
+        let tables: Vec<Table> = tables.into_iter().map(|(t, _)| t).collect();
         let map = ShardMap {
             version,
             default_shard: default_index,
-            tables: tables.into_iter().map(|(t, _)| t).collect(),
+            lookups: tables
+                .iter()
+                .flat_map(|t| t.lookups.iter().map(|l| t.lookup_table(l)))
+                .collect(),
+            tables,
             references: references.into_iter().map(|(r, _)| r).collect(),
             starts: shards.iter().map(|s| s.range.start).collect(),
             shards,
@@ -365,6 +373,7 @@ impl ShardMap {
             version: 0,
             default_shard: 0,
             tables: Vec::new(),
+            lookups: Vec::new(),
             references: Vec::new(),
             shards: Vec::new(),
             starts: Vec::new(),
@@ -432,7 +441,10 @@ impl ShardMap {
 
     /// The sharded table a statement's `schema.name` refers to, if any.
     pub fn table(&self, schema: Option<&str>, name: &str) -> Option<&Table> {
-        self.tables.iter().find(|t| t.matches(schema, name))
+        self.tables
+            .iter()
+            .chain(&self.lookups)
+            .find(|t| t.matches(schema, name))
     }
 
     /// Looks a table up by the name written in the map (`kv` or `app.kv`).

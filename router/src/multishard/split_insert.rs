@@ -43,8 +43,12 @@ pub fn requests_as(
     let mut out = Vec::with_capacity(split.parts.len());
     for (p, (shard, sql)) in split.parts.iter().enumerate() {
         let mut buf = BytesMut::with_capacity(sql.len() + 64);
+        // A part that writes only lookup rows has no parameters and answers nothing the
+        // client sees: a Query is the least to send and to read.
+        let lookup_only = split.lookup_only.get(p).copied().unwrap_or(false);
         match bound {
             None => request::query(&mut buf, sql).map_err(errors::internal)?,
+            Some(_) if lookup_only => request::query(&mut buf, sql).map_err(errors::internal)?,
             Some((bind, param_types)) => {
                 let picked = split.params.get(p).map_or(&[][..], Vec::as_slice);
                 let values = split.values.get(p).map_or(&[][..], Vec::as_slice);

@@ -315,23 +315,55 @@ fn prefixed(inserts: &[String], statement: &str) -> String {
 fn starts_with_with(sql: &str) -> bool {
     use sqlparser::dialect::PostgreSqlDialect;
     use sqlparser::keywords::Keyword;
-    use sqlparser::tokenizer::{Token, Tokenizer, Whitespace};
+    use sqlparser::tokenizer::{Token, Tokenizer};
     let Ok(tokens) = Tokenizer::new(&PostgreSqlDialect {}, sql).tokenize() else {
         return false;
     };
+    // Comments are whitespace to the tokenizer.
     tokens
         .iter()
-        .find(|t| {
-            !matches!(
-                t,
-                Token::Whitespace(
-                    _ws @ (Whitespace::Space
-                    | Whitespace::Newline
-                    | Whitespace::Tab
-                    | Whitespace::SingleLineComment { .. }
-                    | Whitespace::MultiLineComment(_)),
-                )
-            )
-        })
+        .find(|t| !matches!(t, Token::Whitespace(_)))
         .is_some_and(|t| matches!(t, Token::Word(w) if w.keyword == Keyword::WITH))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_rows_go_in_front_of_their_shards_insert_or_in_parts_of_their_own_in_shard_order() {
+        let mut split = SplitInsert {
+            parts: vec![(1, "INSERT a".into()), (3, "INSERT b".into())],
+            part_of_row: vec![0, 1, 0],
+            params: vec![vec![0], vec![1]],
+            values: Vec::new(),
+            lookup_only: vec![false, false],
+            writes_lookups: true,
+        };
+        let mut entries = BTreeMap::new();
+        entries.insert(0, vec!["L0".to_string()]);
+        entries.insert(3, vec!["L3".to_string(), "M3".to_string()]);
+        entries.insert(5, vec!["L5".to_string(), "M5".to_string()]);
+        with_entries(&mut split, entries);
+        let shards: Vec<usize> = split.parts.iter().map(|(s, _)| *s).collect();
+        assert_eq!(shards, [0, 1, 3, 5]);
+        assert_eq!(split.lookup_only, [true, false, false, true]);
+        assert_eq!(split.parts[0].1, "L0");
+        assert_eq!(
+            split.parts[2].1,
+            "WITH shardgate_lookup_0 AS (L3), shardgate_lookup_1 AS (M3) INSERT b"
+        );
+        assert_eq!(split.parts[3].1, "WITH shardgate_lookup_0 AS (L5) M5");
+        // Rows still point at their own parts, and the new parts bind no parameters.
+        assert_eq!(split.part_of_row, [1, 2, 1]);
+        assert_eq!(split.params, [vec![], vec![0], vec![1], vec![]]);
+    }
+
+    #[test]
+    fn with_is_seen_past_comments() {
+        assert!(starts_with_with(
+            "/* c */ -- d\n WITH x AS (SELECT 1) INSERT INTO t VALUES (1)"
+        ));
+        assert!(!starts_with_with("INSERT INTO t (w) VALUES ('WITH')"));
+    }
 }

@@ -6,25 +6,55 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use shardmap::sql::quote_ident;
+
 use crate::backend::BackendConn;
 use crate::routing::{lookups, Router, Routing};
 
-/// Refuses to start (the error) when a shard that answers cannot get its lookup tables; a
-/// shard that cannot be reached now gets them from [`run`] once it can.
+/// Refuses to start (the error) when a shard that answers cannot get its lookup tables, or
+/// when a lookup was declared on a table that holds values but has no lookup row anywhere (its
+/// rows would be missed by reads that find another row's lookup row); a shard that cannot be
+/// reached now gets its tables from [`run`] once it can.
 pub async fn check_shards(routing: &Routing) -> Result<(), String> {
-    if routing.map.lookup_tables().next().is_none() {
+    let names: Vec<(String, String, String)> = routing
+        .map
+        .lookup_tables()
+        .map(|(t, l, lt)| (t.quoted_name(), quote_ident(&l.column), lt.quoted_name()))
+        .collect();
+    if names.is_empty() {
         return Ok(());
     }
+    // For each lookup: some shard's table has a value; some shard has a lookup row.
+    let mut seen = vec![(false, false); names.len()];
     for shard in 0..routing.map.shards().len() {
         let endpoint = &routing.pools_of(0).for_shard(shard).endpoint;
-        match BackendConn::connect(endpoint).await {
-            Ok(mut conn) => {
-                lookups::prepare_shard(&mut conn, &routing.map, &routing.shard_name(shard)).await?
-            }
+        let mut conn = match BackendConn::connect(endpoint).await {
+            Ok(conn) => conn,
             Err(e) => {
-                tracing::warn!(shard = %routing.shard_name(shard), "cannot make the lookup tables now: {e}")
+                tracing::warn!(shard = %routing.shard_name(shard), "cannot make the lookup tables now: {e}");
+                continue;
+            }
+        };
+        lookups::prepare_shard(&mut conn, &routing.map, &routing.shard_name(shard)).await?;
+        for ((table, column, lookup), seen) in names.iter().zip(&mut seen) {
+            let sql = format!(
+                "SELECT EXISTS (SELECT 1 FROM {table} WHERE {column} IS NOT NULL)::int || ':' || EXISTS (SELECT 1 FROM {lookup})::int"
+            );
+            let answer = conn.simple_query(&sql).await.map_err(|e| e.to_string())?;
+            if let Some(both) = answer.first_column.first() {
+                seen.0 |= both.starts_with("1:");
+                seen.1 |= both.ends_with(":1");
             }
         }
+    }
+    let empty = names
+        .iter()
+        .zip(&seen)
+        .find(|(_, (values, rows))| *values && !*rows);
+    if let Some(((table, column, lookup), _)) = empty {
+        return Err(format!(
+            "the lookup of {table}.{column} is empty while the table holds values of {column}: rows written before the lookup was declared have no lookup rows, and reads by {column} would miss them. Fill {lookup} first (docs/shardmap.md, \"Lookup columns\"), or remove the lookup from the shard map"
+        ));
     }
     Ok(())
 }
