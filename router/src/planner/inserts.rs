@@ -23,6 +23,7 @@ impl<'m> Refs<'m> {
         let Rel::Sharded(table) = self.classify(name) else {
             return;
         };
+        self.writes(table);
         let (tname, key) = (table.qualified_name(), table.key.as_str());
         let facts = self.learned.get(&tname).cloned().unwrap_or_default();
         let position = if ins.columns.is_empty() {
@@ -94,8 +95,25 @@ impl<'m> Refs<'m> {
             }
         }
         // Which element of a row holds a column of the INSERT's list.
-        let element = |p: usize| match of_values {
-            Some((values, columns)) => select_of_values(values, columns, p).map(|(_, at)| at),
+        let element = |p: usize, key_type| match of_values {
+            Some((values, columns)) => {
+                // A cast in the select list that could change the value (`::varchar(5)`) would
+                // store another value than the VALUES row's.
+                let cast = match values.projection.get(p) {
+                    Some(sqlparser::ast::SelectItem::UnnamedExpr(Expr::Cast {
+                        data_type, ..
+                    }))
+                    | Some(sqlparser::ast::SelectItem::ExprWithAlias {
+                        expr: Expr::Cast { data_type, .. },
+                        ..
+                    }) => Some(data_type),
+                    _ => None,
+                };
+                if cast.is_some_and(|t| !super::pins::cast_keeps_value(t, key_type)) {
+                    return None;
+                }
+                select_of_values(values, columns, p).map(|(_, at)| at)
+            }
             None => Some(p),
         };
         self.insert_lookups(ins, table, LookupSource::Rows(rows, &element));

@@ -49,6 +49,14 @@ impl<'m> Refs<'m> {
     pub(super) fn sets_lookups(&mut self, table: &Table, set: &[String]) {
         if table.lookups.iter().any(|l| set.contains(&l.column)) {
             self.sets_lookups = true;
+            self.lookup_writes += 1;
+        }
+    }
+
+    /// Notes an INSERT into, or a DELETE from, `table` (counted when it has lookup columns).
+    pub(super) fn writes(&mut self, table: &Table) {
+        if !table.lookups.is_empty() {
+            self.lookup_writes += 1;
         }
     }
 
@@ -79,7 +87,7 @@ impl<'m> Refs<'m> {
             };
             let values = match &source {
                 LookupSource::Rows(rows, element) => {
-                    match row_values(rows, element(position), lookup.key_type) {
+                    match row_values(rows, element(position, lookup.key_type), lookup.key_type) {
                         Ok(values) => LookupValues::Rows(values),
                         Err(row) => {
                             return self.refuse(format!(
@@ -112,8 +120,12 @@ impl<'m> Refs<'m> {
 
 /// Where an INSERT's rows are, for reading its lookup columns.
 pub(super) enum LookupSource<'q> {
-    /// VALUES rows, and which element of a row holds a column of the INSERT's list.
-    Rows(&'q [Parens<Vec<Expr>>], &'q dyn Fn(usize) -> Option<usize>),
+    /// VALUES rows, and which element of a row holds a column of the INSERT's list (of a
+    /// lookup of that type; `None` when the value stored could differ from the element's).
+    Rows(
+        &'q [Parens<Vec<Expr>>],
+        &'q dyn Fn(usize, shardmap::KeyType) -> Option<usize>,
+    ),
     /// `SELECT * FROM UNNEST(arrays)`: one array per column of the INSERT's list.
     Arrays(&'q [Expr]),
 }
@@ -157,9 +169,21 @@ fn delete(d: &sqlparser::ast::Delete, route: Route, table: &Table, tables: usize
     if !matches!(route, Route::Keyed { .. } | Route::ScatterWrite { .. }) {
         return route;
     }
+    // Qualified: a USING table may have columns of the same names.
+    let tables = match &d.from {
+        sqlparser::ast::FromTable::WithFromKeyword(t)
+        | sqlparser::ast::FromTable::WithoutKeyword(t) => t,
+    };
+    let qualifier = match tables.first().map(|t| &t.relation) {
+        Some(sqlparser::ast::TableFactor::Table { alias: Some(a), .. }) => {
+            super::pins::fold(&a.name)
+        }
+        _ => table.name.clone(),
+    };
+    let q = shardmap::sql::quote_ident_always(&qualifier);
     let returning = std::iter::once(&table.key)
         .chain(table.lookups.iter().map(|l| &l.column))
-        .map(|c| shardmap::sql::quote_ident_always(c))
+        .map(|c| format!("{q}.{}", shardmap::sql::quote_ident_always(c)))
         .collect::<Vec<_>>()
         .join(", ");
     Route::DeletesLookups {
@@ -211,15 +235,18 @@ fn update(u: &sqlparser::ast::Update, route: Route, table: &Table, tables: usize
 /// row it changes, its `key`, the new values of the lookup `columns` and their old values:
 ///
 /// ```text
-/// WITH shardgate_old AS (SELECT ctid AS shardgate_ctid, c AS shardgate_old_0, ...
+/// WITH shardgate_old AS (SELECT q.key AS shardgate_key, q.c AS shardgate_old_0, ...
 ///                        FROM <target> WHERE <where> FOR UPDATE)
-/// UPDATE <target> SET <sets> FROM shardgate_old WHERE q.ctid = shardgate_old.shardgate_ctid
+/// UPDATE <target> SET <sets> FROM shardgate_old
+///   WHERE (<where>) AND q.key = shardgate_old.shardgate_key
 /// RETURNING q.key, q.c, ..., shardgate_old.shardgate_old_0, ...
 /// ```
 ///
-/// The CTE locks the rows the client's WHERE picks and reads their old values; the UPDATE then
-/// changes exactly those row versions. `None` for any other shape (WITH, FROM, RETURNING,
-/// `WHERE CURRENT OF`).
+/// The CTE locks the rows the client's WHERE picks, in their newest versions, and reads their
+/// old values; the UPDATE changes the rows its WHERE picks, each with the old values of its key.
+/// (Rows that share a key share a keyspace ID, so a mix-up of their old values can only leave a
+/// lookup row behind, never drop a live row's.) `None` for any other shape (WITH, FROM,
+/// RETURNING, `WHERE CURRENT OF`).
 pub fn update_returning_old(
     sql: &str,
     qualifier: &str,
@@ -247,12 +274,19 @@ pub fn update_returning_old(
     let was: Vec<String> = (0..columns.len())
         .map(|n| format!("shardgate_old.shardgate_old_{n}"))
         .collect();
+    let key = shardmap::sql::quote_ident_always(key);
+    // The rows are matched again by the client's WHERE and their key (not by ctid: under READ
+    // COMMITTED a row another transaction updated meanwhile is locked by the CTE in its newest
+    // version, while the UPDATE's scan meets the older one and only then follows it).
+    let again = marks
+        .where_word
+        .map(|_| format!("({}) AND ", sql[marks.filter..marks.end].trim()))
+        .unwrap_or_default();
     Some(format!(
-        "WITH shardgate_old AS (SELECT {q}.ctid AS shardgate_ctid, {old} FROM {target}{filter} FOR UPDATE) \
-         UPDATE {target} SET {sets} FROM shardgate_old WHERE {q}.ctid = shardgate_old.shardgate_ctid \
+        "WITH shardgate_old AS (SELECT {q}.{key} AS shardgate_key, {old} FROM {target}{filter} FOR UPDATE) \
+         UPDATE {target} SET {sets} FROM shardgate_old WHERE {again}{q}.{key} = shardgate_old.shardgate_key \
          RETURNING {q}.{key}, {new}, {was}{tail}",
         old = old.join(", "),
-        key = shardmap::sql::quote_ident_always(key),
         new = new.join(", "),
         was = was.join(", "),
         tail = &sql[marks.end..],
@@ -365,6 +399,16 @@ pub(super) fn with_lookups(stmt: &Statement, route: Route, refs: &mut Refs<'_>) 
     if matches!(route, Route::Unroutable { .. } | Route::TooLong { .. }) && refs.problem.is_some() {
         return route;
     }
+    // The router keeps lookup rows only for a write that is the whole statement.
+    let root = matches!(
+        stmt,
+        Statement::Insert(_) | Statement::Update(_) | Statement::Delete(_)
+    );
+    if refs.lookup_writes > 1 || (refs.lookup_writes == 1 && !root) {
+        return Route::Unroutable {
+            message: "a write of a table with lookup columns inside another statement (WITH, a subquery, COPY (...), several writes in one) is not supported: the router keeps lookup rows only for an INSERT, UPDATE or DELETE sent as a statement of its own".into(),
+        };
+    }
     let rows = std::mem::take(&mut refs.lookup_rows);
     if !rows.is_empty() {
         return match route {
@@ -375,7 +419,7 @@ pub(super) fn with_lookups(stmt: &Statement, route: Route, refs: &mut Refs<'_>) 
             other => other,
         };
     }
-    if let Statement::Delete(d) = stmt {
+    if let (Statement::Delete(d), 1) = (stmt, refs.lookup_writes) {
         if let Some(t) = refs.sharded.iter().find(|t| !t.lookups.is_empty()) {
             return delete(d, route, t, refs.sharded.len());
         }
@@ -389,14 +433,18 @@ pub(super) fn with_lookups(stmt: &Statement, route: Route, refs: &mut Refs<'_>) 
     let one_free_table =
         refs.sharded.len() == 1 && refs.pins.is_empty() && refs.correlated == 0 && refs.tied == 0;
     let pin = match refs.lookup_pins.as_mut_slice() {
-        [pin] if one_free_table && pin.values.len() == 1 => pin,
+        // One value (an array, `= ANY($1)`, may hold several).
+        [pin]
+            if one_free_table
+                && matches!(pin.values.as_slice(), [v] if !matches!(v, KeySource::Array(_))) =>
+        {
+            pin
+        }
         _ => return route,
     };
+    // Only what would run on every shard; a refusal stays one.
     if !matches!(stmt, Statement::Query(_) | Statement::Update(_))
-        || !matches!(
-            route,
-            Route::Scatter { .. } | Route::ScatterWrite { .. } | Route::Unroutable { .. }
-        )
+        || !matches!(route, Route::Scatter { .. } | Route::ScatterWrite { .. })
     {
         return route;
     }
@@ -486,7 +534,12 @@ mod tests {
                 route(sql)
             );
         }
+        assert!(matches!(
+            route("INSERT INTO people (id, email) SELECT p0, p1::varchar(3) FROM (VALUES ($1, $2, 0)) AS s(p0, p1, n) ORDER BY n"),
+            Route::Unroutable { .. }
+        ));
         for sql in [
+            "INSERT INTO people (id, email) SELECT p0, p1::varchar FROM (VALUES ($1, $2, 0)) AS s(p0, p1, n) ORDER BY n",
             "INSERT INTO people (id, email) SELECT * FROM UNNEST($1::bigint[], $2::text[])",
             "INSERT INTO people (id, email) SELECT p0, p1 FROM (VALUES ($1, $2, 0)) AS s(p0, p1, n) ORDER BY n",
         ] {
@@ -500,7 +553,7 @@ mod tests {
                 Route::DeletesLookups {
                     returning, lookups, ..
                 } => {
-                    assert_eq!(returning, r#""id", "email""#);
+                    assert_eq!(returning, r#""people"."id", "people"."email""#);
                     assert_eq!(lookups.len(), 1);
                 }
                 other => panic!("{sql}: {other:?}"),
@@ -523,9 +576,9 @@ mod tests {
         assert_eq!(
             got.as_deref(),
             Some(concat!(
-                r#"WITH shardgate_old AS (SELECT "p".ctid AS shardgate_ctid, "p"."email" AS shardgate_old_0 "#,
+                r#"WITH shardgate_old AS (SELECT "p"."id" AS shardgate_key, "p"."email" AS shardgate_old_0 "#,
                 r#"FROM people p WHERE p.id = $2 FOR UPDATE) "#,
-                r#"UPDATE people p SET email = $1 FROM shardgate_old WHERE "p".ctid = shardgate_old.shardgate_ctid "#,
+                r#"UPDATE people p SET email = $1 FROM shardgate_old WHERE (p.id = $2) AND "p"."id" = shardgate_old.shardgate_key "#,
                 r#"RETURNING "p"."id", "p"."email", shardgate_old.shardgate_old_0;"#
             ))
         );
@@ -545,6 +598,35 @@ mod tests {
         // Parentheses hide what is inside them.
         let nested = "UPDATE t SET v = (SELECT max(v) FROM u WHERE u.k = 1) WHERE id = 2";
         assert!(super::update_returning_old(nested, "t", "id", &["v".into()]).is_some());
+    }
+
+    #[test]
+    fn writes_the_router_cannot_follow_are_refused_and_refusals_stay_refusals() {
+        for sql in [
+            "WITH x AS (SELECT 1) UPDATE people SET email = 'b' WHERE id = 1",
+            "WITH d AS (DELETE FROM people WHERE id = 1 RETURNING *) SELECT * FROM d",
+            "WITH i AS (INSERT INTO people (id, email) VALUES (1, 'a') RETURNING id) SELECT * FROM i",
+            "EXPLAIN ANALYZE DELETE FROM people WHERE id = 1",
+            "EXPLAIN ANALYZE UPDATE people SET email = 'b' WHERE id = 1",
+            "SELECT * INTO t FROM people WHERE email = 'a'",
+            "TRUNCATE people",
+        ] {
+            assert!(matches!(route(sql), Route::Unroutable { .. }), "{sql}: {:?}", route(sql));
+        }
+        assert!(matches!(
+            route("TRUNCATE people, shardgate.lookup_people_email"),
+            Route::Broadcast
+        ));
+        // Plain EXPLAIN plans the client's statement where its rows are.
+        assert!(matches!(
+            route("EXPLAIN INSERT INTO people (id, email) VALUES (1, 'a')"),
+            Route::Keyed { .. }
+        ));
+        // Several values in one array may be on several shards: every shard, as without.
+        assert!(matches!(
+            route("SELECT * FROM people WHERE email = ANY($1)"),
+            Route::Scatter { .. }
+        ));
     }
 
     #[test]

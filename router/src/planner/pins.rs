@@ -278,7 +278,7 @@ pub(crate) fn array_value(expr: &Expr) -> Option<KeySource> {
 /// Whether casting a key value to `data_type` leaves it equal to itself: an int of any width
 /// for an int key, unbounded text for a text key, uuid for uuid. `varchar(3)` truncates and
 /// `numeric` compares differently, so those do not pin.
-fn cast_keeps_value(data_type: &DataType, key_type: KeyType) -> bool {
+pub(crate) fn cast_keeps_value(data_type: &DataType, key_type: KeyType) -> bool {
     let named = |names: &[&str]| match data_type {
         DataType::Custom(name, modifiers) if modifiers.is_empty() => name_parts(name)
             .and_then(|p| p.last().cloned())

@@ -105,6 +105,9 @@ pub(crate) struct Refs<'m> {
     pub lookup_rows: Vec<super::LookupRows>,
     /// An UPDATE sets a lookup column of its table.
     pub sets_lookups: bool,
+    /// INSERTs, DELETEs and lookup-setting UPDATEs of tables with lookup columns, anywhere in
+    /// the statement.
+    pub lookup_writes: usize,
     /// An INSERT of this many VALUES rows into a sharded table that leaves out its key, which
     /// the router gives ([`super::Route::NewKeys`]); `Always` for `GENERATED ALWAYS`.
     pub new_keys: Option<(NewRows, KeyDefault)>,
@@ -162,6 +165,7 @@ impl<'m> Refs<'m> {
             lookup_pins: Vec::new(),
             lookup_rows: Vec::new(),
             sets_lookups: false,
+            lookup_writes: 0,
             selects_with_sharded: 0,
             tied: 0,
             correlated: 0,
@@ -680,6 +684,9 @@ impl Visitor for Refs<'_> {
                     from.extend(using.iter());
                 }
                 self.scope(&from, &mut scope);
+                if let Some(target) = scope.first() {
+                    self.writes(target.table);
+                }
                 let mut conds = Vec::new();
                 if let Some(w) = &d.selection {
                     conjuncts(w, &mut conds);

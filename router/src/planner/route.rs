@@ -224,6 +224,19 @@ fn explain(
         // that shard's copy differ.
         Route::Replicated { .. } if analyze => refuse_write(),
         Route::Replicated { .. } => Route::Any,
+        // A write that keeps lookup rows runs as more than the client's statement.
+        Route::WithLookups { .. } | Route::DeletesLookups { .. } | Route::UpdatesLookups { .. }
+            if analyze =>
+        {
+            Route::Unroutable {
+                message: "EXPLAIN ANALYZE of a write that changes lookup columns would run it without its lookup rows: EXPLAIN it without ANALYZE".into(),
+            }
+        }
+        Route::WithLookups { route, .. }
+        | Route::DeletesLookups { route, .. }
+        | Route::UpdatesLookups { route, .. } => explain(*route, false, None),
+        // Planned, not run: where the rows are is the lookup row's business.
+        Route::Lookup { without, .. } => explain(*without, analyze, options),
         other => other,
     }
 }
@@ -351,6 +364,28 @@ fn table_ddl(stmt: &Statement, map: &ShardMap) -> Route {
     let refs = Refs::collect(stmt, map, &Learned::default());
     if refs.sharded.is_empty() {
         return reference_ddl(stmt, map, &refs);
+    }
+    // Emptying a table with lookup columns must empty its lookup tables too, or their rows
+    // would refuse the values again.
+    if let Statement::Truncate(_) = stmt {
+        let named = |lt: &Table| refs.sharded.iter().any(|t| **t == *lt);
+        for t in &refs.sharded {
+            if let Some(lt) = t
+                .lookups
+                .iter()
+                .map(|l| t.lookup_table(l))
+                .find(|lt| !named(lt))
+            {
+                return Route::Unroutable {
+                    message: format!(
+                        "TRUNCATE {} would leave the rows of its lookup table: truncate both, as in TRUNCATE {}, {}",
+                        t.qualified_name(),
+                        t.qualified_name(),
+                        lt.qualified_name()
+                    ),
+                };
+            }
+        }
     }
     // CREATE TABLE .. AS SELECT from a sharded table would create a different table on every
     // shard, each from that shard's rows.

@@ -91,7 +91,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         };
         let more = match lookup_changes(&self.routing.map, delete, &replies) {
             Ok(more) => more,
-            Err(e) => return Ok(Outcome::Failed(e)),
+            Err(e) => {
+                // The write ran on the transaction's connections without its lookup rows: the
+                // transaction must not commit.
+                self.state.refused();
+                return Ok(Outcome::Failed(e));
+            }
         };
         if more.is_empty() {
             return Ok(Outcome::Committed(replies));
