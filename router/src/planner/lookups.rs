@@ -198,6 +198,29 @@ fn delete(d: &sqlparser::ast::Delete, route: Route, table: &Table, tables: usize
     }
 }
 
+/// `TRUNCATE` of a table with lookup columns that leaves out one of its lookup tables: refused
+/// (their rows would refuse the values again); `None` for anything else.
+pub(super) fn truncate(stmt: &Statement, refs: &Refs<'_>) -> Option<Route> {
+    if !matches!(stmt, Statement::Truncate(_)) {
+        return None;
+    }
+    let named = |lt: &Table| refs.sharded.iter().any(|t| **t == *lt);
+    refs.sharded.iter().find_map(|t| {
+        let lt = t
+            .lookups
+            .iter()
+            .map(|l| t.lookup_table(l))
+            .find(|lt| !named(lt))?;
+        Some(Route::Unroutable {
+            message: format!(
+                "TRUNCATE {name} would leave the rows of its lookup table: truncate both, as in TRUNCATE {name}, {}",
+                lt.qualified_name(),
+                name = t.qualified_name(),
+            ),
+        })
+    })
+}
+
 /// An UPDATE that sets a lookup column of `table` (`tables`: the statement's sharded table
 /// references): its route with the lookup rows kept, or refused.
 fn update(u: &sqlparser::ast::Update, route: Route, table: &Table, tables: usize) -> Route {

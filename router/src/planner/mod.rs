@@ -21,6 +21,7 @@ pub mod arrays;
 pub mod cache;
 mod colocation;
 pub mod cursor;
+mod explain;
 mod inserts;
 pub mod keys;
 mod local;

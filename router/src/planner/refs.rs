@@ -105,8 +105,7 @@ pub(crate) struct Refs<'m> {
     pub lookup_rows: Vec<super::LookupRows>,
     /// An UPDATE sets a lookup column of its table.
     pub sets_lookups: bool,
-    /// INSERTs, DELETEs and lookup-setting UPDATEs of tables with lookup columns, anywhere in
-    /// the statement.
+    /// Writes of tables with lookup columns, anywhere (INSERT, DELETE, UPDATE of the columns).
     pub lookup_writes: usize,
     /// An INSERT of this many VALUES rows into a sharded table that leaves out its key, which
     /// the router gives ([`super::Route::NewKeys`]); `Always` for `GENERATED ALWAYS`.

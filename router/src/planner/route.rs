@@ -52,7 +52,7 @@ pub(crate) fn route(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Rout
             analyze,
             options,
             ..
-        } => explain(route(statement, map, learned), *analyze, options.as_deref()),
+        } => super::explain::explain(route(statement, map, learned), *analyze, options.as_deref()),
 
         Statement::Declare { stmts, .. } => match stmts.as_slice() {
             [d] if d.names.len() == 1 && d.for_query.is_some() => {
@@ -156,88 +156,6 @@ pub(crate) fn route(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Rout
                 first_words(stmt)
             ),
         },
-    }
-}
-
-/// `EXPLAIN` of a statement that routes as `inner`. `EXPLAIN (ROUTE)` is the router's own: it
-/// answers where the statement would go. A plain `EXPLAIN` of a statement on one shard runs
-/// there; of one on several shards, on each of them, every shard's plan under a line naming the
-/// shard (plans are never merged or sorted as if they were rows). `EXPLAIN ANALYZE` runs the
-/// statement, so for a write on several shards it is refused: each shard would apply its part
-/// without the all-or-nothing commit.
-fn explain(
-    inner: Route,
-    analyze: bool,
-    options: Option<&[sqlparser::ast::UtilityOption]>,
-) -> Route {
-    let option = |name: &str| {
-        options
-            .unwrap_or_default()
-            .iter()
-            .any(|o| o.name.value.eq_ignore_ascii_case(name))
-    };
-    if option("route") {
-        return Route::ExplainRoute(Box::new(inner));
-    }
-    let analyze = analyze || option("analyze");
-    let writes = |merge: &Merge| {
-        matches!(
-            merge,
-            Merge::Write | Merge::SplitRows | Merge::SplitUnnest { .. }
-        )
-    };
-    let refuse_write = || {
-        Route::Unroutable {
-        message: "EXPLAIN ANALYZE runs the statement, and a write on several shards would then be applied on each without the all-or-nothing commit: EXPLAIN it without ANALYZE, or on one shard with /* shard: RANGE */".into(),
-    }
-    };
-    match inner {
-        Route::Scatter { table, .. } => Route::Scatter {
-            table,
-            merge: Merge::Explain,
-        },
-        Route::ScatterWrite { .. } if analyze => refuse_write(),
-        Route::ScatterWrite { table, .. } => Route::Scatter {
-            table,
-            merge: Merge::Explain,
-        },
-        Route::Keyed {
-            spread: Some(m), ..
-        } if analyze && writes(&m) => refuse_write(),
-        Route::Keyed {
-            table,
-            key,
-            key_type,
-            keys,
-            spread: Some(_),
-        } => Route::Keyed {
-            table,
-            key,
-            key_type,
-            keys,
-            spread: Some(Merge::Explain),
-        },
-        Route::CopyIn { .. } => Route::Unroutable {
-            message: "EXPLAIN of COPY is not a thing Postgres does".into(),
-        },
-        // A reference table's write plans alike on every shard; run on one, it would make
-        // that shard's copy differ.
-        Route::Replicated { .. } if analyze => refuse_write(),
-        Route::Replicated { .. } => Route::Any,
-        // A write that keeps lookup rows runs as more than the client's statement.
-        Route::WithLookups { .. } | Route::DeletesLookups { .. } | Route::UpdatesLookups { .. }
-            if analyze =>
-        {
-            Route::Unroutable {
-                message: "EXPLAIN ANALYZE of a write that changes lookup columns would run it without its lookup rows: EXPLAIN it without ANALYZE".into(),
-            }
-        }
-        Route::WithLookups { route, .. }
-        | Route::DeletesLookups { route, .. }
-        | Route::UpdatesLookups { route, .. } => explain(*route, false, None),
-        // Planned, not run: where the rows are is the lookup row's business.
-        Route::Lookup { without, .. } => explain(*without, analyze, options),
-        other => other,
     }
 }
 
@@ -365,27 +283,8 @@ fn table_ddl(stmt: &Statement, map: &ShardMap) -> Route {
     if refs.sharded.is_empty() {
         return reference_ddl(stmt, map, &refs);
     }
-    // Emptying a table with lookup columns must empty its lookup tables too, or their rows
-    // would refuse the values again.
-    if let Statement::Truncate(_) = stmt {
-        let named = |lt: &Table| refs.sharded.iter().any(|t| **t == *lt);
-        for t in &refs.sharded {
-            if let Some(lt) = t
-                .lookups
-                .iter()
-                .map(|l| t.lookup_table(l))
-                .find(|lt| !named(lt))
-            {
-                return Route::Unroutable {
-                    message: format!(
-                        "TRUNCATE {} would leave the rows of its lookup table: truncate both, as in TRUNCATE {}, {}",
-                        t.qualified_name(),
-                        t.qualified_name(),
-                        lt.qualified_name()
-                    ),
-                };
-            }
-        }
+    if let Some(refused) = super::lookups::truncate(stmt, &refs) {
+        return refused;
     }
     // CREATE TABLE .. AS SELECT from a sharded table would create a different table on every
     // shard, each from that shard's rows.
