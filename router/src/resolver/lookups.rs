@@ -137,6 +137,21 @@ pub(super) fn insert<'a>(
     Ok((Dest::SplitInsert(split), None))
 }
 
+/// The shards an UPDATE or DELETE (`route`) runs on, or (`Err`) where it goes when it runs on
+/// none of them in particular (every key NULL: it changes nothing).
+fn write_shards<'a>(
+    stmt: &Statement<'a>,
+    route: &Route,
+    cx: &Context<'a>,
+) -> Result<Result<Vec<usize>, Dest>, SqlError> {
+    Ok(match as_route(stmt, route, cx)? {
+        Dest::Shard(shard) => Ok(vec![shard]),
+        Dest::Write(write) => Ok(write.shards),
+        Dest::Refused(e) => return Err(e),
+        other => Err(other),
+    })
+}
+
 /// A DELETE (`route`) from a table with lookups: where it runs, with `RETURNING returning`.
 pub(super) fn delete<'a>(
     stmt: &Statement<'a>,
@@ -146,12 +161,10 @@ pub(super) fn delete<'a>(
     returning: &str,
     lookups: &[Table],
 ) -> Result<Dest, SqlError> {
-    let shards = match as_route(stmt, route, cx)? {
-        Dest::Shard(shard) => vec![shard],
-        Dest::Write(write) => write.shards,
-        Dest::Refused(e) => return Err(e),
+    let shards = match write_shards(stmt, route, cx)? {
+        Ok(shards) => shards,
         // Every key NULL: it deletes nothing anywhere.
-        other => return Ok(other),
+        Err(other) => return Ok(other),
     };
     let sql = crate::planner::lookups::with_returning(stmt.sql, returning).ok_or_else(|| {
         SqlError::new(
@@ -179,11 +192,9 @@ pub(super) fn update<'a>(
     key_type: shardmap::KeyType,
     lookups: &[Table],
 ) -> Result<Dest, SqlError> {
-    let shards = match as_route(stmt, route, cx)? {
-        Dest::Shard(shard) => vec![shard],
-        Dest::Write(write) => write.shards,
-        Dest::Refused(e) => return Err(e),
-        other => return Ok(other),
+    let shards = match write_shards(stmt, route, cx)? {
+        Ok(shards) => shards,
+        Err(other) => return Ok(other),
     };
     let columns: Vec<String> = lookups.iter().map(|l| l.key.clone()).collect();
     let sql = crate::planner::lookups::update_returning_old(stmt.sql, qualifier, key, &columns)
