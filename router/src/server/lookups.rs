@@ -36,6 +36,9 @@ pub async fn check_shards(routing: &Routing) -> Result<(), String> {
             }
         };
         lookups::prepare_shard(&mut conn, &routing.map, &routing.shard_name(shard)).await?;
+        for (table, lookup, _) in routing.map.lookup_tables() {
+            column_fits(&mut conn, table, lookup).await?;
+        }
         for ((table, column, lookup), seen) in names.iter().zip(&mut seen) {
             let sql = format!(
                 "SELECT EXISTS (SELECT 1 FROM {table} WHERE {column} IS NOT NULL)::int || ':' || EXISTS (SELECT 1 FROM {lookup})::int"
@@ -57,6 +60,44 @@ pub async fn check_shards(routing: &Routing) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Refuses (the error) a lookup column whose values would not hash as the map says: another
+/// type than the declared one (`citext`, `char(n)`, `numeric`) or a collation under which
+/// values that differ in bytes are equal. A table the shard does not have yet is let through.
+async fn column_fits(
+    conn: &mut BackendConn,
+    table: &shardmap::Table,
+    lookup: &shardmap::Lookup,
+) -> Result<(), String> {
+    let sql = format!(
+        "SELECT t.typname || ':' || coalesce(c.collisdeterministic::text, 'true') \
+         FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
+         LEFT JOIN pg_collation c ON c.oid = a.attcollation \
+         WHERE a.attrelid = to_regclass({}) AND a.attname = {} AND NOT a.attisdropped",
+        shardmap::sql::quote_literal(&table.quoted_name()),
+        shardmap::sql::quote_literal(&lookup.column)
+    );
+    let answer = conn.simple_query(&sql).await.map_err(|e| e.to_string())?;
+    let Some(found) = answer.first_column.first() else {
+        return Ok(());
+    };
+    let (type_name, deterministic) = found.split_once(':').unwrap_or((found, "true"));
+    let fits = match lookup.key_type {
+        shardmap::KeyType::Text => matches!(type_name, "text" | "varchar"),
+        shardmap::KeyType::Uuid => type_name == "uuid",
+        _ => matches!(type_name, "int2" | "int4" | "int8"),
+    };
+    if fits && deterministic == "true" {
+        return Ok(());
+    }
+    Err(format!(
+        "the lookup column {}.{} is {type_name}{}, and the shard map declares it {}: the router hashes values as the declared type compares them, so equal values could be routed apart; declare a column of that type with a deterministic collation",
+        table.qualified_name(),
+        lookup.column,
+        if deterministic == "true" { "" } else { " with a non-deterministic collation" },
+        lookup.key_type
+    ))
 }
 
 /// Runs until the process exits (on worker 0, whose pools it uses).
