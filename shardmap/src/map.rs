@@ -160,6 +160,37 @@ fn same_table(mine_schema: Option<&str>, mine: &str, schema: Option<&str>, name:
         }
 }
 
+/// Reports every table the map lists twice (sharded or reference, by the same name).
+fn listed_twice(
+    tables: &[(Table, Lines)],
+    references: &[(Reference, Lines)],
+    problems: &mut Problems,
+) {
+    let names: Vec<(Option<&str>, &str, usize)> = tables
+        .iter()
+        .map(|(t, l)| (t.schema.as_deref(), t.name.as_str(), l.item))
+        .chain(
+            references
+                .iter()
+                .map(|(r, l)| (r.schema.as_deref(), r.name.as_str(), l.item)),
+        )
+        .collect();
+    for (i, &(schema, name, line)) in names.iter().enumerate() {
+        for &(other_schema, other, other_line) in &names[..i] {
+            if same_table(schema, name, other_schema, other) {
+                problems.add(
+                    line,
+                    format!(
+                        "table {:?} is listed twice (also as {:?} at line {other_line}); a table is either sharded by one key or a reference table",
+                        qualified(schema, name),
+                        qualified(other_schema, other),
+                    ),
+                );
+            }
+        }
+    }
+}
+
 /// One shard: a range of the keyspace and the Postgres primary that holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Shard {
@@ -221,29 +252,7 @@ impl ShardMap {
         default_shard: Option<(KeyRange, usize)>,
         mut problems: Problems,
     ) -> Result<ShardMap, MapError> {
-        let names: Vec<(Option<&str>, &str, usize)> = tables
-            .iter()
-            .map(|(t, l)| (t.schema.as_deref(), t.name.as_str(), l.item))
-            .chain(
-                references
-                    .iter()
-                    .map(|(r, l)| (r.schema.as_deref(), r.name.as_str(), l.item)),
-            )
-            .collect();
-        for (i, &(schema, name, line)) in names.iter().enumerate() {
-            for &(other_schema, other, other_line) in &names[..i] {
-                if same_table(schema, name, other_schema, other) {
-                    problems.add(
-                        line,
-                        format!(
-                            "table {:?} is listed twice (also as {:?} at line {other_line}); a table is either sharded by one key or a reference table",
-                            qualified(schema, name),
-                            qualified(other_schema, other),
-                        ),
-                    );
-                }
-            }
-        }
+        listed_twice(&tables, &references, &mut problems);
 
         // Shards that failed to parse are already reported; coverage checks would only
         // report their absence again.
