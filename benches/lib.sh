@@ -1,6 +1,7 @@
 # Helpers the bench scripts share. Each script sources it right after `set -euo pipefail`:
 #   source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-# It sets `root` (the repository root) and defines die, need_tools, free_port, release_dir and stop.
+# It sets `root` (the repository root) and defines die, need_tools, free_port, release_dir,
+# fleet_bins and stop.
 # shellcheck shell=bash
 
 # The repository root.
@@ -60,6 +61,23 @@ release_dir() {
     local dir="${CARGO_TARGET_DIR:-$root/target}"
     case "$dir" in /*) ;; *) dir="$root/$dir" ;; esac
     echo "$dir/release"
+}
+
+# fleet_bins DIR: prints the absolute path of DIR, which must hold shardgate, loadgen and
+# shardgate-cluster; with DIR empty, builds the three (release) and prints cargo's release dir.
+# Use as `bin_dir="$(fleet_bins "$bin_dir")"`: a failure exits the script.
+fleet_bins() {
+    local dir="$1" b
+    if [[ -z "$dir" ]]; then
+        echo "building shardgate, loadgen, shardgate-cluster (release) ..." >&2
+        (cd "$root" && cargo build --release -q -p shardgate -p loadgen -p shardgate-cluster) >&2 || die "build failed"
+        dir="$(release_dir)"
+    fi
+    dir="$(cd "$dir" && pwd)" || die "no directory $1"
+    for b in shardgate loadgen shardgate-cluster; do
+        [[ -x "$dir/$b" ]] || die "$dir/$b is missing (build it, or pass --bin-dir)"
+    done
+    echo "$dir"
 }
 
 # stop PID: TERM, up to 5 s to end, then KILL (nothing when PID is empty or gone).

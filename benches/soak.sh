@@ -92,15 +92,7 @@ export PG_BINDIR
 export PATH="$PATH:$PG_BINDIR"
 need_tools psql pgbench pg_ctl python3 curl timeout
 
-if [[ -z "$bin_dir" ]]; then
-    echo "building shardgate, loadgen, shardgate-cluster (release) ..."
-    (cd "$root" && cargo build --release -q -p shardgate -p loadgen -p shardgate-cluster) || die "build failed"
-    bin_dir="$(release_dir)"
-fi
-bin_dir="$(cd "$bin_dir" && pwd)"
-for b in shardgate loadgen shardgate-cluster; do
-    [[ -x "$bin_dir/$b" ]] || die "$bin_dir/$b is missing (build it, or pass --bin-dir)"
-done
+bin_dir="$(fleet_bins "$bin_dir")"
 
 # --- results dir, ports, cleanup -----------------------------------------------------------------
 if [[ -z "$out" ]]; then

@@ -38,6 +38,17 @@ pub enum Command {
     /// every 200 ms. Exit status 0 when every storm login succeeded and the bystander never
     /// failed, 1 otherwise.
     Storm(StormArgs),
+    /// A fixed-rate mix of reads, counter increments, inserts and two-phase transfers through
+    /// several routers while a schedule of faults (shell commands at given seconds) is
+    /// applied; then the invariants checked on the shards (bank total, acknowledged inserts
+    /// exactly once, counters, no prepared transaction left) and a timeline (text, JSON, CSV,
+    /// SVG) with each fault's errors, p99 and time to recover. Exit status 0 when every
+    /// invariant held. Used by benches/chaos.sh.
+    Chaos(Box<crate::chaos::ChaosArgs>),
+    /// A TCP proxy for experiments: adds a delay each way (sub-millisecond, in user space),
+    /// and on command from its control port cuts a route's connections or holds its traffic
+    /// like a link that went down. Runs until killed.
+    Proxy(crate::proxy::ProxyArgs),
 }
 
 /// Where load and data go (shared by prepare and run).
@@ -475,6 +486,8 @@ fn dispatch(cli: Cli) -> Result<i32, crate::Error> {
             Ok(0)
         }
         Command::Storm(a) => storm(a),
+        Command::Chaos(a) => crate::chaos::run(*a),
+        Command::Proxy(a) => crate::proxy::run(a),
     }
 }
 

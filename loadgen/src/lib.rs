@@ -8,8 +8,11 @@
 //! [`chart`]), `merge` combines the JSON reports of several loadgen hosts exactly
 //! ([`merge`]), and `compare` sets two reports side by side ([`compare`]). `storm` measures
 //! logins instead of queries: a reconnect storm and a slowloris with a bystander ([`storm`],
-//! TLS in [`tls`]). The command line is in [`cli`]; `docs/loadgen.md` is the manual.
+//! TLS in [`tls`]). `chaos` drives a mix of reads and writes through a fleet of routers
+//! while a schedule of faults is applied and checks the invariants at the end ([`chaos`]);
+//! `proxy` is the delay and fault proxy it uses. The command line is in [`cli`]; `docs/loadgen.md` is the manual.
 
+pub mod chaos;
 pub mod chart;
 pub mod cli;
 pub mod compare;
@@ -21,6 +24,7 @@ pub mod pacer;
 pub mod plan;
 pub mod prepare;
 pub mod progress;
+pub mod proxy;
 pub mod report;
 pub mod run;
 pub mod schedule;
