@@ -375,6 +375,56 @@ async fn aggregates_merge_across_shards() {
     assert_eq!(got, [["agg".to_string(), "agg".into()]]);
 }
 
+/// Sums and averages of floats across shards are merged from the text the shards print, which
+/// is the exact value only with `extra_float_digits` above 0: below, they are refused (0A000),
+/// and min/max (passed through as printed) still work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn float_sums_across_shards_need_extra_float_digits_above_0() {
+    let env = shared_env();
+    let client = env.router.connect().await;
+    for id in 18_100_000..18_100_040i64 {
+        client
+            .execute("INSERT INTO kv (id, v) VALUES ($1, 'fsum')", &[&id])
+            .await
+            .expect("insert");
+    }
+    let sum = "SELECT sum(id::float8 / 7) FROM kv WHERE v = 'fsum'";
+    let avg = "SELECT avg(id::float8 / 7) FROM kv WHERE v = 'fsum'";
+    let extremes = "SELECT min(id::float8 / 7), max(id::float8 / 7) FROM kv WHERE v = 'fsum'";
+    for q in [sum, avg, extremes] {
+        client
+            .simple_query(q)
+            .await
+            .expect("default extra_float_digits");
+    }
+    // 18100000 / 7 with 15 + extra_float_digits significant digits, as Postgres prints it.
+    for (setting, min) in [("0", "2585714.28571429"), ("-3", "2585714.28571")] {
+        client
+            .batch_execute(&format!("SET extra_float_digits = {setting}"))
+            .await
+            .expect("set");
+        for q in [sum, avg] {
+            let e = client.simple_query(q).await.expect_err("refused");
+            assert_eq!(sqlstate(&e), "0A000", "{q}: {e:?}");
+        }
+        let got = rows(&client.simple_query(extremes).await.expect("min/max"));
+        assert_eq!(got[0][0], min, "{setting}");
+    }
+    client
+        .batch_execute("SET extra_float_digits = 3")
+        .await
+        .expect("set");
+    client
+        .simple_query(sum)
+        .await
+        .expect("extra_float_digits 3");
+    client
+        .batch_execute("RESET extra_float_digits")
+        .await
+        .expect("reset");
+    client.simple_query(avg).await.expect("after RESET");
+}
+
 /// Sorted, grouped, distinct and averaged reads across shards give exactly what one Postgres
 /// gives for the same rows (the reference runs on one shard over a VALUES list of them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -136,6 +136,9 @@ pub struct Merging<'a> {
     pub asked: &'a [u8],
     /// Text compares by bytes on the shards (their collation is C).
     pub text_bytewise: bool,
+    /// The session's `extra_float_digits` is above 0, so the floats the shards print are their
+    /// exact values and sums of them can be merged.
+    pub floats_exact: bool,
     /// The most groups the router may hold while it combines them.
     pub max_groups: usize,
     /// The most bytes this read may hold (`limits.max_merge_bytes`).
@@ -344,6 +347,12 @@ async fn grouped<C: Client>(client: &mut C, shards: Shards<'_>) -> Result<(), Fa
         merge::columns(&row_description[5..])?,
         bytewise,
     )?;
+    if !m.floats_exact && groups.sums_floats() {
+        return Err(Failure::Router(SqlError::new(
+            errors::FEATURE_NOT_SUPPORTED,
+            "sum() or avg() of float values across shards needs extra_float_digits above 0 (the default, 1): with less the shards print rounded values; SET extra_float_digits = 1",
+        )));
+    }
     let (statement, portal, simple) = (
         rewrite_all(&desc.statement)?,
         rewrite_all(&desc.portal)?,

@@ -392,6 +392,25 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         target.dest
     }
 
+    /// Whether the floats the shards print are their exact values, which a sum across shards
+    /// needs: `extra_float_digits` above 0 (the default, 1) as the client's settings leave it.
+    /// A server or role default below 1 is not seen here (docs/compatibility.md).
+    fn floats_exact(&self) -> bool {
+        let seen = Seen {
+            user: &self.user,
+            settings: &self.settings,
+            changes: &self.changes,
+        };
+        match seen.get("extra_float_digits") {
+            None => true,
+            Some(v) => v
+                .trim()
+                .trim_matches('\'')
+                .parse::<i32>()
+                .is_ok_and(|d| d > 0),
+        }
+    }
+
     fn shard_name(&self, shard: usize) -> String {
         self.routing.map.shards()[shard].range.to_string()
     }

@@ -139,7 +139,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let Some((receivers, members)) = self.fan_out(&read.shards, request, false).await? else {
             return Ok(true);
         };
-        let failed = answer_read(&self.routing, &mut self.client, &read, receivers, asked).await;
+        let floats = self.floats_exact();
+        let failed = answer_read(
+            &self.routing,
+            &mut self.client,
+            &read,
+            receivers,
+            asked,
+            floats,
+        )
+        .await;
         self.fanned_in(members, &failed).await;
         failed.map_err(SessionError::Client)
     }
@@ -322,7 +331,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         };
         let mut kept =
             super::client::ClientIo::new(super::cursors::Keep::new(limit), bytes::BytesMut::new());
-        let failed = answer_read(&self.routing, &mut kept, read, receivers, asked).await;
+        let floats = self.floats_exact();
+        let failed = answer_read(&self.routing, &mut kept, read, receivers, asked, floats).await;
         let failed = match failed {
             Ok(failed) => kept.flush().await.map(|()| failed),
             Err(e) => Err(e),
@@ -609,6 +619,7 @@ async fn answer_read<C: AsyncRead + AsyncWrite + Unpin>(
     read: &Read,
     receivers: Vec<Receiver>,
     asked: &[u8],
+    floats_exact: bool,
 ) -> std::io::Result<bool> {
     match &read.merge {
         Some(plan) => {
@@ -618,6 +629,7 @@ async fn answer_read<C: AsyncRead + AsyncWrite + Unpin>(
                 offset: read.offset,
                 asked,
                 text_bytewise: routing.text_bytewise(),
+                floats_exact,
                 max_groups: routing.config.limits.max_merge_groups,
                 max_bytes: routing.config.limits.max_merge_bytes,
                 router_bytes: routing.config.limits.merge_memory_bytes,

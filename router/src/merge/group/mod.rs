@@ -174,6 +174,11 @@ impl GroupMerge {
         })
     }
 
+    /// Whether some column sums or averages floats (see [`Plan::sums_floats`]).
+    pub fn sums_floats(&self) -> bool {
+        self.plans.iter().any(Plan::sums_floats)
+    }
+
     /// How many groups are held so far.
     pub fn groups(&self) -> usize {
         self.groups.len()

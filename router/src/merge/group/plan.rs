@@ -51,6 +51,17 @@ pub(super) enum Plan {
     },
 }
 
+impl Plan {
+    /// Whether the column adds up float values as the shards printed them: in text those are
+    /// the exact values only with `extra_float_digits` above 0 (the default 1).
+    pub(super) fn sums_floats(&self) -> bool {
+        matches!(
+            self,
+            Plan::SumFloat8(_) | Plan::SumFloat4(_) | Plan::AvgFloat8 { .. }
+        )
+    }
+}
+
 /// One operand of an `Arith` column: an aggregate whose merged value is an integer or numeric.
 #[derive(Debug, Clone, Copy)]
 pub(in crate::merge) enum Side {
