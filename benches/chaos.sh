@@ -48,7 +48,7 @@ Options:
   -T, --duration S      seconds of load                                    [default: 200]
   -c, --connections C   loadgen connections                                [default: 24]
       --schedule NAME   full, short or soak                                [default: full]
-      --cycle S         soak: seconds between cycles of faults             [default: 300]
+      --cycle S         soak: seconds between cycles of faults (>= 210)    [default: 300]
       --delay-us US     delay each way on every hop (loadgen->router, router->shard), in
                         microseconds: 500 is a cross-AZ round trip of 1 ms [default: 0]
       --bin-dir DIR     shardgate, loadgen and shardgate-cluster from here (default: build them
@@ -88,6 +88,10 @@ proxy_ctl() {
 
 as_pg() { if ((EUID == 0)); then runuser -u postgres -- "$@"; else "$@"; fi; }
 
+# Whether process PID has ended: gone, or a zombie (a router a fault's shell started is
+# nobody's child once that shell ends, and may stay a zombie where PID 1 does not reap).
+gone() { [[ ! -e "/proc/$1" ]] || grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null; }
+
 admin_all() {
     local k
     for ((k = 1; k <= routers; k++)); do
@@ -111,7 +115,14 @@ act() {
             local pid
             pid="$(cat "$state/router-$arg.pid")"
             kill -TERM "$pid"
-            while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+            for _ in $(seq 600); do gone "$pid" && break; sleep 0.1; done
+            if ! gone "$pid"; then
+                echo "router $arg had not exited 60 s after SIGTERM: killed" >&2
+                kill -KILL "$pid"
+                sleep 0.5
+                start_router "$arg"
+                return 1
+            fi
             start_router "$arg" ;;
         primary-restart)
             as_pg "$PG_BINDIR/pg_ctl" restart -m fast -w -D "${data_dirs[$arg]}" -l "${server_logs[$arg]}" ;;
@@ -199,12 +210,19 @@ case "$schedule" in
     full) min=170 ;; short) min=80 ;; soak) min=$((cycle + 60)) ;;
     *) echo "chaos.sh: --schedule is full, short or soak, not '$schedule'" >&2; exit 2 ;;
 esac
+# A soak cycle holds seven faults in its first 125 s, and the first one the failover (150 s)
+# and the split (175 s): a shorter cycle would overlap them.
+((cycle >= 210)) || { echo "chaos.sh: --cycle must be at least 210 s" >&2; exit 2; }
 ((duration >= min)) || { echo "chaos.sh: --schedule $schedule needs --duration of at least $min s" >&2; exit 2; }
 
+# The server binaries as pgharness (the cluster tool) finds them, exported so both use the same.
 if [[ -z "${PG_BINDIR:-}" ]]; then
-    PG_BINDIR="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)"
+    for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -rV) "$(pg_config --bindir 2>/dev/null)"; do
+        if [[ -x "$d/postgres" && -x "$d/pg_ctl" ]]; then PG_BINDIR="$d"; break; fi
+    done
 fi
-[[ -x "$PG_BINDIR/pg_ctl" ]] || die "no PostgreSQL server binaries (set PG_BINDIR)"
+[[ -x "${PG_BINDIR:-}/pg_ctl" ]] || die "no PostgreSQL server binaries (apt-get install postgresql, or set PG_BINDIR)"
+export PG_BINDIR
 need_tools psql python3 curl setsid
 bin_dir="$(fleet_bins "$bin_dir")"
 if [[ -z "$out" ]]; then
@@ -225,7 +243,13 @@ cleanup() {
     trap - EXIT
     trap '' INT TERM
     set +e
-    [[ -n "$loadgen_pid" ]] && stop "$loadgen_pid"
+    # loadgen leads a process group of its own with the fault commands it runs: all of them go,
+    # so no fault acts (restarts a router, say) after the teardown.
+    if [[ -n "$loadgen_pid" ]]; then
+        kill -TERM -- -"$loadgen_pid" 2>/dev/null
+        stop "$loadgen_pid"
+        kill -KILL -- -"$loadgen_pid" 2>/dev/null
+    fi
     [[ -n "$sampler_pid" ]] && kill "$sampler_pid" 2>/dev/null
     local f
     for f in "$state"/router-*.pid; do [[ -f "$f" ]] && stop "$(cat "$f")"; done
@@ -334,14 +358,20 @@ for ((k = 1; k <= routers; k++)); do
 done
 declare -p bin_dir routers router_ports data_dirs server_logs shard_proxy_ports proxy_control delay_us \
     standby_dir spares PG_BINDIR >"$state/state.env"
+# All at once, as an autoscaling group starts them: each creates the two-phase schema at start,
+# idempotently under an advisory lock.
+starting=()
 for ((k = 1; k <= routers; k++)); do
-    # One at a time: each creates its two-phase schema at start.
-    start_router "$k" || die "router $k did not start"
+    start_router "$k" &
+    starting+=($!)
+done
+for ((k = 1; k <= routers; k++)); do
+    wait "${starting[$((k - 1))]}" || die "router $k did not start (see $state/router-$k.log)"
 done
 
 # --- the schedule --------------------------------------------------------------------------------
 self="$root/benches/chaos.sh"
-fault() { echo "$1 $2 $self act $state $3 ${4:-}" >>"$out/faults.txt"; }
+fault() { printf '%s %s %q act %q %s %s\n' "$1" "$2" "$self" "$state" "$3" "${4:-}" >>"$out/faults.txt"; }
 : >"$out/faults.txt"
 case "$schedule" in
     full)
@@ -369,13 +399,18 @@ case "$schedule" in
                 read -r off name arg <<<"$f"
                 ((b + off < duration - 30)) && fault $((b + off)) "$name" "$name" "$arg"
             done
-            if ((c == 0)); then fault $((b + 150)) failover failover; fault $((b + 175)) split split 2; fi
+            if ((c == 0 && b + 175 < duration - 30)); then
+                fault $((b + 150)) failover failover
+                fault $((b + 175)) split split 2
+            fi
         done ;;
 esac
 
 # --- resources sampler ---------------------------------------------------------------------------
 echo "time_s,router,pid,rss_kb,fds,backend_conns" >"$out/samples.csv"
 (
+    # A failed sample (a router restarting, a slow /metrics) is skipped, not the end of sampling.
+    set +e +o pipefail
     t0=$SECONDS
     while sleep 10; do
         for ((k = 1; k <= routers; k++)); do
@@ -392,7 +427,7 @@ sampler_pid=$!
 
 # --- the run -------------------------------------------------------------------------------------
 set +e
-"$bin_dir/loadgen" chaos --shardmap "$state/shardmap.toml" "${targets[@]}" --rate "$rate" \
+setsid "$bin_dir/loadgen" chaos --shardmap "$state/shardmap.toml" "${targets[@]}" --rate "$rate" \
     --duration "$duration" --connections "$conns" --faults "$out/faults.txt" --out "$out" &
 loadgen_pid=$!
 wait "$loadgen_pid"

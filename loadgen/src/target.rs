@@ -109,6 +109,16 @@ pub fn redact(url: &str) -> String {
 
 /// Connects (giving up after `timeout`) and spawns the connection task.
 pub async fn connect(url: &str, timeout: Duration) -> Result<Client, tokio_postgres::Error> {
+    Ok(connect_owned(url, timeout).await?.0)
+}
+
+/// Like [`connect`], and also returns the connection task: tokio-postgres keeps a socket open
+/// until every answer owed has arrived even when its `Client` is gone, so a caller that gives
+/// up on a request aborts the task to close the connection at once.
+pub async fn connect_owned(
+    url: &str,
+    timeout: Duration,
+) -> Result<(Client, tokio::task::JoinHandle<()>), tokio_postgres::Error> {
     let mut config: tokio_postgres::Config = url.parse()?;
     if config.get_application_name().is_none() {
         config.application_name("loadgen");
@@ -117,10 +127,10 @@ pub async fn connect(url: &str, timeout: Duration) -> Result<Client, tokio_postg
         config.connect_timeout(timeout.max(Duration::from_millis(1)));
     }
     let (client, connection) = config.connect(NoTls).await?;
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         let _ = connection.await;
     });
-    Ok(client)
+    Ok((client, task))
 }
 
 /// `what: message (SQLSTATE)` for a server's error, `what: error` for any other (tokio-postgres

@@ -11,7 +11,7 @@
 //! once, an ambiguous one at most once; a counter lies between its acknowledged increments and
 //! those plus its ambiguous ones.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -115,7 +115,7 @@ pub struct Check {
 }
 
 /// What the shards hold, each row counted on the shard that owns it under the final map.
-#[derive(Default)]
+#[derive(Default, PartialEq)]
 struct Holdings {
     /// By id: the value (balance, count; 0 for events) and on how many shards it was found.
     balances: HashMap<i64, (i64, u32)>,
@@ -170,8 +170,9 @@ async fn read_shard(
     Ok(())
 }
 
-/// Prepared transactions of the shards' databases, polled until none are left or `settle`
-/// has passed (a router that restarts resolves the ones its predecessor left in doubt).
+/// Prepared transactions on the shards' servers (every database: a split's source is no longer
+/// in the map but may hold one), polled until none are left or `settle` has passed (a router
+/// that restarts resolves the ones its predecessor left in doubt).
 async fn prepared_left(
     map: &ShardMap,
     settle: Duration,
@@ -179,27 +180,50 @@ async fn prepared_left(
 ) -> Result<Check, String> {
     let deadline = Instant::now() + settle;
     loop {
-        let mut left = 0i64;
+        // Servers hold several shards: each transaction counted once.
+        let mut left = HashSet::new();
         for shard in 0..map.shards().len() {
             let c = primary(map, shard, timeout).await?;
-            let row = c
-                .query_one(
-                    "SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()",
-                    &[],
-                )
+            let rows = c
+                .query("SELECT database::text, gid FROM pg_prepared_xacts", &[])
                 .await
                 .map_err(|e| sql_err("reading pg_prepared_xacts", &e))?;
-            left += row.get::<_, i64>(0);
+            for row in rows {
+                left.insert((row.get::<_, String>(0), row.get::<_, String>(1)));
+            }
         }
-        if left == 0 || Instant::now() >= deadline {
+        if left.is_empty() || Instant::now() >= deadline {
             return Ok(Check {
                 name: "no prepared transaction left",
-                held: left == 0,
-                detail: format!("{left} left on the shards' databases"),
+                held: left.is_empty(),
+                detail: format!("{} left on the shards' servers", left.len()),
             });
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// What the shards hold, read again until two reads in a row agree: a commit that was still
+/// finishing when the load stopped lands between two reads, not inside one (the shards are
+/// read one after another, with no snapshot across them).
+async fn settled(map: &ShardMap, timeout: Duration) -> Result<Holdings, String> {
+    let read_all = || async {
+        let mut h = Holdings::default();
+        for shard in 0..map.shards().len() {
+            read_shard(map, shard, &mut h, timeout).await?;
+        }
+        Ok::<_, String>(h)
+    };
+    let mut last = read_all().await?;
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = read_all().await?;
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    Ok(last)
 }
 
 /// Checks every invariant against the shards of the map in `map_path` as it is now.
@@ -212,10 +236,7 @@ pub async fn check(
 ) -> Result<Vec<Check>, String> {
     let map = load_map(map_path)?;
     let mut checks = vec![prepared_left(&map, settle, timeout).await?];
-    let mut h = Holdings::default();
-    for shard in 0..map.shards().len() {
-        read_shard(&map, shard, &mut h, timeout).await?;
-    }
+    let h = settled(&map, timeout).await?;
     checks.push(bank(&h, size));
     checks.push(events(&h, claims));
     checks.push(counters(&h, size, claims));
@@ -261,10 +282,13 @@ fn events(h: &Holdings, claims: &Claims) -> Check {
         .iter()
         .filter(|id| h.events.contains_key(id))
         .count();
-    let claimed = claims.inserted.len() + maybe_present;
-    // Every id present is acknowledged or ambiguous, so the count of ids present must be the
-    // acknowledged ones plus the ambiguous ones found.
-    let unknown = h.events.len().saturating_sub(claimed);
+    let sent: HashSet<i64> = claims
+        .inserted
+        .iter()
+        .chain(&claims.maybe_inserted)
+        .copied()
+        .collect();
+    let unknown = h.events.keys().filter(|id| !sent.contains(id)).count();
     Check {
         name: "every acknowledged insert present exactly once",
         held: missing == 0 && twice == 0 && unknown == 0,

@@ -19,7 +19,7 @@ use tokio_postgres::{Client, Statement};
 use super::bank::{Claims, Size};
 use super::timeline::{Outcome, Timeline};
 use crate::pacer::Pacer;
-use crate::target::{connect, error_code};
+use crate::target::{connect_owned, error_code};
 
 /// Weights of the four operations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,8 +178,11 @@ pub struct Inserts {
     pub ambiguous: Vec<i64>,
 }
 
-/// One connection and its prepared statements.
+/// One connection and its prepared statements. Dropping it closes the socket at once (the
+/// router then rolls back whatever the abandoned request had open), not when the answers
+/// owed arrive.
 struct Conn {
+    _task: AbortOnDrop,
     client: Client,
     read: Statement,
     increment: Statement,
@@ -190,8 +193,9 @@ struct Conn {
 
 impl Conn {
     async fn open(url: &str, timeout: Duration) -> Result<Conn, tokio_postgres::Error> {
-        let client = connect(url, timeout).await?;
-        Ok(Conn {
+        let (client, task) = connect_owned(url, timeout).await?;
+        let conn = Conn {
+            _task: AbortOnDrop(task.abort_handle()),
             read: client
                 .prepare("SELECT balance FROM chaos_accounts WHERE id = $1")
                 .await?,
@@ -208,7 +212,17 @@ impl Conn {
                 .prepare("UPDATE chaos_accounts SET balance = balance + $2 WHERE id = $1")
                 .await?,
             client,
-        })
+        };
+        Ok(conn)
+    }
+}
+
+/// Aborts the connection task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -302,7 +316,14 @@ async fn request(
             shared.anomaly(what);
             Outcome::Error("wrong".into())
         }
-        Ok(Err(e)) => Outcome::Error(error_code(&e, false)),
+        Ok(Err(e)) => {
+            // A transfer that failed may have left its transaction open or failed (when its
+            // ROLLBACK did not get through): the next request must not run inside it.
+            if op == Op::Transfer {
+                *conn = None;
+            }
+            Outcome::Error(error_code(&e, false))
+        }
         // The connection may still be busy with the abandoned request: start afresh.
         Err(_) => {
             *conn = None;

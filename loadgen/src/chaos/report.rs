@@ -31,6 +31,27 @@ pub struct FaultRow {
     pub recovered_after_s: Option<usize>,
 }
 
+/// Seconds from a fault's start (second `from`) until the load was clean again: 0 when no
+/// second of its window (`from..to`) was unclean, else from its first unclean second to the
+/// first of 3 clean seconds in a row before the next fault (`until`); `None` when there were none.
+fn recovered(
+    seconds: &[Second],
+    from: usize,
+    to: usize,
+    until: usize,
+    min_ok: u64,
+    limit: f64,
+) -> Option<usize> {
+    let window = seconds.get(from..to.min(seconds.len())).unwrap_or(&[]);
+    match window
+        .iter()
+        .position(|s| !timeline::is_clean(s, min_ok, limit))
+    {
+        None => Some(0),
+        Some(bad) => timeline::recovery(seconds, from + bad, until, min_ok, limit).map(|r| bad + r),
+    }
+}
+
 #[derive(Debug, Serialize)]
 pub struct Report {
     pub targets: usize,
@@ -67,14 +88,14 @@ impl Report {
             .enumerate()
             .map(|(i, f)| {
                 let from = f.start_s as usize;
-                let mut to = (f.end_s + AFTER_S).ceil() as usize;
-                if let Some(next) = applied.get(i + 1) {
-                    to = to.min((next.start_s as usize).max(from + 1));
-                }
+                let next = applied
+                    .get(i + 1)
+                    .map_or(seconds.len(), |n| (n.start_s as usize).max(from + 1));
+                let to = ((f.end_s + AFTER_S).ceil() as usize).min(next);
                 FaultRow {
                     fault: f.clone(),
                     window: Window::of(seconds, from, to),
-                    recovered_after_s: timeline::recovery(seconds, from, min_ok, limit),
+                    recovered_after_s: recovered(seconds, from, to, next, min_ok, limit),
                 }
             })
             .collect();
@@ -174,5 +195,33 @@ impl Report {
         };
         write("chaos.json", json + "\n")?;
         write("timeline.csv", timeline::csv(seconds))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn second(ok: u64, errors: u64) -> Second {
+        let mut s = Second::new();
+        s.ok = ok;
+        if errors > 0 {
+            s.errors.insert("08006".into(), errors);
+        }
+        s.latency.saturating_record(500);
+        s
+    }
+
+    #[test]
+    fn recovery_counts_from_the_fault_to_clean_seconds_before_the_next() {
+        let clean = || second(100, 0);
+        let bad = || second(10, 3);
+        // Clean through its window: 0, even if something else breaks later.
+        let s = vec![clean(), clean(), clean(), bad(), clean(), clean(), clean()];
+        assert_eq!(recovered(&s, 0, 3, 7, 90, 5.0), Some(0));
+        // Its first unclean second comes late (a split's cut-over): counted from the start.
+        assert_eq!(recovered(&s, 0, 5, 7, 90, 5.0), Some(4));
+        // Not clean again before the next fault starts.
+        assert_eq!(recovered(&s, 0, 5, 6, 90, 5.0), None);
     }
 }

@@ -26,8 +26,14 @@ pub struct Second {
     pub latency: Histogram<u64>,
 }
 
+impl Default for Second {
+    fn default() -> Second {
+        Second::new()
+    }
+}
+
 impl Second {
-    fn new() -> Second {
+    pub fn new() -> Second {
         Second {
             ok: 0,
             timeouts: 0,
@@ -157,19 +163,28 @@ fn ms(us: u64) -> f64 {
 /// Seconds in a row that must be clean for the load to count as recovered.
 pub const CLEAN_SECONDS: usize = 3;
 
-/// Seconds from `from` until the first of [`CLEAN_SECONDS`] seconds in a row with no error, no
-/// timeout, at least `min_ok` completed requests and a p99 within `p99_limit_ms`; `None` when
-/// the recorded seconds end first.
-pub fn recovery(seconds: &[Second], from: usize, min_ok: u64, p99_limit_ms: f64) -> Option<usize> {
-    let clean = |s: &Second| {
-        s.error_count() == 0
-            && s.timeouts == 0
-            && s.ok >= min_ok
-            && ms(s.latency.value_at_quantile(0.99)) <= p99_limit_ms
-    };
+/// Whether a second is clean: no error, no timeout, at least `min_ok` completed requests and a
+/// p99 within `p99_limit_ms`.
+pub fn is_clean(s: &Second, min_ok: u64, p99_limit_ms: f64) -> bool {
+    s.error_count() == 0
+        && s.timeouts == 0
+        && s.ok >= min_ok
+        && ms(s.latency.value_at_quantile(0.99)) <= p99_limit_ms
+}
+
+/// Seconds from `from` until the first of [`CLEAN_SECONDS`] clean seconds in a row, all before
+/// `until`; `None` when there are none.
+pub fn recovery(
+    seconds: &[Second],
+    from: usize,
+    until: usize,
+    min_ok: u64,
+    p99_limit_ms: f64,
+) -> Option<usize> {
+    let until = until.min(seconds.len());
     let mut run = 0;
-    for (i, s) in seconds.iter().enumerate().skip(from) {
-        if clean(s) {
+    for (i, s) in seconds.iter().enumerate().take(until).skip(from) {
+        if is_clean(s, min_ok, p99_limit_ms) {
             run += 1;
             if run == CLEAN_SECONDS {
                 return Some(i + 1 - CLEAN_SECONDS - from);
@@ -231,12 +246,14 @@ mod tests {
             second(100, 0, 500),
             second(100, 0, 500),
         ];
-        assert_eq!(recovery(&s, 1, 50, 10.0), Some(3));
-        assert_eq!(recovery(&s, 0, 50, 10.0), Some(4));
+        assert_eq!(recovery(&s, 1, 7, 50, 10.0), Some(3));
+        assert_eq!(recovery(&s, 0, 7, 50, 10.0), Some(4));
+        // The clean run must end before `until` (the next fault).
+        assert_eq!(recovery(&s, 1, 6, 50, 10.0), None);
         // Too few requests a second never counts as recovered.
-        assert_eq!(recovery(&s, 1, 200, 10.0), None);
+        assert_eq!(recovery(&s, 1, 7, 200, 10.0), None);
         // A slow second breaks the run like an error does.
-        assert_eq!(recovery(&s, 1, 50, 0.1), None);
+        assert_eq!(recovery(&s, 1, 7, 50, 0.1), None);
     }
 
     #[test]

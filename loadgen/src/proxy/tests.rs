@@ -252,9 +252,17 @@ fn blackhole_holds_data_and_heal_delivers_it_in_order() {
         1,
         "connected through a blackhole"
     );
-    assert!(control
-        .status()
-        .contains("mode=blackhole delay_us=0 connections=2"));
+    // The second connection is counted once the proxy's accept thread has taken it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut status = control.status();
+    while !status.contains("mode=blackhole delay_us=0 connections=2") && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+        status = control.status();
+    }
+    assert!(
+        status.contains("mode=blackhole delay_us=0 connections=2"),
+        "{status}"
+    );
     control.ok("heal all");
     open.set_read_timeout(Some(Duration::from_secs(10)))
         .expect("timeout");
