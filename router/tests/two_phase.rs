@@ -370,3 +370,65 @@ fn routers_started_at_the_same_instant_on_fresh_shards_all_start() {
         assert_eq!(n.trim(), "0");
     }
 }
+
+/// A transaction left in doubt that the start's recovery pass finds still within the grace
+/// period is resolved as soon as it is past it, not a whole `recovery_interval_ms` (here ten
+/// minutes) later: its rows stay locked until then.
+#[test]
+fn a_transaction_in_doubt_is_resolved_once_past_the_grace_not_an_interval_later() {
+    let cluster = pgharness::Cluster::start(&pgharness::ClusterOptions {
+        shards: 2,
+        servers: 1,
+        schema_sql: Some(pgharness::Schema::Sql(common::SCHEMA.into())),
+        ..Default::default()
+    })
+    .expect("a fresh cluster");
+    let map = shardmap::ShardMap::even_split(&cluster.shard_urls(), common::tables()).expect("map");
+    let range = map.shards()[0].range.to_string();
+    // What a router killed between PREPARE and its decision leaves: a prepared transaction of
+    // shardgate's, with no decision recorded on its coordinator.
+    cluster
+        .psql_shard(
+            0,
+            &format!(
+                "BEGIN; INSERT INTO kv (id, v) VALUES (1, 'in doubt'); PREPARE TRANSACTION 'sg:9:1:{range}:{range}'"
+            ),
+        )
+        .expect("prepare a transaction");
+    let config = TWO_PHASE
+        .replace(
+            "recovery_interval_ms = 300",
+            "recovery_interval_ms = 600000",
+        )
+        .replace("recovery_grace_ms = 1000", "recovery_grace_ms = 5000");
+    let router = Router::start_with(&map, &config);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let left = || {
+        cluster
+            .psql_shard(
+                0,
+                "SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()",
+            )
+            .expect("count prepared")
+            .trim()
+            .to_string()
+    };
+    while left() != "0" {
+        assert!(
+            Instant::now() < deadline,
+            "still in doubt after 60 s:\n{}",
+            router.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // No decision: rolled back.
+    let n = cluster
+        .psql_shard(0, "SELECT count(*) FROM kv WHERE id = 1")
+        .expect("count");
+    assert_eq!(n.trim(), "0");
+    let log = router.log_text();
+    assert!(
+        log.contains("recovery rolled back"),
+        "{log}"
+    );
+}

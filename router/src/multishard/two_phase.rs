@@ -315,6 +315,10 @@ pub struct Recovered {
     pub rolled_back: usize,
     /// Left for a later pass (a shard could not be asked).
     pub left: usize,
+    /// How long until the youngest of shardgate's prepared transactions seen, still within the
+    /// grace period, is past it: the next pass need not wait longer to resolve it (the rows it
+    /// locks stay locked until then, which after a router's crash stalls every write to them).
+    pub next_due: Option<Duration>,
 }
 
 /// Resolves every prepared transaction of shardgate's older than `grace` on every shard of
@@ -345,6 +349,9 @@ pub async fn recover(routing: &Routing, grace: Duration) -> Recovered {
                 continue;
             }
         };
+        if let Some(due) = due_in(&mut conn, grace).await {
+            done.next_due = Some(done.next_due.map_or(due, |d| d.min(due)));
+        }
         for text in gids {
             let Some(gid) = Gid::parse(&text) else {
                 continue;
@@ -383,6 +390,19 @@ pub async fn recover(routing: &Routing, grace: Duration) -> Recovered {
         forget_decisions(routing).await;
     }
     done
+}
+
+/// How long until the oldest of shardgate's prepared transactions on this shard that is still
+/// within `grace` is past it; `None` when there is none (or the shard does not say).
+async fn due_in(conn: &mut BackendConn, grace: Duration) -> Option<Duration> {
+    let sql = format!(
+        "SELECT ceil(extract(epoch FROM min(prepared) + interval '{0} milliseconds' - now()) * 1000)::bigint \
+         FROM pg_prepared_xacts WHERE database = current_database() AND gid LIKE 'sg:%' \
+         AND prepared >= now() - interval '{0} milliseconds'",
+        grace.as_millis()
+    );
+    let ms: u64 = rows(conn, &sql).await.ok()?.first()?.parse().ok()?;
+    Some(Duration::from_millis(ms))
 }
 
 /// Whether `gid`'s transaction committed (`Some(true)`), did not and never will

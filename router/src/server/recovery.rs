@@ -2,7 +2,8 @@
 //! at start, every shard that can be reached must allow prepared transactions and gets the
 //! decisions table; then, once at start and every `recovery_interval_ms`, prepared
 //! transactions left in doubt by a router that stopped are resolved
-//! (`crate::multishard::two_phase::recover`).
+//! (`crate::multishard::two_phase::recover`). A pass that saw one not yet past
+//! `recovery_grace_ms` runs again as soon as it is.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -35,10 +36,16 @@ pub async fn run(shared: Arc<Router>) {
     loop {
         let routing = shared.routing();
         let config = &routing.config.transactions;
+        let mut pause = config.recovery_interval;
         if config.cross_shard == CrossShard::TwoPhase {
             prepare_new_shards(&routing, &mut ready).await;
             let done = two_phase::recover(&routing, config.recovery_grace).await;
-            if done != two_phase::Recovered::default() {
+            // A transaction in doubt that is not old enough yet is resolved as soon as it is,
+            // not a whole interval later: its rows stay locked until then.
+            if let Some(due) = done.next_due {
+                pause = pause.min(due + std::time::Duration::from_millis(50));
+            }
+            if (done.committed, done.rolled_back, done.left) != (0, 0, 0) {
                 tracing::info!(
                     committed = done.committed,
                     rolled_back = done.rolled_back,
@@ -47,7 +54,6 @@ pub async fn run(shared: Arc<Router>) {
                 );
             }
         }
-        let pause = config.recovery_interval;
         drop(routing);
         tokio::time::sleep(pause).await;
     }
