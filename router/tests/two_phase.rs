@@ -427,8 +427,5 @@ fn a_transaction_in_doubt_is_resolved_once_past_the_grace_not_an_interval_later(
         .expect("count");
     assert_eq!(n.trim(), "0");
     let log = router.log_text();
-    assert!(
-        log.contains("recovery rolled back"),
-        "{log}"
-    );
+    assert!(log.contains("recovery rolled back"), "{log}");
 }

@@ -351,10 +351,7 @@ pub(super) fn pump_out(link: Arc<Link>, dir: Dir, rx: Receiver<(Instant, Vec<u8>
     if let Some((_, mut to)) = link.conn.ends(dir) {
         let delivered = link.route.counter(dir);
         while let Ok((due, bytes)) = rx.recv() {
-            let now = Instant::now();
-            if due > now {
-                thread::sleep(due - now);
-            }
+            sleep_until(due, &link.conn);
             if !link.route.wait_passable(&link.conn) || to.write_all(&bytes).is_err() {
                 break;
             }
@@ -364,6 +361,22 @@ pub(super) fn pump_out(link: Arc<Link>, dir: Dir, rx: Receiver<(Instant, Vec<u8>
     // A side closed or failed, or the route was cut: end the whole connection, which ends the
     // other direction's threads too.
     link.route.close_conn(&link.conn);
+}
+
+/// Longest single sleep of a writer: a connection cut meanwhile ends within this much, whatever
+/// the delay.
+const SLEEP_SLICE: Duration = Duration::from_millis(50);
+
+/// Sleeps until `due` (one sleep for a short delay, so its precision is the kernel's), or
+/// until `conn` is closed.
+fn sleep_until(due: Instant, conn: &Conn) {
+    loop {
+        let now = Instant::now();
+        if due <= now || conn.is_closed() {
+            return;
+        }
+        thread::sleep((due - now).min(SLEEP_SLICE));
+    }
 }
 
 /// Linux wakes a sleeping thread up to its timer slack (50 µs by default) late, a tenth of a

@@ -224,6 +224,26 @@ fn cut_closes_open_and_new_connections_until_healed() {
     assert!(control.status().contains("mode=pass"));
 }
 
+/// A connection whose bytes wait out a long delay ends soon after a cut, not when the delay
+/// is over (here an hour).
+#[test]
+fn a_cut_ends_a_connection_asleep_on_a_long_delay() {
+    let (echo, _) = echo_server();
+    let (proxy, listen) = proxy_to(echo, 3_600_000_000);
+    let mut control = Control::open(proxy.control);
+    let mut open = connect_client(listen);
+    open.write_all(b"waits an hour").expect("write");
+    eventually("the connection is counted", || {
+        control.status().contains("connections=1")
+    });
+    control.ok(&format!("cut {}", listen.port()));
+    eventually("the cut connection is gone", || {
+        control
+            .status()
+            .contains("mode=cut delay_us=3600000000 connections=0")
+    });
+}
+
 #[test]
 fn blackhole_holds_data_and_heal_delivers_it_in_order() {
     let (echo, accepted) = echo_server();
