@@ -275,6 +275,7 @@ free_port proxy_control
 free_port router_base "$routers"
 free_port http_base "$routers"
 free_port front_base "$routers"
+free_port spare_proxy_base 2
 echo "chaos: $(date -u +%FT%TZ), $(nproc) cores; $shards shards on 4 servers, $routers routers, schedule $schedule, ${rate}/s for ${duration} s, delay ${delay_us} us each way; results in $out" >&2
 "$bin_dir/shardgate-cluster" up --shards "$shards" --servers 4 --spare 2 --no-router \
     --dir "$state/cluster" --base-port "$base_port" --max-connections 400 >"$state/cluster-up.log" 2>&1 ||
@@ -283,7 +284,7 @@ cjson() { python3 -c "import json,sys; s=json.load(open('$state/cluster/cluster.
 mapfile -t data_dirs < <(cjson "'\n'.join(str(x['data_dir']) for x in s['servers'])")
 mapfile -t server_logs < <(cjson "'\n'.join(str(x['log_file']) for x in s['servers'])")
 mapfile -t server_socks < <(cjson "'\n'.join(str(x['socket_dir']) for x in s['servers'])")
-mapfile -t spares < <(cjson "'\n'.join(x['url'] for x in s['spares'])")
+mapfile -t spare_urls < <(cjson "'\n'.join(x['url'] for x in s['spares'])")
 
 # A streaming standby of server 1, the failover's target.
 standby_dir="$state/standby/data"
@@ -295,9 +296,10 @@ printf "port = '%s'\nunix_socket_directories = '%s'\n" "$standby_port" "$state/s
 as_pg "$PG_BINDIR/pg_ctl" start -w -D "$standby_dir" -l "$state/standby/postgres.log" >/dev/null ||
     die "the standby did not start (see $state/standby/postgres.log)"
 
-# One proxy route per shard (router -> shard), one per shard of server 1 to its standby, and
+# One proxy route per shard (router -> shard), one per shard of server 1 to its standby, one
+# per spare (the split's halves: the routers and the split reach them through it too), and
 # with a delay one per router (loadgen -> router).
-routes=() shard_proxy_ports=() router_ports=() targets=()
+routes=() shard_proxy_ports=() router_ports=() targets=() spares=()
 : >"$state/failover.txt"
 for ((i = 0; i < shards; i++)); do
     shard_proxy_ports+=($((proxy_base + i)))
@@ -306,6 +308,11 @@ for ((i = 0; i < shards; i++)); do
         routes+=(--route "127.0.0.1:$((proxy_base + shards + i))=127.0.0.1:$standby_port")
         echo "$((proxy_base + i)) $((proxy_base + shards + i))" >>"$state/failover.txt"
     fi
+done
+for j in 0 1; do
+    [[ "${spare_urls[$j]}" =~ ^(.*@127\.0\.0\.1:)([0-9]+)(/.*)$ ]] || die "unexpected spare URL ${spare_urls[$j]}"
+    routes+=(--route "127.0.0.1:$((spare_proxy_base + j))=127.0.0.1:${BASH_REMATCH[2]}")
+    spares+=("${BASH_REMATCH[1]}$((spare_proxy_base + j))${BASH_REMATCH[3]}")
 done
 for ((k = 1; k <= routers; k++)); do
     router_ports+=($((router_base + k - 1)))
