@@ -401,14 +401,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             settings: &self.settings,
             changes: &self.changes,
         };
-        match seen.get("extra_float_digits") {
-            None => true,
-            Some(v) => v
-                .trim()
-                .trim_matches('\'')
-                .parse::<i32>()
-                .is_ok_and(|d| d > 0),
-        }
+        let above_0 = |v: Option<&str>| {
+            v.is_none_or(|v| {
+                v.trim()
+                    .trim_matches('\'')
+                    .parse::<i32>()
+                    .is_ok_and(|d| d > 0)
+            })
+        };
+        // A RESET under way reads as "not set" though it goes back to a startup value: the
+        // session's own value must pass too.
+        above_0(seen.get("extra_float_digits")) && above_0(self.settings.get("extra_float_digits"))
     }
 
     fn shard_name(&self, shard: usize) -> String {
