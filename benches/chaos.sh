@@ -86,12 +86,6 @@ proxy_ctl() {
     [[ "$reply" == ok* ]] || { echo "proxy: $*: $reply" >&2; return 1; }
 }
 
-as_pg() { if ((EUID == 0)); then runuser -u postgres -- "$@"; else "$@"; fi; }
-
-# Whether process PID has ended: gone, or a zombie (a router a fault's shell started is
-# nobody's child once that shell ends, and may stay a zombie where PID 1 does not reap).
-gone() { [[ ! -e "/proc/$1" ]] || grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null; }
-
 admin_all() {
     local k
     for ((k = 1; k <= routers; k++)); do
@@ -115,8 +109,10 @@ act() {
             local pid
             pid="$(cat "$state/router-$arg.pid")"
             kill -TERM "$pid"
-            for _ in $(seq 600); do gone "$pid" && break; sleep 0.1; done
-            if ! gone "$pid"; then
+            # alive, not kill -0: a router a fault's shell started is nobody's child once that
+            # shell ends, and may stay a zombie.
+            for _ in $(seq 600); do alive "$pid" || break; sleep 0.1; done
+            if alive "$pid"; then
                 echo "router $arg had not exited 60 s after SIGTERM: killed" >&2
                 kill -KILL "$pid"
                 sleep 0.5

@@ -1,7 +1,7 @@
 # Helpers the bench scripts share. Each script sources it right after `set -euo pipefail`:
 #   source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # It sets `root` (the repository root) and defines die, need_tools, free_port, release_dir,
-# fleet_bins and stop.
+# fleet_bins, as_pg, alive and stop.
 # shellcheck shell=bash
 
 # The repository root.
@@ -79,6 +79,14 @@ fleet_bins() {
     done
     echo "$dir"
 }
+
+# as_pg COMMAND...: runs COMMAND as the user postgres when root (pg_ctl and the server refuse
+# to run as root), as is otherwise.
+as_pg() { if ((EUID == 0)); then runuser -u postgres -- "$@"; else "$@"; fi; }
+
+# alive PID: whether process PID runs; a zombie does not (a process whose parent has ended may
+# stay one where PID 1 does not reap).
+alive() { [[ -r /proc/$1/status ]] && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null; }
 
 # stop PID: TERM, up to 5 s to end, then KILL (nothing when PID is empty or gone).
 stop() {

@@ -113,7 +113,6 @@ free_port router_port
 free_port http_port
 
 bg_pids=() loadgen_pid="" router_pid="" cluster_started=0
-alive() { [[ -r /proc/$1/status ]] && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null; }
 cleanup() {
     local rc=$?
     # Ignore further INT/TERM: a second Ctrl-C must not skip the teardown.
@@ -157,11 +156,6 @@ mapfile -t server_logs < <(json "'\n'.join(str(x['log_file']) for x in s['server
 url="postgres://app:app@127.0.0.1:$router_port/app"
 metrics_url="http://127.0.0.1:$http_port/metrics"
 echo "router pid $router_pid, $url"
-
-as_pg() {
-    # pg_ctl refuses to run as root: run it as the user that owns the data directory.
-    if ((EUID == 0)); then runuser -u postgres -- "$@"; else "$@"; fi
-}
 
 # --- data ------------------------------------------------------------------------------------------
 echo "loading $rows rows per shard (loadgen prepare, straight into the shards) ..."

@@ -329,11 +329,8 @@ fn a_router_refuses_two_phase_mode_when_a_shard_cannot_prepare() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A fleet starts its routers at once (an autoscaling group): each makes sure every shard has
-/// the decisions table, all at the same moment, and every one of them starts.
-#[test]
-fn routers_started_at_the_same_instant_on_fresh_shards_all_start() {
-    const ROUTERS: usize = 6;
+/// A cluster of its own (2 shards on one server, nothing prepared on them yet) and its map.
+fn fresh_cluster() -> (pgharness::Cluster, shardmap::ShardMap) {
     let cluster = pgharness::Cluster::start(&pgharness::ClusterOptions {
         shards: 2,
         servers: 1,
@@ -342,6 +339,15 @@ fn routers_started_at_the_same_instant_on_fresh_shards_all_start() {
     })
     .expect("a fresh cluster");
     let map = shardmap::ShardMap::even_split(&cluster.shard_urls(), common::tables()).expect("map");
+    (cluster, map)
+}
+
+/// A fleet starts its routers at once (an autoscaling group): each makes sure every shard has
+/// the decisions table, all at the same moment, and every one of them starts.
+#[test]
+fn routers_started_at_the_same_instant_on_fresh_shards_all_start() {
+    const ROUTERS: usize = 6;
+    let (cluster, map) = fresh_cluster();
     let go = Arc::new(std::sync::Barrier::new(ROUTERS));
     let routers: Vec<Router> = std::thread::scope(|s| {
         let starts: Vec<_> = (0..ROUTERS)
@@ -376,14 +382,7 @@ fn routers_started_at_the_same_instant_on_fresh_shards_all_start() {
 /// minutes) later: its rows stay locked until then.
 #[test]
 fn a_transaction_in_doubt_is_resolved_once_past_the_grace_not_an_interval_later() {
-    let cluster = pgharness::Cluster::start(&pgharness::ClusterOptions {
-        shards: 2,
-        servers: 1,
-        schema_sql: Some(pgharness::Schema::Sql(common::SCHEMA.into())),
-        ..Default::default()
-    })
-    .expect("a fresh cluster");
-    let map = shardmap::ShardMap::even_split(&cluster.shard_urls(), common::tables()).expect("map");
+    let (cluster, map) = fresh_cluster();
     let range = map.shards()[0].range.to_string();
     // What a router killed between PREPARE and its decision leaves: a prepared transaction of
     // shardgate's, with no decision recorded on its coordinator.

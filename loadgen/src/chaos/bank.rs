@@ -129,10 +129,9 @@ struct Holdings {
 async fn read_shard(
     map: &ShardMap,
     shard: usize,
+    c: &Client,
     h: &mut Holdings,
-    timeout: Duration,
 ) -> Result<(), String> {
-    let c = primary(map, shard, timeout).await?;
     let range = &map.shards()[shard].range;
     let owned = |id: i64| map.shard_for_key(&Key::Int(id)) == shard;
     for (table, sql, held) in [
@@ -173,17 +172,12 @@ async fn read_shard(
 /// Prepared transactions on the shards' servers (every database: a split's source is no longer
 /// in the map but may hold one), polled until none are left or `settle` has passed (a router
 /// that restarts resolves the ones its predecessor left in doubt).
-async fn prepared_left(
-    map: &ShardMap,
-    settle: Duration,
-    timeout: Duration,
-) -> Result<Check, String> {
+async fn prepared_left(primaries: &[Client], settle: Duration) -> Result<Check, String> {
     let deadline = Instant::now() + settle;
     loop {
         // Servers hold several shards: each transaction counted once.
         let mut left = HashSet::new();
-        for shard in 0..map.shards().len() {
-            let c = primary(map, shard, timeout).await?;
+        for c in primaries {
             let rows = c
                 .query("SELECT database::text, gid FROM pg_prepared_xacts", &[])
                 .await
@@ -206,11 +200,11 @@ async fn prepared_left(
 /// What the shards hold, read again until two reads in a row agree: a commit that was still
 /// finishing when the load stopped lands between two reads, not inside one (the shards are
 /// read one after another, with no snapshot across them).
-async fn settled(map: &ShardMap, timeout: Duration) -> Result<Holdings, String> {
+async fn settled(map: &ShardMap, primaries: &[Client]) -> Result<Holdings, String> {
     let read_all = || async {
         let mut h = Holdings::default();
-        for shard in 0..map.shards().len() {
-            read_shard(map, shard, &mut h, timeout).await?;
+        for (shard, c) in primaries.iter().enumerate() {
+            read_shard(map, shard, c, &mut h).await?;
         }
         Ok::<_, String>(h)
     };
@@ -235,8 +229,13 @@ pub async fn check(
     timeout: Duration,
 ) -> Result<Vec<Check>, String> {
     let map = load_map(map_path)?;
-    let mut checks = vec![prepared_left(&map, settle, timeout).await?];
-    let h = settled(&map, timeout).await?;
+    // One connection per shard for every read of the checks.
+    let mut primaries = Vec::with_capacity(map.shards().len());
+    for shard in 0..map.shards().len() {
+        primaries.push(primary(&map, shard, timeout).await?);
+    }
+    let mut checks = vec![prepared_left(&primaries, settle).await?];
+    let h = settled(&map, &primaries).await?;
     checks.push(bank(&h, size));
     checks.push(events(&h, claims));
     checks.push(counters(&h, size, claims));

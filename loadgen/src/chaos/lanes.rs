@@ -263,11 +263,7 @@ pub async fn lane(
             &mut inserts,
         )
         .await;
-        let latency = due.elapsed();
-        if !matches!(outcome, Outcome::Ok) && conn.as_ref().is_some_and(|c| c.client.is_closed()) {
-            conn = None;
-        }
-        shared.timeline.record(outcome, latency);
+        shared.timeline.record(outcome, due.elapsed());
         due += interval;
     }
     Ok(inserts)

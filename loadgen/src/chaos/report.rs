@@ -26,8 +26,9 @@ pub struct FaultRow {
     pub fault: Applied,
     /// From the second the fault started to `AFTER_S` after it ended (or the next fault).
     pub window: Window,
-    /// Seconds from the fault's start until the load was clean again: no error, no timeout,
-    /// throughput at 90% of the rate and p99 within the limit, for 3 seconds in a row.
+    /// Seconds from the fault's start until the load was clean again (see [`recovered`]): no
+    /// error, no timeout, throughput at 90% of the rate and p99 within the limit, for 3
+    /// seconds in a row.
     pub recovered_after_s: Option<usize>,
 }
 
@@ -170,7 +171,7 @@ impl Report {
             ));
         }
         out.push_str(&format!(
-            "(recovered: seconds from the fault's start to 3 clean seconds in a row: no error or timeout, >= 90% of the rate, p99 <= {:.1} ms)\n\ninvariants:\n",
+            "(recovered: 0 when the window was clean, else seconds from the fault's start to 3 clean seconds in a row before the next fault: no error or timeout, >= 90% of the rate, p99 <= {:.1} ms)\n\ninvariants:\n",
             self.recovered_p99_limit_ms
         ));
         for c in &self.invariants {

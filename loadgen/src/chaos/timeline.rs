@@ -14,6 +14,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::stats;
+use crate::table::ms;
 
 /// One second of the run.
 #[derive(Debug, Clone)]
@@ -154,10 +155,6 @@ impl Window {
             .collect();
         parts.join(", ")
     }
-}
-
-fn ms(us: u64) -> f64 {
-    us as f64 / 1000.0
 }
 
 /// Seconds in a row that must be clean for the load to count as recovered.
