@@ -144,3 +144,59 @@ async fn a_partial_failure_names_the_shards_and_transactions_refuse_ddl() {
         .await
         .expect("still usable");
 }
+
+/// With one shard every statement has one place to go: DDL runs inside the client's
+/// transaction (and rolls back with it), beside other statements in one Query, and kinds the
+/// router cannot place among several shards (DROP INDEX, CREATE AGGREGATE, CREATE RULE) run
+/// there, as on one Postgres.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_one_shard_every_statement_runs_there() {
+    let env = common::Env::start(1, 1, 4);
+    let client = env.router.connect().await;
+    client
+        .batch_execute("BEGIN; CREATE TABLE one_shard_t (x int); CREATE INDEX one_shard_i ON one_shard_t (x); INSERT INTO one_shard_t VALUES (1); ROLLBACK")
+        .await
+        .expect("DDL in a transaction");
+    assert_eq!(
+        env.on_shard(0, "SELECT to_regclass('one_shard_t') IS NULL"),
+        "t"
+    );
+    client
+        .batch_execute("BEGIN; CREATE TABLE one_shard_t (x int); CREATE INDEX one_shard_i ON one_shard_t (x); COMMIT")
+        .await
+        .expect("DDL committed");
+    client
+        .batch_execute("CREATE INDEX kv_one_shard_i ON kv (v); SELECT 1")
+        .await
+        .expect("DDL of a sharded table beside another statement");
+    client
+        .batch_execute(
+            "DROP INDEX one_shard_i; DROP INDEX kv_one_shard_i;
+             CREATE AGGREGATE one_shard_sum (int) (sfunc = int4pl, stype = int);
+             CREATE RULE one_shard_r AS ON DELETE TO one_shard_t DO INSTEAD NOTHING",
+        )
+        .await
+        .expect("DROP INDEX, CREATE AGGREGATE, CREATE RULE");
+    assert_eq!(
+        env.on_shard(
+            0,
+            "SELECT count(*) FROM pg_indexes WHERE indexname IN ('one_shard_i', 'kv_one_shard_i')"
+        ),
+        "0"
+    );
+    let sum = client
+        .query_one(
+            "SELECT one_shard_sum(x)::text FROM (VALUES (2), (3)) v(x)",
+            &[],
+        )
+        .await
+        .expect("the aggregate");
+    assert_eq!(sum.get::<_, String>(0), "5");
+    // With several shards the same DROP INDEX is still refused: its table is unknown.
+    let several = shared_env().router.connect().await;
+    let err = several
+        .simple_query("DROP INDEX IF EXISTS no_such_index")
+        .await
+        .expect_err("several shards");
+    assert_eq!(sqlstate(&err), "0A000");
+}

@@ -433,7 +433,7 @@ fn more(rng: &mut StdRng, next_order: &mut i64) -> Generated {
             true,
         ),
         27 => read(
-            "SELECT r.name, s.n, s.total FROM regions r JOIN (SELECT status, count(*) AS n, sum(amount) AS total FROM orders GROUP BY status) s ON s.status = r.code ORDER BY 1, 2".into(),
+            "SELECT r.name, s.n, s.total FROM regions r JOIN (SELECT status, count(*) AS n, sum(amount) AS total FROM orders GROUP BY status) s ON s.status = r.code ORDER BY 1, 2, 3".into(),
             true,
         ),
         28 => read(

@@ -384,38 +384,167 @@ async fn sql_prepare_execute_deallocate() {
     assert_eq!(show(&b, "SELECT 8").await, "8");
 }
 
-/// Temporary tables and LISTEN would stay on a pooled server connection after the client's
-/// transaction: refused, except a temporary table that ends with its transaction.
+/// A temporary object outlives its transaction: the session keeps the connection it made it
+/// on (as a session pooler would) for every later statement that needs its shard or none, in
+/// both protocols, and no other client ever sees it; the connection is closed, never pooled,
+/// when the client leaves. Its transactions stay on one shard. LISTEN is still refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn session_objects_never_outlive_the_transaction() {
+async fn temporary_objects_keep_their_sessions_connection_and_only_theirs() {
     let env = shared_env();
-    let router = Router::start_single_pool(&env.map, 1, "");
+    let router = Router::start_single_pool(&env.map, 2, "");
     let a = router.connect().await;
     let b = router.connect().await;
-    let err = a
-        .simple_query("CREATE TEMP TABLE scratch (x int)")
+    let default = env.map.default_shard();
+    let temp_tables = || {
+        env.on_shard(
+            default,
+            "SELECT count(*) FROM pg_class WHERE relname = 'scratch' AND relpersistence = 't'",
+        )
+    };
+    assert_eq!(temp_tables(), "0");
+    a.simple_query("CREATE TEMP TABLE scratch (x int)")
         .await
-        .expect_err("temp table outside a transaction");
-    assert_eq!(sqlstate(&err), "0A000");
-    let err = a.simple_query("LISTEN chan").await.expect_err("listen");
-    assert_eq!(sqlstate(&err), "0A000");
-    a.simple_query("BEGIN").await.expect("begin");
-    a.simple_query("CREATE TEMP TABLE scratch (x int) ON COMMIT DROP")
-        .await
-        .expect("temp table in a transaction");
+        .expect("a temporary table");
     a.simple_query("INSERT INTO scratch VALUES (1), (2)")
         .await
         .expect("insert");
-    assert_eq!(show(&a, "SELECT sum(x) FROM scratch").await, "3");
-    a.simple_query("COMMIT").await.expect("commit");
-    // Every shard's only connection: no client sees a leftover table.
-    for shard in env.map.shards() {
-        for client in [&a, &b] {
-            let sql = format!(
-                "/* shard: {} */ SELECT to_regclass('pg_temp.scratch') IS NULL",
-                shard.range
-            );
-            assert_eq!(show(client, &sql).await, "t");
+    for round in 0..6 {
+        // Between its statements the client has no transaction; other clients run theirs.
+        assert_eq!(
+            show(&a, "SELECT sum(x) FROM scratch").await,
+            "3",
+            "round {round}"
+        );
+        assert_eq!(
+            show(&b, "SELECT to_regclass('pg_temp.scratch') IS NULL").await,
+            "t"
+        );
+        let row = a
+            .query_one("SELECT count(*) FROM scratch WHERE x > $1", &[&0i32])
+            .await
+            .expect("extended protocol");
+        assert_eq!(row.get::<_, i64>(0), 2);
+    }
+    a.batch_execute("BEGIN; INSERT INTO scratch VALUES (3); COMMIT")
+        .await
+        .expect("a transaction");
+    a.batch_execute("BEGIN; INSERT INTO scratch VALUES (100); ROLLBACK")
+        .await
+        .expect("a rolled back transaction");
+    assert_eq!(show(&a, "SELECT sum(x) FROM scratch").await, "6");
+    // A view over it is temporary too (Postgres makes it so), on the same connection.
+    a.simple_query("CREATE VIEW scratch_view AS SELECT x FROM scratch")
+        .await
+        .expect("a view over the temporary table");
+    assert_eq!(show(&a, "SELECT count(*) FROM scratch_view").await, "3");
+    // Keys on other shards still run where they belong, outside a transaction and inside one.
+    let other = (0..env.map.shards().len())
+        .find(|&s| s != default)
+        .expect("a second shard");
+    let (k1, k2) = (env.key_on(other, 900_000), env.key_on(default, 900_000));
+    a.simple_query(&format!(
+        "INSERT INTO kv (id, v) VALUES ({k1}, 'kept') ON CONFLICT (id) DO UPDATE SET v = 'kept'"
+    ))
+    .await
+    .expect("another shard");
+    a.batch_execute(&format!(
+        "BEGIN; UPDATE kv SET v = 'kept-tx' WHERE id = {k1}; COMMIT"
+    ))
+    .await
+    .expect("a transaction on another shard");
+    assert_eq!(
+        env.on_shard(other, &format!("SELECT v FROM kv WHERE id = {k1}")),
+        "kept-tx"
+    );
+    // But never across shards: the kept connection cannot be one part of several.
+    a.simple_query("BEGIN").await.expect("begin");
+    a.simple_query(&format!("UPDATE kv SET v = 'x' WHERE id = {k1}"))
+        .await
+        .expect("first shard");
+    let err = a
+        .simple_query(&format!("UPDATE kv SET v = 'x' WHERE id = {k2}"))
+        .await
+        .expect_err("a second shard");
+    assert_eq!(sqlstate(&err), "0A000");
+    a.simple_query("ROLLBACK").await.expect("rollback");
+    let err = a.simple_query("LISTEN chan").await.expect_err("listen");
+    assert_eq!(sqlstate(&err), "0A000");
+    // A temporary table that ends with its transaction needs no keeping.
+    b.batch_execute("BEGIN; CREATE TEMP TABLE passing (x int) ON COMMIT DROP; INSERT INTO passing VALUES (1); COMMIT")
+        .await
+        .expect("ON COMMIT DROP");
+    assert_eq!(temp_tables(), "1");
+    drop(a);
+    // The client left: its connection was closed, and its tables went with it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while temp_tables() != "0" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the kept connection outlived its client"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    for _ in 0..4 {
+        assert_eq!(
+            show(&b, "SELECT to_regclass('pg_temp.scratch') IS NULL").await,
+            "t"
+        );
+    }
+}
+
+/// `SET ROLE` and `SET SESSION AUTHORIZATION` follow their client to every connection and
+/// never reach another client (`RESET ALL` keeps both on Postgres, so the router resets them
+/// itself), pooled and shared alike; `SET SESSION CHARACTERISTICS` follows too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roles_follow_their_client_and_never_reach_another() {
+    let env = shared_env();
+    for shard in 0..env.map.shards().len() {
+        env.on_shard(
+            shard,
+            "DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'sg_reader') THEN CREATE ROLE sg_reader; END IF; END$$",
+        );
+    }
+    for extra in ["", "[pool]\nshared_connections = 0\n"] {
+        let router = Router::start_with(&env.map, extra);
+        let a = router.connect().await;
+        let login = show(&a, "SELECT current_user").await;
+        a.simple_query("SET ROLE sg_reader")
+            .await
+            .expect("set role");
+        a.simple_query("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+            .await
+            .expect("characteristics");
+        let mut others = Vec::new();
+        for _ in 0..3 {
+            others.push(router.connect().await);
         }
+        for round in 0..10 {
+            assert_eq!(
+                show(&a, "SELECT current_user").await,
+                "sg_reader",
+                "{extra} round {round}"
+            );
+            assert_eq!(show(&a, "SHOW transaction_read_only").await, "on");
+            for b in &others {
+                assert_eq!(
+                    show(b, "SELECT current_user").await,
+                    login,
+                    "{extra} round {round}"
+                );
+                assert_eq!(show(b, "SHOW transaction_read_only").await, "off");
+                let row = b
+                    .query_one("SELECT current_user::text", &[])
+                    .await
+                    .expect("extended");
+                assert_eq!(row.get::<_, String>(0), login);
+            }
+        }
+        let err = a
+            .simple_query("CREATE TABLE not_in_read_only (x int)")
+            .await
+            .expect_err("read only");
+        assert_eq!(sqlstate(&err), "25006");
+        a.simple_query("RESET ROLE").await.expect("reset role");
+        assert_eq!(show(&a, "SELECT current_user").await, login);
     }
 }

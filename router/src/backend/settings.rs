@@ -23,8 +23,11 @@ pub enum Change {
     Set { name: String, value: String },
     /// `RESET name`
     Reset { name: String },
-    /// `RESET ALL`, `DISCARD ALL`
+    /// `RESET ALL`: every setting back to the session's default, except the role and the
+    /// session user, which Postgres keeps (`GUC_NO_RESET_ALL`).
     ResetAll,
+    /// `DISCARD ALL`: every setting, the role and session user too.
+    DiscardAll,
     /// `SET LOCAL`: lasts until the end of the transaction, nothing to remember past it (the
     /// change, when the router could read it, for what the transaction's statements see:
     /// [`Changes::get`]).
@@ -32,6 +35,9 @@ pub enum Change {
     /// A statement that changed settings in a way the router does not follow.
     Unknown,
 }
+
+/// Settings that `RESET ALL` leaves alone.
+const NO_RESET_ALL: &[&str] = &["role", "session_authorization"];
 
 /// Startup parameters that are not settings.
 const NOT_SETTINGS: &[&str] = &["user", "database", "replication", "options"];
@@ -75,6 +81,10 @@ impl Settings {
 
     fn set(&mut self, name: &str, value: String) {
         let name = name.to_ascii_lowercase();
+        if name == "session_authorization" {
+            // A new session user drops the role set before it, as on Postgres.
+            self.list.retain(|(n, _)| n != "role");
+        }
         match self.list.iter_mut().find(|(n, _)| *n == name) {
             Some(entry) => entry.1 = value,
             None => self.list.push((name, value)),
@@ -96,7 +106,19 @@ impl Settings {
                     None => self.list.retain(|(n, _)| *n != name),
                 }
             }
-            Change::ResetAll => self.list = self.startup.clone(),
+            Change::ResetAll => {
+                let kept: Vec<_> = self
+                    .list
+                    .iter()
+                    .filter(|(n, _)| NO_RESET_ALL.contains(&n.as_str()))
+                    .cloned()
+                    .collect();
+                self.list = self.startup.clone();
+                for (name, value) in kept {
+                    self.set(&name, value);
+                }
+            }
+            Change::DiscardAll => self.list = self.startup.clone(),
             Change::Local(_) => {}
             Change::Unknown => return false,
         }
@@ -135,9 +157,11 @@ impl Settings {
         Ok(true)
     }
 
-    /// The SQL that gives a connection exactly these settings.
+    /// The SQL that gives a connection exactly these settings. `RESET ALL` leaves the role
+    /// and the session user as they were, so they are reset first: another client's must
+    /// never carry over.
     pub fn apply_sql(&self) -> String {
-        let mut sql = String::from("RESET ALL");
+        let mut sql = String::from("SET SESSION AUTHORIZATION DEFAULT; RESET ROLE; RESET ALL");
         for (name, value) in &self.list {
             sql.push_str("; SET ");
             sql.push_str(&quote_name(name));
@@ -177,7 +201,7 @@ impl Changes {
             return;
         }
         self.2 = None;
-        if let Some(all) = several_changes(sql) {
+        if let Some(all) = several_changes(sql).or_else(|| characteristics(sql)) {
             self.2 = Some(Several {
                 sql: sql.to_string(),
                 from: self.0.len(),
@@ -215,7 +239,7 @@ impl Changes {
                 Change::Reset { name } => (name, None),
                 Change::Local(Some((name, value))) => (name, value.as_ref()),
                 // (A startup value is not looked for: it is the rare case, and none is safe.)
-                Change::ResetAll => return Some(None),
+                Change::ResetAll | Change::DiscardAll => return Some(None),
                 _ => continue,
             };
             if n.eq_ignore_ascii_case(name) {
@@ -330,6 +354,54 @@ pub fn parse_options(options: &str) -> Vec<(String, String)> {
     out
 }
 
+/// `SET SESSION CHARACTERISTICS AS TRANSACTION modes` as the settings it changes (the
+/// `default_transaction_*` ones); `None` for anything else, or modes it does not read.
+fn characteristics(sql: &str) -> Option<Vec<Change>> {
+    let text = sql.trim().trim_end_matches(';').to_ascii_lowercase();
+    let words: Vec<&str> = text
+        .split(|c: char| c.is_whitespace() || c == ',')
+        .filter(|w| !w.is_empty())
+        .collect();
+    let modes = match words.as_slice() {
+        ["set", "session", "characteristics", "as", "transaction", modes @ ..]
+            if !modes.is_empty() =>
+        {
+            modes
+        }
+        _ => return None,
+    };
+    let set = |name: &str, value: &str| Change::Set {
+        name: name.into(),
+        value: quote_literal(value),
+    };
+    let mut changes = Vec::new();
+    let mut rest = modes;
+    while !rest.is_empty() {
+        let (change, used) = match rest {
+            ["isolation", "level", "serializable", ..] => {
+                (set("default_transaction_isolation", "serializable"), 3)
+            }
+            ["isolation", "level", "repeatable", "read", ..] => {
+                (set("default_transaction_isolation", "repeatable read"), 4)
+            }
+            ["isolation", "level", "read", "committed", ..] => {
+                (set("default_transaction_isolation", "read committed"), 4)
+            }
+            ["isolation", "level", "read", "uncommitted", ..] => {
+                (set("default_transaction_isolation", "read uncommitted"), 4)
+            }
+            ["read", "only", ..] => (set("default_transaction_read_only", "on"), 2),
+            ["read", "write", ..] => (set("default_transaction_read_only", "off"), 2),
+            ["deferrable", ..] => (set("default_transaction_deferrable", "on"), 1),
+            ["not", "deferrable", ..] => (set("default_transaction_deferrable", "off"), 2),
+            _ => return None,
+        };
+        changes.push(change);
+        rest = &rest[used..];
+    }
+    Some(changes)
+}
+
 /// What a single `SET`/`RESET`/`DISCARD` statement does. Anything it does not recognise is
 /// `Unknown`, which is always safe (the connection is reset before reuse).
 /// The changes of a text of several statements that are all `SET`s or `RESET`s the router
@@ -364,7 +436,10 @@ fn several_changes(sql: &str) -> Option<Vec<Change>> {
     statements
         .into_iter()
         .map(|s| match parse_statement(s.trim()) {
-            c @ (Change::Set { .. } | Change::Reset { .. } | Change::ResetAll) => Some(c),
+            c @ (Change::Set { .. }
+            | Change::Reset { .. }
+            | Change::ResetAll
+            | Change::DiscardAll) => Some(c),
             _ => None,
         })
         .collect()
@@ -385,13 +460,19 @@ fn parse_statement(text: &str) -> Change {
     match first.as_deref() {
         Some("reset") => match words.next() {
             Some(w) if w.eq_ignore_ascii_case("all") && words.next().is_none() => Change::ResetAll,
+            Some(w) if w.eq_ignore_ascii_case("session") => match (words.next(), words.next()) {
+                (Some(a), None) if a.eq_ignore_ascii_case("authorization") => Change::Reset {
+                    name: "session_authorization".into(),
+                },
+                _ => Change::Unknown,
+            },
             Some(w) if words.next().is_none() => Change::Reset {
                 name: unquote_name(w),
             },
             _ => Change::Unknown,
         },
         Some("discard") => match (words.next(), words.next()) {
-            (Some(w), None) if w.eq_ignore_ascii_case("all") => Change::ResetAll,
+            (Some(w), None) if w.eq_ignore_ascii_case("all") => Change::DiscardAll,
             _ => Change::Unknown,
         },
         Some("set") => parse_set(text[3..].trim_start()),
@@ -411,13 +492,23 @@ fn parse_set(rest: &str) -> Change {
             })
         }
         "session" => {
-            let (next, _) = split_word(after);
-            if next.eq_ignore_ascii_case("authorization")
-                || next.eq_ignore_ascii_case("characteristics")
-            {
+            let (next, value) = split_word(after);
+            if next.eq_ignore_ascii_case("authorization") {
+                return set_value("session_authorization", value);
+            }
+            if next.eq_ignore_ascii_case("characteristics") {
                 return Change::Unknown;
             }
             return parse_set(after);
+        }
+        "role" => {
+            let value = after.trim();
+            if value.eq_ignore_ascii_case("none") {
+                return Change::Reset {
+                    name: "role".into(),
+                };
+            }
+            return set_value("role", value);
         }
         "time" => {
             let (zone, value) = split_word(after);
@@ -428,7 +519,7 @@ fn parse_set(rest: &str) -> Change {
         }
         "schema" => return set_value("search_path", after),
         "names" => return set_value("client_encoding", after),
-        "transaction" | "role" | "constraints" => return Change::Unknown,
+        "transaction" | "constraints" => return Change::Unknown,
         _ => {}
     }
     // `name = value` or `name TO value`, where the name may be glued to `=`.
@@ -585,7 +676,7 @@ mod tests {
             Change::Local(Some(("search_path".into(), Some("x".into()))))
         );
         assert_eq!(parse_change("RESET ALL"), Change::ResetAll);
-        assert_eq!(parse_change("DISCARD ALL"), Change::ResetAll);
+        assert_eq!(parse_change("DISCARD ALL"), Change::DiscardAll);
         assert_eq!(
             parse_change("reset TimeZone"),
             Change::Reset {
@@ -593,14 +684,66 @@ mod tests {
             }
         );
         for unknown in [
-            "SET ROLE admin",
-            "SET SESSION AUTHORIZATION bob",
             "SET TRANSACTION READ ONLY",
+            "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
             "SET x = 1; SET y = 2",
             "SET",
             "SET x",
         ] {
             assert_eq!(parse_change(unknown), Change::Unknown, "{unknown}");
+        }
+    }
+
+    #[test]
+    fn the_role_and_session_user_follow_their_client_and_never_carry_over() {
+        let mut s = Settings::default();
+        assert!(s.apply(&parse_change("SET SESSION AUTHORIZATION bob")));
+        assert!(s.apply(&parse_change("SET ROLE r1")));
+        assert_eq!(s.get("session_authorization"), Some("bob"));
+        assert_eq!(s.get("role"), Some("r1"));
+        // RESET ALL keeps both (GUC_NO_RESET_ALL); DISCARD ALL does not.
+        assert!(s.apply(&parse_change("RESET ALL")));
+        assert_eq!(s.get("role"), Some("r1"));
+        // A new session user drops the role, as on Postgres.
+        assert!(s.apply(&parse_change("SET SESSION AUTHORIZATION alice")));
+        assert_eq!(s.get("role"), None);
+        assert!(s.apply(&parse_change("SET ROLE r2")));
+        assert!(s.apply(&parse_change("SET ROLE NONE")));
+        assert_eq!(s.get("role"), None);
+        assert!(s.apply(&parse_change("RESET SESSION AUTHORIZATION")));
+        assert_eq!(s.get("session_authorization"), None);
+        assert!(s.apply(&parse_change("SET ROLE r1")));
+        assert!(s.apply(&parse_change("DISCARD ALL")));
+        assert_eq!(s.get("role"), None);
+        // Whatever a connection held, the role and session user go back first.
+        assert!(Settings::default()
+            .apply_sql()
+            .starts_with("SET SESSION AUTHORIZATION DEFAULT; RESET ROLE; RESET ALL"));
+    }
+
+    #[test]
+    fn session_characteristics_become_the_default_transaction_settings() {
+        let mut changes = Changes::default();
+        changes.push("SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY NOT DEFERRABLE;");
+        let mut s = Settings::default();
+        assert_ne!(changes.settle(&mut s), Some(UNKNOWN));
+        assert_eq!(
+            s.get("default_transaction_isolation"),
+            Some("'repeatable read'")
+        );
+        assert_eq!(s.get("default_transaction_read_only"), Some("'on'"));
+        assert_eq!(s.get("default_transaction_deferrable"), Some("'off'"));
+        for unread in [
+            "SET SESSION CHARACTERISTICS AS TRANSACTION",
+            "SET SESSION CHARACTERISTICS AS TRANSACTION READ SOMETIMES",
+        ] {
+            let mut changes = Changes::default();
+            changes.push(unread);
+            assert_eq!(
+                changes.settle(&mut Settings::default()),
+                Some(UNKNOWN),
+                "{unread}"
+            );
         }
     }
 
@@ -646,7 +789,7 @@ mod tests {
         assert_eq!(changed, s);
         assert_eq!(
             s.apply_sql(),
-            "RESET ALL; SET \"application_name\" = 'psql'; SET \"search_path\" = 'app'; SET \"statement_timeout\" = '5s'; SET \"datestyle\" = 'ISO, DMY'"
+            "SET SESSION AUTHORIZATION DEFAULT; RESET ROLE; RESET ALL; SET \"application_name\" = 'psql'; SET \"search_path\" = 'app'; SET \"statement_timeout\" = '5s'; SET \"datestyle\" = 'ISO, DMY'"
         );
     }
 

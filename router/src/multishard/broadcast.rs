@@ -20,7 +20,7 @@ use crate::routing::Routing;
 /// How one shard answered.
 #[derive(Debug, Clone)]
 pub enum Outcome {
-    /// The CommandComplete frames, in order.
+    /// The CommandComplete frames, and the NoticeResponses among them, in order.
     Done(Vec<u8>),
     /// Postgres's ErrorResponse frame, its SQLSTATE and message.
     Failed {
@@ -82,7 +82,8 @@ async fn on_shard(routing: &Routing, shard: usize, sql: &str, settings: &Setting
         replies.skip_prelude(prelude, |_| {}).await?;
         while let Some(frame) = replies.next().await? {
             match frame[0] {
-                b'C' => tags.extend_from_slice(frame),
+                // Notices ("drop cascades to ...") go to the client with the tags, in order.
+                b'C' | b'N' => tags.extend_from_slice(frame),
                 b'E' if error.is_none() => error = Some(frame.to_vec()),
                 _ => {}
             }
@@ -123,6 +124,8 @@ pub enum Combined {
 }
 
 /// Combines the shards' outcomes (pure, so it is unit tested); `names` are the shard ranges.
+/// When every shard did it, the client gets the first shard's answer: its tags and notices
+/// (the others' are the same statement's on the same schema).
 pub fn combine(outcomes: &[Outcome], names: &[String]) -> Combined {
     let failed: Vec<usize> = (0..outcomes.len())
         .filter(|&i| !matches!(outcomes[i], Outcome::Done(_)))

@@ -41,6 +41,7 @@ pub mod prepared_sql;
 mod reference;
 mod refs;
 mod route;
+mod temporary;
 pub mod values;
 
 #[cfg(test)]
@@ -249,6 +250,10 @@ pub struct Plan {
     /// statements (`backend::mux`): every statement runs on one shard and leaves nothing
     /// behind on the connection ([`shareable`]).
     pub shareable: bool,
+    /// A statement creates a temporary object that outlives its transaction (a temporary
+    /// table, view or sequence, `SELECT INTO TEMP`): the session keeps the connection it runs
+    /// on for as long as it lasts ([`temporary`]).
+    pub keeps_connection: bool,
 }
 
 /// A text that is only `BEGIN`, `COMMIT` or `ROLLBACK`: transaction control the router may
@@ -281,6 +286,7 @@ impl Plan {
             normalized: true,
             use_original: false,
             shareable: false,
+            keeps_connection: false,
         })
     }
 }
@@ -505,6 +511,7 @@ impl Planner {
             normalized: false,
             use_original: false,
             shareable: false,
+            keeps_connection: false,
         }
     }
 
@@ -523,6 +530,7 @@ impl Planner {
                 normalized,
                 use_original: false,
                 shareable: false,
+                keeps_connection: false,
             };
         }
         match Parser::parse_sql(&PostgreSqlDialect {}, text) {
@@ -538,6 +546,7 @@ impl Planner {
                     normalized,
                     use_original: true,
                     shareable: false,
+                    keeps_connection: false,
                 }
             }
             Ok(parsed) => {
@@ -547,6 +556,7 @@ impl Planner {
                     .collect();
                 Plan {
                     shareable: shareable(&parsed, &statements, text),
+                    keeps_connection: parsed.iter().any(temporary::outlives_transaction),
                     statements,
                     normalized,
                     use_original: false,
@@ -558,12 +568,15 @@ impl Planner {
                 normalized,
                 use_original: true,
                 shareable: false,
+                keeps_connection: false,
             },
             Err(e) => Plan {
                 statements: vec![route::unparsed(text, &self.map, &e.to_string())],
                 normalized,
                 use_original: false,
                 shareable: false,
+                // What cannot be parsed may make one: keeping a connection costs only that.
+                keeps_connection: temporary::mentioned(text),
             },
         }
     }
@@ -590,12 +603,10 @@ pub fn shareable(parsed: &[sqlparser::ast::Statement], routes: &[Route], text: &
                     | Statement::Delete(_)
             )
         })
+        && !temporary::mentioned(text)
         && !text
             .split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
             .any(|w| {
-                ["set_config", "temp", "temporary"]
-                    .iter()
-                    .any(|p| w.eq_ignore_ascii_case(p))
-                    || w.to_ascii_lowercase().contains("advisory")
+                w.eq_ignore_ascii_case("set_config") || w.to_ascii_lowercase().contains("advisory")
             })
 }

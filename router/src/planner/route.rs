@@ -11,7 +11,7 @@ use shardmap::{ShardMap, Table};
 use super::{KeySource, Merge};
 use sqlparser::ast::{
     CommentObject, CopyLegacyCsvOption, CopyLegacyOption, CopyOption, CopySource, CopyTarget,
-    ObjectName, ObjectType, OnCommit, Statement,
+    ObjectName, ObjectType, Statement,
 };
 
 use sqlparser::dialect::PostgreSqlDialect;
@@ -143,6 +143,11 @@ pub(crate) fn route(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Rout
         | Statement::Revoke(_) => Route::Broadcast,
 
         // Roles and databases belong to a server, and a server may hold many shard databases.
+        Statement::CreateRole(_) | Statement::AlterRole { .. } | Statement::CreateDatabase { .. }
+            if map.shards().len() == 1 =>
+        {
+            Route::Default
+        }
         Statement::CreateRole(_) | Statement::AlterRole { .. } | Statement::CreateDatabase { .. } => Route::Unroutable {
             message: "roles and databases belong to each Postgres server, not to a shard: create them on every server directly".to_string(),
         },
@@ -150,6 +155,8 @@ pub(crate) fn route(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Rout
         Statement::LISTEN { .. } | Statement::UNLISTEN { .. } | Statement::NOTIFY { .. } => Route::Unroutable {
             message: "LISTEN/NOTIFY need a session that keeps one server connection, which shardgate does not offer yet".to_string(),
         },
+        // With one shard there is only one place any statement can go.
+        _ if map.shards().len() == 1 => Route::Default,
         _ => Route::Unroutable {
             message: format!(
                 "shardgate cannot route this kind of statement yet ({}); run it on the shards directly",
@@ -270,21 +277,22 @@ fn ident_is(ident: &sqlparser::ast::Ident, name: &str) -> bool {
 }
 
 fn table_ddl(stmt: &Statement, map: &ShardMap) -> Route {
-    if let Statement::CreateTable(ct) = stmt {
-        if ct.temporary && ct.on_commit != Some(OnCommit::Drop) {
-            // A pooled server connection outlives the client's transaction: other clients
-            // would see the table, and this client would lose it on another connection.
-            return Route::Unroutable {
-                message: "a temporary table would outlive the transaction on a pooled server connection: create it inside a transaction with ON COMMIT DROP".to_string(),
-            };
-        }
-    }
     let refs = Refs::collect(stmt, map, &Learned::default());
     if refs.sharded.is_empty() {
         return reference_ddl(stmt, map, &refs);
     }
     if let Some(refused) = super::lookups::truncate(stmt, &refs) {
         return refused;
+    }
+    // A view over a sharded table would hold one shard's rows on each shard, and reading it
+    // (a table outside the map) would read the default shard's only.
+    if let Statement::CreateView(_) = stmt {
+        return Route::Unroutable {
+            message: format!(
+                "a view over the sharded table {} is not supported: each shard's view would see only that shard's rows, and a read of the view one shard's; query the table itself",
+                refs.sharded[0].qualified_name()
+            ),
+        };
     }
     // CREATE TABLE .. AS SELECT from a sharded table would create a different table on every
     // shard, each from that shard's rows.
@@ -297,6 +305,11 @@ fn table_ddl(stmt: &Statement, map: &ShardMap) -> Route {
                 ),
             };
         }
+    }
+    // A temporary table (`LIKE` a sharded table) is the session's own, on the connection it
+    // keeps to the default shard (`super::temporary`).
+    if matches!(stmt, Statement::CreateTable(ct) if ct.temporary) {
+        return Route::Default;
     }
     Route::Broadcast
 }
@@ -401,7 +414,8 @@ fn drop(map: &ShardMap, object_type: ObjectType, names: &[ObjectName]) -> Route 
             }
         }
         // An index name does not say which table it belongs to, and one of a sharded table
-        // exists on every shard.
+        // exists on every shard (with one shard, that is the one).
+        ObjectType::Index if map.shards().len() == 1 => Route::Default,
         ObjectType::Index => Route::Unroutable {
             message: "DROP INDEX cannot be routed: shardgate cannot tell which table the index belongs to; drop it on the shards directly".to_string(),
         },

@@ -504,10 +504,17 @@ fn tables_outside_the_map_and_no_tables() {
     ] {
         assert_eq!(route(&p, sql), Route::PreparedSql, "{sql}");
     }
-    assert!(matches!(
-        route(&p, "CREATE TEMP TABLE t (x int)"),
-        Route::Unroutable { .. }
-    ));
+    // The session keeps the connection it makes it on (`planner::temporary`).
+    assert_eq!(route(&p, "CREATE TEMP TABLE t (x int)"), Route::Default);
+    assert_eq!(route(&p, "CREATE TEMP TABLE t (LIKE kv)"), Route::Default);
+    // A view over a sharded table would read one shard's rows.
+    for sql in [
+        "CREATE TEMP VIEW v AS SELECT * FROM kv",
+        "CREATE VIEW v AS SELECT v FROM kv WHERE id > 3",
+        "CREATE MATERIALIZED VIEW v AS SELECT count(*) FROM kv",
+    ] {
+        assert!(matches!(route(&p, sql), Route::Unroutable { .. }), "{sql}");
+    }
     assert_eq!(
         route(&p, "CREATE TEMP TABLE t (x int) ON COMMIT DROP"),
         Route::Default

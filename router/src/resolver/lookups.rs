@@ -32,6 +32,7 @@ fn as_route<'a>(stmt: &Statement<'a>, route: &Route, cx: &Context<'a>) -> Result
         normalized: stmt.plan.normalized,
         use_original: false,
         shareable: false,
+        keeps_connection: false,
     };
     let inner = Statement {
         sql: stmt.sql,

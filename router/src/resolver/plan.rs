@@ -24,7 +24,7 @@ pub(super) fn by_plan<'a>(
     if let Some(alone) = alone(stmt, cx)? {
         return Ok(alone);
     }
-    if let Some(broadcast) = broadcast(stmt.plan)? {
+    if let Some(broadcast) = broadcast(stmt.plan, cx)? {
         return Ok((broadcast, None));
     }
     if let Some(control) = transaction_control(stmt.plan) {
@@ -153,6 +153,7 @@ fn declared<'a>(stmt: &Statement<'a>, query: &Route, cx: &Context<'a>) -> Result
         normalized: stmt.plan.normalized,
         use_original: false,
         shareable: false,
+        keeps_connection: false,
     };
     let inner = Statement {
         sql: &stmt.sql[at..],
@@ -174,8 +175,10 @@ fn declared<'a>(stmt: &Statement<'a>, query: &Route, cx: &Context<'a>) -> Result
     Ok(query)
 }
 
-/// DDL that every shard runs: only as the whole text.
-fn broadcast(plan: &Plan) -> Result<Option<Dest>, SqlError> {
+/// DDL that every shard runs: only as the whole text. With one shard, DDL for every shard is
+/// DDL for that one: inside the client's transaction, or beside other statements, it runs
+/// there like any statement ([`one_shard`]), as on one Postgres.
+fn broadcast(plan: &Plan, cx: &Context<'_>) -> Result<Option<Dest>, SqlError> {
     let broadcasts = plan
         .statements
         .iter()
@@ -184,7 +187,12 @@ fn broadcast(plan: &Plan) -> Result<Option<Dest>, SqlError> {
     if broadcasts == 0 {
         return Ok(None);
     }
-    if broadcasts < plan.statements.len() {
+    let alone = broadcasts == plan.statements.len();
+    let in_transaction = matches!(cx.transaction, super::Transaction::Open { .. });
+    if cx.map.shards().len() == 1 && (!alone || in_transaction) {
+        return Ok(None);
+    }
+    if !alone {
         return Err(SqlError::new(
             errors::FEATURE_NOT_SUPPORTED,
             "this query mixes DDL that goes to every shard with other statements",
@@ -231,6 +239,8 @@ fn one_shard<'a>(stmt: &Statement<'a>, cx: &Context<'a>) -> Result<Resolved<'a>,
             },
             Route::Default => (map.default_shard(), Why::Unsharded),
             Route::Unparsed => (map.default_shard(), Why::Unparsed),
+            // Only with one shard (see `broadcast`).
+            Route::Broadcast if map.shards().len() == 1 => (map.default_shard(), Why::Unsharded),
             other => {
                 not_in_a_query(other)?;
                 continue;

@@ -16,7 +16,7 @@ use crate::backend::pool::PooledConn;
 use crate::backend::prepared::PreparedSet;
 use crate::errors;
 use crate::protocol::reply::SqlError;
-use crate::resolver::Reroute;
+use crate::resolver::{Dest, Reroute};
 use crate::routing::clients::CancelTarget;
 use crate::routing::Checkout;
 use crate::stats::{RouteKind, Stats};
@@ -39,7 +39,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             }
             return Ok(());
         }
-        if std::mem::take(&mut self.may_share) {
+        let may_share = std::mem::take(&mut self.may_share);
+        if let Some(mut pin) = self.kept.take(wanted) {
+            // Its temporary objects are there: never sent again elsewhere.
+            pin.fresh = false;
+            if let Some(conn) = pin.conn.own() {
+                self.client
+                    .meter
+                    .route(RouteKind::SingleShard, self.routing.stats_id(pin.shard));
+                self.apply_settings(conn)?;
+            }
+            self.pin = Some(pin);
+            return self.pinned(with_begin);
+        }
+        if may_share && !wanted.is_some_and(|s| self.kept.keeps(s)) {
             if let Some((shard, mux)) = self.shareable_shard(wanted) {
                 self.client
                     .meter
@@ -81,20 +94,31 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         if !self.shared.server_params_learned() {
             self.shared.learn_server_params(&conn.params);
         }
-        let fp = self.settings.fingerprint();
-        if conn.settings_fp != fp {
-            // The client's settings go out in the same write as its statement.
-            self.out
-                .query(&self.settings.apply_sql(), Audience::Silent)
-                .map_err(errors::internal)?;
-            conn.settings_fp = fp;
-        }
+        self.apply_settings(&mut conn)?;
         self.pin = Some(Pinned {
             shard,
             conn: Link::Own(conn),
             unnamed: 0,
             fresh: true,
         });
+        self.pinned(with_begin)
+    }
+
+    /// The client's settings, in the same write as its statement, when `conn` holds others.
+    fn apply_settings(&mut self, conn: &mut crate::backend::BackendConn) -> Result<(), SqlError> {
+        let fp = self.settings.fingerprint();
+        if conn.settings_fp != fp {
+            self.out
+                .query(&self.settings.apply_sql(), Audience::Silent)
+                .map_err(errors::internal)?;
+            conn.settings_fp = fp;
+        }
+        Ok(())
+    }
+
+    /// What follows the pinning of a connection: cancels go to it, and with `with_begin`, a
+    /// pending `BEGIN` goes out first.
+    fn pinned(&mut self, with_begin: bool) -> Result<(), SqlError> {
         self.point_cancel_at_pin();
         if with_begin {
             // Other shards the transaction goes on to begin it the same way.
@@ -321,11 +345,52 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         }
     }
 
-    /// Returns the pinned connection to its pool.
+    /// Returns the pinned connection to its pool (or to the session's kept connections).
     pub(super) fn release(&mut self) {
-        if self.pin.take().is_some() {
+        if let Some(pin) = self.pin.take() {
+            drop(self.kept.put_back(pin));
             self.slot.set_running(None);
         }
+    }
+
+    /// A statement that makes a temporary object outliving its transaction goes to `dest`:
+    /// from now on the session keeps its connection there. Refused (the new destination) in
+    /// a transaction that spans shards or runs on another shard, whose connections it could
+    /// not keep apart from the transaction's end.
+    pub(super) fn keep_connection(&mut self, dest: Dest) -> Dest {
+        let default = self.routing.map.default_shard();
+        let shard = match dest {
+            Dest::Shard(shard) => shard,
+            Dest::Any => self.pinned_shard().unwrap_or(default),
+            // A temporary function (in `pg_temp`): with one shard, on it.
+            Dest::Broadcast if self.routing.map.shards().len() == 1 => default,
+            Dest::Broadcast => {
+                return Dest::Refused(SqlError::new(
+                    errors::FEATURE_NOT_SUPPORTED,
+                    "a temporary function would be made on every shard, each on a connection of its own that is gone after the statement",
+                ))
+            }
+            other => return other,
+        };
+        if self.spans_shards() || self.pinned_shard().is_some_and(|p| p != shard) {
+            return Dest::Refused(SqlError::new(
+                errors::FEATURE_NOT_SUPPORTED,
+                "a temporary object cannot be made in a transaction that runs on several shards, or on another shard than the object's",
+            )
+            .with_hint("make it outside the transaction, or in one that stays on the default shard"));
+        }
+        self.kept.keep(shard);
+        if let Some(Pinned {
+            conn: Link::Own(conn),
+            shard: s,
+            ..
+        }) = &mut self.pin
+        {
+            if *s == shard {
+                conn.broken = true;
+            }
+        }
+        Dest::Shard(shard)
     }
 
     /// At the end of the session: a connection that is not at rest (an open transaction, a

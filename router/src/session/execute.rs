@@ -162,6 +162,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             Dest::Rollback => self.end(false, carrier).await,
             Dest::Shard(shard) => self.on_one(Some(shard), true, carrier).await,
             Dest::Any => self.on_one(None, true, carrier).await,
+            // With one shard, a session that keeps its connection runs DDL on it: it may name
+            // the session's temporary objects.
+            Dest::Broadcast if self.kept.any() && self.routing.map.shards().len() == 1 => {
+                let shard = self.routing.map.default_shard();
+                self.on_one(Some(shard), true, carrier).await
+            }
             Dest::Broadcast => {
                 let sql = carrier.sql().to_string();
                 self.several(Spread::Broadcast { sql }, carrier).await

@@ -27,6 +27,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 user: &self.user,
                 settings: &self.settings,
                 changes: &self.changes,
+                keeps: self.kept.any(),
             };
             let target = Self::resolve(&self.routing, seen, &self.state, pinned, &stmt);
             let cache = if planned.cached { "hit" } else { "miss" };

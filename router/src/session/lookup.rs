@@ -46,6 +46,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             user: &self.user,
             settings: &self.settings,
             changes: &self.changes,
+            keeps: self.kept.any(),
         };
         let cx = Self::context(&self.routing, seen, &self.state, pinned);
         resolver::lookups::found(self.routing.map.shard_for(id), &cx)

@@ -78,7 +78,7 @@ use crate::routing::clients::ClientSlot;
 use crate::routing::Phase;
 use crate::routing::{Router, Routing};
 use outbox::Outbox;
-use pinned::Pinned;
+use pinned::{Kept, Pinned};
 use state::State;
 use statements::Statements;
 
@@ -120,6 +120,10 @@ struct Seen<'a> {
     user: &'a str,
     settings: &'a Settings,
     changes: &'a Changes,
+    /// The session keeps a connection for its temporary objects (`pinned::Kept`): its
+    /// transactions stay on one shard, so that the kept connection never becomes one part
+    /// of several, which end together and go back to their pools.
+    keeps: bool,
 }
 
 impl<'a> Seen<'a> {
@@ -143,6 +147,8 @@ pub struct Session<S> {
     /// The connections of the transaction's other shards, when it went on to several (each
     /// at rest inside the transaction).
     others: Vec<Pinned>,
+    /// The connections the session keeps between transactions for its temporary objects.
+    kept: Kept,
     /// What goes to the pinned connection next.
     out: Outbox,
     statements: Statements,
@@ -192,6 +198,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             state: State::default(),
             pin: None,
             others: Vec::new(),
+            kept: Kept::default(),
             out: Outbox::default(),
             statements: Statements::default(),
             settings,
@@ -369,7 +376,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 None => routing.config.transactions.scatter_writes,
             },
             cross_shard: routing.config.transactions.cross_shard
-                != crate::config::CrossShard::Refuse,
+                != crate::config::CrossShard::Refuse
+                && !settings.keeps,
             keeps: state.keeps(pinned),
         }
     }
@@ -386,6 +394,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             user: &self.user,
             settings: &self.settings,
             changes: &self.changes,
+            keeps: self.kept.any(),
         };
         let target = Self::resolve(&self.routing, seen, &self.state, pinned, &resolved);
         self.reroute = target.reroute();
@@ -400,6 +409,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             user: &self.user,
             settings: &self.settings,
             changes: &self.changes,
+            keeps: self.kept.any(),
         };
         let above_0 = |v: Option<&str>| {
             v.is_none_or(|v| {

@@ -76,3 +76,62 @@ impl Link {
         matches!(self, Link::Shared { .. })
     }
 }
+
+/// The connections a session keeps from one transaction to the next because they hold
+/// temporary objects of its own (`crate::planner::temporary`), as a session pooler would:
+/// [`super::Session::attach`] takes the one of a shard the statement needs, and releasing it
+/// puts it back here. Each is marked `broken`, so that it is closed, never pooled, however
+/// it is let go (the client leaves, its transaction is abandoned).
+#[derive(Default)]
+pub struct Kept {
+    /// The shards whose connection the session keeps.
+    shards: Vec<usize>,
+    /// Those connections, while not pinned.
+    idle: Vec<Pinned>,
+    /// One of them was lost, and with it the client's temporary objects: the session ends.
+    pub lost: bool,
+}
+
+impl Kept {
+    /// Whether the session keeps a connection (of any shard).
+    pub fn any(&self) -> bool {
+        !self.shards.is_empty()
+    }
+
+    pub fn keeps(&self, shard: usize) -> bool {
+        self.shards.contains(&shard)
+    }
+
+    /// From now on the session keeps its connection to `shard`.
+    pub fn keep(&mut self, shard: usize) {
+        if !self.keeps(shard) {
+            self.shards.push(shard);
+        }
+    }
+
+    /// The kept connection a statement for `wanted` (`None`: any shard) runs on, if any.
+    pub fn take(&mut self, wanted: Option<usize>) -> Option<Pinned> {
+        let i = match wanted {
+            Some(shard) => self.idle.iter().position(|p| p.shard == shard)?,
+            None if self.idle.is_empty() => return None,
+            None => 0,
+        };
+        Some(self.idle.swap_remove(i))
+    }
+
+    /// `pin`, released by the session: kept when it is the connection of a kept shard, else
+    /// given back (returned to its pool when dropped).
+    pub fn put_back(&mut self, mut pin: Pinned) -> Option<Pinned> {
+        if !self.keeps(pin.shard) {
+            return Some(pin);
+        }
+        match pin.conn.own() {
+            Some(conn) => {
+                conn.broken = true;
+                self.idle.push(pin);
+                None
+            }
+            None => Some(pin),
+        }
+    }
+}

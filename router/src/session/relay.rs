@@ -70,6 +70,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         };
         let name = self.shard_name(pin.shard);
         let endpoint = self.routing.pools().for_shard(pin.shard).endpoint.name();
+        // The client's temporary objects were there: its session cannot go on without them.
+        self.kept.lost |= self.kept.keeps(pin.shard);
         if let Some(conn) = pin.conn.into_own() {
             crate::backend::pool::discard(conn);
         }
@@ -88,7 +90,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         self.abandon_participants();
         let in_transaction = self.state.tx != Tx::Idle;
         self.state.lost();
-        if in_transaction {
+        if in_transaction || self.kept.lost {
             err.severity = "FATAL";
             err.write(&mut self.client.out);
             let _ = self.client.flush().await;

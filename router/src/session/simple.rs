@@ -26,15 +26,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             self.finish_preparation().await?;
         }
         let pinned = self.pinned_shard();
-        let shareable;
+        let (shareable, keeps);
         let dest = {
             let planned = self.routing.planner.plan(sql, &mut self.nbuf);
             shareable = planned.shareable;
+            keeps = planned.keeps_connection;
             let stmt = resolver::Statement::from_text(sql, &planned);
             let seen = super::Seen {
                 user: &self.user,
                 settings: &self.settings,
                 changes: &self.changes,
+                keeps: self.kept.any(),
             };
             let target = Self::resolve(&self.routing, seen, &self.state, pinned, &stmt);
             // Several statements may hold several keys of the shard: after a split they could
@@ -56,6 +58,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             self.sql.clear();
             self.sql.push_str(sql);
         }
+        let dest = if keeps {
+            self.keep_connection(dest)
+        } else {
+            dest
+        };
         self.cursors_at(&dest);
         self.execute(dest, Carrier::Query { frame, shareable })
             .await
