@@ -19,6 +19,8 @@ its own on one throw-away Postgres. Prints both results and the tests that fail 
 the router; keeps the diffs in --out.
 
   --out DIR      where pg_regress writes results and diffs   [default: a temp dir, printed]
+  --full         Postgres's whole parallel_schedule (about 200 tests, in its order, one at
+                 a time) instead of the list; TESTs are then ignored
   -h, --help     this text
 
 Needs the PostgreSQL 15 server binaries and server headers (postgresql-server-dev-15, for the
@@ -27,10 +29,11 @@ once (23 MB, kept in ~/.cache/shardgate-pg-regress) for the tests themselves.
 EOF2
 }
 
-out="" tests=()
+out="" tests=() full=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --out) out="$2"; shift 2 ;;
+        --full) full=1; shift ;;
         -h|--help) usage; exit 0 ;;
         -*) usage >&2; die "unknown option $1" ;;
         *) tests+=("$1"); shift ;;
@@ -135,6 +138,10 @@ for _ in $(seq 200); do
 done
 
 schedule="$tmp/schedule"
+if (( full )); then
+    # Every test of the schedule, in its order (its groups run one test at a time here).
+    mapfile -t tests < <(sed -nE 's/^test: *//p' "$tmp/regress/parallel_schedule" | tr -s ' ' '\n' | grep -v '^test_setup$')
+fi
 { echo "test: test_setup"; for t in "${tests[@]}"; do echo "test: $t"; done; } >"$schedule"
 
 regress() { # NAME PORT DB

@@ -548,3 +548,37 @@ async fn roles_follow_their_client_and_never_reach_another() {
         assert_eq!(show(&a, "SELECT current_user").await, login);
     }
 }
+
+/// `RESET` goes back to the client's startup value, as on Postgres, although the backend
+/// connection's own default is another (seen with pg_regress, whose libpq sends `DateStyle`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_goes_back_to_the_startup_value() {
+    let env = shared_env();
+    let router = Router::start_single_pool(&env.map, 1, "");
+    let mut config: tokio_postgres::Config = router.url().parse().expect("url");
+    config.options("-c DateStyle=Postgres,MDY -c TimeZone=PST8PDT");
+    let (a, conn) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    for reset in ["RESET ALL", "RESET DateStyle", "SET DateStyle = DEFAULT"] {
+        a.batch_execute("SET DateStyle = 'SQL, DMY'")
+            .await
+            .expect("set");
+        assert_eq!(show(&a, "SHOW DateStyle").await, "SQL, DMY");
+        a.batch_execute(reset).await.expect(reset);
+        for round in 0..4 {
+            assert_eq!(
+                show(&a, "SHOW DateStyle").await,
+                "Postgres, MDY",
+                "{reset} round {round}"
+            );
+            assert_eq!(
+                show(&a, "SHOW TimeZone").await,
+                "PST8PDT",
+                "{reset} round {round}"
+            );
+        }
+    }
+}

@@ -126,6 +126,18 @@ impl Settings {
         true
     }
 
+    /// Whether `change` resets a setting the startup packet made (`RESET ALL` every one).
+    fn resets_startup(&self, change: &Change) -> bool {
+        match change {
+            Change::ResetAll | Change::DiscardAll => !self.startup.is_empty(),
+            Change::Reset { name } => self
+                .startup
+                .iter()
+                .any(|(n, _)| n.eq_ignore_ascii_case(name)),
+            _ => false,
+        }
+    }
+
     /// 0 for no settings (a fresh connection), otherwise a hash of the settings in order.
     pub fn fingerprint(&self) -> u64 {
         self.fp
@@ -285,6 +297,9 @@ impl Changes {
         }
         let mut known = true;
         for change in self.0.drain(..) {
+            // On the connection, RESET goes back to the server's default, where the client's
+            // is its startup value: the connection holds what the router does not expect.
+            known &= !settings.resets_startup(&change);
             known &= settings.apply(&change);
         }
         self.1.clear();
@@ -719,6 +734,28 @@ mod tests {
         assert!(Settings::default()
             .apply_sql()
             .starts_with("SET SESSION AUTHORIZATION DEFAULT; RESET ROLE; RESET ALL"));
+    }
+
+    #[test]
+    fn a_reset_of_a_startup_setting_leaves_the_connection_unknown() {
+        let params = [("DateStyle".to_string(), "Postgres, MDY".to_string())];
+        for reset in [
+            "RESET ALL",
+            "RESET datestyle",
+            "DISCARD ALL",
+            "SET DateStyle = DEFAULT",
+        ] {
+            let mut s = Settings::from_startup(&params);
+            let mut changes = Changes::default();
+            changes.push(reset);
+            // The connection went back to the server's default, the client to its startup value.
+            assert_eq!(changes.settle(&mut s), Some(UNKNOWN), "{reset}");
+            assert_eq!(s.get("datestyle"), Some("'Postgres, MDY'"), "{reset}");
+        }
+        let mut s = Settings::from_startup(&params);
+        let mut changes = Changes::default();
+        changes.push("RESET TimeZone");
+        assert_eq!(changes.settle(&mut s), Some(s.fingerprint()));
     }
 
     #[test]
