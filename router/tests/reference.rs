@@ -177,7 +177,6 @@ async fn reference_tables_are_whole_on_every_shard_and_answer_once() {
     for sql in [
         "INSERT INTO regions VALUES ('t', now()::text)",
         "INSERT INTO regions SELECT v, 'from kv' FROM kv",
-        "COPY regions FROM STDIN",
     ] {
         let (code, message) = refused(&c, sql).await;
         assert_eq!(code, "0A000", "{sql}: {message}");
@@ -301,4 +300,80 @@ async fn columns_whose_default_differs_per_shard_must_be_given() {
             "plans on shard {shard}"
         );
     }
+}
+
+/// COPY FROM STDIN into a reference table: every row reaches every shard, each in a
+/// transaction of its own, and they commit together; a COPY that fails on one shard (a row
+/// that only that shard already has, a column that does not exist) applies nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_into_a_reference_table_reaches_every_shard_or_none() {
+    let f = Fixture::start();
+    let c = f.router.connect().await;
+    c.batch_execute("CREATE TABLE plans (code text PRIMARY KEY, price numeric)")
+        .await
+        .expect("create");
+    let plans = |f: &Fixture| {
+        f.everywhere(
+            "SELECT coalesce(string_agg(code || '=' || price, ',' ORDER BY code), '') FROM plans",
+        )
+    };
+    let dir = &f.router.dir;
+    let csv = "code,price\nbasic,10\n\"pro, yearly\",99.5\n";
+    std::fs::write(dir.join("plans.csv"), csv).expect("csv");
+    let psql = |sql: &str| {
+        common::run(
+            std::process::Command::new(common::pg_program("psql"))
+                .arg(f.router.url())
+                .args(["-X", "-v", "ON_ERROR_STOP=1", "-c", sql]),
+        )
+    };
+    let copy = format!(
+        "\\copy plans FROM '{}' WITH (FORMAT csv, HEADER true)",
+        dir.join("plans.csv").display()
+    );
+    let (ok, out, err) = psql(&copy);
+    assert!(ok && out.contains("COPY 2"), "{out}\n{err}");
+    assert!(
+        plans(&f).iter().all(|p| p == "basic=10,pro, yearly=99.5"),
+        "{:?}",
+        plans(&f)
+    );
+    // The text format too, and a row count of one shard's.
+    std::fs::write(dir.join("plans.txt"), "team\t250\n").expect("text");
+    let (ok, out, err) = psql(&format!(
+        "\\copy plans FROM '{}'",
+        dir.join("plans.txt").display()
+    ));
+    assert!(ok && out.contains("COPY 1"), "{out}\n{err}");
+    // A row that one shard already has (written there directly): that shard's 23505, and the
+    // other shards' rows are rolled back with it.
+    f.env.on_shard(2, "INSERT INTO plans VALUES ('gold', 1)");
+    std::fs::write(dir.join("more.txt"), "silver\t5\ngold\t50\n").expect("text");
+    let (ok, _, err) = psql(&format!(
+        "\\copy plans FROM '{}'",
+        dir.join("more.txt").display()
+    ));
+    assert!(!ok && err.contains("duplicate key"), "{err}");
+    for (shard, got) in plans(&f).iter().enumerate() {
+        assert!(!got.contains("silver"), "shard {shard}: {got}");
+    }
+    f.env.on_shard(2, "DELETE FROM plans WHERE code = 'gold'");
+    // Refused at its start (no such column): Postgres's error, nothing anywhere.
+    let (ok, _, err) = psql("\\copy plans (code, nope) FROM STDIN");
+    assert!(!ok && err.contains("nope"), "{err}");
+    assert!(
+        plans(&f)
+            .iter()
+            .all(|p| p == "basic=10,pro, yearly=99.5,team=250"),
+        "{:?}",
+        plans(&f)
+    );
+    // No transaction is left open on any shard, and the router still answers.
+    for got in f
+        .everywhere("SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%'")
+    {
+        assert_eq!(got, "0");
+    }
+    let (ok, out, err) = psql("SELECT count(*) FROM plans");
+    assert!(ok && out.contains(" 3"), "{out}\n{err}");
 }

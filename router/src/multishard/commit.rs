@@ -157,15 +157,25 @@ impl<'s> Parts<'s> {
     /// With `cross_shard = "two_phase"`, parts on several shards commit atomically with
     /// two-phase commit, as a client's transaction across shards does.
     pub async fn commit(self) -> Result<(), SqlError> {
-        let transactions = &self.routing.config.transactions;
-        if self.open.len() > 1 && transactions.cross_shard == crate::config::CrossShard::TwoPhase {
-            return super::two_phase::commit(self.routing, self.open, transactions.test_fault)
-                .await;
-        }
-        let shards: Vec<usize> = self.open.iter().map(|(s, _)| *s).collect();
-        let results = end_all(self.open, true).await;
-        outcome(self.routing, self.what, &shards, results)
+        commit_all(self.routing, self.open, self.what).await
     }
+}
+
+/// Commits `open` (each connection at rest inside its part, in shard order): with two-phase
+/// commit when the config says so and there are several, else one COMMIT each; the error
+/// names the shards that committed and those that did not.
+pub async fn commit_all(
+    routing: &Routing,
+    open: Vec<(usize, PooledConn)>,
+    what: &'static str,
+) -> Result<(), SqlError> {
+    let transactions = &routing.config.transactions;
+    if open.len() > 1 && transactions.cross_shard == crate::config::CrossShard::TwoPhase {
+        return super::two_phase::commit(routing, open, transactions.test_fault).await;
+    }
+    let shards: Vec<usize> = open.iter().map(|(s, _)| *s).collect();
+    let results = end_all(open, true).await;
+    outcome(routing, what, &shards, results)
 }
 
 /// Ends a transaction that ran on several shards: `open` holds its connections, each at rest

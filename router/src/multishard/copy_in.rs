@@ -76,6 +76,28 @@ pub async fn run<C: Client>(
     Ok(())
 }
 
+/// The client's next message during COPY; its leaving or breaking the protocol ends it.
+pub(super) async fn next_frame<C: Client>(client: &mut C) -> Result<BytesMut, ClientFailed> {
+    match client.read_frame().await {
+        Ok(Some(frame)) => Ok(frame),
+        Ok(None) => Err(ClientFailed::Io(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "the client left during COPY",
+        ))),
+        Err(ClientError::Io(e)) => Err(ClientFailed::Io(e)),
+        Err(ClientError::Protocol(e)) => Err(ClientFailed::Protocol(e.to_string())),
+        Err(ClientError::TooLong { len, limit }) => Err(ClientFailed::TooLong { len, limit }),
+    }
+}
+
+/// A message a client may not send during COPY FROM STDIN.
+pub(super) fn unexpected(tag: u8) -> ClientFailed {
+    ClientFailed::Protocol(format!(
+        "unexpected message type {} during COPY from stdin",
+        tag as char
+    ))
+}
+
 /// CopyInResponse: text format, one text column per listed column.
 async fn copy_in_response<C: Client>(client: &mut C, format: &Format) -> std::io::Result<()> {
     let mut g = Vec::with_capacity(8 + 2 * format.columns);
@@ -112,20 +134,7 @@ impl Split<'_> {
     /// (`Ok(Some(its message))`), sending each row to its shard on the way.
     async fn read<C: Client>(&mut self, client: &mut C) -> Result<Option<String>, ClientFailed> {
         loop {
-            let frame = match client.read_frame().await {
-                Ok(Some(frame)) => frame,
-                Ok(None) => {
-                    return Err(ClientFailed::Io(std::io::Error::new(
-                        std::io::ErrorKind::UnexpectedEof,
-                        "the client left during COPY",
-                    )))
-                }
-                Err(ClientError::Io(e)) => return Err(ClientFailed::Io(e)),
-                Err(ClientError::Protocol(e)) => return Err(ClientFailed::Protocol(e.to_string())),
-                Err(ClientError::TooLong { len, limit }) => {
-                    return Err(ClientFailed::TooLong { len, limit })
-                }
-            };
+            let frame = next_frame(client).await?;
             let tag = frame[0];
             let batch = &mut self.batch;
             match tag {
@@ -147,13 +156,7 @@ impl Split<'_> {
                     return Ok(Some(String::from_utf8_lossy(why).into_owned()));
                 }
                 b'H' | b'S' => {}
-                other => {
-                    let why = format!(
-                        "unexpected message type {} during COPY from stdin",
-                        other as char
-                    );
-                    return Err(ClientFailed::Protocol(why));
-                }
+                other => return Err(unexpected(other)),
             }
             self.route_rows().await;
             if tag == b'c' {
@@ -194,7 +197,9 @@ impl Split<'_> {
             };
             if self.targets[shard].is_none() {
                 let header = self.header.as_deref();
-                match CopyTarget::open(self.routing, shard, self.sql, self.settings, header).await {
+                match CopyTarget::open(self.routing, shard, self.sql, self.settings, header, false)
+                    .await
+                {
                     Ok(t) => self.targets[shard] = Some(t),
                     Err(e) => {
                         self.failure = Some(e);
@@ -219,7 +224,8 @@ impl Split<'_> {
             .or(self.failure.as_ref().map(|_| "rejected by the router"));
         for (shard, t) in self.targets.into_iter().enumerate() {
             if let Some(t) = t {
-                outcomes.push(t.finish(why_fail).await);
+                // Autocommit: the connection goes back to its pool.
+                outcomes.push(t.finish(why_fail).await.0);
                 names.push(self.routing.map.shards()[shard].range.to_string());
             }
         }
@@ -253,9 +259,11 @@ impl Split<'_> {
     }
 }
 
-/// One shard's end of a split COPY FROM STDIN.
-struct CopyTarget {
+/// One shard's end of a COPY FROM STDIN (split, or to every shard: `super::copy_reference`).
+pub(super) struct CopyTarget {
     conn: PooledConn,
+    /// The body of the shard's CopyInResponse (empty when its COPY did not start).
+    pub response: Vec<u8>,
     /// Rows not sent yet.
     buf: Vec<u8>,
     /// The shard refused the COPY (its ErrorResponse); its rows are dropped.
@@ -274,13 +282,16 @@ fn lost_during_copy(e: impl std::fmt::Display) -> SqlError {
 }
 
 impl CopyTarget {
-    /// Starts the client's COPY statement on `shard` and waits for its CopyInResponse.
-    async fn open(
+    /// Starts the client's COPY statement on `shard` and waits for its CopyInResponse; with
+    /// `in_transaction`, inside a transaction ([`super::commit::BEGIN_PART`]) that its caller
+    /// ends.
+    pub(super) async fn open(
         routing: &Routing,
         shard: usize,
         sql: &str,
         settings: &Settings,
         header: Option<&[u8]>,
+        in_transaction: bool,
     ) -> Result<CopyTarget, SqlError> {
         let mut conn = routing.checkout(shard).await?;
         let lost = |e: std::io::Error| {
@@ -294,10 +305,14 @@ impl CopyTarget {
         let settings_sent = settings
             .write_apply(conn.settings_fp, &mut out)
             .map_err(errors::internal)?;
+        if in_transaction {
+            request::query(&mut out, super::commit::BEGIN_PART).map_err(errors::internal)?;
+        }
         request::query(&mut out, sql).map_err(errors::internal)?;
         conn.settings_fp = settings.fingerprint();
-        let prelude = usize::from(settings_sent);
+        let prelude = usize::from(settings_sent) + usize::from(in_transaction);
         let (mut error, mut started, mut ended) = (None, false, false);
+        let mut response = Vec::new();
         {
             // Up to the CopyInResponse, or to the ReadyForQuery of a COPY that failed at once.
             let mut replies = conn.request(&out, 1 + prelude).await.map_err(lost)?;
@@ -307,6 +322,7 @@ impl CopyTarget {
                 match frame[0] {
                     b'G' => {
                         started = true;
+                        response = frame[5..].to_vec();
                         break;
                     }
                     b'E' => error = Some(frame.to_vec()),
@@ -317,6 +333,7 @@ impl CopyTarget {
         }
         let mut target = CopyTarget {
             conn,
+            response,
             buf: Vec::with_capacity(BATCH),
             error,
             lost: None,
@@ -330,7 +347,17 @@ impl CopyTarget {
         Ok(target)
     }
 
-    async fn push(&mut self, row: &[u8]) {
+    /// Whether the shard's COPY started (else [`CopyTarget::finish`] gives its error).
+    pub(super) fn started(&self) -> bool {
+        !self.ended && self.error.is_none()
+    }
+
+    /// The shard's error when its COPY did not start.
+    pub(super) fn refusal(&self) -> Vec<u8> {
+        self.error.clone().unwrap_or_default()
+    }
+
+    pub(super) async fn push(&mut self, row: &[u8]) {
         if self.error.is_some() || self.lost.is_some() || self.ended {
             return;
         }
@@ -355,8 +382,10 @@ impl CopyTarget {
         }
     }
 
-    /// Ends this shard's COPY: CopyDone, or CopyFail with `fail` (so nothing is committed).
-    async fn finish(mut self, fail: Option<&str>) -> Outcome {
+    /// Ends this shard's COPY: CopyDone, or CopyFail with `fail` (so nothing is committed);
+    /// the connection too when it is still good (inside its transaction, for `open`'s
+    /// `in_transaction`).
+    pub(super) async fn finish(mut self, fail: Option<&str>) -> (Outcome, Option<PooledConn>) {
         let failed = |frame: Vec<u8>| {
             let (code, message) = error_fields(&frame);
             Outcome::Failed {
@@ -366,7 +395,10 @@ impl CopyTarget {
             }
         };
         if self.ended {
-            return failed(self.error.take().unwrap_or_default());
+            return (
+                failed(self.error.take().unwrap_or_default()),
+                Some(self.conn),
+            );
         }
         let mut end = BytesMut::new();
         if self.error.is_none() && self.lost.is_none() {
@@ -384,7 +416,7 @@ impl CopyTarget {
         }
         if let Some(e) = self.lost.take() {
             discard(self.conn);
-            return Outcome::Unavailable(e);
+            return (Outcome::Unavailable(e), None);
         }
         let mut tags = Vec::new();
         let mut error = self.error.take();
@@ -398,19 +430,21 @@ impl CopyTarget {
             .await;
         if result.is_err() {
             discard(self.conn);
-            return Outcome::Unavailable(SqlError::new(
+            let lost = SqlError::new(
                 errors::CONNECTION_FAILURE,
                 "lost the shard at the end of COPY",
-            ));
+            );
+            return (Outcome::Unavailable(lost), None);
         }
-        match error {
+        let outcome = match error {
             None => Outcome::Done(tags),
             Some(frame) => failed(frame),
-        }
+        };
+        (outcome, Some(self.conn))
     }
 
     /// Drops the connection mid-COPY: Postgres rolls the shard's COPY back.
-    fn abandon(&mut self) {
+    pub(super) fn abandon(&mut self) {
         self.lost
             .get_or_insert_with(|| SqlError::new(errors::CONNECTION_FAILURE, "abandoned"));
         self.conn.broken = true;

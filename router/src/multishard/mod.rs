@@ -16,6 +16,7 @@
 //! | [`write`] | UPDATE/DELETE on several shards, through [`commit`] |
 //! | [`split_insert`] | a multi-row INSERT split by key, through [`commit`] |
 //! | [`copy_in`] | COPY FROM STDIN split by key |
+//! | [`copy_reference`] | COPY FROM STDIN into a reference table: every row to every shard, all or nothing |
 //! | [`staged`] | the second stage of a read in two stages: the first stage's rows as a typed VALUES list (sans-IO) |
 
 pub mod broadcast;
@@ -23,6 +24,7 @@ pub mod budget;
 pub mod client;
 pub mod commit;
 pub mod copy_in;
+pub mod copy_reference;
 pub mod fanout;
 pub mod gather;
 pub mod merged;

@@ -63,7 +63,7 @@ pub(super) fn explain(
             keys,
             spread: Some(Merge::Explain),
         },
-        Route::CopyIn { .. } => Route::Unroutable {
+        Route::CopyIn(_) => Route::Unroutable {
             message: "EXPLAIN of COPY is not a thing Postgres does".into(),
         },
         // A reference table's write plans alike on every shard; run on one, it would make

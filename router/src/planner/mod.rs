@@ -160,11 +160,9 @@ pub enum Route {
     /// UPDATE or DELETE of a sharded table without a key: refused with `message` unless the
     /// client or the config opted in to writes on every shard.
     ScatterWrite { table: String, message: String },
-    /// COPY FROM STDIN into a sharded table: rows split by key across shards.
-    CopyIn {
-        key_type: KeyType,
-        format: CopyFormat,
-    },
+    /// COPY FROM STDIN into a sharded table (rows split by key across shards) or a reference
+    /// table (every row to every shard).
+    CopyIn(CopyRows),
     /// SQL-level `PREPARE`, `EXECUTE` or `DEALLOCATE`: the session runs it as a protocol-level
     /// statement of the client ([`prepared_sql`]).
     PreparedSql,
@@ -191,6 +189,19 @@ pub enum Route {
 }
 
 pub use crate::protocol::copy::Format as CopyFormat;
+
+/// Where the rows of a COPY FROM STDIN go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyRows {
+    /// Into a sharded table: each row to the shard of its key, read as `format` says.
+    ByKey {
+        key_type: KeyType,
+        format: CopyFormat,
+    },
+    /// Into a reference table: all of them to every shard, as they come (each shard's COPY
+    /// reads its own format), committed together.
+    ToEveryShard,
+}
 
 /// The values an INSERT gives one lookup column ([`Route::WithLookups`]), and the lookup table
 /// they go to.

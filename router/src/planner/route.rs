@@ -8,7 +8,7 @@
 
 use shardmap::{ShardMap, Table};
 
-use super::{KeySource, Merge};
+use super::{CopyRows, KeySource, Merge};
 use sqlparser::ast::{
     CommentObject, CopyLegacyCsvOption, CopyLegacyOption, CopyOption, CopySource, CopyTarget,
     ObjectName, ObjectType, Statement,
@@ -37,9 +37,12 @@ pub(crate) fn route(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Rout
             CopySource::Table { table_name, columns } => match Refs::new(map).classify(table_name) {
                 Rel::Sharded(t) => copy_sharded(t, columns, *to, target, options, legacy_options),
                 Rel::Reference(_) if *to => Route::Any,
+                Rel::Reference(_) if matches!(target, CopyTarget::Stdin) => {
+                    Route::CopyIn(CopyRows::ToEveryShard)
+                }
                 Rel::Reference(r) => Route::Unroutable {
                     message: format!(
-                        "COPY into the reference table {} is not supported yet (every shard needs the rows): insert them with INSERT ... VALUES, which runs on every shard",
+                        "COPY of the reference table {} from a file or program runs on one server: use COPY ... FROM STDIN (psql's \\copy)",
                         r.qualified_name()
                     ),
                 },
@@ -256,10 +259,10 @@ fn copy_sharded(
                     message: format!("COPY into the sharded table {name} in binary format is not supported: use text or CSV"),
                 };
             }
-            Route::CopyIn {
+            Route::CopyIn(CopyRows::ByKey {
                 key_type: t.key_type,
                 format: f,
-            }
+            })
         }
         _ => Route::Unroutable {
             message: format!(

@@ -593,7 +593,7 @@ fn copy() {
             &p,
             "COPY kv (v, id) FROM STDIN WITH (FORMAT csv, HEADER true)"
         ),
-        Route::CopyIn {
+        Route::CopyIn(CopyRows::ByKey {
             format: CopyFormat {
                 csv: true,
                 header: true,
@@ -603,11 +603,11 @@ fn copy() {
                 ..
             },
             ..
-        }
+        })
     ));
     assert!(matches!(
         route(&p, "COPY kv (id, v) FROM STDIN"),
-        Route::CopyIn {
+        Route::CopyIn(CopyRows::ByKey {
             format: CopyFormat {
                 csv: false,
                 delimiter: b'\t',
@@ -615,7 +615,7 @@ fn copy() {
                 ..
             },
             ..
-        }
+        })
     ));
     unroutable(&p, "COPY kv FROM STDIN", "column list");
     unroutable(
@@ -1119,11 +1119,11 @@ fn ddl_of_reference_tables_runs_on_every_shard() {
         "only on the default shard",
     );
     assert_eq!(route(&p, "COPY regions TO STDOUT"), Route::Any);
-    unroutable(
-        &p,
-        "COPY regions FROM STDIN",
-        "COPY into the reference table regions",
+    assert_eq!(
+        route(&p, "COPY regions FROM STDIN WITH (FORMAT csv)"),
+        Route::CopyIn(CopyRows::ToEveryShard)
     );
+    unroutable(&p, "COPY regions FROM '/tmp/r.csv'", "from a file or program");
 }
 
 #[test]

@@ -46,8 +46,8 @@ pub(super) fn protocol(stmt: &Statement<'_>) -> Result<(), SqlError> {
             "EXPLAIN (ROUTE) is answered in the simple query protocol only",
             "send it as a simple query, as psql does, with the key values written out",
         ),
-        [Route::CopyIn { .. }] => (
-            "COPY into a sharded table is supported in the simple query protocol only",
+        [Route::CopyIn(_)] => (
+            "COPY into a sharded or reference table is supported in the simple query protocol only",
             "send COPY ... FROM STDIN as a simple query, as psql's \\copy does",
         ),
         _ => return Ok(()),
@@ -77,9 +77,9 @@ pub(super) fn in_transaction<'a>(
         // Each shard joins the transaction, and the whole commits or rolls back together.
         Dest::Read(_) | Dest::Write(_) if cx.cross_shard => Ok(resolved),
         Dest::Read(_) | Dest::Write(_) => Err(errors::scatter_in_transaction()),
-        Dest::CopyIn { .. } => Err(SqlError::new(
+        Dest::CopyIn(_) => Err(SqlError::new(
             errors::FEATURE_NOT_SUPPORTED,
-            "COPY into a sharded table cannot run inside a transaction, which stays on one shard",
+            "COPY into a sharded or reference table cannot run inside a transaction: it commits on several shards by itself",
         )),
         Dest::SplitInsert(_) | Dest::ChangesLookups(_) if cx.cross_shard => Ok(resolved),
         Dest::ChangesLookups(_) => Err(SqlError::new(

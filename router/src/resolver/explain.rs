@@ -2,6 +2,7 @@
 //! and `shardgate explain` prints. Pure.
 
 use super::target::{Dest, Target, Why};
+use crate::planner::CopyRows;
 
 /// The columns of an explained route, in order.
 pub const COLUMNS: [&str; 7] = [
@@ -161,9 +162,13 @@ pub fn rows(target: &Target<'_>, sql: &str) -> Vec<Row> {
             ),
             "the INSERT runs on that shard with the keys written in",
         )],
-        Dest::CopyIn { key_type, .. } => vec![router(
+        Dest::CopyIn(CopyRows::ByKey { key_type, .. }) => vec![router(
             &format!("COPY into a sharded table, rows split by their {key_type} key"),
             "every shard that gets rows runs the same COPY",
+        )],
+        Dest::CopyIn(CopyRows::ToEveryShard) => vec![router(
+            "COPY into a reference table: every row to every shard",
+            "each shard runs the same COPY in a transaction; all commit together or none",
         )],
         Dest::ExplainRoute => vec![router("EXPLAIN (ROUTE), answered by the router", "not run")],
         Dest::PreparedSql => vec![router(

@@ -116,10 +116,7 @@ fn alone<'a>(stmt: &Statement<'a>, cx: &Context<'a>) -> Result<Option<Resolved<'
             key,
             lookups,
         }] => super::lookups::update(stmt, cx, route, qualifier, key, *key_type, lookups)?,
-        [Route::CopyIn { key_type, format }] => Dest::CopyIn {
-            key_type: *key_type,
-            format: *format,
-        },
+        [Route::CopyIn(rows)] => Dest::CopyIn(*rows),
         _ => return Ok(None),
     };
     Ok(Some((dest, None)))
@@ -351,9 +348,9 @@ fn not_in_a_query(route: &Route) -> Result<(), SqlError> {
         Route::PreparedSql => alone(
             "PREPARE, EXECUTE and DEALLOCATE must be the only statement of their query".into(),
         ),
-        Route::CopyIn { .. } => {
-            alone("COPY into a sharded table must be the only statement of its query".into())
-        }
+        Route::CopyIn(_) => alone(
+            "COPY into a sharded or reference table must be the only statement of its query".into(),
+        ),
         Route::Lookup { table, .. } => alone(format!(
             "a statement that the lookup of a column of {table} routes must be the only statement of its query"
         )),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use shardmap::{Key, KeyType, KeyspaceId, ShardMap};
 
 use crate::planner::staged::StagedTexts;
-use crate::planner::{CopyFormat, MergePlan};
+use crate::planner::{CopyRows, MergePlan};
 use crate::protocol::reply::SqlError;
 
 /// Where a statement runs and why, or why it does not run at all.
@@ -74,11 +74,8 @@ pub enum Dest {
     /// RETURNING on its shards, and the lookup rows of the values it removed (and added) change
     /// in the same write.
     ChangesLookups(ChangesLookups),
-    /// COPY FROM STDIN into a sharded table, rows split by key.
-    CopyIn {
-        key_type: KeyType,
-        format: CopyFormat,
-    },
+    /// COPY FROM STDIN into a sharded table (rows split by key) or a reference table.
+    CopyIn(CopyRows),
     /// SQL-level PREPARE, EXECUTE or DEALLOCATE, which the session runs on the client's
     /// protocol-level statements.
     PreparedSql,
@@ -380,9 +377,12 @@ impl fmt::Display for Target<'_> {
                     s.part_of_row.len()
                 )
             }
-            Dest::CopyIn { key_type, .. } => write!(
+            Dest::CopyIn(CopyRows::ByKey { key_type, .. }) => write!(
                 f,
                 "the shards of its rows: COPY split by its {key_type} key"
+            ),
+            Dest::CopyIn(CopyRows::ToEveryShard) => f.write_str(
+                "every shard: COPY into a reference table, every row to each, all or nothing",
             ),
             Dest::NewKeys(n) => write!(
                 f,

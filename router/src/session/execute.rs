@@ -196,13 +196,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 };
                 self.several(spread, carrier).await
             }
-            Dest::CopyIn { key_type, format } => {
+            Dest::CopyIn(rows) => {
                 let sql = carrier.sql().to_string();
-                let spread = Spread::CopyIn {
-                    sql,
-                    key_type,
-                    format,
-                };
+                let spread = Spread::CopyIn { sql, rows };
                 self.several(spread, carrier).await
             }
             Dest::Declare { .. } | Dest::Cursor { .. } => {

@@ -68,12 +68,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.run_lookup_delete(&delete, requests, params, asked)
                     .await?
             }
-            Spread::CopyIn {
-                sql,
-                key_type,
-                format,
-            } => {
-                self.run_copy_in(&sql, key_type, format).await?;
+            Spread::CopyIn { sql, rows } => {
+                self.run_copy_in(&sql, rows).await?;
                 false
             }
             Spread::Declare {
@@ -541,21 +537,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     async fn run_copy_in(
         &mut self,
         sql: &str,
-        key_type: shardmap::KeyType,
-        format: crate::protocol::copy::Format,
+        rows: crate::planner::CopyRows,
     ) -> Result<(), SessionError> {
         self.client
             .meter
             .route(RouteKind::MultiShardWrite, NO_SHARD);
-        copy_in::run(
-            &self.routing,
-            &self.settings,
-            &mut self.client,
-            sql,
-            key_type,
-            format,
-        )
-        .await
+        let (routing, settings, client) = (&self.routing, &self.settings, &mut self.client);
+        match rows {
+            crate::planner::CopyRows::ByKey { key_type, format } => {
+                copy_in::run(routing, settings, client, sql, key_type, format).await
+            }
+            crate::planner::CopyRows::ToEveryShard => {
+                crate::multishard::copy_reference::run(routing, settings, client, sql).await
+            }
+        }
         .map_err(|e| match e {
             copy_in::ClientFailed::Io(e) => SessionError::Client(e),
             copy_in::ClientFailed::Protocol(why) => SessionError::Protocol(why),

@@ -38,11 +38,10 @@ pub(super) enum Spread {
         requests: Result<Vec<(usize, Vec<u8>)>, SqlError>,
         params: Option<usize>,
     },
-    /// COPY FROM STDIN of `sql` into a sharded table, rows split by key (simple protocol).
+    /// COPY FROM STDIN of `sql` into a sharded or reference table (simple protocol).
     CopyIn {
         sql: String,
-        key_type: shardmap::KeyType,
-        format: crate::protocol::copy::Format,
+        rows: crate::planner::CopyRows,
     },
 }
 
