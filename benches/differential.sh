@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The differential test at scale: random statements through a router over 4 shards and on one
-# Postgres with the same rows (router/tests/differential.rs), over several seeds, with the
+# Postgres with the same rows (router/tests/differential.rs, built in release mode: the
+# router's own speed is not what is compared), over several seeds, with the
 # totals at the end: the same, refused (by reason), mismatched (must be 0).
 # See docs/architecture.md ("Compared with one Postgres: the differential test").
 set -euo pipefail
@@ -38,14 +39,14 @@ done
 need_tools cargo
 
 cd "$root"
-cargo test -q -p shardgate --test differential --no-run >/dev/null 2>&1 || die "the differential test does not build"
+cargo test -q --release -p shardgate --test differential --no-run >/dev/null 2>&1 || die "the differential test does not build"
 log="$(mktemp -t shardgate-differential.XXXXXX)"
 echo "differential: $total statements, $per_seed per seed, seeds from $seed (log: $log)"
 same=0 refused=0 mismatched=0 done_statements=0
 while (( done_statements < total )); do
     n=$(( total - done_statements < per_seed ? total - done_statements : per_seed ))
     if ! SHARDGATE_DIFF_SEED="$seed" SHARDGATE_DIFF_STATEMENTS="$n" \
-        cargo test -q -p shardgate --test differential -- --nocapture >"$log.seed" 2>&1; then
+        cargo test -q --release -p shardgate --test differential -- --nocapture >"$log.seed" 2>&1; then
         cat "$log.seed" >>"$log"
         grep -A4 "answered differently" "$log.seed" | head -20 >&2 || true
         die "seed $seed: the router answered differently from one Postgres (full output in $log)"
