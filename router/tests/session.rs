@@ -581,4 +581,16 @@ async fn a_reset_goes_back_to_the_startup_value() {
             );
         }
     }
+    // A DateStyle of one part keeps the other (Postgres merges them); RESET TIME ZONE.
+    a.batch_execute("SET datestyle TO dmy; SET TIME ZONE 'CST7CDT'; RESET TIME ZONE")
+        .await
+        .expect("datestyle and time zone");
+    for round in 0..4 {
+        assert_eq!(
+            show(&a, "SHOW DateStyle").await,
+            "Postgres, DMY",
+            "round {round}"
+        );
+        assert_eq!(show(&a, "SHOW TimeZone").await, "PST8PDT", "round {round}");
+    }
 }

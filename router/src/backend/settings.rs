@@ -81,6 +81,10 @@ impl Settings {
 
     fn set(&mut self, name: &str, value: String) {
         let name = name.to_ascii_lowercase();
+        let value = match (name.as_str(), self.get("datestyle")) {
+            ("datestyle", Some(old)) => datestyle::merge(old, &value),
+            _ => value,
+        };
         if name == "session_authorization" {
             // A new session user drops the role set before it, as on Postgres.
             self.list.retain(|(n, _)| n != "role");
@@ -475,6 +479,12 @@ fn parse_statement(text: &str) -> Change {
     match first.as_deref() {
         Some("reset") => match words.next() {
             Some(w) if w.eq_ignore_ascii_case("all") && words.next().is_none() => Change::ResetAll,
+            Some(w) if w.eq_ignore_ascii_case("time") => match (words.next(), words.next()) {
+                (Some(z), None) if z.eq_ignore_ascii_case("zone") => Change::Reset {
+                    name: "timezone".into(),
+                },
+                _ => Change::Unknown,
+            },
             Some(w) if w.eq_ignore_ascii_case("session") => match (words.next(), words.next()) {
                 (Some(a), None) if a.eq_ignore_ascii_case("authorization") => Change::Reset {
                     name: "session_authorization".into(),
@@ -527,7 +537,13 @@ fn parse_set(rest: &str) -> Change {
         }
         "time" => {
             let (zone, value) = split_word(after);
-            if zone.eq_ignore_ascii_case("zone") && !value.trim().is_empty() {
+            let value = value.trim();
+            if zone.eq_ignore_ascii_case("zone") && value.eq_ignore_ascii_case("local") {
+                return Change::Reset {
+                    name: "timezone".into(),
+                };
+            }
+            if zone.eq_ignore_ascii_case("zone") && !value.is_empty() {
                 return set_value("timezone", value);
             }
             return Change::Unknown;
@@ -570,6 +586,53 @@ fn set_value(name: &str, value: &str) -> Change {
     Change::Set {
         name: name.to_ascii_lowercase(),
         value: value.to_string(),
+    }
+}
+
+/// `DateStyle` is the one setting whose value merges with the one before it: `SET DateStyle =
+/// dmy` keeps the output style (`Postgres, MDY` becomes `Postgres, DMY`), so replaying the bare
+/// `dmy` on a reset connection would lose it.
+mod datestyle {
+    const STYLES: &[&str] = &["iso", "sql", "postgres", "german"];
+    const ORDERS: &[(&str, &str)] = &[
+        ("dmy", "DMY"),
+        ("euro", "DMY"),
+        ("european", "DMY"),
+        ("mdy", "MDY"),
+        ("us", "MDY"),
+        ("noneuro", "MDY"),
+        ("noneuropean", "MDY"),
+        ("ymd", "YMD"),
+    ];
+
+    /// The style and the order a value names (`None` for a word it does not know).
+    fn parts(value: &str) -> Option<(Option<String>, Option<&'static str>)> {
+        let unquoted = value.trim().trim_matches('\'');
+        let (mut style, mut order) = (None, None);
+        for word in unquoted.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            let lower = word.to_ascii_lowercase();
+            if STYLES.contains(&lower.as_str()) {
+                style = Some(word.to_string());
+            } else if let Some((_, o)) = ORDERS.iter().find(|(w, _)| *w == lower) {
+                order = Some(*o);
+            } else {
+                return None;
+            }
+        }
+        Some((style, order))
+    }
+
+    /// `new` set over `old`: what is left out keeps its old part. A value it cannot read is
+    /// kept as written (Postgres will say what is wrong with it).
+    pub(super) fn merge(old: &str, new: &str) -> String {
+        let (Some((old_style, old_order)), Some((style, order))) = (parts(old), parts(new)) else {
+            return new.to_string();
+        };
+        let parts: Vec<String> = [style.or(old_style), order.or(old_order).map(str::to_string)]
+            .into_iter()
+            .flatten()
+            .collect();
+        format!("'{}'", parts.join(", "))
     }
 }
 
@@ -734,6 +797,30 @@ mod tests {
         assert!(Settings::default()
             .apply_sql()
             .starts_with("SET SESSION AUTHORIZATION DEFAULT; RESET ROLE; RESET ALL"));
+    }
+
+    #[test]
+    fn datestyle_merges_with_the_value_before_it_and_time_zone_resets() {
+        let params = [("DateStyle".to_string(), "Postgres, MDY".to_string())];
+        let mut s = Settings::from_startup(&params);
+        assert!(s.apply(&parse_change("SET datestyle TO dmy")));
+        assert_eq!(s.get("datestyle"), Some("'Postgres, DMY'"));
+        assert!(s.apply(&parse_change("SET DateStyle = 'ISO'")));
+        assert_eq!(s.get("datestyle"), Some("'ISO, DMY'"));
+        assert!(s.apply(&parse_change("SET DateStyle = 'nonsense'")));
+        assert_eq!(s.get("datestyle"), Some("'nonsense'"));
+        assert_eq!(
+            parse_change("RESET TIME ZONE"),
+            Change::Reset {
+                name: "timezone".into()
+            }
+        );
+        assert_eq!(
+            parse_change("SET TIME ZONE LOCAL"),
+            Change::Reset {
+                name: "timezone".into()
+            }
+        );
     }
 
     #[test]

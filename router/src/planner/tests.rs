@@ -1123,7 +1123,11 @@ fn ddl_of_reference_tables_runs_on_every_shard() {
         route(&p, "COPY regions FROM STDIN WITH (FORMAT csv)"),
         Route::CopyIn(CopyRows::ToEveryShard)
     );
-    unroutable(&p, "COPY regions FROM '/tmp/r.csv'", "from a file or program");
+    unroutable(
+        &p,
+        "COPY regions FROM '/tmp/r.csv'",
+        "from a file or program",
+    );
 }
 
 #[test]
