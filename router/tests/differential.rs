@@ -203,6 +203,28 @@ fn date(rng: &mut StdRng) -> String {
     }
 }
 
+/// A session setting that changes how values print (dates, floats, intervals), on both
+/// sides: the router must carry it to whichever connection runs the next statement, and
+/// answer merged values as Postgres would print them under it.
+fn setting(rng: &mut StdRng) -> Generated {
+    let sql = match rng.random_range(0..4) {
+        0 => format!(
+            "SET DateStyle = {}",
+            literal(
+                rng,
+                &["ISO, MDY", "SQL, DMY", "Postgres, YMD", "German", "dmy"]
+            )
+        ),
+        1 => format!("SET extra_float_digits = {}", rng.random_range(-3..=3)),
+        2 => format!(
+            "SET IntervalStyle = {}",
+            literal(rng, &["postgres", "sql_standard", "iso_8601"])
+        ),
+        _ => "RESET ALL".into(),
+    };
+    write(sql)
+}
+
 /// One random statement.
 fn generate(rng: &mut StdRng, next_order: &mut i64) -> Generated {
     let agg = [
@@ -229,6 +251,9 @@ fn generate(rng: &mut StdRng, next_order: &mut i64) -> Generated {
         3 => format!(" WHERE qty > {}", rng.random_range(0..10)),
         _ => String::new(),
     };
+    if rng.random_bool(0.01) {
+        return setting(rng);
+    }
     if rng.random_bool(0.35) {
         return more(rng, next_order);
     }
