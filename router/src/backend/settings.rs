@@ -628,6 +628,11 @@ mod datestyle {
         let (Some((old_style, old_order)), Some((style, order))) = (parts(old), parts(new)) else {
             return new.to_string();
         };
+        // `German` alone also means DMY, as in Postgres's check_datestyle.
+        let german = style
+            .as_deref()
+            .is_some_and(|s| s.eq_ignore_ascii_case("german"));
+        let order = order.or(german.then_some("DMY"));
         let parts: Vec<String> = [style.or(old_style), order.or(old_order).map(str::to_string)]
             .into_iter()
             .flatten()
@@ -807,6 +812,9 @@ mod tests {
         assert_eq!(s.get("datestyle"), Some("'Postgres, DMY'"));
         assert!(s.apply(&parse_change("SET DateStyle = 'ISO'")));
         assert_eq!(s.get("datestyle"), Some("'ISO, DMY'"));
+        assert!(s.apply(&parse_change("SET DateStyle = 'Postgres, MDY'")));
+        assert!(s.apply(&parse_change("SET DateStyle = 'German'")));
+        assert_eq!(s.get("datestyle"), Some("'German, DMY'"));
         assert!(s.apply(&parse_change("SET DateStyle = 'nonsense'")));
         assert_eq!(s.get("datestyle"), Some("'nonsense'"));
         assert_eq!(
