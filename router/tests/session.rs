@@ -544,8 +544,47 @@ async fn roles_follow_their_client_and_never_reach_another() {
             .await
             .expect_err("read only");
         assert_eq!(sqlstate(&err), "25006");
+        // The role's own setting forms, too.
+        a.simple_query("SET role = 'sg_reader'")
+            .await
+            .expect("set role =");
+        assert_eq!(show(&a, "SELECT current_user").await, "sg_reader");
+        for b in &others {
+            assert_eq!(show(b, "SELECT current_user").await, login);
+        }
         a.simple_query("RESET ROLE").await.expect("reset role");
         assert_eq!(show(&a, "SELECT current_user").await, login);
+        // A ROLLBACK TO SAVEPOINT undoes only what came after the savepoint, and what it undid
+        // reaches nobody.
+        a.batch_execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ WRITE")
+            .await
+            .expect("read write");
+        for sql in ["BEGIN", "SET ROLE sg_reader", "SAVEPOINT s"] {
+            a.simple_query(sql).await.expect(sql);
+        }
+        a.simple_query("SELECT 1/0")
+            .await
+            .expect_err("division by zero");
+        for sql in [
+            "ROLLBACK TO SAVEPOINT s",
+            "SAVEPOINT t",
+            "RESET ROLE",
+            "ROLLBACK TO t",
+            "COMMIT",
+        ] {
+            a.simple_query(sql).await.expect(sql);
+        }
+        for _ in 0..4 {
+            assert_eq!(
+                show(&a, "SELECT current_user").await,
+                "sg_reader",
+                "{extra}"
+            );
+            for b in &others {
+                assert_eq!(show(b, "SELECT current_user").await, login, "{extra}");
+            }
+        }
+        a.simple_query("RESET ROLE").await.expect("reset role");
     }
 }
 

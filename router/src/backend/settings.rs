@@ -36,6 +36,11 @@ pub enum Change {
     Unknown,
 }
 
+/// What every connection gets before another client's settings. `RESET ALL` leaves the role
+/// and the session user as they were (`GUC_NO_RESET_ALL`), so they are reset first: another
+/// client's must never carry over. None of it can fail outside a transaction block.
+pub const RESET_SQL: &str = "SET SESSION AUTHORIZATION DEFAULT; RESET ROLE; RESET ALL";
+
 /// Settings that `RESET ALL` leaves alone.
 const NO_RESET_ALL: &[&str] = &["role", "session_authorization"];
 
@@ -102,12 +107,15 @@ impl Settings {
             Change::Set { name, value } => self.set(name, value.clone()),
             Change::Reset { name } => {
                 let name = name.to_ascii_lowercase();
-                match self.startup.iter().find(|(n, _)| *n == name) {
-                    Some((_, v)) => {
-                        let v = v.clone();
-                        self.set(&name, v);
-                    }
-                    None => self.list.retain(|(n, _)| *n != name),
+                if name == "session_authorization" {
+                    // As on Postgres, a change of session user drops the role.
+                    self.list.retain(|(n, _)| n != "role");
+                }
+                // Back to the startup value as it was (a DateStyle is not merged into it).
+                let startup = self.startup.iter().find(|(n, _)| *n == name).cloned();
+                self.list.retain(|(n, _)| *n != name);
+                if let Some((_, v)) = startup {
+                    self.set(&name, v);
                 }
             }
             Change::ResetAll => {
@@ -159,27 +167,44 @@ impl Settings {
         }
     }
 
-    /// Writes a Query that gives a connection holding settings `conn_fp` these settings, when
-    /// they differ; `Ok(true)` when it wrote one (its replies, up to ReadyForQuery, come first).
+    /// Writes the Queries that give a connection holding settings `conn_fp` these settings,
+    /// when they differ ([`Settings::write_all`]); how many it wrote (their replies, each up to
+    /// its ReadyForQuery, come first).
     pub fn write_apply(
         &self,
         conn_fp: u64,
         out: &mut bytes::BytesMut,
-    ) -> Result<bool, crate::protocol::request::Unwritable> {
+    ) -> Result<usize, crate::protocol::request::Unwritable> {
         if conn_fp == self.fp {
-            return Ok(false);
+            return Ok(0);
         }
-        crate::protocol::request::query(out, &self.apply_sql())?;
-        Ok(true)
+        self.write_all(out)
     }
 
-    /// The SQL that gives a connection exactly these settings. `RESET ALL` leaves the role
-    /// and the session user as they were, so they are reset first: another client's must
-    /// never carry over.
-    pub fn apply_sql(&self) -> String {
-        let mut sql = String::from("SET SESSION AUTHORIZATION DEFAULT; RESET ROLE; RESET ALL");
+    /// Writes the Queries that give a connection exactly these settings, and says how many:
+    /// first [`RESET_SQL`] alone, then the `SET`s. Two Queries, because one is one implicit
+    /// transaction: a `SET` that fails there (a role whose membership was revoked since) would
+    /// undo the reset with it, and leave the last client's role and settings in place.
+    pub fn write_all(
+        &self,
+        out: &mut bytes::BytesMut,
+    ) -> Result<usize, crate::protocol::request::Unwritable> {
+        crate::protocol::request::query(out, RESET_SQL)?;
+        if self.list.is_empty() {
+            return Ok(1);
+        }
+        crate::protocol::request::query(out, &self.set_sql())?;
+        Ok(2)
+    }
+
+    /// The client's `SET`s, in order (empty for none).
+    pub fn set_sql(&self) -> String {
+        let mut sql = String::new();
         for (name, value) in &self.list {
-            sql.push_str("; SET ");
+            if !sql.is_empty() {
+                sql.push_str("; ");
+            }
+            sql.push_str("SET ");
             sql.push_str(&quote_name(name));
             sql.push_str(" = ");
             sql.push_str(value);
@@ -198,7 +223,31 @@ impl Settings {
 /// The settings changes of the statement or transaction under way: kept when it ends well (at
 /// ReadyForQuery idle), dropped at ROLLBACK.
 #[derive(Debug, Default)]
-pub struct Changes(Vec<Change>, Vec<String>, Option<Several>);
+pub struct Changes(Vec<Change>, Vec<String>, Option<Several>, Savepoints);
+
+/// The transaction's savepoints, each with how many changes came before it: `ROLLBACK TO`
+/// undoes the changes made since, `RELEASE` keeps them. `lost` when a savepoint command could
+/// not be read (its name): the changes are then kept, and the connection reset after the
+/// transaction ([`UNKNOWN`]), so whatever Postgres undid reaches no other client.
+#[derive(Debug, Default)]
+struct Savepoints {
+    marks: Vec<(String, usize, usize)>,
+    lost: bool,
+}
+
+/// The savepoint a `SAVEPOINT`, `ROLLBACK TO` or `RELEASE` statement names (`sql`, the text
+/// of one statement), folded as Postgres folds names; `None` for anything else.
+fn savepoint_name(sql: &str) -> Option<String> {
+    let text = sql.trim().trim_end_matches(';').trim();
+    if text.contains(';') {
+        return None;
+    }
+    let name = text.split_whitespace().last()?;
+    if name.len() >= 2 && name.starts_with('"') && name.ends_with('"') {
+        return Some(name[1..name.len() - 1].replace("\"\"", "\""));
+    }
+    (!name.contains('"')).then(|| name.to_ascii_lowercase())
+}
 
 /// A Query of several statements, all `SET`/`RESET`, whose changes were taken whole at its
 /// first completion: the text (its other completions add nothing), and where its changes
@@ -290,16 +339,60 @@ impl Changes {
         self.0.clear();
         self.1.clear();
         self.2 = None;
+        self.3 = Savepoints::default();
+    }
+
+    /// `SAVEPOINT` (`sql`) completed.
+    pub fn savepoint(&mut self, sql: &str) {
+        match savepoint_name(sql) {
+            Some(name) => self.3.marks.push((name, self.0.len(), self.1.len())),
+            None => self.3.lost = true,
+        }
+    }
+
+    /// `ROLLBACK` completed (`sql`): of the whole transaction, or to a savepoint, which undoes
+    /// the changes made since it.
+    pub fn rolled_back(&mut self, sql: &str) {
+        let to = sql
+            .split_whitespace()
+            .take(3)
+            .any(|w| w.eq_ignore_ascii_case("to"));
+        if !to {
+            return self.rollback();
+        }
+        let mark = savepoint_name(sql)
+            .and_then(|name| self.3.marks.iter().rposition(|(n, _, _)| *n == name));
+        match mark {
+            Some(i) => {
+                let (_, changes, texts) = self.3.marks[i];
+                self.3.marks.truncate(i + 1);
+                self.0.truncate(changes);
+                self.1.truncate(texts);
+                self.2 = None;
+            }
+            None => self.3.lost = true,
+        }
+    }
+
+    /// `RELEASE` (`sql`) completed: the changes since the savepoint stay.
+    pub fn released(&mut self, sql: &str) {
+        let mark = savepoint_name(sql)
+            .and_then(|name| self.3.marks.iter().rposition(|(n, _, _)| *n == name));
+        match mark {
+            Some(i) => self.3.marks.truncate(i),
+            None => self.3.lost = true,
+        }
     }
 
     /// The statement or transaction is over: applies its changes to `settings` and returns the
     /// fingerprint of what the connection now holds ([`UNKNOWN`] after a change the router
     /// cannot follow), or `None` when nothing changed.
     pub fn settle(&mut self, settings: &mut Settings) -> Option<u64> {
+        let lost = std::mem::take(&mut self.3).lost;
         if self.0.is_empty() {
-            return None;
+            return lost.then_some(UNKNOWN);
         }
-        let mut known = true;
+        let mut known = !lost;
         for change in self.0.drain(..) {
             // On the connection, RESET goes back to the server's default, where the client's
             // is its startup value: the connection holds what the router does not expect.
@@ -527,7 +620,12 @@ fn parse_set(rest: &str) -> Change {
             return parse_set(after);
         }
         "role" => {
+            // `SET ROLE x`, and the setting's own forms `SET role = 'x'`, `SET role TO x`.
             let value = after.trim();
+            let value = match split_word(value) {
+                (to, rest) if to.eq_ignore_ascii_case("to") => rest.trim(),
+                _ => value.strip_prefix('=').unwrap_or(value).trim(),
+            };
             if value.eq_ignore_ascii_case("none") {
                 return Change::Reset {
                     name: "role".into(),
@@ -783,6 +881,21 @@ mod tests {
         assert!(s.apply(&parse_change("SET SESSION AUTHORIZATION bob")));
         assert!(s.apply(&parse_change("SET ROLE r1")));
         assert_eq!(s.get("session_authorization"), Some("bob"));
+        for form in [
+            "SET role = 'r1'",
+            "SET role TO 'r1'",
+            "SET role='r1'",
+            "SET ROLE 'r1'",
+        ] {
+            assert_eq!(
+                parse_change(form),
+                Change::Set {
+                    name: "role".into(),
+                    value: "'r1'".into()
+                },
+                "{form}"
+            );
+        }
         assert_eq!(s.get("role"), Some("r1"));
         // RESET ALL keeps both (GUC_NO_RESET_ALL); DISCARD ALL does not.
         assert!(s.apply(&parse_change("RESET ALL")));
@@ -793,15 +906,18 @@ mod tests {
         assert!(s.apply(&parse_change("SET ROLE r2")));
         assert!(s.apply(&parse_change("SET ROLE NONE")));
         assert_eq!(s.get("role"), None);
+        assert!(s.apply(&parse_change("SET ROLE r2")));
         assert!(s.apply(&parse_change("RESET SESSION AUTHORIZATION")));
         assert_eq!(s.get("session_authorization"), None);
+        assert_eq!(s.get("role"), None);
         assert!(s.apply(&parse_change("SET ROLE r1")));
         assert!(s.apply(&parse_change("DISCARD ALL")));
         assert_eq!(s.get("role"), None);
-        // Whatever a connection held, the role and session user go back first.
-        assert!(Settings::default()
-            .apply_sql()
-            .starts_with("SET SESSION AUTHORIZATION DEFAULT; RESET ROLE; RESET ALL"));
+        // Whatever a connection held, the role and session user go back first, in a Query
+        // of their own.
+        let mut out = bytes::BytesMut::new();
+        assert_eq!(s.write_all(&mut out).ok(), Some(1));
+        assert_eq!(&out[5..out.len() - 1], RESET_SQL.as_bytes());
     }
 
     #[test]
@@ -815,6 +931,10 @@ mod tests {
         assert!(s.apply(&parse_change("SET DateStyle = 'Postgres, MDY'")));
         assert!(s.apply(&parse_change("SET DateStyle = 'German'")));
         assert_eq!(s.get("datestyle"), Some("'German, DMY'"));
+        let mut iso = Settings::from_startup(&[("DateStyle".to_string(), "ISO".to_string())]);
+        assert!(iso.apply(&parse_change("SET DateStyle = 'ISO, DMY'")));
+        assert!(iso.apply(&parse_change("RESET DateStyle")));
+        assert_eq!(iso.get("datestyle"), Some("'ISO'"));
         assert!(s.apply(&parse_change("SET DateStyle = 'nonsense'")));
         assert_eq!(s.get("datestyle"), Some("'nonsense'"));
         assert_eq!(
@@ -829,6 +949,34 @@ mod tests {
                 name: "timezone".into()
             }
         );
+    }
+
+    #[test]
+    fn a_rollback_to_a_savepoint_undoes_only_the_changes_after_it() {
+        let mut changes = Changes::default();
+        changes.push("SET ROLE admin");
+        changes.savepoint("SAVEPOINT s");
+        changes.push("SET search_path = x");
+        changes.savepoint("SAVEPOINT \"T\"");
+        changes.push("SET TimeZone = 'UTC'");
+        changes.rolled_back("ROLLBACK TO SAVEPOINT s");
+        changes.push("SET work_mem = '8MB'");
+        changes.released("RELEASE s");
+        let mut s = Settings::default();
+        assert_ne!(changes.settle(&mut s), Some(UNKNOWN));
+        assert_eq!(s.get("role"), Some("admin"));
+        assert_eq!(s.get("search_path"), None);
+        assert_eq!(s.get("timezone"), None);
+        assert_eq!(s.get("work_mem"), Some("'8MB'"));
+        // A savepoint it cannot name: the changes stay, and the connection is reset after.
+        let mut changes = Changes::default();
+        changes.push("SET ROLE admin");
+        changes.rolled_back("ROLLBACK TO nowhere");
+        assert_eq!(changes.settle(&mut Settings::default()), Some(UNKNOWN));
+        let mut changes = Changes::default();
+        changes.push("SET ROLE admin");
+        changes.rolled_back("ROLLBACK");
+        assert_eq!(changes.settle(&mut Settings::default()), None);
     }
 
     #[test]
@@ -920,9 +1068,12 @@ mod tests {
         assert!(changed.apply(&Change::ResetAll));
         assert_eq!(changed, s);
         assert_eq!(
-            s.apply_sql(),
-            "SET SESSION AUTHORIZATION DEFAULT; RESET ROLE; RESET ALL; SET \"application_name\" = 'psql'; SET \"search_path\" = 'app'; SET \"statement_timeout\" = '5s'; SET \"datestyle\" = 'ISO, DMY'"
+            s.set_sql(),
+            "SET \"application_name\" = 'psql'; SET \"search_path\" = 'app'; SET \"statement_timeout\" = '5s'; SET \"datestyle\" = 'ISO, DMY'"
         );
+        let mut out = bytes::BytesMut::new();
+        assert_eq!(s.write_all(&mut out).ok(), Some(2));
+        assert_eq!(Settings::default().write_all(&mut out).ok(), Some(1));
     }
 
     #[test]

@@ -75,7 +75,7 @@ async fn on_shard(routing: &Routing, shard: usize, sql: &str, settings: &Setting
         return Outcome::Unavailable(errors::internal(e));
     }
     // Skip the settings query's replies, then collect the statement's.
-    let prelude = usize::from(apply);
+    let prelude = apply;
     let (mut tags, mut error) = (Vec::new(), None::<Vec<u8>>);
     let result = async {
         let mut replies = pooled.request(&out, prelude + 1).await?;

@@ -108,14 +108,14 @@ impl<'s> Parts<'s> {
             .write_apply(conn.settings_fp, &mut head)
             .map_err(errors::internal)?;
         request::query(&mut head, BEGIN_PART).map_err(errors::internal)?;
-        if settings_sent {
+        if settings_sent > 0 {
             conn.settings_fp = self.settings.fingerprint();
         }
         if let Err(e) = conn.stream.send_parts(&head, request).await {
             discard(conn);
             return Err(self.lost(shard, &e));
         }
-        self.skip = 1 + usize::from(settings_sent);
+        self.skip = 1 + settings_sent;
         self.open.push((shard, conn));
         Ok(())
     }

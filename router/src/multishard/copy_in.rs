@@ -197,7 +197,7 @@ impl Split<'_> {
             };
             if self.targets[shard].is_none() {
                 let header = self.header.as_deref();
-                match CopyTarget::open(self.routing, shard, self.sql, self.settings, header, false)
+                match CopyTarget::open(self.routing, shard, self.sql, self.settings, header, None)
                     .await
                 {
                     Ok(t) => self.targets[shard] = Some(t),
@@ -283,15 +283,14 @@ fn lost_during_copy(e: impl std::fmt::Display) -> SqlError {
 
 impl CopyTarget {
     /// Starts the client's COPY statement on `shard` and waits for its CopyInResponse; with
-    /// `in_transaction`, inside a transaction ([`super::commit::BEGIN_PART`]) that its caller
-    /// ends.
+    /// `begin` (its `BEGIN ...`), inside a transaction that its caller ends.
     pub(super) async fn open(
         routing: &Routing,
         shard: usize,
         sql: &str,
         settings: &Settings,
         header: Option<&[u8]>,
-        in_transaction: bool,
+        begin: Option<&str>,
     ) -> Result<CopyTarget, SqlError> {
         let mut conn = routing.checkout(shard).await?;
         let lost = |e: std::io::Error| {
@@ -305,12 +304,12 @@ impl CopyTarget {
         let settings_sent = settings
             .write_apply(conn.settings_fp, &mut out)
             .map_err(errors::internal)?;
-        if in_transaction {
-            request::query(&mut out, super::commit::BEGIN_PART).map_err(errors::internal)?;
+        if let Some(begin) = begin {
+            request::query(&mut out, begin).map_err(errors::internal)?;
         }
         request::query(&mut out, sql).map_err(errors::internal)?;
         conn.settings_fp = settings.fingerprint();
-        let prelude = usize::from(settings_sent) + usize::from(in_transaction);
+        let prelude = settings_sent + usize::from(begin.is_some());
         let (mut error, mut started, mut ended) = (None, false, false);
         let mut response = Vec::new();
         {

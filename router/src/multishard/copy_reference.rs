@@ -25,9 +25,20 @@ pub async fn run<C: Client>(
     sql: &str,
 ) -> Result<(), ClientFailed> {
     let mut targets: Vec<(usize, CopyTarget)> = Vec::new();
+    // Each shard takes every row as it comes, so two such COPYs with the same keys may wait
+    // for each other on two shards, which no Postgres sees: the lock timeout of transactions
+    // across shards breaks that.
+    let mut begin = commit::BEGIN_PART.to_string();
+    if let Some(timeout) = routing.config.transactions.lock_timeout {
+        begin.push_str(&format!(
+            "; SET LOCAL lock_timeout = {}",
+            timeout.as_millis()
+        ));
+    }
     // In shard order, as every write on several shards takes its locks.
     for shard in 0..routing.map.shards().len() {
-        let refused = match CopyTarget::open(routing, shard, sql, settings, None, true).await {
+        let opened = CopyTarget::open(routing, shard, sql, settings, None, Some(&begin)).await;
+        let refused = match opened {
             Ok(t) if t.started() => {
                 targets.push((shard, t));
                 continue;

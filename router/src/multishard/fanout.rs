@@ -66,15 +66,7 @@ async fn on_shard(
     let settings_sent = settings
         .write_apply(pooled.settings_fp, &mut head)
         .map_err(errors::internal)?;
-    let result = relay(
-        &mut pooled,
-        &head,
-        request,
-        usize::from(settings_sent),
-        tx,
-        false,
-    )
-    .await;
+    let result = relay(&mut pooled, &head, request, settings_sent, tx, false).await;
     match result {
         Ok(()) => {
             pooled.settings_fp = settings.fingerprint();
@@ -166,9 +158,9 @@ async fn in_transaction(
         .write_apply(conn.settings_fp, &mut head)
         .and_then(|sent| {
             if member.prelude.is_empty() {
-                return Ok(usize::from(sent));
+                return Ok(sent);
             }
-            request::query(&mut head, &member.prelude).map(|()| usize::from(sent) + 1)
+            request::query(&mut head, &member.prelude).map(|()| sent + 1)
         });
     let skip = match written {
         Ok(skip) => skip,

@@ -37,8 +37,8 @@ pub(crate) fn route(stmt: &Statement, map: &ShardMap, learned: &Learned) -> Rout
             CopySource::Table { table_name, columns } => match Refs::new(map).classify(table_name) {
                 Rel::Sharded(t) => copy_sharded(t, columns, *to, target, options, legacy_options),
                 Rel::Reference(_) if *to => Route::Any,
-                Rel::Reference(_) if matches!(target, CopyTarget::Stdin) => {
-                    Route::CopyIn(CopyRows::ToEveryShard)
+                Rel::Reference(r) if matches!(target, CopyTarget::Stdin) => {
+                    copy_into_reference(&r.qualified_name(), columns, learned)
                 }
                 Rel::Reference(r) => Route::Unroutable {
                     message: format!(
@@ -184,6 +184,23 @@ fn on_every_shard(map: &ShardMap, name: &ObjectName) -> bool {
         Refs::new(map).classify(name),
         Rel::Sharded(_) | Rel::Reference(_)
     )
+}
+
+/// COPY FROM STDIN into reference table `name`: every row to every shard, unless a column
+/// left to its default would get a different value on each (an identity, a sequence, `now()`).
+fn copy_into_reference(name: &str, columns: &[sqlparser::ast::Ident], learned: &Learned) -> Route {
+    let facts = learned.get(name).cloned().unwrap_or_default();
+    // Without a column list, every column comes from the rows.
+    let left_out = facts
+        .per_shard_defaults
+        .iter()
+        .find(|(column, _)| !columns.is_empty() && !columns.iter().any(|c| ident_is(c, column)));
+    match left_out {
+        Some((column, _)) => Route::Unroutable {
+            message: format!("COPY into the reference table {name} leaves out its column {column}, whose default (an identity, a sequence, now(), ...) would give each shard a different value: list {column} and give its values"),
+        },
+        None => Route::CopyIn(CopyRows::ToEveryShard),
+    }
 }
 
 /// COPY of a sharded table: out to STDOUT gathers from every shard; in from STDIN splits the

@@ -12,12 +12,20 @@ use sqlparser::ast::{ObjectName, OnCommit, SetExpr, Statement};
 /// on the connection the session keeps by then, so it needs no keeping of its own.
 pub(crate) fn outlives_transaction(stmt: &Statement) -> bool {
     match stmt {
-        Statement::CreateTable(ct) => ct.temporary && ct.on_commit != Some(OnCommit::Drop),
-        Statement::CreateView(cv) => cv.temporary,
-        Statement::CreateSequence { temporary, .. } => *temporary,
+        // (`pg_temp.t` is a temporary table without the word.)
+        Statement::CreateTable(ct) => {
+            (ct.temporary || in_pg_temp(&ct.name)) && ct.on_commit != Some(OnCommit::Drop)
+        }
+        Statement::CreateView(cv) => cv.temporary || in_pg_temp(&cv.name),
+        Statement::CreateSequence {
+            temporary, name, ..
+        } => *temporary || in_pg_temp(name),
         Statement::CreateFunction(f) => in_pg_temp(&f.name),
         Statement::Query(q) => match q.body.as_ref() {
-            SetExpr::Select(s) => s.into.as_ref().is_some_and(|into| into.temporary),
+            SetExpr::Select(s) => s
+                .into
+                .as_ref()
+                .is_some_and(|into| into.temporary || into.targets.iter().any(names_pg_temp)),
             _ => false,
         },
         Statement::Explain {
@@ -33,6 +41,17 @@ fn in_pg_temp(name: &ObjectName) -> bool {
         && name.0[0]
             .as_ident()
             .is_some_and(|i| i.value.eq_ignore_ascii_case("pg_temp"))
+}
+
+/// Whether an `INTO` target is a name in `pg_temp`.
+fn names_pg_temp(target: &sqlparser::ast::Expr) -> bool {
+    use sqlparser::ast::Expr;
+    match target {
+        Expr::CompoundIdentifier(parts) => {
+            parts.len() > 1 && parts[0].value.eq_ignore_ascii_case("pg_temp")
+        }
+        _ => false,
+    }
 }
 
 /// Whether a word of `text` is `temp` or `temporary` (any case): for texts the planner cannot
@@ -63,6 +82,10 @@ mod tests {
             "SELECT 1 AS x INTO TEMP t",
             "SELECT 1; CREATE TEMP TABLE t (x int)",
             "CREATE FUNCTION pg_temp.f() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+            "CREATE TABLE pg_temp.t (x int)",
+            "SELECT 1 AS x INTO pg_temp.t",
+            "CREATE VIEW PG_TEMP.v AS SELECT 1",
+            "CREATE SEQUENCE pg_temp.s",
         ] {
             assert!(outlives(sql), "{sql}");
         }

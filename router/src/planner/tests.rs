@@ -1296,6 +1296,22 @@ fn reference_writes_must_give_columns_whose_default_differs_per_shard() {
         ..TableFacts::default()
     };
     p.learn_tables([("regions".to_string(), facts)].into_iter().collect());
+    // COPY too: without a column list every column comes from the rows.
+    for sql in [
+        "COPY regions FROM STDIN",
+        "COPY regions (added, id, code) FROM STDIN",
+    ] {
+        assert_eq!(
+            route(&p, sql),
+            Route::CopyIn(CopyRows::ToEveryShard),
+            "{sql}"
+        );
+    }
+    unroutable(
+        &p,
+        "COPY regions (code, name, added) FROM STDIN",
+        "column id",
+    );
     for sql in [
         "INSERT INTO regions (id, code, name, added) VALUES (1, 'eu', 'Europe', '2026-01-01')",
         "INSERT INTO regions VALUES (1, 'eu', 'Europe', '2026-01-01')",

@@ -108,9 +108,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     fn apply_settings(&mut self, conn: &mut crate::backend::BackendConn) -> Result<(), SqlError> {
         let fp = self.settings.fingerprint();
         if conn.settings_fp != fp {
+            // Two Queries (`Settings::write_all`): the reset cannot be undone by a SET.
             self.out
-                .query(&self.settings.apply_sql(), Audience::Silent)
+                .query(crate::backend::settings::RESET_SQL, Audience::Silent)
                 .map_err(errors::internal)?;
+            let sets = self.settings.set_sql();
+            if !sets.is_empty() {
+                self.out
+                    .query(&sets, Audience::Silent)
+                    .map_err(errors::internal)?;
+            }
             conn.settings_fp = fp;
         }
         Ok(())
@@ -301,11 +308,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     ) -> Result<(bytes::BytesMut, usize), String> {
         let mut prelude = bytes::BytesMut::new();
         let mut readies = 0;
-        if conn.settings_fp != self.settings.fingerprint() {
-            crate::protocol::request::query(&mut prelude, &self.settings.apply_sql())
-                .map_err(|e| e.to_string())?;
-            readies += 1;
-        }
+        readies += self
+            .settings
+            .write_apply(conn.settings_fp, &mut prelude)
+            .map_err(|e| e.to_string())?;
         let statements = &self.statements;
         let wrote = replay::prelude(&mut prelude, uses, &mut conn.prepared, |id| {
             bound

@@ -258,6 +258,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                         return self.terminate().await;
                     }
                     self.follow_reload();
+                    if self.kept.lost {
+                        return self.end_for_lost_objects().await;
+                    }
                 }
                 match frame[0] {
                     b'Q' => self.query(frame).await?,
@@ -332,10 +335,26 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         if self.shared.generation() == self.routing.generation {
             return;
         }
-        self.routing = self.shared.routing();
+        let old = std::mem::replace(&mut self.routing, self.shared.routing());
+        if self.kept.any() && !self.kept.follow(&old.map, &self.routing.map) {
+            tracing::info!(
+                "a reload moved the shard of a session's temporary objects: the session ends"
+            );
+        }
         self.client.max_message = self.routing.config.limits.max_message_bytes;
         self.statements
             .replan(&self.routing.planner, &mut self.nbuf);
+    }
+
+    /// A reload moved the shard that held the client's temporary objects: they are gone, so
+    /// the session ends as Postgres would end it, with a FATAL error.
+    async fn end_for_lost_objects(&mut self) -> Result<(), SessionError> {
+        let why = "the shard map changed under this session's temporary objects: they are gone";
+        let mut err = SqlError::new(crate::errors::ADMIN_SHUTDOWN, why);
+        err.severity = "FATAL";
+        err.write(&mut self.client.out);
+        let _ = self.client.flush().await;
+        Err(SessionError::BackendLost(why.into()))
     }
 
     /// Resolves one statement of the client against its transaction (`pinned`: the shard of

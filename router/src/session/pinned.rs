@@ -119,6 +119,32 @@ impl Kept {
         Some(self.idle.swap_remove(i))
     }
 
+    /// A reload replaced `old` by `new`: each kept shard is found again by its range and
+    /// primary (its index may change). `false` when one is gone or moved: its connection (and
+    /// the client's objects there) cannot follow, and every kept connection is let go.
+    pub fn follow(&mut self, old: &shardmap::ShardMap, new: &shardmap::ShardMap) -> bool {
+        let find = |i: usize| {
+            let was = old.shards().get(i)?;
+            new.shards().iter().position(|s| {
+                s.range == was.range && s.primary.endpoint() == was.primary.endpoint()
+            })
+        };
+        let moved: Option<Vec<usize>> = self.shards.iter().map(|&i| find(i)).collect();
+        let Some(moved) = moved else {
+            self.shards.clear();
+            self.idle.clear();
+            self.lost = true;
+            return false;
+        };
+        for pin in &mut self.idle {
+            if let Some(at) = self.shards.iter().position(|&s| s == pin.shard) {
+                pin.shard = moved[at];
+            }
+        }
+        self.shards = moved;
+        true
+    }
+
     /// `pin`, released by the session: kept when it is the connection of a kept shard, else
     /// given back (returned to its pool when dropped).
     pub fn put_back(&mut self, mut pin: Pinned) -> Option<Pinned> {

@@ -169,6 +169,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             let b = frontend::bind(&bind[5..])?;
             self.resolve_bound(&stmt, &b)
         };
+        let dest = if stmt.plan.keeps_connection {
+            self.keep_connection(dest)
+        } else {
+            dest
+        };
         // Boxed: the executor runs this very `EXECUTE` (`Dest::PreparedSql`).
         Box::pin(self.execute(dest, Carrier::SqlExecute { name, stmt, bind })).await
     }

@@ -317,7 +317,9 @@ impl Replying<'_> {
                 conn.prepared.clear();
             }
             Some(Completion::DeallocateAll) => conn.prepared.clear(),
-            Some(Completion::Rollback) => self.changes.rollback(),
+            Some(Completion::Rollback) => self.changes.rolled_back(self.sql),
+            Some(Completion::Savepoint) => self.changes.savepoint(self.sql),
+            Some(Completion::Release) => self.changes.released(self.sql),
             None => {}
         }
         if ready.is_some() {

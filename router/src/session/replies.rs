@@ -102,8 +102,13 @@ pub enum Completion {
     DiscardAll,
     /// `DEALLOCATE ALL`: every prepared statement of the connection gone.
     DeallocateAll,
-    /// `ROLLBACK`: what the transaction changed is undone.
+    /// `ROLLBACK`, also `ROLLBACK TO SAVEPOINT`: what the transaction (or the savepoint)
+    /// changed is undone.
     Rollback,
+    /// `SAVEPOINT`
+    Savepoint,
+    /// `RELEASE`
+    Release,
 }
 
 impl Completion {
@@ -113,6 +118,8 @@ impl Completion {
             b"DISCARD ALL" => Some(Completion::DiscardAll),
             b"DEALLOCATE ALL" => Some(Completion::DeallocateAll),
             b"ROLLBACK" => Some(Completion::Rollback),
+            b"SAVEPOINT" => Some(Completion::Savepoint),
+            b"RELEASE" => Some(Completion::Release),
             _ => None,
         }
     }

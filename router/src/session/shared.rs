@@ -262,7 +262,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                         .map(|s| (&*s.sql, &*s.param_types))
                 })
             },
-            || settings.apply_sql(),
+            |out| settings.write_all(out),
         );
         let Some(seq) = submitted else {
             return Ok(Outcome::NotTaken);

@@ -48,7 +48,7 @@ impl Lane {
         mux: &ShardMux,
         req: Request<'_>,
         prepare: impl FnOnce(&mut BytesMut, &mut PreparedSet) -> Result<usize, E>,
-        settings: impl FnOnce() -> String,
+        settings: impl FnOnce(&mut BytesMut) -> Result<usize, crate::protocol::request::Unwritable>,
     ) -> Option<u64> {
         let mut st = self.state();
         if st.ended.is_some() || st.retiring {
@@ -62,10 +62,10 @@ impl Lane {
         };
         if st.settings_fp != req.settings_fp {
             let mut set = BytesMut::new();
-            if crate::protocol::request::query(&mut set, &settings()).is_err() {
+            let Ok(readies) = settings(&mut set) else {
                 self.retire(&mut st);
                 return None;
-            }
+            };
             let proves =
                 (!mux.is_proven(req.settings_fp)).then_some((req.settings_fp, st.settings_fp));
             st.queued.push_back(Queued {
@@ -73,7 +73,7 @@ impl Lane {
                 proves,
                 until: u64::MAX,
                 bytes: set,
-                readies: 1,
+                readies,
                 simple: true,
                 hidden: 0,
                 sink: None,

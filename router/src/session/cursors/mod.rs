@@ -210,6 +210,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     // Outside a transaction Postgres refuses it, as it should be.
                     return CursorWork::Route(Dest::Shard(s));
                 }
+                if hold && on_shard.is_some_and(|s| self.kept.keeps(s)) {
+                    // The router would read it on connections of its own, which do not see
+                    // the session's temporary tables (or see a table they hide).
+                    return CursorWork::Route(Dest::Refused(SqlError::new(
+                        errors::FEATURE_NOT_SUPPORTED,
+                        "a WITH HOLD cursor is not supported in a session that keeps its connection for temporary tables",
+                    ).with_hint("declare it without WITH HOLD inside a transaction")));
+                }
                 if !hold && !in_transaction {
                     return CursorWork::Route(Dest::Refused(SqlError::new(
                         errors::NO_ACTIVE_SQL_TRANSACTION,

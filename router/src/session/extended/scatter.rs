@@ -72,8 +72,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 }
             }
         }
-        let spanning =
-            self.routing.config.transactions.cross_shard != crate::config::CrossShard::Refuse;
+        // (A session that keeps a connection for its temporary objects stays on one shard.)
+        let spanning = self.routing.config.transactions.cross_shard
+            != crate::config::CrossShard::Refuse
+            && !self.kept.any();
         let after_others = matches!(self.state.batch, Batch::OnBackend { executed: true });
         if spanning
             && self.state.tx == Tx::Idle
