@@ -328,7 +328,7 @@ pub async fn recover(routing: &Routing, grace: Duration) -> Recovered {
     let shards = routing.map.shards().len();
     let mut all_asked = true;
     for shard in 0..shards {
-        let mut conn = match routing.checkout(shard).await {
+        let mut conn = match routing.checkout_own(shard).await {
             Ok(conn) => conn,
             Err(e) => {
                 all_asked = false;
@@ -417,7 +417,7 @@ async fn decide(routing: &Routing, gid: &Gid) -> Option<bool> {
         tracing::warn!(gid = %gid.text(), "recovery: the coordinator's shard {} is not in the shard map", gid.coordinator);
         return None;
     };
-    let mut conn = routing.checkout(coordinator).await.ok()?;
+    let mut conn = routing.checkout_own(coordinator).await.ok()?;
     let recorded = format!(
         "SELECT 1 FROM {DECISIONS} WHERE txid = {}",
         quote_literal(&gid.txid)
@@ -444,7 +444,7 @@ async fn decide(routing: &Routing, gid: &Gid) -> Option<bool> {
 /// grace period is left): those older than an hour.
 async fn forget_decisions(routing: &Routing) {
     for shard in 0..routing.map.shards().len() {
-        if let Ok(mut conn) = routing.checkout(shard).await {
+        if let Ok(mut conn) = routing.checkout_own(shard).await {
             let sql =
                 format!("DELETE FROM {DECISIONS} WHERE decided_at < now() - interval '1 hour'");
             let _ = run(&mut conn, &sql).await;

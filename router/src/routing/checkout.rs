@@ -37,6 +37,32 @@ impl Routing {
         }
     }
 
+    /// A connection for the router's own work (lookups, two-phase recovery): without any
+    /// client's settings or role, which a pooled connection may still hold (a client's `SET
+    /// ROLE` would filter a lookup through row security, or forbid a recovery).
+    pub async fn checkout_own(&self, shard: usize) -> Result<PooledConn, SqlError> {
+        let mut conn = self.checkout(shard).await?;
+        if conn.settings_fp != 0 {
+            let reset = conn
+                .simple_query(crate::backend::settings::RESET_SQL)
+                .await
+                .ok()
+                .filter(|answer| answer.error.is_none());
+            if reset.is_none() {
+                crate::backend::pool::discard(conn);
+                return Err(SqlError::new(
+                    errors::CONNECTION_FAILURE,
+                    format!(
+                        "could not reset a connection to shard {}",
+                        self.shard_name(shard)
+                    ),
+                ));
+            }
+            conn.settings_fp = 0;
+        }
+        Ok(conn)
+    }
+
     /// [`Routing::checkout`], and how long the caller waited (paused, opening a connection,
     /// for a busy pool, or held while the shard could not be reached; zero, without reading a
     /// clock, when a connection was free).

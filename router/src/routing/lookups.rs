@@ -67,7 +67,7 @@ impl Routing {
         sql: &str,
         name: &str,
     ) -> Result<Option<KeyspaceId>, SqlError> {
-        let mut conn = self.checkout(shard).await?;
+        let mut conn = self.checkout_own(shard).await?;
         let answer = conn.simple_query(sql).await.map_err(|e| {
             SqlError::new(
                 errors::CONNECTION_FAILURE,

@@ -65,7 +65,7 @@ async fn prepare_new_shards(routing: &Routing, ready: &mut HashSet<String>) {
         if ready.contains(&url) {
             continue;
         }
-        let Ok(mut conn) = routing.checkout(shard).await else {
+        let Ok(mut conn) = routing.checkout_own(shard).await else {
             continue;
         };
         match two_phase::prepare_shard(&mut conn, &routing.shard_name(shard)).await {
