@@ -90,6 +90,13 @@ pub(super) async fn next_frame<C: Client>(client: &mut C) -> Result<BytesMut, Cl
     }
 }
 
+/// The client's reason in its CopyFail `frame`.
+pub(super) fn copy_fail_message(frame: &[u8]) -> String {
+    let body = frame.get(5..).unwrap_or_default();
+    let why = body.strip_suffix(b"\0").unwrap_or(body);
+    String::from_utf8_lossy(why).into_owned()
+}
+
 /// A message a client may not send during COPY FROM STDIN.
 pub(super) fn unexpected(tag: u8) -> ClientFailed {
     ClientFailed::Protocol(format!(
@@ -150,11 +157,7 @@ impl Split<'_> {
                     }
                 }
                 b'c' => self.rows.finish(|row| batch.push(row.to_vec())),
-                b'f' => {
-                    let body = &frame[5..];
-                    let why = body.strip_suffix(b"\0").unwrap_or(body);
-                    return Ok(Some(String::from_utf8_lossy(why).into_owned()));
-                }
+                b'f' => return Ok(Some(copy_fail_message(&frame))),
                 b'H' | b'S' => {}
                 other => return Err(unexpected(other)),
             }

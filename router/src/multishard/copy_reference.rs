@@ -7,7 +7,7 @@
 use super::broadcast::Outcome;
 use super::client::Client;
 use super::commit;
-use super::copy_in::{next_frame, unexpected, ClientFailed, CopyTarget};
+use super::copy_in::{copy_fail_message, next_frame, unexpected, ClientFailed, CopyTarget};
 use crate::backend::pool::PooledConn;
 use crate::backend::settings::Settings;
 use crate::errors;
@@ -105,11 +105,7 @@ async fn tee<C: Client>(
                 }
             }
             b'c' => return Ok(None),
-            b'f' => {
-                let body = &frame[5..];
-                let why = body.strip_suffix(b"\0").unwrap_or(body);
-                return Ok(Some(String::from_utf8_lossy(why).into_owned()));
-            }
+            b'f' => return Ok(Some(copy_fail_message(&frame))),
             b'H' | b'S' => {}
             other => return Err(unexpected(other)),
         }
