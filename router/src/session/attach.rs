@@ -359,11 +359,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         }
     }
 
-    /// A statement that makes a temporary object outliving its transaction goes to `dest`:
-    /// from now on the session keeps its connection there. Refused (the new destination) in
-    /// a transaction that spans shards or runs on another shard, whose connections it could
-    /// not keep apart from the transaction's end.
-    pub(super) fn keep_connection(&mut self, dest: Dest) -> Dest {
+    /// `dest` of a statement whose plan `keeps` (it makes a temporary object outliving its
+    /// transaction): from now on the session keeps its connection there. Refused (the new
+    /// destination) in a transaction that spans shards or runs on another shard, whose
+    /// connections it could not keep apart from the transaction's end. Any other statement's
+    /// `dest` is returned as it is.
+    pub(super) fn keep_connection(&mut self, keeps: bool, dest: Dest) -> Dest {
+        if !keeps {
+            return dest;
+        }
         let default = self.routing.map.default_shard();
         let shard = match dest {
             Dest::Shard(shard) => shard,

@@ -169,11 +169,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             let b = frontend::bind(&bind[5..])?;
             self.resolve_bound(&stmt, &b)
         };
-        let dest = if stmt.plan.keeps_connection {
-            self.keep_connection(dest)
-        } else {
-            dest
-        };
+        let dest = self.keep_connection(stmt.plan.keeps_connection, dest);
         // Boxed: the executor runs this very `EXECUTE` (`Dest::PreparedSql`).
         Box::pin(self.execute(dest, Carrier::SqlExecute { name, stmt, bind })).await
     }

@@ -58,11 +58,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             self.sql.clear();
             self.sql.push_str(sql);
         }
-        let dest = if keeps {
-            self.keep_connection(dest)
-        } else {
-            dest
-        };
+        let dest = self.keep_connection(keeps, dest);
         self.cursors_at(&dest);
         self.execute(dest, Carrier::Query { frame, shareable })
             .await

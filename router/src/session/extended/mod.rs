@@ -175,11 +175,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.finish_preparation().await?;
             }
         }
-        let dest = if stmt.plan.keeps_connection {
-            self.keep_connection(dest)
-        } else {
-            dest
-        };
+        let dest = self.keep_connection(stmt.plan.keeps_connection, dest);
         self.cursors_at(&dest);
         if matches!(dest, Dest::Declare { .. }) {
             // A driver's BEGIN in front of it (pgjdbc) begins the transaction it declares in.
