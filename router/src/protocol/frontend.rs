@@ -89,6 +89,15 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// The `nth` NUL-terminated string of `body` (from 0), as bytes, without decoding or
+/// validating anything else: names read back from a message the router wrote itself.
+pub fn nth_cstr(body: &[u8], nth: usize) -> Option<&[u8]> {
+    let mut parts = body.splitn(nth + 2, |&b| b == 0);
+    let s = parts.nth(nth)?;
+    // Only a string followed by its NUL counts.
+    parts.next().map(|_| s)
+}
+
 /// `Q`: a simple query.
 pub fn query(body: &[u8]) -> Result<&str, Malformed> {
     let mut r = Reader::new(body, "Query");
@@ -316,6 +325,16 @@ pub(crate) fn bind_body(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nth_cstr_reads_only_terminated_strings() {
+        let body = b"portal\0sg_7\0\0\x01";
+        assert_eq!(nth_cstr(body, 0), Some(&b"portal"[..]));
+        assert_eq!(nth_cstr(body, 1), Some(&b"sg_7"[..]));
+        assert_eq!(nth_cstr(body, 2), Some(&b""[..]));
+        assert_eq!(nth_cstr(body, 3), None, "the bytes after the last NUL");
+        assert_eq!(nth_cstr(b"no nul", 0), None);
+    }
 
     #[test]
     fn reads_bind_parameters() {

@@ -161,7 +161,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                         .poll_exchange(cx, &mut request, &mut conn.rbuf, want_read)
                 });
                 tokio::select! {
-                    _ = tokio::time::sleep_until(deadline.unwrap_or(started)), if deadline.is_some() => {
+                    () = until(deadline), if deadline.is_some() => {
                         deadline = None;
                         cancel_past_timeout(&self.routing, shard, conn);
                     }
@@ -349,6 +349,16 @@ fn write_at_once(conn: &mut crate::backend::BackendConn, bytes: &[u8]) -> Result
         Ok(n) => Ok(n),
         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(0),
         Err(e) => Err(Failed::Backend(e.to_string())),
+    }
+}
+
+/// Sleeps until `deadline`, or for ever without one. For a `select!` branch that is off
+/// without a deadline: the future of a disabled branch is still built, and a timer's
+/// costs a clock read and a registration for every statement.
+pub(super) async fn until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

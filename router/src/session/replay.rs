@@ -32,12 +32,18 @@ pub struct Uses {
 pub struct NotReplayable(pub &'static str);
 
 /// The id of router statement name `sg_<id>`; `None` for the unnamed statement.
-fn router_id(name: &str) -> Result<Option<u64>, NotReplayable> {
+fn router_id(name: &[u8]) -> Result<Option<u64>, NotReplayable> {
     if name.is_empty() {
         return Ok(None);
     }
-    name.strip_prefix("sg_")
-        .and_then(|n| n.parse().ok())
+    name.strip_prefix(b"sg_")
+        .filter(|digits| !digits.is_empty())
+        .and_then(|digits| {
+            digits.iter().try_fold(0u64, |n, &c| {
+                c.is_ascii_digit()
+                    .then(|| n.checked_mul(10)?.checked_add(u64::from(c - b'0')))?
+            })
+        })
         .map(Some)
         .ok_or(NotReplayable("a statement name the router did not write"))
 }
@@ -49,9 +55,13 @@ pub fn uses(bytes: &[u8]) -> Result<Uses, NotReplayable> {
     let mut unnamed_parsed = false;
     let mut rest = bytes;
     let malformed = NotReplayable("a request the router cannot read back");
+    // The router wrote these messages itself: only their names are read back, not decoded.
+    fn name(body: &[u8], nth: usize) -> Result<&[u8], NotReplayable> {
+        frontend::nth_cstr(body, nth).ok_or(NotReplayable("a malformed request"))
+    }
     while let Some(h) = next_frame(rest).map_err(|_| NotReplayable("a malformed request"))? {
         let body = rest.get(5..h.total).ok_or(NotReplayable("a cut request"))?;
-        let used = |name: &str, uses: &mut Uses| -> Result<(), NotReplayable> {
+        let used = |name: &[u8], uses: &mut Uses| -> Result<(), NotReplayable> {
             match router_id(name)? {
                 None if !unnamed_parsed => {
                     Err(NotReplayable("the unnamed statement of another request"))
@@ -66,28 +76,24 @@ pub fn uses(bytes: &[u8]) -> Result<Uses, NotReplayable> {
             }
         };
         match h.tag {
-            b'P' => {
-                let p = frontend::parse(body).map_err(|_| NotReplayable("a malformed Parse"))?;
-                match router_id(p.name)? {
-                    None => unnamed_parsed = true,
-                    Some(id) => {
-                        uses.closed.retain(|&c| c != id);
-                        uses.prepared.push(id);
-                    }
+            b'P' => match router_id(name(body, 0)?)? {
+                None => unnamed_parsed = true,
+                Some(id) => {
+                    uses.closed.retain(|&c| c != id);
+                    uses.prepared.push(id);
                 }
-            }
-            b'B' => {
-                let b = frontend::bind(body).map_err(|_| NotReplayable("a malformed Bind"))?;
-                used(b.statement, &mut uses)?;
-            }
+            },
+            // Portal, then statement.
+            b'B' => used(name(body, 1)?, &mut uses)?,
             b'D' | b'C' => {
-                let what = if h.tag == b'D' { "Describe" } else { "Close" };
-                let t = frontend::target(body, what)
-                    .map_err(|_| NotReplayable("a malformed target"))?;
-                if t.kind == b'S' {
+                let (&kind, target) = body
+                    .split_first()
+                    .ok_or(NotReplayable("a malformed target"))?;
+                if kind == b'S' {
+                    let target = name(target, 0)?;
                     if h.tag == b'D' {
-                        used(t.name, &mut uses)?;
-                    } else if let Some(id) = router_id(t.name)? {
+                        used(target, &mut uses)?;
+                    } else if let Some(id) = router_id(target)? {
                         uses.prepared.retain(|&p| p != id);
                         uses.closed.push(id);
                     }
@@ -244,6 +250,42 @@ mod tests {
             Uses::default(),
             "a partial frame is not read"
         );
+    }
+
+    #[test]
+    fn only_names_the_router_writes_have_an_id() {
+        assert_eq!(router_id(b""), Ok(None));
+        assert_eq!(router_id(b"sg_0"), Ok(Some(0)));
+        assert_eq!(router_id(b"sg_18446744073709551615"), Ok(Some(u64::MAX)));
+        for other in [
+            &b"sg_"[..],
+            b"sg_12x",
+            b"sg_+1",
+            b"sg_18446744073709551616",
+            b"P0_1",
+        ] {
+            assert!(
+                router_id(other).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(other)
+            );
+        }
+    }
+
+    #[test]
+    fn a_describe_of_a_statement_needs_it_and_a_close_forgets_it() {
+        let b = request(|b| {
+            request::describe_statement(b, "sg_4").unwrap();
+            request::close_statement(b, "sg_5").unwrap();
+            request::sync(b);
+        });
+        let found = uses(&b).unwrap();
+        assert_eq!((found.needed, found.closed), (vec![4], vec![5]));
+        // A name cut before its NUL is not read as a name.
+        let mut cut = request(|b| request::describe_statement(b, "sg_4").unwrap());
+        let n = cut.len();
+        cut[n - 1] = b'9';
+        assert!(uses(&cut).is_err());
     }
 
     fn frames(bytes: &[u8]) -> Vec<u8> {

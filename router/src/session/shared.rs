@@ -319,7 +319,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                         Some(_) => {}
                         None => return Ok(Outcome::Lost("the shared connection's channel closed".into())),
                     },
-                    () = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
+                    () = super::relay::until(deadline), if deadline.is_some() => {
                         if !lane.is_running(seq) {
                             deadline = timeout.map(|t| tokio::time::Instant::now() + t);
                         } else {

@@ -10,7 +10,7 @@
 //! max_prepared_bytes`, so a client preparing without end gets `54000` rather than taking the
 //! router's memory.
 
-use std::collections::HashMap;
+use hashbrown::HashMap;
 use std::sync::Arc;
 
 use crate::backend::registry::{Registry, Statement};

@@ -91,7 +91,7 @@ async fn run(mux: &Weak<ShardMux>, lane: &Arc<Lane>, conn: &mut BackendConn) -> 
                 armed = None;
                 continue;
             }
-            _ = tokio::time::sleep(CANCEL_CHECK), if cancel_waits => continue,
+            () = cancel_check(), if cancel_waits => continue,
         };
         if broken.is_some() {
             // A server that ends its session with requests unread resets the connection, and
@@ -125,6 +125,12 @@ async fn run(mux: &Weak<ShardMux>, lane: &Arc<Lane>, conn: &mut BackendConn) -> 
             return Err(why);
         }
     }
+}
+
+/// The wait before a driver with a cancel due looks again. Its timer is made when first
+/// polled: the future of a disabled `select!` branch is still built, on every turn.
+async fn cancel_check() {
+    tokio::time::sleep(CANCEL_CHECK).await;
 }
 
 /// Tells the sessions whose requests waited too long.
