@@ -353,6 +353,10 @@ async fn statement_timeout_and_slow_statement_log() {
     assert_eq!(row.get::<_, i32>(0), 42);
     let slow = router.log_lines("slow statement");
     assert!(slow.iter().any(|l| l.contains("pg_sleep(0.2)")), "{slow:?}");
+    assert!(
+        !slow.iter().any(|l| l.contains("41 + 1")),
+        "a fast statement after a slow one is not logged: {slow:?}"
+    );
 }
 
 /// A client's CancelRequest reaches the backend running its statement, and only that one.

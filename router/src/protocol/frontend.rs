@@ -31,10 +31,7 @@ impl<'a> Reader<'a> {
 
     /// A NUL-terminated string, as UTF-8.
     pub fn cstr(&mut self) -> Result<&'a str, Malformed> {
-        let nul = self
-            .buf
-            .iter()
-            .position(|&b| b == 0)
+        let nul = memchr::memchr(0, self.buf)
             .ok_or_else(|| self.bad("a string is not NUL-terminated"))?;
         let s = std::str::from_utf8(&self.buf[..nul])
             .map_err(|_| self.bad("a string is not valid UTF-8"))?;

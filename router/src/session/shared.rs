@@ -139,8 +139,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             self.slot.hear_cancels(channel.tx.clone());
             channel
         });
-        // When the client's request began (the meter read the clock for it already).
-        let started = self.client.meter.started();
         let outcome = self
             .run_shared(
                 &mux,
@@ -198,10 +196,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         self.client.flush().await.map_err(SessionError::Client)?;
         self.out.bytes.clear();
         self.out.tail = BytesMut::new();
-        if let (Some(threshold), Some(started)) =
-            (self.routing.config.limits.slow_statement, started)
-        {
-            let elapsed = started.elapsed();
+        // Timed by the meter, which read the clock when the request began and when its
+        // ReadyForQuery went to the client: no third read for the slow-statement log.
+        if let (Some(threshold), Some(elapsed)) = (
+            self.routing.config.limits.slow_statement,
+            self.client.meter.last_elapsed(),
+        ) {
             if elapsed >= threshold {
                 tracing::warn!(
                     shard = %self.routing.map.shards()[shard].range,

@@ -147,33 +147,34 @@ impl Statements {
 
     /// The unnamed statement parsed again with the very text and types it has, when it was
     /// planned in planner epoch `epoch`: the same plan and literals under a new version (a
-    /// backend parses it again, as Postgres would). Drivers that send a Parse with every
-    /// execution then skip normalizing and planning its text. `None` otherwise.
-    pub fn parse_again(
-        &mut self,
-        name: &str,
-        sql: &str,
-        param_types: &[u8],
-        epoch: (u64, u64),
-    ) -> Option<Arc<ClientStatement>> {
+    /// backend parses it again, as Postgres would). `body` is the Parse message's body, which
+    /// is compared as it is, so drivers that send a Parse with every execution have it neither
+    /// decoded nor normalized and planned again. `None` otherwise.
+    pub fn parse_again(&mut self, body: &[u8], epoch: (u64, u64)) -> Option<Arc<ClientStatement>> {
         let old = self.unnamed.as_ref()?;
-        if !name.is_empty()
-            || self.unnamed_epoch != Some(epoch)
-            || old.sql() != sql
-            || old.param_types() != param_types
-        {
+        // An empty name, the text, its NUL, the parameter types.
+        let (sql, types) = (old.sql().as_bytes(), old.param_types());
+        let same = body.len() == sql.len() + types.len() + 2
+            && body[0] == 0
+            && &body[1..=sql.len()] == sql
+            && body[sql.len() + 1] == 0
+            && &body[sql.len() + 2..] == types;
+        if !same || self.unnamed_epoch != Some(epoch) {
             return None;
         }
         self.versions += 1;
         let version = self.versions;
         let mut stmt = self.unnamed.take()?;
         match Arc::get_mut(&mut stmt) {
-            Some(s) => s.text.refill(sql, param_types, version),
-            None => {
+            Some(ClientStatement {
+                text: Text::Unnamed { version: v, .. },
+                ..
+            }) => *v = version,
+            _ => {
                 stmt = Arc::new(ClientStatement {
                     text: Text::Unnamed {
-                        sql: sql.to_string(),
-                        param_types: param_types.to_vec(),
+                        sql: stmt.sql().to_string(),
+                        param_types: stmt.param_types().to_vec(),
                         version,
                     },
                     plan: stmt.plan.clone(),
@@ -448,8 +449,13 @@ mod tests {
         let (p, r) = (planner(), Registry::default());
         let mut s = Statements::default();
         let sql = "SELECT v FROM kv WHERE id = $1 AND tag = 'a'";
+        let body = |name: &str, sql: &str, types: &[u8]| {
+            let mut b = format!("{name}\0{sql}\0").into_bytes();
+            b.extend_from_slice(types);
+            b
+        };
         assert!(
-            s.parse_again("", sql, &[0, 0], p.epoch()).is_none(),
+            s.parse_again(&body("", sql, &[0, 0]), p.epoch()).is_none(),
             "nothing yet"
         );
         parse(&mut s, &p, &r, "", sql, 4096).expect("parsed");
@@ -459,7 +465,7 @@ mod tests {
             Text::Named(_) => 0,
         };
         let again = s
-            .parse_again("", sql, &[0, 0], p.epoch())
+            .parse_again(&body("", sql, &[0, 0]), p.epoch())
             .expect("the same text");
         assert!(Arc::ptr_eq(&again.plan, &first.plan));
         assert_eq!(again.literals, first.literals);
@@ -470,14 +476,24 @@ mod tests {
         );
         assert_eq!(s.held, again.bytes(""), "counted once");
         // Another text, other types, a name, or plans gone stale: planned afresh.
-        assert!(s.parse_again("", "SELECT 1", &[0, 0], p.epoch()).is_none());
-        assert!(s
-            .parse_again("", sql, &[0, 1, 0, 0, 0, 20], p.epoch())
-            .is_none());
-        assert!(s.parse_again("n", sql, &[0, 0], p.epoch()).is_none());
+        let again = |s: &mut Statements, b: Vec<u8>| s.parse_again(&b, p.epoch()).is_some();
+        assert!(!again(&mut s, body("", "SELECT 1", &[0, 0])));
+        assert!(!again(&mut s, body("", sql, &[0, 1, 0, 0, 0, 20])));
+        assert!(!again(&mut s, body("n", sql, &[0, 0])));
+        assert!(!again(&mut s, body("", &sql[..sql.len() - 1], &[0, 0])));
+        assert!(!again(&mut s, body("", sql, &[0, 0, 0])), "a longer body");
+        assert!(again(&mut s, body("", sql, &[0, 0])));
+        // Held by a request in flight: a copy gets the new version.
+        let held = s.get("").expect("unnamed").clone();
+        let copy = s
+            .parse_again(&body("", sql, &[0, 0]), p.epoch())
+            .expect("again");
+        assert!(!Arc::ptr_eq(&held, &copy) && copy.sql() == sql);
+        assert_eq!(version(&copy), version(&held) + 1);
+        drop(held);
         p.learn_tables(Default::default());
-        assert!(s.parse_again("", sql, &[0, 0], p.epoch()).is_none());
+        assert!(!again(&mut s, body("", sql, &[0, 0])), "plans gone stale");
         assert!(s.close(""));
-        assert!(s.parse_again("", sql, &[0, 0], p.epoch()).is_none());
+        assert!(!again(&mut s, body("", sql, &[0, 0])));
     }
 }

@@ -59,6 +59,8 @@ pub struct Meter {
     /// Bytes read and written since a request last ended.
     bytes_in: u64,
     bytes_out: u64,
+    /// How long the request that ended last took.
+    last_elapsed: Option<Duration>,
 }
 
 impl Meter {
@@ -91,9 +93,10 @@ impl Meter {
         }
     }
 
-    /// When the newest open request's first message arrived.
-    pub fn started(&self) -> Option<Instant> {
-        self.open.back().map(|r| r.started)
+    /// How long the request that ended last took, from its first message to its
+    /// ReadyForQuery.
+    pub fn last_elapsed(&self) -> Option<Duration> {
+        self.last_elapsed
     }
 
     /// `n` bytes were read from the client.
@@ -175,6 +178,7 @@ impl Meter {
                 b'Z' => {
                     if let Some(mut r) = self.open.pop_front() {
                         r.elapsed = now().saturating_duration_since(r.started);
+                        self.last_elapsed = Some(r.elapsed);
                         (r.bytes_in, r.bytes_out) = self.take_bytes();
                         emit(Event::Done(r));
                     }
@@ -237,6 +241,20 @@ mod tests {
         let events = run(&mut m, &answer(&["SELECT 1"], None));
         assert_eq!(done(&events), [(RouteKind::SingleShard, 3, false)]);
         assert_eq!(m.open(), 0);
+    }
+
+    #[test]
+    fn the_last_request_to_end_gives_its_time() {
+        let mut m = Meter::default();
+        assert_eq!(m.last_elapsed(), None);
+        let t0 = Instant::now();
+        m.received(b'Q', || t0);
+        m.sent(
+            &answer(&["SELECT 1"], None),
+            || t0 + Duration::from_millis(7),
+            |_| {},
+        );
+        assert_eq!(m.last_elapsed(), Some(Duration::from_millis(7)));
     }
 
     #[test]

@@ -43,26 +43,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let body = &frame[5..];
         match tag {
             b'P' => {
-                let p = frontend::parse(body)?;
                 let epoch = self.routing.planner.epoch();
-                let again = self
-                    .statements
-                    .parse_again(p.name, p.sql, p.param_types, epoch);
-                let parsed = match again {
-                    Some(stmt) => Ok(stmt),
-                    None => {
-                        let planned = self.routing.planner.plan(p.sql, &mut self.nbuf);
-                        self.statements.parse(
-                            p.name,
-                            p.sql,
-                            p.param_types,
-                            &planned,
-                            epoch,
-                            &self.shared.statements,
-                            self.routing.config.limits.max_prepared_bytes,
-                        )
-                    }
-                };
+                if let Some(stmt) = self.statements.parse_again(body, epoch) {
+                    return self.route_or_hold(Msg::Parse(stmt)).await;
+                }
+                let p = frontend::parse(body)?;
+                let planned = self.routing.planner.plan(p.sql, &mut self.nbuf);
+                let parsed = self.statements.parse(
+                    p.name,
+                    p.sql,
+                    p.param_types,
+                    &planned,
+                    epoch,
+                    &self.shared.statements,
+                    self.routing.config.limits.max_prepared_bytes,
+                );
                 match parsed {
                     Ok(stmt) => self.route_or_hold(Msg::Parse(stmt)).await,
                     Err(err) => self.batch_error(&err).await,
