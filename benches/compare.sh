@@ -45,6 +45,9 @@ Options:
                           (a release build: minutes on 2 cores)
       --baseline-bin PATH the same with an already built shardgate binary
       --warmup SECONDS    unmeasured run through each target first       [default: 2]
+      --rounds N          measure every mode N times, the targets taking turns within each
+                          round, and take each figure's median (closed loop and open loop):
+                          a single run moves by tens of percent on a shared machine  [default: 1]
       --router-threads N  worker threads of shardgate (--threads)        [default: its own, 1 per core]
       --pool-size N       backend connections per pool, for shardgate and PgBouncer alike
                                                                          [default: 20]
@@ -81,7 +84,7 @@ EOF
 
 duration=10 clients=16 also_clients=200 jobs="" rows=100000 modes="simple,extended,prepared"
 targets="" warmup=2 router_threads="" pool_size=20 keep=0 baseline_rev="" baseline_bin="" syscall_seconds=5
-open_loop=0 open_loop_fraction=0.5
+open_loop=0 open_loop_fraction=0.5 rounds=1
 while [[ $# -gt 0 ]]; do
     case "$1" in
         -T|--duration) duration="${2:?}"; shift 2 ;;
@@ -95,6 +98,7 @@ while [[ $# -gt 0 ]]; do
         -m|--modes) modes="${2:?}"; shift 2 ;;
         -t|--targets) targets="${2:?}"; shift 2 ;;
         --warmup) warmup="${2:?}"; shift 2 ;;
+        --rounds) rounds="${2:?}"; shift 2 ;;
         --router-threads) router_threads="${2:?}"; shift 2 ;;
         --pool-size) pool_size="${2:?}"; shift 2 ;;
         --keep) keep=1; shift ;;
@@ -104,10 +108,10 @@ while [[ $# -gt 0 ]]; do
         *) usage >&2; die "unknown option: $1" ;;
     esac
 done
-for n in duration clients also_clients syscall_seconds open_loop rows warmup pool_size ${jobs:+jobs} ${router_threads:+router_threads}; do
+for n in duration clients also_clients syscall_seconds open_loop rows warmup pool_size rounds ${jobs:+jobs} ${router_threads:+router_threads}; do
     [[ "${!n}" =~ ^[0-9]+$ ]] || die "--${n//_/-} must be a whole number, not '${!n}'"
 done
-((duration > 0 && clients > 0 && rows > 0 && pool_size > 0)) || die "--duration, --clients, --rows and --pool-size must be more than 0"
+((duration > 0 && clients > 0 && rows > 0 && pool_size > 0 && rounds > 0)) || die "--duration, --clients, --rows, --pool-size and --rounds must be more than 0"
 [[ "$open_loop_fraction" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--open-loop-fraction must be a number, not '$open_loop_fraction'"
 jobs_given="$jobs"
 jobs="${jobs_given:-$((clients < 2 ? clients : 2))}"
@@ -408,6 +412,65 @@ sum() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || a == "-" || b
 total_ratio() { ratio "$(sum "${user_us[$1]:-}" "${sys_us[$1]:-}")" "$(sum "${user_us[$2]:-}" "${sys_us[$2]:-}")"; }
 
 declare -A tps user_us sys_us conns syscalls
+# measure_one MODE TARGET KEY LABEL: one closed-loop run of MODE through TARGET; its figures
+# under KEY, its row in the table under LABEL.
+measure_one() {
+    local mode="$1" t="$2" key="$3" label="$4" pid out ok sampler busy n failed t_tps total
+    local u0 s0 u1 s1 busy0 total0 busy1 total1
+    pid="$(pid_of "$t")"
+    [[ -z "$pid" ]] || kill -0 "$pid" 2>/dev/null || die "$t (pid $pid) is not running any more"
+    [[ -z "$pid" ]] || read -r u0 s0 < <(cpu_ticks "$pid")
+    read -r busy0 total0 < <(machine_ticks)
+    out="$tmp/pgbench-$mode-$t-$clients-$round.log"
+    ok=1
+    (sleep "$(awk -v d="$duration" 'BEGIN { print d / 2 }')"; backends "$t" >"$out.backends" 2>/dev/null) &
+    sampler=$!
+    run_pgbench "$t" "$mode" "$duration" "$out" || ok=0
+    wait "$sampler" 2>/dev/null || true
+    conns[$key]="$(cat "$out.backends" 2>/dev/null || echo -)"
+    read -r busy1 total1 < <(machine_ticks)
+    [[ -z "$pid" ]] || read -r u1 s1 < <(cpu_ticks "$pid")
+    busy="$(awk -v b=$((busy1 - busy0)) -v t=$((total1 - total0)) 'BEGIN { printf "%.0f%%", t ? 100 * b / t : 0 }')"
+    n="$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$out")"
+    failed="$(sed -n 's/^number of failed transactions: \([0-9]*\).*/\1/p' "$out")"
+    t_tps="$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time)/\1/p' "$out")"
+    if ((!ok)) || [[ -z "$n" || -z "$t_tps" ]]; then
+        printf '%-9s %-10s %10s   pgbench failed; its output ends:\n' "$label" "$t" FAILED | tee -a "$results"
+        tail -5 "$out" | sed 's/^/    /' | tee -a "$results"
+        return
+    fi
+    tps[$key]="$t_tps"
+    if [[ -n "$pid" && "$n" -gt 0 ]]; then
+        user_us[$key]="$(awk -v d=$((u1 - u0)) -v n="$n" -v hz="$clk_tck" 'BEGIN { printf "%.2f", d * 1e6 / hz / n }')"
+        sys_us[$key]="$(awk -v d=$((s1 - s0)) -v n="$n" -v hz="$clk_tck" 'BEGIN { printf "%.2f", d * 1e6 / hz / n }')"
+        total="$(awk -v a="${user_us[$key]}" -v b="${sys_us[$key]}" 'BEGIN { printf "%.2f", a + b }')"
+    else
+        user_us[$key]="-" sys_us[$key]="-" total="-"
+    fi
+    printf '%-9s %-10s %10.0f %8s %13s %12s %14s %6s %9s\n' "$label" "$t" "$t_tps" "${failed:-0}" \
+        "${user_us[$key]}" "${sys_us[$key]}" "$total" "$busy" "${conns[$key]}" | tee -a "$results"
+}
+
+# median VALUES...: the median of the numbers given ("-" when none is).
+median() {
+    printf '%s\n' "$@" | { grep -E '^[0-9.]+$' || true; } | sort -g |
+        awk '{ a[NR] = $1 } END { if (!NR) print "-"; else if (NR % 2) print a[(NR + 1) / 2]; else printf "%.2f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
+}
+
+# medians KEY: each figure of KEY as the median of its rounds (KEY#1 .. KEY#rounds).
+medians() {
+    local key="$1" r tp=() us=() sy=()
+    for ((r = 1; r <= rounds; r++)); do
+        tp+=("${tps[$key#$r]:-}") us+=("${user_us[$key#$r]:-}") sy+=("${sys_us[$key#$r]:-}")
+    done
+    tps[$key]="$(median "${tp[@]}")"
+    user_us[$key]="$(median "${us[@]}")"
+    sys_us[$key]="$(median "${sy[@]}")"
+    # (Connections are counted, not measured: the last round's count.)
+    conns[$key]="${conns[$key#$rounds]:--}"
+    [[ "${tps[$key]}" != "-" ]] || unset "tps[$key]"
+}
+
 # measure CLIENTS: every mode through every target with CLIENTS pgbench clients, then ratios.
 measure() {
     clients="$1"
@@ -419,46 +482,30 @@ measure() {
     echo "$header" | tee -a "$results"
 
     for mode in "${mode_list[@]}"; do
-        for t in "${target_list[@]}"; do
-            key="$clients/$mode/$t"
-            if [[ "$t" == pgbouncer && "$mode" == prepared ]] && ((!pgbouncer_prepared)); then
-                printf '%-9s %-10s %10s   (PgBouncer %s has no prepared statements in transaction mode; needs 1.21+)\n' \
-                    "$mode" "$t" - "$pgbouncer_version" | tee -a "$results"
-                continue
-            fi
-            pid="$(pid_of "$t")"
-            [[ -z "$pid" ]] || kill -0 "$pid" 2>/dev/null || die "$t (pid $pid) is not running any more"
-            [[ -z "$pid" ]] || read -r u0 s0 < <(cpu_ticks "$pid")
-            read -r busy0 total0 < <(machine_ticks)
-            out="$tmp/pgbench-$mode-$t-$clients.log"
-            ok=1
-            (sleep "$(awk -v d="$duration" 'BEGIN { print d / 2 }')"; backends "$t" >"$out.backends" 2>/dev/null) &
-            sampler=$!
-            run_pgbench "$t" "$mode" "$duration" "$out" || ok=0
-            wait "$sampler" 2>/dev/null || true
-            conns[$key]="$(cat "$out.backends" 2>/dev/null || echo -)"
-            read -r busy1 total1 < <(machine_ticks)
-            [[ -z "$pid" ]] || read -r u1 s1 < <(cpu_ticks "$pid")
-            busy="$(awk -v b=$((busy1 - busy0)) -v t=$((total1 - total0)) 'BEGIN { printf "%.0f%%", t ? 100 * b / t : 0 }')"
-            n="$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$out")"
-            failed="$(sed -n 's/^number of failed transactions: \([0-9]*\).*/\1/p' "$out")"
-            t_tps="$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time)/\1/p' "$out")"
-            if ((!ok)) || [[ -z "$n" || -z "$t_tps" ]]; then
-                printf '%-9s %-10s %10s   pgbench failed; its output ends:\n' "$mode" "$t" FAILED | tee -a "$results"
-                tail -5 "$out" | sed 's/^/    /' | tee -a "$results"
-                continue
-            fi
-            tps[$key]="$t_tps"
-            if [[ -n "$pid" && "$n" -gt 0 ]]; then
-                user_us[$key]="$(awk -v d=$((u1 - u0)) -v n="$n" -v hz="$clk_tck" 'BEGIN { printf "%.2f", d * 1e6 / hz / n }')"
-                sys_us[$key]="$(awk -v d=$((s1 - s0)) -v n="$n" -v hz="$clk_tck" 'BEGIN { printf "%.2f", d * 1e6 / hz / n }')"
-                total="$(awk -v a="${user_us[$key]}" -v b="${sys_us[$key]}" 'BEGIN { printf "%.2f", a + b }')"
-            else
-                user_us[$key]="-" sys_us[$key]="-" total="-"
-            fi
-            printf '%-9s %-10s %10.0f %8s %13s %12s %14s %6s %9s\n' "$mode" "$t" "$t_tps" "${failed:-0}" \
-                "${user_us[$key]}" "${sys_us[$key]}" "$total" "$busy" "${conns[$key]}" | tee -a "$results"
+        for ((round = 1; round <= rounds; round++)); do
+            for t in "${target_list[@]}"; do
+                if [[ "$t" == pgbouncer && "$mode" == prepared ]] && ((!pgbouncer_prepared)); then
+                    ((round == 1)) && printf '%-9s %-10s %10s   (PgBouncer %s has no prepared statements in transaction mode; needs 1.21+)\n' \
+                        "$mode" "$t" - "$pgbouncer_version" | tee -a "$results"
+                    continue
+                fi
+                if ((rounds == 1)); then
+                    measure_one "$mode" "$t" "$clients/$mode/$t" "$mode"
+                else
+                    measure_one "$mode" "$t" "$clients/$mode/$t#$round" "$mode/$round"
+                fi
+            done
         done
+        if ((rounds > 1)); then
+            for t in "${target_list[@]}"; do
+                [[ "$t" == pgbouncer && "$mode" == prepared ]] && ((!pgbouncer_prepared)) && continue
+                key="$clients/$mode/$t"
+                medians "$key"
+                [[ -n "${tps[$key]:-}" ]] || continue
+                printf '%-9s %-10s %10.0f %8s %13s %12s %14s %6s %9s\n' "$mode" "$t" "${tps[$key]}" "" \
+                    "${user_us[$key]}" "${sys_us[$key]}" "$(sum "${user_us[$key]}" "${sys_us[$key]}")" median "${conns[$key]}" | tee -a "$results"
+            done
+        fi
         if ((syscall_seconds > 0)); then
             for t in "${target_list[@]}"; do
                 [[ -n "$(pid_of "$t")" ]] || continue
@@ -516,6 +563,33 @@ open_loop_rate() {
     awk -v t="$pgb" -v f="$open_loop_fraction" 'BEGIN { r = int(t * f); if (r > 0) print r }'
 }
 
+# open_loop_one CLIENTS MODE TARGET KEY LABEL RATE: one open-loop run; its p99 and p50 (µs)
+# under KEY, its row under LABEL.
+open_loop_one() {
+    local n="$1" mode="$2" t="$3" key="$4" label="$5" rate="$6" out p q row
+    out="$tmp/open-$mode-$t-$n-$round.json"
+    if ! "$loadgen_bin" run --target "$(url_of "$t")" --rows-per-shard "$rows" -c "$n" --rate "$rate" \
+        --protocol "$mode" -d "${duration}s" --warmup 1s --quiet --json "$out" >"$out.log" 2>&1; then
+        printf '%-9s %-10s   loadgen failed; its output ends:\n' "$label" "$t" | tee -a "$results"
+        tail -5 "$out.log" | sed 's/^/    /' | tee -a "$results"
+        return
+    fi
+    # loadgen's report: its p99 and p50 in µs on the first line, the table's columns on
+    # the second.
+    { read -r p q; IFS= read -r row; } < <(python3 - "$out" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+l = r["latency_us"]
+ms = lambda us: f"{us / 1000:8.2f}"
+print(l["p99"], l["p50"])
+print(f'{r["qps"]:9.0f} {ms(l["p50"])} {ms(l["p99"])} {ms(l["p999"])} {ms(l["max"])} {r["errors"]:7d} {r["timeouts"]:9d}')
+PY
+    )
+    p99[$key]="$p"
+    p50[$key]="$q"
+    printf '%-9s %-10s %s\n' "$label" "$t" "$row" | tee -a "$results"
+}
+
 # open_loop_runs CLIENTS: every mode through every target at the fixed rate over CLIENTS
 # connections (loadgen, latency from each request's scheduled time), then the p99 ratios.
 declare -A p99 p50 rate_of
@@ -533,29 +607,27 @@ open_loop_runs() {
         "$n" "$duration" | tee -a "$results"
     printf '%-9s %-10s %9s %8s %8s %8s %8s %7s %9s\n' mode target QPS p50 p99 p99.9 max errors timeouts | tee -a "$results"
     for mode in "${mode_list[@]}"; do
+        for ((round = 1; round <= rounds; round++)); do
+            for t in "${target_list[@]}"; do
+                [[ "$t" == pgbouncer && "$mode" == prepared ]] && ((!pgbouncer_prepared)) && continue
+                if ((rounds == 1)); then
+                    open_loop_one "$n" "$mode" "$t" "$n/$mode/$t" "$mode" "$rate"
+                else
+                    open_loop_one "$n" "$mode" "$t" "$n/$mode/$t#$round" "$mode/$round" "$rate"
+                fi
+            done
+        done
+        ((rounds > 1)) || continue
         for t in "${target_list[@]}"; do
             [[ "$t" == pgbouncer && "$mode" == prepared ]] && ((!pgbouncer_prepared)) && continue
-            out="$tmp/open-$mode-$t-$n.json"
-            if ! "$loadgen_bin" run --target "$(url_of "$t")" --rows-per-shard "$rows" -c "$n" --rate "$rate" \
-                --protocol "$mode" -d "${duration}s" --warmup 1s --quiet --json "$out" >"$out.log" 2>&1; then
-                printf '%-9s %-10s   loadgen failed; its output ends:\n' "$mode" "$t" | tee -a "$results"
-                tail -5 "$out.log" | sed 's/^/    /' | tee -a "$results"
-                continue
-            fi
-            # loadgen's report: its p99 and p50 in µs on the first line, the table's columns on
-            # the second.
-            { read -r p q; IFS= read -r row; } < <(python3 - "$out" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-l = r["latency_us"]
-ms = lambda us: f"{us / 1000:8.2f}"
-print(l["p99"], l["p50"])
-print(f'{r["qps"]:9.0f} {ms(l["p50"])} {ms(l["p99"])} {ms(l["p999"])} {ms(l["max"])} {r["errors"]:7d} {r["timeouts"]:9d}')
-PY
-            )
-            p99["$n/$mode/$t"]="$p"
-            p50["$n/$mode/$t"]="$q"
-            printf '%-9s %-10s %s\n' "$mode" "$t" "$row" | tee -a "$results"
+            key="$n/$mode/$t"
+            local a=() b=() r
+            for ((r = 1; r <= rounds; r++)); do a+=("${p99[$key#$r]:-}") b+=("${p50[$key#$r]:-}"); done
+            p99[$key]="$(median "${a[@]}")" p50[$key]="$(median "${b[@]}")"
+            [[ "${p99[$key]}" != "-" ]] || { unset "p99[$key]" "p50[$key]"; continue; }
+            printf '%-9s %-10s %9s %8.2f %8.2f   (median of %d rounds)\n' "$mode" "$t" "" \
+                "$(awk -v v="${p50[$key]}" 'BEGIN { print v / 1000 }')" \
+                "$(awk -v v="${p99[$key]}" 'BEGIN { print v / 1000 }')" "$rounds" | tee -a "$results"
         done
     done
     echo | tee -a "$results"
