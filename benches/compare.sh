@@ -457,15 +457,19 @@ median() {
         awk '{ a[NR] = $1 } END { if (!NR) print "-"; else if (NR % 2) print a[(NR + 1) / 2]; else printf "%.2f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
 }
 
-# medians KEY: each figure of KEY as the median of its rounds (KEY#1 .. KEY#rounds).
+# median_of ARRAY KEY: ARRAY[KEY] becomes the median of ARRAY[KEY#1] .. ARRAY[KEY#rounds] ("-"
+# when no round has a figure).
+median_of() {
+    local -n figures="$1"
+    local key="$2" r values=()
+    for ((r = 1; r <= rounds; r++)); do values+=("${figures[$key#$r]:-}"); done
+    figures[$key]="$(median "${values[@]}")"
+}
+
+# medians KEY: each closed-loop figure of KEY as the median of its rounds.
 medians() {
-    local key="$1" r tp=() us=() sy=()
-    for ((r = 1; r <= rounds; r++)); do
-        tp+=("${tps[$key#$r]:-}") us+=("${user_us[$key#$r]:-}") sy+=("${sys_us[$key#$r]:-}")
-    done
-    tps[$key]="$(median "${tp[@]}")"
-    user_us[$key]="$(median "${us[@]}")"
-    sys_us[$key]="$(median "${sy[@]}")"
+    local key="$1" a
+    for a in tps user_us sys_us; do median_of "$a" "$key"; done
     # (Connections are counted, not measured: the last round's count.)
     conns[$key]="${conns[$key#$rounds]:--}"
     [[ "${tps[$key]}" != "-" ]] || unset "tps[$key]"
@@ -621,9 +625,8 @@ open_loop_runs() {
         for t in "${target_list[@]}"; do
             [[ "$t" == pgbouncer && "$mode" == prepared ]] && ((!pgbouncer_prepared)) && continue
             key="$n/$mode/$t"
-            local a=() b=() r
-            for ((r = 1; r <= rounds; r++)); do a+=("${p99[$key#$r]:-}") b+=("${p50[$key#$r]:-}"); done
-            p99[$key]="$(median "${a[@]}")" p50[$key]="$(median "${b[@]}")"
+            median_of p99 "$key"
+            median_of p50 "$key"
             [[ "${p99[$key]}" != "-" ]] || { unset "p99[$key]" "p50[$key]"; continue; }
             printf '%-9s %-10s %9s %8.2f %8.2f   (median of %d rounds)\n' "$mode" "$t" "" \
                 "$(awk -v v="${p50[$key]}" 'BEGIN { print v / 1000 }')" \

@@ -196,12 +196,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         if resend.allowed {
             self.out.replies.stop_recording();
         }
-        self.log_if_slow(shard, started.elapsed());
+        self.log_if_slow(shard, started.elapsed(), false);
         Ok(())
     }
 
-    /// The slow-statement log (`[limits] slow_statement_ms`).
-    fn log_if_slow(&self, shard: usize, elapsed: std::time::Duration) {
+    /// The slow-statement log (`[limits] slow_statement_ms`); `shared`: whether the statement
+    /// ran on a shared connection.
+    pub(super) fn log_if_slow(&self, shard: usize, elapsed: std::time::Duration, shared: bool) {
         let Some(threshold) = self.routing.config.limits.slow_statement else {
             return;
         };
@@ -210,6 +211,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 shard = %self.routing.map.shards()[shard].range,
                 elapsed_ms = elapsed.as_secs_f64() * 1e3,
                 statement = %truncate(&self.sql, 300),
+                shared,
                 "slow statement"
             );
         }
@@ -353,8 +355,8 @@ fn write_at_once(conn: &mut crate::backend::BackendConn, bytes: &[u8]) -> Result
 }
 
 /// Sleeps until `deadline`, or for ever without one. For a `select!` branch that is off
-/// without a deadline: the future of a disabled branch is still built, and a timer's
-/// costs a clock read and a registration for every statement.
+/// without a deadline: the future of a disabled branch is still built, and building a
+/// timer costs a clock read and a registration for every statement.
 pub(super) async fn until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(at) => tokio::time::sleep_until(at).await,

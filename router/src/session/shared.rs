@@ -198,19 +198,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         self.out.tail = BytesMut::new();
         // Timed by the meter, which read the clock when the request began and when its
         // ReadyForQuery went to the client: no third read for the slow-statement log.
-        if let (Some(threshold), Some(elapsed)) = (
-            self.routing.config.limits.slow_statement,
-            self.client.meter.last_elapsed(),
-        ) {
-            if elapsed >= threshold {
-                tracing::warn!(
-                    shard = %self.routing.map.shards()[shard].range,
-                    elapsed_ms = elapsed.as_secs_f64() * 1e3,
-                    statement = %super::relay::truncate(&self.sql, 300),
-                    shared = true,
-                    "slow statement"
-                );
-            }
+        if let Some(elapsed) = self.client.meter.last_elapsed() {
+            self.log_if_slow(shard, elapsed, true);
         }
         Ok(true)
     }
