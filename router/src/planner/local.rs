@@ -3,8 +3,9 @@
 //! Clients repeat a handful of statement texts (pgbench, an application's queries), and each
 //! router worker serves its clients on one thread. A hit here takes no lock and writes no
 //! shared memory, so statements on 32 cores do not bounce the shared cache's lock words between
-//! them. The shared cache stays the source of truth: this one holds clones of its `Arc`s, is
-//! small and is emptied when full, and is dropped as a whole when the planner it belongs to
+//! them. The shared cache stays the source of truth: this one holds the thread's own copies of
+//! its plans (a plan's count is written whenever a session takes or drops it, so one `Arc`
+//! shared by every worker would bounce like a lock word), is small and is emptied when full, and is dropped as a whole when the planner it belongs to
 //! changes its plans ([`super::Planner::learn_tables`]) or another planner uses the
 //! thread (tests build many).
 
@@ -80,19 +81,22 @@ pub fn get(owner: (u64, u64), text: &str, hits: &Hits) -> Option<Arc<Plan>> {
     found
 }
 
-/// Remembers `plan` for `text` on this thread.
-pub fn put(owner: (u64, u64), text: &str, plan: &Arc<Plan>) {
+/// Remembers a copy of `plan` for `text` on this thread; the plan to use from now on (the
+/// copy, or `plan` when the text is too long to keep).
+pub fn put(owner: (u64, u64), text: &str, plan: &Arc<Plan>) -> Arc<Plan> {
     if text.len() > MAX_TEXT {
-        return;
+        return plan.clone();
     }
+    let own = Arc::new(Plan::clone(plan));
     LOCAL.with(|l| {
         let mut l = l.borrow_mut();
         if l.owner != owner || l.plans.len() >= CAPACITY {
             l.plans.clear();
             l.owner = owner;
         }
-        l.plans.insert(text.into(), plan.clone());
-    })
+        l.plans.insert(text.into(), own.clone());
+    });
+    own
 }
 
 #[cfg(test)]
@@ -102,14 +106,15 @@ mod tests {
     #[test]
     fn plans_belong_to_one_planner_generation() {
         let (p, hits) = (Plan::empty(), Hits::default());
-        put((1, 0), "SELECT $1", &p);
-        assert!(Arc::ptr_eq(&get((1, 0), "SELECT $1", &hits).unwrap(), &p));
+        let own = put((1, 0), "SELECT $1", &p);
+        assert!(!Arc::ptr_eq(&own, &p), "the thread's own copy");
+        assert!(Arc::ptr_eq(&get((1, 0), "SELECT $1", &hits).unwrap(), &own));
         assert!(
             get((1, 1), "SELECT $1", &hits).is_none(),
             "a newer generation"
         );
         assert!(get((2, 0), "SELECT $1", &hits).is_none(), "another planner");
-        put((2, 0), "SELECT 2", &p);
+        let _ = put((2, 0), "SELECT 2", &p);
         assert!(
             get((1, 0), "SELECT $1", &hits).is_none(),
             "dropped when the owner changed"
@@ -121,7 +126,7 @@ mod tests {
     fn stays_bounded() {
         let p = Plan::empty();
         for i in 0..CAPACITY * 3 {
-            put((9, 0), &format!("SELECT {i}"), &p);
+            let _ = put((9, 0), &format!("SELECT {i}"), &p);
         }
         LOCAL.with(|l| assert!(l.borrow().plans.len() <= CAPACITY));
     }

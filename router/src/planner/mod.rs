@@ -247,7 +247,7 @@ pub enum KeySource {
 }
 
 /// The plan of one statement text.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Plan {
     /// One route per statement, in order. Empty for empty text; a single
     /// [`Route::Unparsed`] when the text does not parse (it cannot be split reliably).
@@ -483,10 +483,10 @@ impl Planner {
                 cached: true,
             };
         }
-        let (plan, cached) = self.cached_or_built(text, buf, true);
+        let (mut plan, cached) = self.cached_or_built(text, buf, true);
         if !plan.use_original && self.cache.keeps_plans() {
             // Plans of original texts (literals kept) are per text: not worth a thread's room.
-            local::put(owner, text, &plan);
+            plan = local::put(owner, text, &plan);
         }
         let (plan, cached) = if plan.use_original {
             self.cached_or_built(sql, buf, false)

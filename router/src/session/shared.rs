@@ -117,15 +117,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let Ok(uses) = replay::uses(&self.out.bytes) else {
             return Ok(false);
         };
-        let Some(Pinned {
-            shard,
-            conn: Link::Shared { mux, .. },
-            ..
-        }) = &self.pin
-        else {
+        // The mux is borrowed from the pin, never cloned: its count is written by the sessions
+        // of every worker.
+        let Some((shard, mux)) = self.shared_pin() else {
             return Ok(false);
         };
-        let (shard, mux) = (*shard, mux.clone());
         let fp = self.settings.fingerprint();
         let Some(lane) = mux.lane(fp, self.routing.config.pool.connect_timeout).await else {
             return Ok(false);
@@ -141,7 +137,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         });
         let outcome = self
             .run_shared(
-                &mux,
                 &lane,
                 &mut channel,
                 Submission {
@@ -173,7 +168,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             Outcome::Aborted(why) => {
                 // A shutdown refuses logins from the moment it ends the sessions; a server
                 // that still takes one ended this session on purpose: not sent again.
-                if crate::backend::BackendConn::connect(&mux.endpoint)
+                let endpoint = self.shared_pin().map(|(_, m)| m.endpoint.clone());
+                let Some(endpoint) = endpoint else {
+                    return Ok(false);
+                };
+                if crate::backend::BackendConn::connect(&endpoint)
                     .await
                     .is_err()
                 {
@@ -185,10 +184,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 return Ok(true);
             }
             Outcome::Lost(why) => {
+                let endpoint = self.shared_endpoint_name();
                 self.pin = None;
                 let name = self.shard_name(shard);
-                tracing::warn!(shard = %name, endpoint = %mux.endpoint.name(), "shared connection lost: {why}");
-                let err = errors::shard_lost(&name, &mux.endpoint.name(), &why);
+                tracing::warn!(shard = %name, endpoint = %endpoint, "shared connection lost: {why}");
+                let err = errors::shard_lost(&name, &endpoint, &why);
                 self.exchange_failed(err).await?;
                 return Ok(true);
             }
@@ -204,9 +204,26 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         Ok(true)
     }
 
+    /// The shard and mux of a shared pin.
+    fn shared_pin(&self) -> Option<(usize, &std::sync::Arc<ShardMux>)> {
+        match &self.pin {
+            Some(Pinned {
+                shard,
+                conn: Link::Shared { mux, .. },
+                ..
+            }) => Some((*shard, mux)),
+            _ => None,
+        }
+    }
+
+    /// The name of a shared pin's endpoint, for errors.
+    fn shared_endpoint_name(&self) -> String {
+        self.shared_pin()
+            .map_or_else(String::new, |(_, m)| m.endpoint.name())
+    }
+
     async fn run_shared(
         &mut self,
-        mux: &ShardMux,
         lane: &Lane,
         channel: &mut Channel,
         req: Submission<'_>,
@@ -229,6 +246,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             _ => &[],
         };
         let settings = &self.settings;
+        let Some((_, mux)) = self.shared_pin() else {
+            return Ok(Outcome::NotTaken);
+        };
         let submitted = lane.submit(
             mux,
             Request {
@@ -293,7 +313,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                             let shard = self.pin.as_ref().map_or(0, |p| p.shard);
                             let err = errors::pool_exhausted(
                                 &self.shard_name(shard),
-                                &mux.endpoint.name(),
+                                &self.shared_endpoint_name(),
                                 self.routing.config.pool.checkout_timeout,
                             );
                             self.answer_unsent(&err, readies)?;

@@ -83,7 +83,7 @@ async fn run(mux: &Weak<ShardMux>, lane: &Arc<Lane>, conn: &mut BackendConn) -> 
         // Timers only while something waits on one: most turns set up none.
         let broken = tokio::select! {
             biased;
-            _ = lane.wake.notified() => continue,
+            () = lane.wake.wait() => continue,
             r = io => r.err().map(|e| e.to_string()),
             _ = &mut timer, if armed.is_some() => {
                 // The next turn takes out what waited too long; the timer is set again even

@@ -15,6 +15,11 @@ use crate::backend::pipeline::{Unplaced, Written};
 use crate::backend::prepared::PreparedSet;
 use crate::protocol::frame::next_frame;
 
+/// Bits of a request's number that count the lane's requests (the rest number the lane):
+/// a lane wraps after 2^40 requests, about 12 days at a million a second, long after any reply
+/// to an old number could still be waiting in a session's channel.
+const SEQ_BITS: u32 = 40;
+
 /// A run of whole reply frames for one request: its sink, its number, and where the frames
 /// are in the read buffer.
 pub(super) type Run = (Sink, u64, std::ops::Range<usize>);
@@ -84,7 +89,7 @@ impl Lane {
         }
         bytes.extend_from_slice(req.bytes);
         bytes.extend_from_slice(req.tail);
-        let seq = mux.seq.fetch_add(1, Ordering::Relaxed);
+        let seq = self.next_seq(&mut st);
         st.queued.push_back(Queued {
             seq,
             proves: None,
@@ -97,8 +102,17 @@ impl Lane {
         });
         self.load.fetch_add(1, Ordering::Relaxed);
         drop(st);
-        self.wake.notify_one();
+        self.wake.notify();
         Some(seq)
+    }
+
+    /// The number of the next request queued here: unique among the requests of every lane
+    /// of the mux (the lane's own number is in the high bits), never 0 (the router's settings
+    /// requests). A session tells its replies from those of a request it stopped waiting for
+    /// by it.
+    fn next_seq(&self, st: &mut LaneState) -> u64 {
+        st.next += 1;
+        (self.id << SEQ_BITS) | (st.next & ((1 << SEQ_BITS) - 1))
     }
 
     /// Cancels request `seq` (see the module documentation).
@@ -118,7 +132,7 @@ impl Lane {
             });
         }
         drop(st);
-        self.wake.notify_one();
+        self.wake.notify();
         Cancelled::Asked
     }
 
@@ -277,7 +291,7 @@ impl Lane {
         if let Some(c) = self.state().cancels.iter_mut().find(|c| c.seq == seq) {
             c.delivered = true;
         }
-        self.wake.notify_one();
+        self.wake.notify();
     }
 
     /// Hands the whole reply frames in `rbuf` to their requests: what each sink gets goes to

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use bytes::{Bytes, BytesMut};
 use tokio::sync::Notify;
 
@@ -31,6 +32,7 @@ use super::prepared::PreparedSet;
 
 mod driver;
 mod lane;
+mod signal;
 mod sink;
 
 pub use sink::{Channel, Inbox, Sink, UNREAD_LIMIT};
@@ -95,7 +97,11 @@ pub struct ShardMux {
     health: Arc<super::health::Health>,
     /// Most lanes (connections) this router opens to the endpoint.
     limit: usize,
-    lanes: Mutex<Vec<Arc<Lane>>>,
+    /// The open lanes, each with the worker that drives it. Read on every statement by the
+    /// sessions of every worker, so read without a lock (a lock word written by every worker
+    /// would move between their caches on every statement); changed only when a lane opens
+    /// or closes.
+    lanes: ArcSwap<Lanes>,
     /// Lanes being opened.
     opening: AtomicUsize,
     /// Lanes open or being opened: taken before an opening, so that workers opening at the
@@ -103,7 +109,10 @@ pub struct ShardMux {
     taken: AtomicUsize,
     /// A lane was added, or an opening failed.
     changed: Notify,
-    seq: AtomicU64,
+    /// The number of the next lane opened: a lane numbers its requests itself
+    /// ([`Lane::next_seq`]), with its own number in the high bits, so that no counter is
+    /// shared by the workers.
+    lane_ids: AtomicU64,
     /// Settings fingerprints a lane of this endpoint has applied without an error: a switch
     /// to one of them is written with the requests behind it, any other alone first
     /// ([`LaneState::proving`]).
@@ -117,9 +126,11 @@ const PROVEN_KEPT: usize = 4096;
 pub struct Lane {
     pub pid: i32,
     pub secret: i32,
-    worker: usize,
+    /// This lane's number in its mux ([`ShardMux::lane_ids`]).
+    id: u64,
     state: Mutex<LaneState>,
-    wake: Notify,
+    /// Something for the driver to do: a request queued, a cancel asked, the mux gone.
+    wake: signal::Signal,
     /// Requests queued or written and not answered.
     load: AtomicUsize,
     /// When the request now running began, in coarse µs ([`now_us`]; 0: none).
@@ -130,6 +141,8 @@ pub struct Lane {
 }
 
 struct LaneState {
+    /// The next request's number in this lane ([`Lane::next_seq`]).
+    next: u64,
     queued: VecDeque<Queued>,
     pipeline: Pipeline<Sink>,
     prepared: PreparedSet,
@@ -219,11 +232,11 @@ impl ShardMux {
             endpoint,
             health,
             limit,
-            lanes: Mutex::new(Vec::new()),
+            lanes: ArcSwap::default(),
             opening: AtomicUsize::new(0),
             taken: AtomicUsize::new(0),
             changed: Notify::new(),
-            seq: AtomicU64::new(1),
+            lane_ids: AtomicU64::new(1),
             proven: Mutex::new(HashSet::new()),
         }
     }
@@ -233,8 +246,8 @@ impl ShardMux {
         self.limit
     }
 
-    fn lanes(&self) -> MutexGuard<'_, Vec<Arc<Lane>>> {
-        self.lanes.lock().unwrap_or_else(|p| p.into_inner())
+    fn lanes(&self) -> arc_swap::Guard<Arc<Lanes>> {
+        self.lanes.load()
     }
 
     /// Lanes open now.
@@ -246,7 +259,7 @@ impl ShardMux {
     pub fn lane_loads(&self) -> Vec<(i32, usize)> {
         self.lanes()
             .iter()
-            .map(|l| (l.pid, l.load.load(Ordering::Relaxed)))
+            .map(|(_, l)| (l.pid, l.load.load(Ordering::Relaxed)))
             .collect()
     }
 
@@ -287,34 +300,27 @@ impl ShardMux {
     /// The best lane and whether it can take the request at once (not slow, not full).
     fn pick(&self, fp: u64) -> (Option<Arc<Lane>>, bool) {
         let now = now_us();
-        let slow_us = us(SLOW);
         let here = crate::backend::worker::worker();
         let lanes = self.lanes();
-        let best = lanes
-            .iter()
-            .filter(|l| !l.closed.load(Ordering::Relaxed))
-            .map(|l| {
-                let since = l.front_since.load(Ordering::Relaxed);
-                let slow = since != 0 && now.saturating_sub(since) > slow_us;
-                let load = l.load.load(Ordering::Relaxed);
-                let full = load >= DEPTH;
-                let rank = (
-                    slow,
-                    full,
-                    l.worker != here,
-                    l.settings_fp.load(Ordering::Relaxed) != fp,
-                    load,
-                );
-                (rank, l)
-            })
-            .min_by_key(|(rank, _)| *rank);
+        // A lane of this worker that can take the request wins over any of another worker,
+        // whose counters (written by their own worker on every statement) are then not read.
+        let own = best(lanes.iter().filter(|(w, _)| *w == here), here, fp, now);
+        if let Some((
+            Fit {
+                slow: false,
+                full: false,
+                ..
+            },
+            lane,
+        )) = own
+        {
+            return (Some(lane.clone()), true);
+        }
         // A lane of another worker costs a wake-up of that thread per statement each way: it
         // takes the request at once only when this worker may not open one of its own.
         let room = self.taken.load(Ordering::Relaxed) < self.limit;
-        match best {
-            Some(((slow, full, remote, _, _), lane)) => {
-                (Some(lane.clone()), !(slow || full || remote && room))
-            }
+        match best(lanes.iter(), here, fp, now) {
+            Some((f, lane)) => (Some(lane.clone()), !(f.slow || f.full || f.remote && room)),
             None => (None, false),
         }
     }
@@ -368,8 +374,9 @@ impl ShardMux {
                     let lane = Arc::new(Lane {
                         pid: conn.pid,
                         secret: conn.secret,
-                        worker: crate::backend::worker::worker(),
+                        id: mux.lane_ids.fetch_add(1, Ordering::Relaxed),
                         state: Mutex::new(LaneState {
+                            next: 0,
                             queued: VecDeque::new(),
                             pipeline: Pipeline::default(),
                             prepared: PreparedSet::default(),
@@ -379,13 +386,18 @@ impl ShardMux {
                             retiring: false,
                             proving: None,
                         }),
-                        wake: Notify::new(),
+                        wake: Default::default(),
                         load: AtomicUsize::new(0),
                         front_since: AtomicU64::new(0),
                         settings_fp: AtomicU64::new(0),
                         closed: AtomicBool::new(false),
                     });
-                    mux.lanes().push(lane.clone());
+                    let worker = crate::backend::worker::worker();
+                    mux.lanes.rcu(|lanes| {
+                        let mut lanes = Vec::clone(lanes);
+                        lanes.push((worker, lane.clone()));
+                        lanes
+                    });
                     tracing::debug!(endpoint = %mux.endpoint.name(), pid = lane.pid, "opened a shared connection");
                     let weak = Arc::downgrade(&mux);
                     mux.changed.notify_waiters();
@@ -420,23 +432,72 @@ impl ShardMux {
     }
 
     fn remove(&self, lane: &Arc<Lane>) {
-        let mut lanes = self.lanes();
-        let before = lanes.len();
-        lanes.retain(|l| !Arc::ptr_eq(l, lane));
-        if lanes.len() < before {
+        let mut removed = false;
+        self.lanes.rcu(|lanes| {
+            let kept: Vec<_> = lanes
+                .iter()
+                .filter(|(_, l)| !Arc::ptr_eq(l, lane))
+                .cloned()
+                .collect();
+            removed = kept.len() < lanes.len();
+            kept
+        });
+        if removed {
             self.taken.fetch_sub(1, Ordering::AcqRel);
         }
-        drop(lanes);
         self.changed.notify_waiters();
     }
+}
+
+/// A mux's open lanes, each with the worker that drives it.
+type Lanes = Vec<(usize, Arc<Lane>)>;
+
+/// How a lane fits a request.
+#[derive(Clone, Copy)]
+struct Fit {
+    /// Its running request has run for [`SLOW`].
+    slow: bool,
+    /// It has [`DEPTH`] requests queued or written.
+    full: bool,
+    /// Another worker drives it.
+    remote: bool,
+}
+
+/// The best of `lanes` for a request with settings `fp` on worker `here`, and how it fits: the
+/// open lane first that is not slow, then not full, then this worker's, then already holds the
+/// settings, then has the least queued.
+fn best<'a>(
+    lanes: impl Iterator<Item = &'a (usize, Arc<Lane>)>,
+    here: usize,
+    fp: u64,
+    now: u64,
+) -> Option<(Fit, &'a Arc<Lane>)> {
+    let slow_us = us(SLOW);
+    lanes
+        .filter(|(_, l)| !l.closed.load(Ordering::Relaxed))
+        .map(|(worker, l)| {
+            let since = l.front_since.load(Ordering::Relaxed);
+            let slow = since != 0 && now.saturating_sub(since) > slow_us;
+            let load = l.load.load(Ordering::Relaxed);
+            let rank = (
+                slow,
+                load >= DEPTH,
+                *worker != here,
+                l.settings_fp.load(Ordering::Relaxed) != fp,
+                load,
+            );
+            (rank, l)
+        })
+        .min_by_key(|(rank, _)| *rank)
+        .map(|((slow, full, remote, _, _), l)| (Fit { slow, full, remote }, l))
 }
 
 impl Drop for ShardMux {
     /// The drivers hold the mux only weakly: each is woken to see that it is gone and end
     /// its lane (no driver polls for that on a timer).
     fn drop(&mut self) {
-        for lane in self.lanes().iter() {
-            lane.wake.notify_one();
+        for (_, lane) in self.lanes().iter() {
+            lane.wake.notify();
         }
     }
 }
