@@ -101,7 +101,14 @@ impl Routing {
         let pools = (0..workers.max(1))
             .map(|w| Pools::new(&map, &settings, previous.map(|p| p.pools_of(w))))
             .collect();
-        let muxes = muxes(&map, &config, &settings, previous, board.health);
+        let muxes = muxes(
+            &map,
+            &config,
+            &settings,
+            previous,
+            board.health,
+            workers.max(1),
+        );
         Routing {
             ids: super::ids::Ids::new(&map),
             generation,
@@ -211,6 +218,7 @@ fn muxes(
     settings: &PoolSettings,
     previous: Option<&Routing>,
     health: &HealthBoard,
+    workers: usize,
 ) -> Vec<Arc<ShardMux>> {
     let limit = config.pool.shared_connections;
     if limit == 0 {
@@ -238,6 +246,7 @@ fn muxes(
                     _ => Arc::new(ShardMux::new(
                         endpoint,
                         limit,
+                        workers,
                         health.of(&shard.primary.endpoint()),
                     )),
                 })

@@ -107,6 +107,11 @@ pub struct ShardMux {
     /// Lanes open or being opened: taken before an opening, so that workers opening at the
     /// same moment never pass the limit together.
     taken: AtomicUsize,
+    /// The same for each worker. A worker holds at most its share of the limit
+    /// ([`ShardMux::share`]): a worker whose lane was slow for a moment at the start must not
+    /// take the lane another worker's sessions need, or they would cross to its thread for
+    /// every statement, for as long as the lanes last.
+    taken_by: Box<[AtomicUsize]>,
     /// A lane was added, or an opening failed.
     changed: Notify,
     /// The number of the next lane opened: a lane numbers its requests itself
@@ -227,7 +232,14 @@ fn us(d: Duration) -> u64 {
 }
 
 impl ShardMux {
-    pub fn new(endpoint: Endpoint, limit: usize, health: Arc<super::health::Health>) -> ShardMux {
+    /// The mux of `endpoint` for a router of `workers` worker threads, opening at most `limit`
+    /// lanes.
+    pub fn new(
+        endpoint: Endpoint,
+        limit: usize,
+        workers: usize,
+        health: Arc<super::health::Health>,
+    ) -> ShardMux {
         ShardMux {
             endpoint,
             health,
@@ -235,6 +247,7 @@ impl ShardMux {
             lanes: ArcSwap::default(),
             opening: AtomicUsize::new(0),
             taken: AtomicUsize::new(0),
+            taken_by: (0..workers.max(1)).map(|_| AtomicUsize::new(0)).collect(),
             changed: Notify::new(),
             lane_ids: AtomicU64::new(1),
             proven: Mutex::new(HashSet::new()),
@@ -318,7 +331,7 @@ impl ShardMux {
         }
         // A lane of another worker costs a wake-up of that thread per statement each way: it
         // takes the request at once only when this worker may not open one of its own.
-        let room = self.taken.load(Ordering::Relaxed) < self.limit;
+        let room = self.may_open(here);
         match best(lanes.iter(), here, fp, now) {
             Some((f, lane)) => (Some(lane.clone()), !(f.slow || f.full || f.remote && room)),
             None => (None, false),
@@ -354,11 +367,39 @@ impl ShardMux {
 
     /// Takes room for one more lane, if the limit allows.
     fn take_slot(&self) -> bool {
-        self.taken
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.limit).then_some(n + 1)
-            })
-            .is_ok()
+        let below = |limit: usize| move |n: usize| (n < limit).then_some(n + 1);
+        let mine = &self.taken_by[crate::backend::worker::worker() % self.taken_by.len()];
+        if mine
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, below(self.share()))
+            .is_err()
+        {
+            return false;
+        }
+        let taken = self
+            .taken
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, below(self.limit));
+        if taken.is_err() {
+            mine.fetch_sub(1, Ordering::AcqRel);
+        }
+        taken.is_ok()
+    }
+
+    /// Gives back the room of a lane of worker `worker` (closed, or its opening failed).
+    fn give_slot(&self, worker: usize) {
+        self.taken_by[worker % self.taken_by.len()].fetch_sub(1, Ordering::AcqRel);
+        self.taken.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Most lanes one worker opens: its share of the limit, rounded up (so that with fewer
+    /// lanes than workers, each lane is still opened by a different worker).
+    fn share(&self) -> usize {
+        self.limit.div_ceil(self.taken_by.len())
+    }
+
+    /// Whether worker `here` may open another lane now.
+    fn may_open(&self, here: usize) -> bool {
+        self.taken.load(Ordering::Relaxed) < self.limit
+            && self.taken_by[here % self.taken_by.len()].load(Ordering::Relaxed) < self.share()
     }
 
     /// Opens one more lane in the background, on this worker (its room already taken).
@@ -407,7 +448,7 @@ impl ShardMux {
                 Err(e) => {
                     tracing::warn!(endpoint = %mux.endpoint.name(), "could not open a shared connection: {e}");
                     mux.health.down(&mux.endpoint.name(), &e.to_string());
-                    mux.taken.fetch_sub(1, Ordering::AcqRel);
+                    mux.give_slot(crate::backend::worker::worker());
                     mux.changed.notify_waiters();
                 }
             }
@@ -432,18 +473,20 @@ impl ShardMux {
     }
 
     fn remove(&self, lane: &Arc<Lane>) {
-        let mut removed = false;
+        let mut removed = None;
         self.lanes.rcu(|lanes| {
-            let kept: Vec<_> = lanes
+            removed = lanes
+                .iter()
+                .find(|(_, l)| Arc::ptr_eq(l, lane))
+                .map(|(w, _)| *w);
+            lanes
                 .iter()
                 .filter(|(_, l)| !Arc::ptr_eq(l, lane))
                 .cloned()
-                .collect();
-            removed = kept.len() < lanes.len();
-            kept
+                .collect::<Vec<_>>()
         });
-        if removed {
-            self.taken.fetch_sub(1, Ordering::AcqRel);
+        if let Some(worker) = removed {
+            self.give_slot(worker);
         }
         self.changed.notify_waiters();
     }
@@ -499,5 +542,58 @@ impl Drop for ShardMux {
         for (_, lane) in self.lanes().iter() {
             lane.wake.notify();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::worker::set_worker;
+
+    fn mux(limit: usize, workers: usize) -> ShardMux {
+        let endpoint = Endpoint {
+            host: "127.0.0.1".into(),
+            port: 1,
+            database: "db".into(),
+            user: "u".into(),
+            password: None,
+            application_name: "test".into(),
+            connect_timeout: Duration::from_secs(1),
+            tls: crate::tls::BackendTls::disabled(),
+        };
+        ShardMux::new(endpoint, limit, workers, Default::default())
+    }
+
+    /// Takes room for a lane as worker `w` would.
+    fn take_as(mux: &ShardMux, w: usize) -> bool {
+        set_worker(w);
+        mux.take_slot()
+    }
+
+    #[test]
+    fn a_worker_opens_at_most_its_share_of_the_lanes() {
+        let two = mux(2, 2);
+        assert!(take_as(&two, 0));
+        assert!(!take_as(&two, 0), "the other lane is worker 1's");
+        assert!(!two.may_open(0) && two.may_open(1));
+        assert!(take_as(&two, 1));
+        assert!(!take_as(&two, 1) && !two.may_open(1), "the limit");
+        two.give_slot(0);
+        assert!(!take_as(&two, 1), "worker 0's room, given back");
+        assert!(take_as(&two, 0));
+
+        // Fewer lanes than workers: each opened by a different worker, the first to ask.
+        let one = mux(1, 4);
+        assert!(take_as(&one, 2));
+        assert!(!take_as(&one, 3) && !take_as(&one, 2));
+
+        // More lanes than workers: the share rounded up, the limit in all.
+        let five = mux(5, 2);
+        assert_eq!(five.share(), 3);
+        assert!((0..3).all(|_| take_as(&five, 0)));
+        assert!(!take_as(&five, 0));
+        assert!(take_as(&five, 1) && take_as(&five, 1));
+        assert!(!take_as(&five, 1), "five in all");
+        set_worker(0);
     }
 }
