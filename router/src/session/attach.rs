@@ -53,14 +53,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             return self.pinned(with_begin);
         }
         if may_share && !wanted.is_some_and(|s| self.kept.keeps(s)) {
-            if let Some((shard, mux)) = self.shareable_shard(wanted) {
+            if let Some(shard) = self.shareable_shard(wanted) {
                 self.client
                     .meter
                     .route(RouteKind::SingleShard, self.routing.stats_id(shard));
                 self.pin = Some(Pinned {
                     shard,
                     conn: Link::Shared {
-                        mux,
+                        generation: self.routing.generation,
                         assumed: PreparedSet::everything(),
                         any: wanted.is_none(),
                         bound: Vec::new(),

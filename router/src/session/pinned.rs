@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use crate::backend::mux::ShardMux;
 use crate::backend::pool::PooledConn;
 use crate::backend::prepared::PreparedSet;
 
@@ -27,7 +26,9 @@ pub enum Link {
     /// connection that has every router statement, and goes to one of them once complete,
     /// with the preparation that connection needs in front.
     Shared {
-        mux: Arc<ShardMux>,
+        /// The routing (`Routing::generation`) whose mux for the shard it goes to: a request
+        /// pinned under another routing does not go to this one's.
+        generation: u64,
         assumed: PreparedSet,
         /// The statement needs no particular shard: if the request cannot go to these shared
         /// connections, any shard's connection will do.

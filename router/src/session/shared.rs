@@ -86,12 +86,9 @@ enum Outcome {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
-    /// The shard a statement that may share goes to, and its mux: when sharing is on, the
-    /// client is outside any transaction, and the shard is up and not paused.
-    pub(super) fn shareable_shard(
-        &self,
-        wanted: Option<usize>,
-    ) -> Option<(usize, std::sync::Arc<ShardMux>)> {
+    /// The shard a statement that may share goes to: when sharing is on, the client is
+    /// outside any transaction, and the shard is up and not paused.
+    pub(super) fn shareable_shard(&self, wanted: Option<usize>) -> Option<usize> {
         // (`wanted: None`: any shard; its shared connections may be passed over later for a
         // shard that can give a connection at once, `Session::unshare`.)
         if self.state.in_transaction() || self.spans_shards() {
@@ -99,10 +96,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         }
         let shard =
             wanted.unwrap_or_else(|| self.shared.any_shard(self.routing.map.shards().len()));
-        let mux = self.routing.mux(shard)?;
-        self.routing
-            .shareable_now(shard)
-            .then(|| (shard, mux.clone()))
+        self.routing.mux(shard)?;
+        self.routing.shareable_now(shard).then_some(shard)
     }
 
     /// Runs the request in the outbox on a shared connection; `false` when it does not stand
@@ -117,8 +112,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         let Ok(uses) = replay::uses(&self.out.bytes) else {
             return Ok(false);
         };
-        // The mux is borrowed from the pin, never cloned: its count is written by the sessions
-        // of every worker.
         let Some((shard, mux)) = self.shared_pin() else {
             return Ok(false);
         };
@@ -204,14 +197,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         Ok(true)
     }
 
-    /// The shard and mux of a shared pin.
+    /// The shard and mux of a shared pin, while the session has the routing it was pinned
+    /// under. The mux is borrowed from the routing, never cloned for a statement: its count
+    /// would be a word written by the sessions of every worker.
     fn shared_pin(&self) -> Option<(usize, &std::sync::Arc<ShardMux>)> {
         match &self.pin {
             Some(Pinned {
                 shard,
-                conn: Link::Shared { mux, .. },
+                conn: Link::Shared { generation, .. },
                 ..
-            }) => Some((*shard, mux)),
+            }) if *generation == self.routing.generation => {
+                self.routing.mux(*shard).map(|m| (*shard, m))
+            }
             _ => None,
         }
     }
