@@ -560,3 +560,41 @@ async fn a_setting_postgres_refuses_fails_only_its_own_client() {
     let backends = backends_per_shard(&env).await;
     assert!(within(&backends, 1), "{backends:?} (all, clients')");
 }
+
+/// A slow statement on a shared connection does not hold the statements of other clients,
+/// whichever worker they landed on: another lane takes them (one of the other worker's, or one
+/// opened past the worker's share of `shared_connections`), and they are answered while it
+/// still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_statement_holds_no_other_clients_statements() {
+    let env = env(2, "");
+    let setup = env.router.connect().await;
+    fill(&setup, 10).await;
+    let slow = env.router.connect().await;
+    let mut others = Vec::new();
+    for _ in 0..8 {
+        others.push(env.router.connect().await);
+    }
+    // The same shard as the point selects below: id 1's.
+    let running = tokio::spawn(async move {
+        slow.query_one("SELECT pg_sleep(3), v FROM kv WHERE id = $1", &[&1i64])
+            .await
+            .map(|_| ())
+    });
+    // Let it start and run past `mux::SLOW`.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for (i, c) in others.iter().enumerate() {
+        for _ in 0..3 {
+            let row = c
+                .query_one("SELECT v FROM kv WHERE id = $1", &[&1i64])
+                .await
+                .expect("answered");
+            assert_eq!(row.get::<_, String>(0), "v1");
+        }
+        assert!(
+            !running.is_finished(),
+            "client {i}'s statements waited for the slow one"
+        );
+    }
+    running.await.expect("joined").expect("the slow statement");
+}

@@ -5,9 +5,11 @@
 //! shared memory, so statements on 32 cores do not bounce the shared cache's lock words between
 //! them. The shared cache stays the source of truth: this one holds the thread's own copies of
 //! its plans (a plan's count is written whenever a session takes or drops it, so one `Arc`
-//! shared by every worker would bounce like a lock word), is small and is emptied when full, and is dropped as a whole when the planner it belongs to
-//! changes its plans ([`super::Planner::learn_tables`]) or another planner uses the
-//! thread (tests build many).
+//! shared by every worker would bounce like a lock word), is small and is emptied when full,
+//! and is dropped as a whole when the planner it belongs to changes its plans
+//! ([`super::Planner::learn_tables`]) or another planner uses the thread (tests build many).
+//! The copies cost memory besides the shared cache's bound: at most [`CAPACITY`] plans of
+//! texts up to [`MAX_TEXT`] per worker.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

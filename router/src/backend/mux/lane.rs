@@ -107,12 +107,14 @@ impl Lane {
     }
 
     /// The number of the next request queued here: unique among the requests of every lane
-    /// of the mux (the lane's own number is in the high bits), never 0 (the router's settings
+    /// (the lane's own number is in the high bits), never 0 (the router's settings
     /// requests). A session tells its replies from those of a request it stopped waiting for
     /// by it.
     fn next_seq(&self, st: &mut LaneState) -> u64 {
         st.next += 1;
-        (self.id << SEQ_BITS) | (st.next & ((1 << SEQ_BITS) - 1))
+        // The lane's number in the bits left, never 0 (after 2^24 lanes, numbers repeat).
+        let lane = (self.id % (1 << (64 - SEQ_BITS))).max(1);
+        (lane << SEQ_BITS) | (st.next & ((1 << SEQ_BITS) - 1))
     }
 
     /// Cancels request `seq` (see the module documentation).

@@ -13,7 +13,8 @@
 //!
 //! A slow statement must not hold many others: a lane writes at most [`DEPTH`] requests ahead,
 //! and none behind a request that has run for [`SLOW`]; then new requests go to another lane,
-//! opened up to the limit. A cancel reaches only its own request: one still queued is taken
+//! opened up to the limit (each worker within its share of it first, [`ShardMux::take_slot`]).
+//! A cancel reaches only its own request: one still queued is taken
 //! out, one written is cancelled on the backend only while it is the one running, and the
 //! lane writes nothing new until that cancel has been delivered.
 
@@ -114,15 +115,16 @@ pub struct ShardMux {
     taken_by: Box<[AtomicUsize]>,
     /// A lane was added, or an opening failed.
     changed: Notify,
-    /// The number of the next lane opened: a lane numbers its requests itself
-    /// ([`Lane::next_seq`]), with its own number in the high bits, so that no counter is
-    /// shared by the workers.
-    lane_ids: AtomicU64,
     /// Settings fingerprints a lane of this endpoint has applied without an error: a switch
     /// to one of them is written with the requests behind it, any other alone first
     /// ([`LaneState::proving`]).
     proven: Mutex<HashSet<u64>>,
 }
+
+/// The number of the next lane opened in the process: a lane numbers its requests itself
+/// ([`Lane::next_seq`]), with its own number in the high bits, so that no counter is written by
+/// every worker, and numbers stay unique across muxes (a session's channel serves them all).
+static LANE_IDS: AtomicU64 = AtomicU64::new(1);
 
 /// Most fingerprints [`ShardMux::proven`] keeps; past it, it starts again empty.
 const PROVEN_KEPT: usize = 4096;
@@ -131,7 +133,7 @@ const PROVEN_KEPT: usize = 4096;
 pub struct Lane {
     pub pid: i32,
     pub secret: i32,
-    /// This lane's number in its mux ([`ShardMux::lane_ids`]).
+    /// This lane's number in the process ([`LANE_IDS`]).
     id: u64,
     state: Mutex<LaneState>,
     /// Something for the driver to do: a request queued, a cancel asked, the mux gone.
@@ -249,7 +251,6 @@ impl ShardMux {
             taken: AtomicUsize::new(0),
             taken_by: (0..workers.max(1)).map(|_| AtomicUsize::new(0)).collect(),
             changed: Notify::new(),
-            lane_ids: AtomicU64::new(1),
             proven: Mutex::new(HashSet::new()),
         }
     }
@@ -294,7 +295,10 @@ impl ShardMux {
             if usable {
                 return best;
             }
-            if !opened && self.take_slot() {
+            // Past its share only when no lane can take the request at once: a slow statement
+            // must not hold the statements of its worker behind it.
+            let beyond = best.is_none() || !self.is_remote_only(&best);
+            if !opened && (self.take_slot(false) || beyond && self.take_slot(true)) {
                 // One opening per request: a host that refuses is left to the caller's own
                 // connection, which waits for it as `[failover]` says.
                 self.open();
@@ -332,6 +336,10 @@ impl ShardMux {
         // A lane of another worker costs a wake-up of that thread per statement each way: it
         // takes the request at once only when this worker may not open one of its own.
         let room = self.may_open(here);
+        if own.is_none() && !room && self.limit > self.share() {
+            // No lane of its own and none to be had: another worker's may be past its share.
+            self.rebalance(&lanes);
+        }
         match best(lanes.iter(), here, fp, now) {
             Some((f, lane)) => (Some(lane.clone()), !(f.slow || f.full || f.remote && room)),
             None => (None, false),
@@ -345,7 +353,7 @@ impl ShardMux {
         if !self.lanes().is_empty() || self.opening.load(Ordering::Relaxed) > 0 {
             return None;
         }
-        if !self.take_slot() {
+        if !self.take_slot(false) {
             return None;
         }
         let changed = self.changed.notified();
@@ -366,11 +374,18 @@ impl ShardMux {
     }
 
     /// Takes room for one more lane, if the limit allows.
-    fn take_slot(&self) -> bool {
+    /// Takes room for one more lane of this worker: within its share of the limit, or with
+    /// `beyond_share` only within the limit.
+    fn take_slot(&self, beyond_share: bool) -> bool {
         let below = |limit: usize| move |n: usize| (n < limit).then_some(n + 1);
         let mine = &self.taken_by[crate::backend::worker::worker() % self.taken_by.len()];
+        let share = if beyond_share {
+            usize::MAX
+        } else {
+            self.share()
+        };
         if mine
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, below(self.share()))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, below(share))
             .is_err()
         {
             return false;
@@ -396,6 +411,39 @@ impl ShardMux {
         self.limit.div_ceil(self.taken_by.len())
     }
 
+    /// Whether `lane` could take a request at once but is another worker's (as opposed to
+    /// slow or full).
+    fn is_remote_only(&self, lane: &Option<Arc<Lane>>) -> bool {
+        let Some(lane) = lane else {
+            return false;
+        };
+        let since = lane.front_since.load(Ordering::Relaxed);
+        let slow = since != 0 && now_us().saturating_sub(since) > us(SLOW);
+        !slow && lane.load.load(Ordering::Relaxed) < DEPTH
+    }
+
+    /// This worker has no lane and the limit is reached: a worker that holds more than its
+    /// share (it went past it while its lanes were slow or full) gives one back. Its least
+    /// loaded lane takes nothing new and closes once answered; this worker opens its own then.
+    fn rebalance(&self, lanes: &Lanes) {
+        let share = self.share();
+        let taking = |w: usize| {
+            lanes
+                .iter()
+                .filter(|(x, l)| *x == w && !l.closed.load(Ordering::Relaxed))
+                .count()
+        };
+        let over = lanes
+            .iter()
+            .filter(|(w, l)| !l.closed.load(Ordering::Relaxed) && taking(*w) > share)
+            .min_by_key(|(_, l)| l.load.load(Ordering::Relaxed));
+        if let Some((w, lane)) = over {
+            tracing::debug!(endpoint = %self.endpoint.name(), pid = lane.pid, worker = w, "a shared connection past its worker's share closes for another worker's");
+            lane.retire(&mut lane.state());
+            lane.wake.notify();
+        }
+    }
+
     /// Whether worker `here` may open another lane now.
     fn may_open(&self, here: usize) -> bool {
         self.taken.load(Ordering::Relaxed) < self.limit
@@ -406,34 +454,15 @@ impl ShardMux {
     fn open(self: &Arc<Self>) {
         self.opening.fetch_add(1, Ordering::Relaxed);
         let mux = self.clone();
+        // The worker whose room was taken: the task runs on it (one event loop per worker).
+        let worker = crate::backend::worker::worker();
         tokio::spawn(async move {
             let opened = BackendConn::connect(&mux.endpoint).await;
             mux.opening.fetch_sub(1, Ordering::Relaxed);
             match opened {
                 Ok(conn) => {
                     mux.health.up(|| mux.endpoint.name());
-                    let lane = Arc::new(Lane {
-                        pid: conn.pid,
-                        secret: conn.secret,
-                        id: mux.lane_ids.fetch_add(1, Ordering::Relaxed),
-                        state: Mutex::new(LaneState {
-                            next: 0,
-                            queued: VecDeque::new(),
-                            pipeline: Pipeline::default(),
-                            prepared: PreparedSet::default(),
-                            settings_fp: 0,
-                            cancels: Vec::new(),
-                            ended: None,
-                            retiring: false,
-                            proving: None,
-                        }),
-                        wake: Default::default(),
-                        load: AtomicUsize::new(0),
-                        front_since: AtomicU64::new(0),
-                        settings_fp: AtomicU64::new(0),
-                        closed: AtomicBool::new(false),
-                    });
-                    let worker = crate::backend::worker::worker();
+                    let lane = Arc::new(Lane::new(conn.pid, conn.secret));
                     mux.lanes.rcu(|lanes| {
                         let mut lanes = Vec::clone(lanes);
                         lanes.push((worker, lane.clone()));
@@ -448,7 +477,7 @@ impl ShardMux {
                 Err(e) => {
                     tracing::warn!(endpoint = %mux.endpoint.name(), "could not open a shared connection: {e}");
                     mux.health.down(&mux.endpoint.name(), &e.to_string());
-                    mux.give_slot(crate::backend::worker::worker());
+                    mux.give_slot(worker);
                     mux.changed.notify_waiters();
                 }
             }
@@ -535,6 +564,33 @@ fn best<'a>(
         .map(|((slow, full, remote, _, _), l)| (Fit { slow, full, remote }, l))
 }
 
+impl Lane {
+    /// A lane for the connection of backend `pid`, holding nothing yet.
+    fn new(pid: i32, secret: i32) -> Lane {
+        Lane {
+            pid,
+            secret,
+            id: LANE_IDS.fetch_add(1, Ordering::Relaxed),
+            state: Mutex::new(LaneState {
+                next: 0,
+                queued: VecDeque::new(),
+                pipeline: Pipeline::default(),
+                prepared: PreparedSet::default(),
+                settings_fp: 0,
+                cancels: Vec::new(),
+                ended: None,
+                retiring: false,
+                proving: None,
+            }),
+            wake: Default::default(),
+            load: AtomicUsize::new(0),
+            front_since: AtomicU64::new(0),
+            settings_fp: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+        }
+    }
+}
+
 impl Drop for ShardMux {
     /// The drivers hold the mux only weakly: each is woken to see that it is gone and end
     /// its lane (no driver polls for that on a timer).
@@ -567,7 +623,7 @@ mod tests {
     /// Takes room for a lane as worker `w` would.
     fn take_as(mux: &ShardMux, w: usize) -> bool {
         set_worker(w);
-        mux.take_slot()
+        mux.take_slot(false)
     }
 
     #[test]
@@ -594,6 +650,37 @@ mod tests {
         assert!(!take_as(&five, 0));
         assert!(take_as(&five, 1) && take_as(&five, 1));
         assert!(!take_as(&five, 1), "five in all");
+        set_worker(0);
+        assert!(!five.take_slot(true), "not past the limit either");
+    }
+
+    #[test]
+    fn a_worker_past_its_share_gives_a_lane_back_to_one_without() {
+        let two = mux(2, 2);
+        // Worker 0's lane was slow: it went past its share.
+        assert!(take_as(&two, 0));
+        assert!(!two.take_slot(false) && two.take_slot(true));
+        let (a, b) = (Arc::new(Lane::new(1, 1)), Arc::new(Lane::new(2, 2)));
+        b.load.store(3, Ordering::Relaxed);
+        two.lanes
+            .store(Arc::new(vec![(0, a.clone()), (0, b.clone())]));
+        set_worker(1);
+        let (lane, usable) = two.pick(0);
+        assert!(usable, "meanwhile another worker's lane takes the request");
+        assert!(lane.is_some_and(|l| Arc::ptr_eq(&l, &b)));
+        assert!(
+            a.closed.load(Ordering::Relaxed) && !b.closed.load(Ordering::Relaxed),
+            "the least loaded one is given back"
+        );
+        let _ = two.pick(0);
+        assert!(!b.closed.load(Ordering::Relaxed), "one only");
+        assert!(!two.may_open(1));
+        two.remove(&a);
+        assert!(
+            two.may_open(1),
+            "once it has closed, worker 1 opens its own"
+        );
+        assert!(take_as(&two, 1));
         set_worker(0);
     }
 }
