@@ -414,28 +414,28 @@ impl ShardMux {
     /// Whether `lane` could take a request at once but is another worker's (as opposed to
     /// slow or full).
     fn is_remote_only(&self, lane: &Option<Arc<Lane>>) -> bool {
-        let Some(lane) = lane else {
-            return false;
-        };
-        let since = lane.front_since.load(Ordering::Relaxed);
-        let slow = since != 0 && now_us().saturating_sub(since) > us(SLOW);
-        !slow && lane.load.load(Ordering::Relaxed) < DEPTH
+        lane.as_ref().is_some_and(|l| l.takes_at_once(now_us()))
     }
 
     /// This worker has no lane and the limit is reached: a worker that holds more than its
-    /// share (it went past it while its lanes were slow or full) gives one back. Its least
-    /// loaded lane takes nothing new and closes once answered; this worker opens its own then.
+    /// share (it went past it while its lanes were slow or full) gives one back, if it keeps
+    /// another that takes requests at once. The least loaded such lane takes nothing new and
+    /// closes once answered; this worker opens its own then, and meanwhile uses the others'.
+    /// (While a worker's only other lane is slow it keeps both: a slow statement must not
+    /// hold its worker's others, and this worker's requests go to the lane kept meanwhile.)
     fn rebalance(&self, lanes: &Lanes) {
         let share = self.share();
-        let taking = |w: usize| {
+        let now = now_us();
+        let open = |l: &Lane| !l.closed.load(Ordering::Relaxed);
+        let taking = |w: usize| lanes.iter().filter(|(x, l)| *x == w && open(l)).count();
+        let keeps_another = |w: usize, lane: &Arc<Lane>| {
             lanes
                 .iter()
-                .filter(|(x, l)| *x == w && !l.closed.load(Ordering::Relaxed))
-                .count()
+                .any(|(x, l)| *x == w && !Arc::ptr_eq(l, lane) && open(l) && l.takes_at_once(now))
         };
         let over = lanes
             .iter()
-            .filter(|(w, l)| !l.closed.load(Ordering::Relaxed) && taking(*w) > share)
+            .filter(|(w, l)| open(l) && taking(*w) > share && keeps_another(*w, l))
             .min_by_key(|(_, l)| l.load.load(Ordering::Relaxed));
         if let Some((w, lane)) = over {
             tracing::debug!(endpoint = %self.endpoint.name(), pid = lane.pid, worker = w, "a shared connection past its worker's share closes for another worker's");
@@ -544,12 +544,10 @@ fn best<'a>(
     fp: u64,
     now: u64,
 ) -> Option<(Fit, &'a Arc<Lane>)> {
-    let slow_us = us(SLOW);
     lanes
         .filter(|(_, l)| !l.closed.load(Ordering::Relaxed))
         .map(|(worker, l)| {
-            let since = l.front_since.load(Ordering::Relaxed);
-            let slow = since != 0 && now.saturating_sub(since) > slow_us;
+            let slow = l.is_slow(now);
             let load = l.load.load(Ordering::Relaxed);
             let rank = (
                 slow,
@@ -565,6 +563,17 @@ fn best<'a>(
 }
 
 impl Lane {
+    /// Its running request has run for [`SLOW`] at `now` ([`now_us`]).
+    fn is_slow(&self, now: u64) -> bool {
+        let since = self.front_since.load(Ordering::Relaxed);
+        since != 0 && now.saturating_sub(since) > us(SLOW)
+    }
+
+    /// It is neither slow nor full: a request given it now is written at once.
+    fn takes_at_once(&self, now: u64) -> bool {
+        !self.is_slow(now) && self.load.load(Ordering::Relaxed) < DEPTH
+    }
+
     /// A lane for the connection of backend `pid`, holding nothing yet.
     fn new(pid: i32, secret: i32) -> Lane {
         Lane {
@@ -681,6 +690,23 @@ mod tests {
             "once it has closed, worker 1 opens its own"
         );
         assert!(take_as(&two, 1));
+
+        // A worker whose other lane is slow keeps the one that takes requests: the slow one is
+        // given back (once its statement ends), and meanwhile the other takes the request.
+        let two = mux(2, 2);
+        assert!(take_as(&two, 0) && two.take_slot(true));
+        let (slow, fit) = (Arc::new(Lane::new(3, 3)), Arc::new(Lane::new(4, 4)));
+        slow.front_since
+            .store(now_us().saturating_sub(1_000_000), Ordering::Relaxed);
+        // The less loaded one is the one that takes requests: it is kept all the same.
+        slow.load.store(9, Ordering::Relaxed);
+        fit.load.store(1, Ordering::Relaxed);
+        two.lanes
+            .store(Arc::new(vec![(0, slow.clone()), (0, fit.clone())]));
+        set_worker(1);
+        let (lane, usable) = two.pick(0);
+        assert!(usable && lane.is_some_and(|l| Arc::ptr_eq(&l, &fit)));
+        assert!(slow.closed.load(Ordering::Relaxed) && !fit.closed.load(Ordering::Relaxed));
         set_worker(0);
     }
 }
