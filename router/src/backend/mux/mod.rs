@@ -108,10 +108,11 @@ pub struct ShardMux {
     /// Lanes open or being opened: taken before an opening, so that workers opening at the
     /// same moment never pass the limit together.
     taken: AtomicUsize,
-    /// The same for each worker. A worker holds at most its share of the limit
-    /// ([`ShardMux::share`]): a worker whose lane was slow for a moment at the start must not
-    /// take the lane another worker's sessions need, or they would cross to its thread for
-    /// every statement, for as long as the lanes last.
+    /// The same for each worker. A worker opens lanes within its share of the limit
+    /// ([`ShardMux::share`]), past it only when no lane takes a request at once, and gives one
+    /// back to a worker left without ([`ShardMux::rebalance`]): else a worker whose lane was
+    /// slow for a moment at the start would keep the lane another worker's sessions need, and
+    /// they would cross to its thread for every statement, for as long as the lanes last.
     taken_by: Box<[AtomicUsize]>,
     /// A lane was added, or an opening failed.
     changed: Notify,
@@ -297,7 +298,7 @@ impl ShardMux {
             }
             // Past its share only when no lane can take the request at once: a slow statement
             // must not hold the statements of its worker behind it.
-            let beyond = best.is_none() || !self.is_remote_only(&best);
+            let beyond = !best.as_ref().is_some_and(|l| l.takes_at_once(now_us()));
             if !opened && (self.take_slot(false) || beyond && self.take_slot(true)) {
                 // One opening per request: a host that refuses is left to the caller's own
                 // connection, which waits for it as `[failover]` says.
@@ -409,12 +410,6 @@ impl ShardMux {
     /// lanes than workers, each lane is still opened by a different worker).
     fn share(&self) -> usize {
         self.limit.div_ceil(self.taken_by.len())
-    }
-
-    /// Whether `lane` could take a request at once but is another worker's (as opposed to
-    /// slow or full).
-    fn is_remote_only(&self, lane: &Option<Arc<Lane>>) -> bool {
-        lane.as_ref().is_some_and(|l| l.takes_at_once(now_us()))
     }
 
     /// This worker has no lane and the limit is reached: a worker that holds more than its
