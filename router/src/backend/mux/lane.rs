@@ -191,8 +191,7 @@ impl Lane {
         if !st.cancels.is_empty() {
             return;
         }
-        let since = self.front_since.load(Ordering::Relaxed);
-        let slow = since != 0 && now_us().saturating_sub(since) > us(SLOW);
+        let slow = self.is_slow(now_us());
         while !slow && st.pipeline.len() < DEPTH && st.proving.is_none() {
             let Some(q) = st.queued.pop_front() else {
                 break;
