@@ -132,6 +132,27 @@ pub fn shard_lost(shard: &str, endpoint: &str, why: &str) -> SqlError {
     .with_hint("the statement may or may not have been applied; check before retrying a write")
 }
 
+/// A connection could not be given the client's settings before its statement (see
+/// `Settings::is_fragile`): `refused`, the server's error of the `SET` (its SQLSTATE is the
+/// client's, as `SET` would have failed on Postgres), or else the connection broke. Either way
+/// the statement was not sent.
+pub fn settings_not_given(shard: &str, refused: Option<SqlError>, why: &str) -> SqlError {
+    match refused {
+        Some(mut err) => {
+            err.message = format!(
+                "{} (giving this session's settings to a connection of shard {shard})",
+                err.message
+            );
+            err.with_hint("the statement did not run: the router gives each connection the session's settings before its statements, and one of them no longer applies; RESET it or SET it again")
+        }
+        None => SqlError::new(
+            CONNECTION_FAILURE,
+            format!("lost the connection to shard {shard} while giving it this session's settings: {why}"),
+        )
+        .with_hint("the statement was not sent; it can be retried"),
+    }
+}
+
 pub fn cross_shard_transaction(first: &str, second: &str) -> SqlError {
     SqlError::new(
         FEATURE_NOT_SUPPORTED,

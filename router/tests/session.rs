@@ -633,3 +633,150 @@ async fn a_reset_goes_back_to_the_startup_value() {
         assert_eq!(show(&a, "SHOW TimeZone").await, "PST8PDT", "round {round}");
     }
 }
+
+/// A client's setting that its connection can no longer be given (the text search
+/// configuration it names was dropped since) fails the client's statements with the server's
+/// error, as `SET` would, rather than letting them run without it: with other settings they
+/// could answer differently (here `to_tsvector` would use the server's default configuration).
+/// Pooled and shared alike, in and out of a transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_setting_that_cannot_be_given_again_fails_the_statement_never_runs_it_without() {
+    let env = shared_env();
+    for (round, shared) in [(0, 1), (1, 0)] {
+        let conf = format!("public.sg_gone_{round}");
+        for shard in 0..env.map.shards().len() {
+            env.on_shard(
+                shard,
+                &format!("CREATE TEXT SEARCH CONFIGURATION {conf} (COPY = simple)"),
+            );
+        }
+        let router = Router::start_threads_pub(
+            &env.map,
+            &format!(
+                "[pool]\nmax_size = 1\nshared_connections = {shared}\ncheckout_timeout_ms = 3000\n"
+            ),
+            1,
+        );
+        let a = router.connect().await;
+        let b = router.connect().await;
+        a.simple_query(&format!("SET default_text_search_config = '{conf}'"))
+            .await
+            .expect("set");
+        let words = "SELECT to_tsvector('the cats')::text";
+        // `simple` keeps the stop word and does not stem.
+        assert_eq!(show(&a, words).await, "'cats':2 'the':1", "shared {shared}");
+        for shard in 0..env.map.shards().len() {
+            env.on_shard(shard, &format!("DROP TEXT SEARCH CONFIGURATION {conf}"));
+        }
+        let other = || async {
+            // The other client takes every connection (shared and pooled), with its settings.
+            for _ in 0..4 {
+                show(&b, "SELECT 1").await;
+            }
+            for sql in ["BEGIN", "SELECT 1", "COMMIT"] {
+                b.simple_query(sql).await.expect(sql);
+            }
+        };
+        other().await;
+        for in_transaction in [false, true, false] {
+            if in_transaction {
+                a.simple_query("BEGIN").await.expect("begin");
+            }
+            for _ in 0..3 {
+                match a.simple_query(words).await {
+                    Err(err) => {
+                        // The `SET`'s own error: the statement did not run.
+                        assert_eq!(sqlstate(&err), "22023", "shared {shared}: {err:?}");
+                        assert!(
+                            format!("{err:?}").contains("giving this session's settings"),
+                            "{err:?}"
+                        );
+                    }
+                    Ok(rows) => {
+                        panic!("shared {shared}: ran without the client's setting: {rows:?}")
+                    }
+                }
+                if in_transaction {
+                    break;
+                }
+            }
+            if in_transaction {
+                a.simple_query("ROLLBACK").await.expect("rollback");
+            }
+            other().await;
+        }
+        // The client can always get out of it, and the other client never noticed.
+        a.simple_query("RESET default_text_search_config")
+            .await
+            .expect("reset");
+        assert_ne!(show(&a, words).await, "", "shared {shared}");
+        assert_eq!(show(&b, "SELECT 1").await, "1");
+    }
+}
+
+/// A `SET ROLE` whose role was dropped since fails the client's statements on every path (one
+/// shard, a read of every shard, DDL on every shard, a write on several), never runs them as
+/// the router's own user; `RESET ROLE` gets the client out of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_that_is_gone_fails_every_path_never_runs_as_the_router() {
+    let env = shared_env();
+    let shards = env.map.shards().len();
+    let role = "sg_role_dropped_later";
+    for shard in 0..shards {
+        env.on_shard(
+            shard,
+            &format!("DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}') THEN CREATE ROLE {role}; END IF; END$$"),
+        );
+        env.on_shard(shard, &format!("GRANT ALL ON kv TO {role}"));
+    }
+    let router = Router::start_threads_pub(
+        &env.map,
+        "[pool]\nmax_size = 1\nshared_connections = 1\ncheckout_timeout_ms = 3000\n",
+        1,
+    );
+    let a = router.connect().await;
+    let b = router.connect().await;
+    let login = show(&b, "SELECT current_user").await;
+    a.simple_query(&format!("SET ROLE {role}"))
+        .await
+        .expect("set role");
+    assert_eq!(show(&a, "SELECT current_user").await, role);
+    for shard in 0..shards {
+        env.on_shard(shard, &format!("REVOKE ALL ON kv FROM {role}"));
+    }
+    for shard in 0..shards {
+        env.on_shard(shard, &format!("DROP ROLE IF EXISTS {role}"));
+    }
+    // The other client takes every connection of every shard, with its own settings.
+    for sql in [
+        "SELECT count(*) FROM kv",
+        "BEGIN",
+        "SELECT count(*) FROM kv",
+        "COMMIT",
+    ] {
+        b.simple_query(sql).await.expect(sql);
+    }
+    for sql in [
+        "SELECT current_user",
+        "SELECT count(*) FROM kv",
+        "CREATE TABLE sg_never_made (id bigint PRIMARY KEY)",
+        "UPDATE kv SET v = v WHERE id IN (1, 2, 3, 4, 5, 6, 7, 8)",
+    ] {
+        match a.simple_query(sql).await {
+            Ok(rows) => panic!("{sql} ran without the client's role: {rows:?}"),
+            Err(err) => assert!(
+                format!("{err:?}").contains("giving this session's settings"),
+                "{sql}: {err:?}"
+            ),
+        }
+    }
+    for shard in 0..shards {
+        assert_eq!(
+            env.on_shard(shard, "SELECT to_regclass('sg_never_made') IS NULL"),
+            "t"
+        );
+    }
+    a.simple_query("RESET ROLE").await.expect("reset role");
+    assert_eq!(show(&a, "SELECT current_user").await, login);
+    assert_eq!(show(&b, "SELECT current_user").await, login);
+}

@@ -22,7 +22,9 @@ use postgres_protocol::message::{backend, frontend};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
+use super::settings::Settings;
 use super::stream::{BackendStream, TlsFailure};
+use crate::protocol::reply::SqlError;
 use crate::tls::BackendTls;
 
 /// What a simple query of [`BackendConn::simple_query`] answered.
@@ -115,6 +117,18 @@ pub struct BackendConn {
     pub connect_time: Duration,
 }
 
+/// What went wrong with a prelude ([`BackendConn::run_prelude`]).
+#[derive(Debug)]
+pub struct PreludeProblem {
+    pub what: String,
+    /// The server refused the prelude with this error (not a shutdown): the client's own
+    /// settings or a statement it uses, on any connection, so the client's error.
+    pub refused: Option<SqlError>,
+    /// The connection broke or the server ended it at a shutdown: nothing of the request was
+    /// sent on it, so another connection may be tried.
+    pub connection_ended: bool,
+}
+
 impl BackendConn {
     /// Writes `out` and returns its replies, frame by frame, up to and including the
     /// `readies`-th ReadyForQuery.
@@ -142,6 +156,66 @@ impl BackendConn {
             readies,
             read: 0,
         }
+    }
+
+    /// Runs a prelude (what makes the connection fit for a request: settings, statements it
+    /// uses) up to its `readies`-th ReadyForQuery; what went wrong, if anything.
+    pub async fn run_prelude(&mut self, prelude: &[u8], readies: usize) -> Option<PreludeProblem> {
+        let ended = |e: std::io::Error| PreludeProblem {
+            what: e.to_string(),
+            refused: None,
+            connection_ended: true,
+        };
+        let mut replies = match self.request(prelude, readies).await {
+            Ok(r) => r,
+            Err(e) => return Some(ended(e)),
+        };
+        let mut problem = None;
+        loop {
+            match replies.next().await {
+                Ok(Some(frame)) if frame[0] == b'E' => {
+                    let (code, message) = crate::protocol::backend::error_fields(frame);
+                    let shutdown = crate::protocol::backend::is_shutdown(frame);
+                    problem.get_or_insert(PreludeProblem {
+                        what: format!("{message} (SQLSTATE {code})"),
+                        refused: (!shutdown).then(|| SqlError::with_code(code, message)),
+                        connection_ended: shutdown,
+                    });
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => return problem,
+                Err(e) => return Some(problem.unwrap_or(ended(e))),
+            }
+        }
+    }
+
+    /// Gives the connection a client's `settings` and waits for their answer, when it holds
+    /// others and they may fail ([`Settings::is_fragile`]): the statement written next must
+    /// never run without them. Otherwise nothing: [`Settings::write_apply`] writes them in
+    /// the same write as the statement. The connection holds settings it does not know of
+    /// ([`super::settings::UNKNOWN`]) after a failure, so the next client resets it.
+    pub async fn settle_settings(&mut self, settings: &Settings) -> Result<(), PreludeProblem> {
+        if self.settings_fp == settings.fingerprint() || !settings.is_fragile() {
+            return Ok(());
+        }
+        self.give_settings(settings).await
+    }
+
+    /// Gives the connection exactly `settings` ([`Settings::write_all`]) and waits for their
+    /// answer.
+    pub async fn give_settings(&mut self, settings: &Settings) -> Result<(), PreludeProblem> {
+        let mut out = BytesMut::new();
+        let readies = settings.write_all(&mut out).map_err(|e| PreludeProblem {
+            what: e.to_string(),
+            refused: None,
+            connection_ended: false,
+        })?;
+        self.settings_fp = super::settings::UNKNOWN;
+        if let Some(problem) = self.run_prelude(&out, readies).await {
+            return Err(problem);
+        }
+        self.settings_fp = settings.fingerprint();
+        Ok(())
     }
 
     /// Writes `out` and hands every reply frame to `on_frame` until `readies` ReadyForQuery

@@ -62,7 +62,7 @@ pub async fn run(routing: &Arc<Routing>, sql: &str, settings: &Settings) -> Vec<
 }
 
 async fn on_shard(routing: &Routing, shard: usize, sql: &str, settings: &Settings) -> Outcome {
-    let mut pooled = match routing.checkout(shard).await {
+    let mut pooled = match routing.checkout_for(shard, settings).await {
         Ok(c) => c,
         Err(e) => return Outcome::Unavailable(e),
     };

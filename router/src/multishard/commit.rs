@@ -101,7 +101,7 @@ impl<'s> Parts<'s> {
             self.open.push((shard, conn));
             return Ok(());
         }
-        let mut conn = self.routing.checkout(shard).await?;
+        let mut conn = self.routing.checkout_for(shard, self.settings).await?;
         let mut head = BytesMut::new();
         let settings_sent = self
             .settings

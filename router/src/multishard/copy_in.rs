@@ -295,7 +295,7 @@ impl CopyTarget {
         header: Option<&[u8]>,
         begin: Option<&str>,
     ) -> Result<CopyTarget, SqlError> {
-        let mut conn = routing.checkout(shard).await?;
+        let mut conn = routing.checkout_for(shard, settings).await?;
         let lost = |e: std::io::Error| {
             errors::shard_lost(
                 &routing.map.shards()[shard].range.to_string(),

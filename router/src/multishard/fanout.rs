@@ -61,7 +61,7 @@ async fn on_shard(
     settings: &Settings,
     tx: &mpsc::Sender<Chunk>,
 ) -> Result<(), SqlError> {
-    let mut pooled = routing.checkout(shard).await?;
+    let mut pooled = routing.checkout_for(shard, settings).await?;
     let mut head = BytesMut::new();
     let settings_sent = settings
         .write_apply(pooled.settings_fp, &mut head)
@@ -151,7 +151,7 @@ async fn in_transaction(
 ) -> Result<PooledConn, SqlError> {
     let mut conn = match member.conn {
         Some(conn) => conn,
-        None => routing.checkout(member.shard).await?,
+        None => routing.checkout_for(member.shard, settings).await?,
     };
     let mut head = BytesMut::new();
     let written = settings

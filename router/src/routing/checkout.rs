@@ -37,6 +37,32 @@ impl Routing {
         }
     }
 
+    /// A connection for a client's statement with the client's `settings`: given first and
+    /// answered when they may fail where the client's own `SET` succeeded
+    /// ([`crate::backend::BackendConn::settle_settings`]), so that the statement never runs
+    /// without them; otherwise [`crate::backend::settings::Settings::write_apply`] writes them
+    /// in the same write as the statement, as before.
+    pub async fn checkout_for(
+        &self,
+        shard: usize,
+        settings: &crate::backend::settings::Settings,
+    ) -> Result<PooledConn, SqlError> {
+        let mut conn = self.checkout(shard).await?;
+        match conn.settle_settings(settings).await {
+            Ok(()) => Ok(conn),
+            Err(problem) => {
+                if problem.connection_ended {
+                    crate::backend::pool::discard(conn);
+                }
+                Err(errors::settings_not_given(
+                    &self.shard_name(shard),
+                    problem.refused,
+                    &problem.what,
+                ))
+            }
+        }
+    }
+
     /// A connection for the router's own work (lookups, two-phase recovery): without any
     /// client's settings or role, which a pooled connection may still hold (a client's `SET
     /// ROLE` would filter a lookup through row security, or forbid a recovery).

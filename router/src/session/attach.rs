@@ -1,6 +1,7 @@
 //! Holding a backend connection for the client (transaction pooling): checked out of the
 //! shard's pool for a statement or a transaction ([`super::pinned::Pinned`]), given the
-//! client's settings (and its pending `BEGIN`) in the same write as the statement, and returned
+//! client's settings (and its pending `BEGIN`) in the same write as the statement (fragile
+//! settings first, answered: `BackendConn::settle_settings`), and returned
 //! once the client is at rest; sent again on another connection when a shutdown aborted it.
 
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use super::pinned::{Link, Pinned};
 use super::replay;
 use super::replies::Audience;
 use super::Session;
+use crate::backend::conn::PreludeProblem;
 use crate::backend::pool::PooledConn;
 use crate::backend::prepared::PreparedSet;
 use crate::errors;
@@ -47,7 +49,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 self.client
                     .meter
                     .route(RouteKind::SingleShard, self.routing.stats_id(pin.shard));
-                self.apply_settings(conn)?;
+                if let Err(err) = self.apply_settings(conn, pin.shard).await {
+                    drop(self.kept.put_back(pin));
+                    return Err(err);
+                }
             }
             self.pin = Some(pin);
             return self.pinned(with_begin);
@@ -94,7 +99,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         if !self.shared.server_params_learned() {
             self.shared.learn_server_params(&conn.params);
         }
-        self.apply_settings(&mut conn)?;
+        self.apply_settings(&mut conn, shard).await?;
         self.pin = Some(Pinned {
             shard,
             conn: Link::Own(conn),
@@ -104,8 +109,33 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         self.pinned(with_begin)
     }
 
-    /// The client's settings, in the same write as its statement, when `conn` holds others.
-    fn apply_settings(&mut self, conn: &mut crate::backend::BackendConn) -> Result<(), SqlError> {
+    /// The client's settings, when `conn` holds others: in the same write as its statement,
+    /// or first on their own when they may fail ([`crate::backend::BackendConn::settle_settings`]).
+    async fn apply_settings(
+        &mut self,
+        conn: &mut crate::backend::BackendConn,
+        shard: usize,
+    ) -> Result<(), SqlError> {
+        if let Err(problem) = conn.settle_settings(&self.settings).await {
+            // The client's way out: a `SET` or `RESET` runs when the settings it leaves behind
+            // can be given (it is what it changes that failed, say).
+            let after = problem
+                .refused
+                .as_ref()
+                .and(self.settings_after_statement());
+            if let Some(after) = after {
+                if conn.give_settings(&after).await.is_ok() {
+                    return Ok(());
+                }
+            }
+            conn.broken |= problem.connection_ended;
+            let name = self.shard_name(shard);
+            return Err(errors::settings_not_given(
+                &name,
+                problem.refused,
+                &problem.what,
+            ));
+        }
         let fp = self.settings.fingerprint();
         if conn.settings_fp != fp {
             // Two Queries (`Settings::write_all`): the reset cannot be undone by a SET.
@@ -121,6 +151,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             conn.settings_fp = fp;
         }
         Ok(())
+    }
+
+    /// The client's settings as they will be after its statement, when that is one `SET` or
+    /// `RESET` the router follows.
+    fn settings_after_statement(&self) -> Option<crate::backend::settings::Settings> {
+        use crate::backend::settings::{parse_change, Change};
+        let change = parse_change(&self.sql);
+        if !matches!(
+            change,
+            Change::Set { .. } | Change::Reset { .. } | Change::ResetAll | Change::DiscardAll
+        ) {
+            return None;
+        }
+        let mut after = self.settings.clone();
+        after.apply(&change).then_some(after)
     }
 
     /// What follows the pinning of a connection: cancels go to it, and with `with_begin`, a
@@ -287,7 +332,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             }
         };
         if readies > 0 {
-            if let Some(problem) = run_prelude(&mut conn, &prelude, readies).await {
+            if let Some(problem) = conn.run_prelude(&prelude, readies).await {
                 crate::backend::pool::discard(conn);
                 return Err(problem);
             }
@@ -427,48 +472,3 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
 /// How many connections a prelude is tried on (a shutdown may end several taken from the pool
 /// before a request is written to them).
 pub(super) const PRELUDE_ATTEMPTS: usize = 3;
-
-/// What went wrong with a prelude.
-pub(super) struct PreludeProblem {
-    pub what: String,
-    /// The server refused the prelude with this error (not a shutdown): the client's own
-    /// settings or a statement it uses, on any connection, so the client's error.
-    pub refused: Option<crate::protocol::reply::SqlError>,
-    /// The connection broke or the server ended it at a shutdown: nothing of the request was
-    /// sent on it, so another connection may be tried.
-    pub connection_ended: bool,
-}
-
-/// Runs a prelude up to its `readies`-th ReadyForQuery; what went wrong, if anything.
-async fn run_prelude(
-    conn: &mut crate::backend::BackendConn,
-    prelude: &[u8],
-    readies: usize,
-) -> Option<PreludeProblem> {
-    let ended = |e: std::io::Error| PreludeProblem {
-        what: e.to_string(),
-        refused: None,
-        connection_ended: true,
-    };
-    let mut replies = match conn.request(prelude, readies).await {
-        Ok(r) => r,
-        Err(e) => return Some(ended(e)),
-    };
-    let mut problem = None;
-    loop {
-        match replies.next().await {
-            Ok(Some(frame)) if frame[0] == b'E' => {
-                let (code, message) = crate::protocol::backend::error_fields(frame);
-                let shutdown = crate::protocol::backend::is_shutdown(frame);
-                problem.get_or_insert(PreludeProblem {
-                    what: format!("{message} (SQLSTATE {code})"),
-                    refused: (!shutdown).then(|| SqlError::with_code(code, message)),
-                    connection_ended: shutdown,
-                });
-            }
-            Ok(Some(_)) => {}
-            Ok(None) => return problem,
-            Err(e) => return Some(problem.unwrap_or(ended(e))),
-        }
-    }
-}

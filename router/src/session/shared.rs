@@ -254,6 +254,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 readies,
                 simple,
                 settings_fp: fp,
+                settings_fragile: settings.is_fragile(),
                 sink: channel.tx.clone(),
                 // Waiting in the router for a turn on a busy lane is bounded like a pool
                 // checkout: the lane takes the request out ([`Reply::Expired`]).
@@ -355,9 +356,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
 
     /// The same with an ErrorResponse frame as Postgres sent it.
     fn answer_refused(&mut self, error: &[u8], readies: usize) -> Result<(), SessionError> {
+        let (code, message) = crate::protocol::backend::error_fields(error);
+        let shard = self.pinned_shard().map(|s| self.shard_name(s));
+        let mut error = Vec::new();
+        errors::settings_not_given(
+            shard.as_deref().unwrap_or("?"),
+            Some(SqlError::with_code(code, message)),
+            "",
+        )
+        .write(&mut error);
         let mut answer = Vec::with_capacity(readies * (error.len() + 6));
         for _ in 0..readies {
-            answer.extend_from_slice(error);
+            answer.extend_from_slice(&error);
             reply::ready_for_query(&mut answer, TxStatus::Idle);
         }
         self.take_shared(&answer, None)
@@ -447,7 +457,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 Ok(conn) => break (conn, shard),
                 Err(p) if p.connection_ended && attempt < super::attach::PRELUDE_ATTEMPTS => {}
                 // Nothing of the request ran: the client gets what the server said.
-                Err(super::attach::PreludeProblem {
+                Err(crate::backend::conn::PreludeProblem {
                     refused: Some(err), ..
                 }) => return Err(err),
                 Err(p) => {

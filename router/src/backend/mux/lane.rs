@@ -71,8 +71,8 @@ impl Lane {
                 self.retire(&mut st);
                 return None;
             };
-            let proves =
-                (!mux.is_proven(req.settings_fp)).then_some((req.settings_fp, st.settings_fp));
+            let proves = (req.settings_fragile || !mux.is_proven(req.settings_fp))
+                .then_some((req.settings_fp, st.settings_fp));
             st.queued.push_back(Queued {
                 seq: 0,
                 proves,

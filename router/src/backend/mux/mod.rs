@@ -208,6 +208,9 @@ pub struct Request<'a> {
     /// It holds a Query ([`crate::backend::pipeline::Written::simple`]).
     pub simple: bool,
     pub settings_fp: u64,
+    /// The settings may fail where they succeeded before (`Settings::is_fragile`): they are
+    /// proven on their own each time they are applied, nothing written behind them.
+    pub settings_fragile: bool,
     pub sink: Sink,
     /// How long it may wait in the router before it is written (`checkout_timeout_ms`).
     pub max_wait: Duration,

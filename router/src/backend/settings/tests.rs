@@ -330,3 +330,26 @@ fn fingerprints_follow_changes() {
     assert!(!s.apply(&Change::Unknown));
     assert_eq!(quote_literal("it's"), "'it''s'");
 }
+
+#[test]
+fn settings_that_may_fail_where_they_succeeded_are_fragile() {
+    let mut s = Settings::from_startup(&[
+        ("application_name".into(), "psql".into()),
+        ("DateStyle".into(), "ISO, MDY".into()),
+        ("TimeZone".into(), "UTC".into()),
+    ]);
+    assert!(!s.is_fragile(), "what drivers send at startup");
+    assert!(s.apply(&set("search_path", "app, public")));
+    assert!(s.apply(&set("app.tenant", "'42'")));
+    assert!(!s.is_fragile());
+    assert!(s.apply(&set("role", "reader")));
+    assert!(s.is_fragile(), "a role's membership can be revoked");
+    assert!(s.apply(&Change::Reset {
+        name: "role".into()
+    }));
+    assert!(!s.is_fragile());
+    assert!(s.apply(&set("default_text_search_config", "'public.mine'")));
+    assert!(s.is_fragile(), "a configuration can be dropped");
+    assert!(s.apply(&Change::ResetAll));
+    assert!(!s.is_fragile());
+}
