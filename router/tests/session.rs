@@ -20,6 +20,31 @@ async fn show(client: &Client, sql: &str) -> String {
         .unwrap_or_default()
 }
 
+/// Runs `sql` on every shard's database, straight on its server.
+fn on_every_shard(env: &common::Env, sql: &str) {
+    for shard in 0..env.map.shards().len() {
+        env.on_shard(shard, sql);
+    }
+}
+
+/// Creates `role` on every server unless it exists.
+fn role_on_every_shard(env: &common::Env, role: &str) {
+    on_every_shard(
+        env,
+        &format!("DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}') THEN CREATE ROLE {role}; END IF; END$$"),
+    );
+}
+
+/// A router with one worker and one backend connection per shard, and `shared` shared ones
+/// (`extra`: top-level settings).
+fn one_connection_router(env: &common::Env, shared: usize, extra: &str) -> Router {
+    Router::start_threads_pub(
+        &env.map,
+        &format!("{extra}[pool]\nmax_size = 1\nshared_connections = {shared}\ncheckout_timeout_ms = 3000\n"),
+        1,
+    )
+}
+
 /// `SET a; SET b` in one Query (as some drivers send at connect) follows the client to every
 /// connection; when one of them fails, Postgres undoes the Query's others, and so does the
 /// router.
@@ -644,19 +669,11 @@ async fn a_setting_that_cannot_be_given_again_fails_the_statement_never_runs_it_
     let env = shared_env();
     for (round, shared) in [(0, 1), (1, 0)] {
         let conf = format!("public.sg_gone_{round}");
-        for shard in 0..env.map.shards().len() {
-            env.on_shard(
-                shard,
-                &format!("CREATE TEXT SEARCH CONFIGURATION {conf} (COPY = simple)"),
-            );
-        }
-        let router = Router::start_threads_pub(
-            &env.map,
-            &format!(
-                "[pool]\nmax_size = 1\nshared_connections = {shared}\ncheckout_timeout_ms = 3000\n"
-            ),
-            1,
+        on_every_shard(
+            env,
+            &format!("CREATE TEXT SEARCH CONFIGURATION {conf} (COPY = simple)"),
         );
+        let router = one_connection_router(env, shared, "");
         let a = router.connect().await;
         let b = router.connect().await;
         a.simple_query(&format!("SET default_text_search_config = '{conf}'"))
@@ -665,9 +682,7 @@ async fn a_setting_that_cannot_be_given_again_fails_the_statement_never_runs_it_
         let words = "SELECT to_tsvector('the cats')::text";
         // `simple` keeps the stop word and does not stem.
         assert_eq!(show(&a, words).await, "'cats':2 'the':1", "shared {shared}");
-        for shard in 0..env.map.shards().len() {
-            env.on_shard(shard, &format!("DROP TEXT SEARCH CONFIGURATION {conf}"));
-        }
+        on_every_shard(env, &format!("DROP TEXT SEARCH CONFIGURATION {conf}"));
         let other = || async {
             // The other client takes every connection (shared and pooled), with its settings.
             for _ in 0..4 {
@@ -722,18 +737,9 @@ async fn a_role_that_is_gone_fails_every_path_never_runs_as_the_router() {
     let env = shared_env();
     let shards = env.map.shards().len();
     let role = "sg_role_dropped_later";
-    for shard in 0..shards {
-        env.on_shard(
-            shard,
-            &format!("DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}') THEN CREATE ROLE {role}; END IF; END$$"),
-        );
-        env.on_shard(shard, &format!("GRANT ALL ON kv TO {role}"));
-    }
-    let router = Router::start_threads_pub(
-        &env.map,
-        "[pool]\nmax_size = 1\nshared_connections = 1\ncheckout_timeout_ms = 3000\n",
-        1,
-    );
+    role_on_every_shard(env, role);
+    on_every_shard(env, &format!("GRANT ALL ON kv TO {role}"));
+    let router = one_connection_router(env, 1, "");
     let a = router.connect().await;
     let b = router.connect().await;
     let login = show(&b, "SELECT current_user").await;
@@ -741,12 +747,8 @@ async fn a_role_that_is_gone_fails_every_path_never_runs_as_the_router() {
         .await
         .expect("set role");
     assert_eq!(show(&a, "SELECT current_user").await, role);
-    for shard in 0..shards {
-        env.on_shard(shard, &format!("REVOKE ALL ON kv FROM {role}"));
-    }
-    for shard in 0..shards {
-        env.on_shard(shard, &format!("DROP ROLE IF EXISTS {role}"));
-    }
+    on_every_shard(env, &format!("REVOKE ALL ON kv FROM {role}"));
+    on_every_shard(env, &format!("DROP ROLE IF EXISTS {role}"));
     // The other client takes every connection of every shard, with its own settings.
     for sql in [
         "SELECT count(*) FROM kv",
@@ -779,4 +781,115 @@ async fn a_role_that_is_gone_fails_every_path_never_runs_as_the_router() {
     a.simple_query("RESET ROLE").await.expect("reset role");
     assert_eq!(show(&a, "SELECT current_user").await, login);
     assert_eq!(show(&b, "SELECT current_user").await, login);
+}
+
+/// A client's fragile settings failing on a shared lane leave the lane holding no one's
+/// settings (the reset before them ran): the next client's statement gets its own settings
+/// again, rather than running on the server's defaults under the lane's old claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_whose_settings_failed_holds_no_ones_settings() {
+    let env = shared_env();
+    let conf = "public.sg_gone_lane";
+    on_every_shard(
+        env,
+        &format!("CREATE TEXT SEARCH CONFIGURATION {conf} (COPY = simple)"),
+    );
+    let router = one_connection_router(env, 1, "");
+    let a = router.connect().await;
+    let b = router.connect().await;
+    a.simple_query(&format!("SET default_text_search_config = '{conf}'"))
+        .await
+        .expect("set");
+    b.simple_query("SET search_path = b_only, public")
+        .await
+        .expect("set");
+    on_every_shard(env, &format!("DROP TEXT SEARCH CONFIGURATION {conf}"));
+    for round in 0..16 {
+        let key = env.key_on(round % env.map.shards().len(), 1);
+        a.simple_query(&format!("SELECT 1 FROM kv WHERE id = {key}"))
+            .await
+            .expect_err("the client's setting is gone");
+        let path = format!("SELECT current_setting('search_path') FROM kv WHERE id = {key}");
+        let b_rows = b.simple_query(&path).await.expect("b");
+        let seen = b_rows.iter().find_map(|m| match m {
+            SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+            _ => None,
+        });
+        if let Some(seen) = seen {
+            assert_eq!(seen, "b_only, public", "round {round}");
+        }
+        assert_eq!(show(&b, "SHOW search_path").await, "b_only, public");
+    }
+}
+
+/// In an extended batch, a `RESET ROLE` after a statement does not let that statement run
+/// without the client's role (the way out of settings that cannot be given is a Query alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_later_in_a_batch_does_not_let_what_comes_before_run_without_the_role() {
+    use common::raw::{bind, execute, parse, sync, Raw};
+    let env = shared_env();
+    let role = "sg_role_gone_in_batch";
+    role_on_every_shard(env, role);
+    let router = one_connection_router(env, 0, "auth = \"trust\"\n");
+    let mut a = Raw::connect(&router);
+    let b = router.connect().await;
+    a.send(&common::raw::msg(
+        b'Q',
+        format!("SET ROLE {role}\0").as_bytes(),
+    ));
+    assert_eq!(a.until_ready().1, "");
+    on_every_shard(env, &format!("DROP ROLE IF EXISTS {role}"));
+    for _ in 0..8 {
+        show(&b, "SELECT 1").await;
+    }
+    a.send(
+        &[
+            parse("q", "SELECT current_user"),
+            bind("q", &[]),
+            execute(),
+            parse("r", "RESET ROLE"),
+            bind("r", &[]),
+            execute(),
+            sync(),
+        ]
+        .concat(),
+    );
+    let (tags, errors) = a.until_ready();
+    assert!(
+        !tags.contains(&b'D'),
+        "ran without the role: {tags:?} {errors}"
+    );
+    assert!(
+        errors.contains("giving this session's settings"),
+        "{errors}"
+    );
+    // A Query alone gets the client out.
+    a.send(&common::raw::msg(b'Q', b"RESET ROLE\0"));
+    assert_eq!(a.until_ready().1, "");
+}
+
+/// `SET TIME ZONE INTERVAL ...` has no `SET timezone = ...` form: it is not followed (the
+/// connection is reset after it), and the client's other settings still follow it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_time_zone_interval_does_not_lose_the_other_settings() {
+    let env = shared_env();
+    let router = Router::start_single_pool(&env.map, 1, "");
+    let a = router.connect().await;
+    let b = router.connect().await;
+    a.simple_query("SET application_name = 'mine'")
+        .await
+        .expect("set");
+    a.simple_query("SET TIME ZONE INTERVAL '+02:00' HOUR TO MINUTE")
+        .await
+        .expect("set time zone");
+    for round in 0..8 {
+        for _ in 0..4 {
+            show(&b, "SELECT 1").await;
+        }
+        assert_eq!(
+            show(&a, "SHOW application_name").await,
+            "mine",
+            "round {round}"
+        );
+    }
 }

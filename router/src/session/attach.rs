@@ -116,16 +116,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         conn: &mut crate::backend::BackendConn,
         shard: usize,
     ) -> Result<(), SqlError> {
-        if let Err(problem) = conn.settle_settings(&self.settings).await {
-            // The client's way out: a `SET` or `RESET` runs when the settings it leaves behind
-            // can be given (it is what it changes that failed, say).
-            let after = problem
-                .refused
-                .as_ref()
-                .and(self.settings_after_statement());
+        if let Err(mut problem) = conn.settle_settings(&self.settings).await {
+            // The client's way out: a Query that is one `SET` or `RESET` runs when the settings
+            // it leaves behind can be given (it is what it changes that failed, say).
+            let after = problem.refused.as_ref().and(self.settings_after_query());
             if let Some(after) = after {
-                if conn.give_settings(&after).await.is_ok() {
-                    return Ok(());
+                match conn.give_settings(&after).await {
+                    Ok(()) => return Ok(()),
+                    Err(again) => problem.connection_ended |= again.connection_ended,
                 }
             }
             conn.broken |= problem.connection_ended;
@@ -153,10 +151,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         Ok(())
     }
 
-    /// The client's settings as they will be after its statement, when that is one `SET` or
-    /// `RESET` the router follows.
-    fn settings_after_statement(&self) -> Option<crate::backend::settings::Settings> {
+    /// The client's settings as they will be after the Query being routed, when that is one
+    /// `SET` or `RESET` the router follows. Not for extended messages: what a batch held
+    /// before its Bind would run first, and a Bind need not be executed.
+    fn settings_after_query(&self) -> Option<crate::backend::settings::Settings> {
         use crate::backend::settings::{parse_change, Change};
+        if !self.in_query {
+            return None;
+        }
         let change = parse_change(&self.sql);
         if !matches!(
             change,

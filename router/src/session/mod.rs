@@ -171,6 +171,10 @@ pub struct Session<S> {
     channel: Option<crate::backend::mux::Channel>,
     /// A Query with the keys the router gave is being run (`new_keys`): it must not need keys.
     writing_keys: bool,
+    /// A simple Query (whose text is `sql`) is being routed, rather than extended messages:
+    /// when it is one `SET` or `RESET`, it is the client's way out of settings a connection
+    /// can no longer be given ([`Session::attach`]).
+    in_query: bool,
     /// The user the client logged in as (whether it may pin statements by hand is the
     /// config's say, at each statement: a reload may change it).
     user: String,
@@ -210,6 +214,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             may_share: false,
             channel: None,
             writing_keys: false,
+            in_query: false,
             user,
         }
     }

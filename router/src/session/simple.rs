@@ -60,8 +60,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
         }
         let dest = self.keep_connection(keeps, dest);
         self.cursors_at(&dest);
-        self.execute(dest, Carrier::Query { frame, shareable })
-            .await
+        self.in_query = true;
+        let done = self
+            .execute(dest, Carrier::Query { frame, shareable })
+            .await;
+        self.in_query = false;
+        done
     }
 
     /// The router's error for a simple query. With a connection pinned it is raised there, so

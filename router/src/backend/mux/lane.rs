@@ -72,7 +72,7 @@ impl Lane {
                 return None;
             };
             let proves = (req.settings_fragile || !mux.is_proven(req.settings_fp))
-                .then_some((req.settings_fp, st.settings_fp));
+                .then_some(req.settings_fp);
             st.queued.push_back(Queued {
                 seq: 0,
                 proves,
@@ -197,12 +197,8 @@ impl Lane {
                 break;
             };
             wbuf.extend_from_slice(&q.bytes);
-            if let Some((fp, before)) = q.proves {
-                st.proving = Some(Proving {
-                    fp,
-                    before,
-                    error: None,
-                });
+            if let Some(fp) = q.proves {
+                st.proving = Some(Proving { fp, error: None });
             }
             if st.pipeline.is_empty() {
                 self.front_since.store(now_us(), Ordering::Relaxed);
@@ -440,9 +436,12 @@ impl Lane {
             i += usize::from(kept);
         }
         if !st.queued.iter().any(|q| q.seq == 0) {
-            // Postgres rolled the failed `SET`s back: the lane holds what it held before.
-            st.settings_fp = proving.before;
-            self.settings_fp.store(proving.before, Ordering::Relaxed);
+            // The reset is a Query of its own (`Settings::write_all`) and ran; Postgres rolled
+            // back only the failed `SET`s. What the lane holds now is not anyone's settings:
+            // the next request gets its own whatever they are.
+            st.settings_fp = crate::backend::settings::UNKNOWN;
+            self.settings_fp
+                .store(crate::backend::settings::UNKNOWN, Ordering::Relaxed);
         }
         refused
     }

@@ -162,27 +162,25 @@ struct LaneState {
     /// A preparation failed here: what the lane has prepared is unknown; it takes nothing new
     /// and closes once answered.
     retiring: bool,
-    /// Settings never applied on this endpoint before are written alone: nothing is written
-    /// behind them until they are answered, so that a client's bad setting fails only its own
-    /// requests (those queued behind it with the same settings) and never the lane.
+    /// Settings never applied on this endpoint before, and fragile ones every time
+    /// (`Settings::is_fragile`), are written alone: nothing is written behind them until they
+    /// are answered, so that a client's bad setting fails only its own requests (those queued
+    /// behind it with the same settings) and never the lane, and no request runs without them.
     proving: Option<Proving>,
 }
 
-/// A first application of settings, written and not yet answered.
+/// Settings being proven, written and not yet answered.
 struct Proving {
     fp: u64,
-    /// What the lane held before: it holds it again if the settings fail (Postgres rolls back
-    /// the `SET`s of a Query that fails).
-    before: u64,
     /// The ErrorResponse it failed with.
     error: Option<Bytes>,
 }
 
 struct Queued {
     seq: u64,
-    /// The router's settings request for fingerprint `fp`, applied here for the first time
-    /// ([`LaneState::proving`]), and what the lane held before it.
-    proves: Option<(u64, u64)>,
+    /// The router's settings request for this fingerprint, to be proven
+    /// ([`LaneState::proving`]).
+    proves: Option<u64>,
     /// Past this ([`now_us`]) it is taken out unwritten ([`Reply::Expired`]).
     until: u64,
     bytes: BytesMut,

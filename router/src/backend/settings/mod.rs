@@ -214,10 +214,9 @@ impl Settings {
 
     fn refresh(&mut self) {
         self.fp = self.compute_fingerprint();
-        self.fragile = self
-            .list
-            .iter()
-            .any(|(name, _)| !name.contains('.') && !SAFE_AGAIN.contains(&name.as_str()));
+        self.fragile = self.list.iter().any(|(name, value)| {
+            !(name.contains('.') || SAFE_AGAIN.contains(&name.as_str())) || !is_plain(value)
+        });
     }
 
     fn compute_fingerprint(&self) -> u64 {
@@ -471,6 +470,51 @@ impl Changes {
         } else {
             UNKNOWN
         })
+    }
+}
+
+/// Whether a setting's value, as the client wrote it, reads the same in the replay as it did
+/// in the client's `SET`, whatever the settings before it: a list of numbers, words, quoted
+/// identifiers and quoted strings without a backslash (`standard_conforming_strings` reads
+/// those two ways). `INTERVAL '+02:00' HOUR TO MINUTE` is not one: replayed as
+/// `SET timezone = INTERVAL ...` it is a syntax error.
+fn is_plain(value: &str) -> bool {
+    let b = value.as_bytes();
+    let word = |c: u8| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'+' | b'-');
+    let skip_spaces = |mut i: usize| {
+        while b.get(i) == Some(&b' ') {
+            i += 1;
+        }
+        i
+    };
+    let mut i = skip_spaces(0);
+    loop {
+        match b.get(i) {
+            Some(&q @ (b'\'' | b'"')) => {
+                i += 1;
+                loop {
+                    match b.get(i) {
+                        None | Some(b'\\') => return false,
+                        Some(&c) if c == q && b.get(i + 1) == Some(&q) => i += 2,
+                        Some(&c) if c == q => break,
+                        Some(_) => i += 1,
+                    }
+                }
+                i += 1;
+            }
+            Some(&c) if word(c) => {
+                while b.get(i).is_some_and(|&c| word(c)) {
+                    i += 1;
+                }
+            }
+            _ => return false,
+        }
+        i = skip_spaces(i);
+        match b.get(i) {
+            None => return true,
+            Some(b',') => i = skip_spaces(i + 1),
+            Some(_) => return false,
+        }
     }
 }
 

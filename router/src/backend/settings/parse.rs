@@ -171,7 +171,13 @@ fn parse_set(rest: &str) -> Change {
                     name: "timezone".into(),
                 };
             }
-            if zone.eq_ignore_ascii_case("zone") && !value.is_empty() {
+            // `TIME ZONE INTERVAL '+02:00' HOUR TO MINUTE` has no `SET timezone = ...` form
+            // that replays it: not followed.
+            let interval = value
+                .get(..8)
+                .is_some_and(|w| w.eq_ignore_ascii_case("interval"))
+                && !value[8..].starts_with(|c: char| c.is_alphanumeric() || c == '_');
+            if zone.eq_ignore_ascii_case("zone") && !value.is_empty() && !interval {
                 return set_value("timezone", value);
             }
             return Change::Unknown;

@@ -353,3 +353,46 @@ fn settings_that_may_fail_where_they_succeeded_are_fragile() {
     assert!(s.apply(&Change::ResetAll));
     assert!(!s.is_fragile());
 }
+
+#[test]
+fn only_values_that_read_the_same_again_are_plain() {
+    for plain in [
+        "'ISO, MDY'",
+        "'it''s'",
+        "\"$user\", public",
+        "0",
+        "-1.5",
+        "on",
+        "'Europe/Paris'",
+        "'30s'",
+    ] {
+        assert!(is_plain(plain), "{plain}");
+    }
+    for not in [
+        "INTERVAL '+02:00' HOUR TO MINUTE",
+        "E'a\\'b'",
+        "'a\\b'",
+        "'unterminated",
+        "",
+        "a,",
+        "a b",
+    ] {
+        assert!(!is_plain(not), "{not}");
+    }
+    for sql in [
+        "SET TIME ZONE INTERVAL '+02:00' HOUR TO MINUTE",
+        "SET TIME ZONE interval'+02:00'",
+    ] {
+        assert_eq!(parse_change(sql), Change::Unknown, "{sql}");
+    }
+    assert_eq!(
+        parse_change("SET TIME ZONE intervals_are_no_zone"),
+        set("timezone", "intervals_are_no_zone")
+    );
+    let mut s = Settings::default();
+    assert!(s.apply(&set("timezone", "INTERVAL '+02:00' HOUR TO MINUTE")));
+    assert!(
+        s.is_fragile(),
+        "a value that is not plain is replayed answered"
+    );
+}
