@@ -34,9 +34,13 @@ Options:
   -r, --rows N            rows in kv (ids 1..N)                          [default: 100000]
   -m, --modes LIST        pgbench -M modes, comma-separated:
                           simple,extended,prepared                       [default: all three]
-  -t, --targets LIST      comma-separated: direct,shardgate,pooled,pgbouncer,baseline
+  -t, --targets LIST      comma-separated: direct,shardgate,pooled,pgbouncer,baseline,
+                          relay-epoll,relay-uring
                           (shardgate: the default configuration; pooled: a second process of
-                          the same build and config with [pool] shared_connections = 0)
+                          the same build and config with [pool] shared_connections = 0;
+                          relay-epoll, relay-uring: a byte relay that parses nothing, on one
+                          thread, waiting on its sockets with tokio (epoll) or io_uring: the
+                          floor of any proxy's cost, benches/relay/main.rs)
                                                  [default: direct,shardgate,pooled,pgbouncer,
                                                   and baseline when --baseline is given]
       --baseline REV      also run a shardgate built from git revision REV (e.g. HEAD~3, a tag)
@@ -127,7 +131,7 @@ fi
 IFS=, read -r -a mode_list <<<"$modes"
 IFS=, read -r -a target_list <<<"$targets"
 for m in "${mode_list[@]}"; do [[ "$m" =~ ^(simple|extended|prepared)$ ]] || die "unknown mode '$m'"; done
-for t in "${target_list[@]}"; do [[ "$t" =~ ^(direct|shardgate|pooled|pgbouncer|baseline)$ ]] || die "unknown target '$t'"; done
+for t in "${target_list[@]}"; do [[ "$t" =~ ^(direct|shardgate|pooled|pgbouncer|baseline|relay-epoll|relay-uring)$ ]] || die "unknown target '$t'"; done
 wants() { [[ ",$targets," == *",$1,"* ]]; }
 if wants baseline && [[ -z "$baseline_rev$baseline_bin" ]]; then die "target baseline needs --baseline REV or --baseline-bin PATH"; fi
 [[ -z "$baseline_bin" || -x "$baseline_bin" ]] || die "--baseline-bin $baseline_bin is not an executable"
@@ -165,7 +169,7 @@ fi
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/shardgate-bench.XXXXXX")"
 # As root PostgreSQL and PgBouncer run as `postgres`, which must be able to enter this dir.
 chmod 755 "$tmp"
-pgbouncer_pid="" baseline_pid="" baseline_tree="" pooled_pid=""
+pgbouncer_pid="" baseline_pid="" baseline_tree="" pooled_pid="" relay_epoll_pid="" relay_uring_pid=""
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
@@ -174,6 +178,8 @@ cleanup() {
     [[ -z "$baseline_tree" ]] || git -C "$root" worktree remove --force "$baseline_tree" >/dev/null 2>&1
     stop "$pooled_pid"
     stop "$pgbouncer_pid"
+    stop "$relay_epoll_pid"
+    stop "$relay_uring_pid"
     if [[ -f "$tmp/cluster/cluster.json" ]]; then
         "$root/deploy/local/cluster" down --dir "$tmp/cluster" >/dev/null 2>&1 ||
             echo "compare.sh: cluster down --dir $tmp/cluster failed; run it by hand" >&2
@@ -190,6 +196,8 @@ free_port router_port
 free_port pgbouncer_port
 free_port baseline_port
 free_port pooled_port
+free_port relay_epoll_port
+free_port relay_uring_port
 
 # --- the baseline build (an older shardgate, side by side) ---------------------------------------
 if [[ -n "$baseline_rev" ]]; then
@@ -261,6 +269,20 @@ if wants pooled; then
         die "the cluster's router.toml has no [pool] section to add shared_connections to"
     pooled_log="$tmp/pooled/router.log"
 fi
+# The byte relays (the io_uring experiment): straight to the shard's server, as direct is.
+# start_relay MODE: sets relay_MODE_pid; its output is $tmp/relay-MODE.log.
+start_relay() {
+    local port_var="relay_$1_port" log="$tmp/relay-$1.log"
+    "$release/relay" --mode "$1" --listen "127.0.0.1:${!port_var}" --upstream "127.0.0.1:$pg_port" >"$log" 2>&1 &
+    printf -v "relay_$1_pid" '%s' "$!"
+    for _ in $(seq 100); do grep -q "relay is ready" "$log" && break; sleep 0.1; done
+    grep -q "relay is ready" "$log" || { cat "$log" >&2; die "the $1 relay did not start"; }
+}
+if wants relay-epoll || wants relay-uring; then
+    (cd "$root" && cargo build --release -q -p shardgate-benches --bin relay) || die "building the relay failed"
+    if wants relay-epoll; then start_relay epoll; fi
+    if wants relay-uring; then start_relay uring; fi
+fi
 shard_db="shard_000"
 export PGPASSWORD=postgres # direct and loading; the router and PgBouncer get app/app below
 direct=(-h 127.0.0.1 -p "$pg_port" -U postgres "$shard_db")
@@ -330,6 +352,8 @@ endpoint_of() {
         pooled) echo "$pooled_port app app" ;;
         pgbouncer) echo "$pgbouncer_port app app" ;;
         baseline) echo "$baseline_port app app" ;;
+        relay-epoll) echo "$relay_epoll_port postgres $shard_db" ;;
+        relay-uring) echo "$relay_uring_port postgres $shard_db" ;;
     esac
 }
 conn_args() { # target -> pgbench connection arguments
@@ -349,6 +373,8 @@ pid_of() {
         pooled) echo "$pooled_pid" ;;
         pgbouncer) echo "$pgbouncer_pid" ;;
         baseline) echo "$baseline_pid" ;;
+        relay-epoll) echo "$relay_epoll_pid" ;;
+        relay-uring) echo "$relay_uring_pid" ;;
         *) echo "" ;;
     esac
 }
@@ -435,7 +461,7 @@ measure_one() {
     failed="$(sed -n 's/^number of failed transactions: \([0-9]*\).*/\1/p' "$out")"
     t_tps="$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time)/\1/p' "$out")"
     if ((!ok)) || [[ -z "$n" || -z "$t_tps" ]]; then
-        printf '%-9s %-10s %10s   pgbench failed; its output ends:\n' "$label" "$t" FAILED | tee -a "$results"
+        printf '%-9s %-11s %10s   pgbench failed; its output ends:\n' "$label" "$t" FAILED | tee -a "$results"
         tail -5 "$out" | sed 's/^/    /' | tee -a "$results"
         return
     fi
@@ -447,7 +473,7 @@ measure_one() {
     else
         user_us[$key]="-" sys_us[$key]="-" total="-"
     fi
-    printf '%-9s %-10s %10.0f %8s %13s %12s %14s %6s %9s\n' "$label" "$t" "$t_tps" "${failed:-0}" \
+    printf '%-9s %-11s %10.0f %8s %13s %12s %14s %6s %9s\n' "$label" "$t" "$t_tps" "${failed:-0}" \
         "${user_us[$key]}" "${sys_us[$key]}" "$total" "$busy" "${conns[$key]}" | tee -a "$results"
 }
 
@@ -482,14 +508,14 @@ measure() {
     printf '\n%s, %s, %d cores, %s; pgbench -c %d -j %d -T %d, %d rows, %s\n' \
         "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(uname -m)" "$(nproc)" "$(psql --version | head -1)" \
         "$clients" "$jobs" "$duration" "$rows" "${pgbouncer_bin:+PgBouncer $pgbouncer_version}" | tee -a "$results"
-    header="$(printf '%-9s %-10s %10s %8s %13s %12s %14s %6s %9s' mode target TPS failed 'user us/stmt' 'sys us/stmt' 'total us/stmt' busy backends)"
+    header="$(printf '%-9s %-11s %10s %8s %13s %12s %14s %6s %9s' mode target TPS failed 'user us/stmt' 'sys us/stmt' 'total us/stmt' busy backends)"
     echo "$header" | tee -a "$results"
 
     for mode in "${mode_list[@]}"; do
         for ((round = 1; round <= rounds; round++)); do
             for t in "${target_list[@]}"; do
                 if [[ "$t" == pgbouncer && "$mode" == prepared ]] && ((!pgbouncer_prepared)); then
-                    ((round == 1)) && printf '%-9s %-10s %10s   (PgBouncer %s has no prepared statements in transaction mode; needs 1.21+)\n' \
+                    ((round == 1)) && printf '%-9s %-11s %10s   (PgBouncer %s has no prepared statements in transaction mode; needs 1.21+)\n' \
                         "$mode" "$t" - "$pgbouncer_version" | tee -a "$results"
                     continue
                 fi
@@ -506,7 +532,7 @@ measure() {
                 key="$clients/$mode/$t"
                 medians "$key"
                 [[ -n "${tps[$key]:-}" ]] || continue
-                printf '%-9s %-10s %10.0f %8s %13s %12s %14s %6s %9s\n' "$mode" "$t" "${tps[$key]}" "" \
+                printf '%-9s %-11s %10.0f %8s %13s %12s %14s %6s %9s\n' "$mode" "$t" "${tps[$key]}" "" \
                     "${user_us[$key]}" "${sys_us[$key]}" "$(sum "${user_us[$key]}" "${sys_us[$key]}")" median "${conns[$key]}" | tee -a "$results"
             done
         fi
@@ -521,12 +547,12 @@ measure() {
 
     # Ratios, per mode, where both sides ran.
     echo | tee -a "$results"
-    printf '%-9s %-10s %12s %16s %15s %17s %14s\n' ratios proxy 'TPS x/pgb' 'user/stmt x/pgb' 'sys/stmt x/pgb' 'total/stmt x/pgb' 'TPS x/direct' | tee -a "$results"
+    printf '%-9s %-11s %12s %16s %15s %17s %14s\n' ratios proxy 'TPS x/pgb' 'user/stmt x/pgb' 'sys/stmt x/pgb' 'total/stmt x/pgb' 'TPS x/direct' | tee -a "$results"
     for mode in "${mode_list[@]}"; do
         for proxy in shardgate pooled; do
             wants "$proxy" || continue
             sg="$clients/$mode/$proxy" pb="$clients/$mode/pgbouncer" dr="$clients/$mode/direct"
-            printf '%-9s %-10s %12s %16s %15s %17s %14s\n' "$mode" "$proxy" \
+            printf '%-9s %-11s %12s %16s %15s %17s %14s\n' "$mode" "$proxy" \
                 "$(ratio "${tps[$sg]:-}" "${tps[$pb]:-}")" \
                 "$(ratio "${user_us[$sg]:-}" "${user_us[$pb]:-}")" \
                 "$(ratio "${sys_us[$sg]:-}" "${sys_us[$pb]:-}")" \
@@ -546,13 +572,25 @@ measure() {
                 "$(total_ratio "$sg" "$bs")" | tee -a "$results"
         done
     fi
+    if wants relay-epoll && wants relay-uring; then
+        echo | tee -a "$results"
+        printf '%-9s %16s %16s %16s %17s\n' ratios 'TPS ur/ep' 'user/stmt ur/ep' 'sys/stmt ur/ep' 'total/stmt ur/ep' | tee -a "$results"
+        for mode in "${mode_list[@]}"; do
+            ur="$clients/$mode/relay-uring" ep="$clients/$mode/relay-epoll"
+            printf '%-9s %16s %16s %16s %17s\n' "$mode" \
+                "$(ratio "${tps[$ur]:-}" "${tps[$ep]:-}")" \
+                "$(ratio "${user_us[$ur]:-}" "${user_us[$ep]:-}")" \
+                "$(ratio "${sys_us[$ur]:-}" "${sys_us[$ep]:-}")" \
+                "$(total_ratio "$ur" "$ep")" | tee -a "$results"
+        done
+    fi
     if ((syscall_seconds > 0)); then
         echo | tee -a "$results"
-        printf '%-9s %-10s %22s\n' syscalls target "per statement (strace -c)" | tee -a "$results"
+        printf '%-9s %-11s %22s\n' syscalls target "per statement (strace -c)" | tee -a "$results"
         for mode in "${mode_list[@]}"; do
             for t in "${target_list[@]}"; do
                 [[ -n "${syscalls["$clients/$mode/$t"]:-}" ]] || continue
-                printf '%-9s %-10s %22s\n' "$mode" "$t" "${syscalls["$clients/$mode/$t"]}" | tee -a "$results"
+                printf '%-9s %-11s %22s\n' "$mode" "$t" "${syscalls["$clients/$mode/$t"]}" | tee -a "$results"
             done
         done
     fi
@@ -574,7 +612,7 @@ open_loop_one() {
     out="$tmp/open-$mode-$t-$n-$round.json"
     if ! "$loadgen_bin" run --target "$(url_of "$t")" --rows-per-shard "$rows" -c "$n" --rate "$rate" \
         --protocol "$mode" -d "${duration}s" --warmup 1s --quiet --json "$out" >"$out.log" 2>&1; then
-        printf '%-9s %-10s   loadgen failed; its output ends:\n' "$label" "$t" | tee -a "$results"
+        printf '%-9s %-11s   loadgen failed; its output ends:\n' "$label" "$t" | tee -a "$results"
         tail -5 "$out.log" | sed 's/^/    /' | tee -a "$results"
         return
     fi
@@ -591,7 +629,7 @@ PY
     )
     p99[$key]="$p"
     p50[$key]="$q"
-    printf '%-9s %-10s %s\n' "$label" "$t" "$row" | tee -a "$results"
+    printf '%-9s %-11s %s\n' "$label" "$t" "$row" | tee -a "$results"
 }
 
 # open_loop_runs CLIENTS: every mode through every target at the fixed rate over CLIENTS
@@ -609,7 +647,7 @@ open_loop_runs() {
     printf 'open loop: %s requests/s in total (%s) over %d connections, %ds per run (loadgen); latency in ms\n' \
         "$rate" "$( ((open_loop > 0)) && echo "--open-loop" || echo "$open_loop_fraction x PgBouncer's simple TPS")" \
         "$n" "$duration" | tee -a "$results"
-    printf '%-9s %-10s %9s %8s %8s %8s %8s %7s %9s\n' mode target QPS p50 p99 p99.9 max errors timeouts | tee -a "$results"
+    printf '%-9s %-11s %9s %8s %8s %8s %8s %7s %9s\n' mode target QPS p50 p99 p99.9 max errors timeouts | tee -a "$results"
     for mode in "${mode_list[@]}"; do
         for ((round = 1; round <= rounds; round++)); do
             for t in "${target_list[@]}"; do
@@ -628,18 +666,18 @@ open_loop_runs() {
             median_of p99 "$key"
             median_of p50 "$key"
             [[ "${p99[$key]}" != "-" ]] || { unset "p99[$key]" "p50[$key]"; continue; }
-            printf '%-9s %-10s %9s %8.2f %8.2f   (median of %d rounds)\n' "$mode" "$t" "" \
+            printf '%-9s %-11s %9s %8.2f %8.2f   (median of %d rounds)\n' "$mode" "$t" "" \
                 "$(awk -v v="${p50[$key]}" 'BEGIN { print v / 1000 }')" \
                 "$(awk -v v="${p99[$key]}" 'BEGIN { print v / 1000 }')" "$rounds" | tee -a "$results"
         done
     done
     echo | tee -a "$results"
-    printf '%-9s %-10s %14s %17s\n' ratios proxy 'p99 x/pgb' 'p99 x/direct' | tee -a "$results"
+    printf '%-9s %-11s %14s %17s\n' ratios proxy 'p99 x/pgb' 'p99 x/direct' | tee -a "$results"
     for mode in "${mode_list[@]}"; do
         for t in shardgate pooled; do
             wants "$t" || continue
             key="$n/$mode"
-            printf '%-9s %-10s %14s %17s\n' "$mode" "$t" "$(ratio "${p99[$key/$t]:-}" "${p99[$key/pgbouncer]:-}")" \
+            printf '%-9s %-11s %14s %17s\n' "$mode" "$t" "$(ratio "${p99[$key/$t]:-}" "${p99[$key/pgbouncer]:-}")" \
                 "$(ratio "${p99[$key/$t]:-}" "${p99[$key/direct]:-}")" | tee -a "$results"
         done
     done

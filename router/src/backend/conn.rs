@@ -184,7 +184,16 @@ impl BackendConn {
                 }
                 Ok(Some(_)) => {}
                 Ok(None) => return problem,
-                Err(e) => return Some(problem.unwrap_or(ended(e))),
+                Err(e) => {
+                    // The connection broke after the error: it is not fit for anyone either.
+                    return Some(match problem {
+                        Some(p) => PreludeProblem {
+                            connection_ended: true,
+                            ..p
+                        },
+                        None => ended(e),
+                    });
+                }
             }
         }
     }
