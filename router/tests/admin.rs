@@ -82,6 +82,10 @@ async fn admin_console_shows_what_runs_and_controls_the_router() {
     app.simple_query("SELECT count(*) FROM kv")
         .await
         .expect("touch every shard");
+    // A point select outside a transaction goes to the shard's shared connections.
+    app.simple_query(&format!("SELECT v FROM kv WHERE id = {k}"))
+        .await
+        .expect("shared");
     app.simple_query("BEGIN").await.expect("begin");
     let pid = common::rows(
         &app.simple_query(&format!("SELECT pg_backend_pid() FROM kv WHERE id = {k}"))
@@ -120,6 +124,16 @@ async fn admin_console_shows_what_runs_and_controls_the_router() {
         ("active", active["id"].as_str())
     );
     assert!(servers.iter().any(|s| s["state"] == "idle"), "{servers:?}");
+    // The shared connection: its shard, the worker it belongs to, what it has queued or running.
+    let lane = row(&servers, "state", "shared");
+    assert_eq!(lane["shard"], range0, "{servers:?}");
+    assert!(
+        lane["worker"].parse::<usize>().is_ok_and(|w| w < 2),
+        "{lane:?}"
+    );
+    assert_eq!(lane["load"], "0", "{lane:?}");
+    assert!(lane["remote_pid"].parse::<i32>().is_ok(), "{lane:?}");
+    assert_eq!(server["worker"], "", "only shared connections have one");
     let pools = table(&admin, "SHOW POOLS").await;
     assert_eq!(pools.len(), 2, "{pools:?}");
     let pool0 = row(&pools, "shards", &range0);

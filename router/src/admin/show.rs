@@ -2,6 +2,7 @@
 //! names follow PgBouncer's where the concept is the same (`cl_active`, `sv_idle`,
 //! `total_query_count`, ...), so its users feel at home.
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::backend::ShardPool;
@@ -220,6 +221,7 @@ pub fn servers(shared: &Router) -> Table {
             )
         })
         .collect();
+    rows.extend(shared_rows(&routing));
     for w in 0..routing.workers() {
         for pool in routing.pools_of(w).distinct() {
             for (pid, _idle_for) in pool.idle() {
@@ -234,10 +236,42 @@ pub fn servers(shared: &Router) -> Table {
             }
         }
     }
+    for row in &mut rows {
+        // `worker` and `load` are the shared connections' (empty for the others).
+        row.resize(LINK_COLUMNS.len() + 5, None);
+    }
     Table {
-        columns: [LINK_COLUMNS, &["remote_pid", "shard", "link"]].concat(),
+        columns: [
+            LINK_COLUMNS,
+            &["remote_pid", "shard", "link", "worker", "load"],
+        ]
+        .concat(),
         rows,
     }
+}
+
+/// One row per shared connection (`[pool] shared_connections`): `shared`, the shard, the
+/// worker thread whose sessions use it first, and the requests it has queued or running.
+fn shared_rows(routing: &Routing) -> Vec<Vec<Option<String>>> {
+    let mut seen: Vec<*const crate::backend::mux::ShardMux> = Vec::new();
+    let mut rows = Vec::new();
+    for shard in 0..routing.map.shards().len() {
+        let Some(mux) = routing.mux(shard) else {
+            continue;
+        };
+        if seen.contains(&Arc::as_ptr(mux)) {
+            continue;
+        }
+        seen.push(Arc::as_ptr(mux));
+        let endpoint = mux.endpoint.name();
+        for (pid, worker, load) in mux.lane_loads() {
+            let shard = Some(routing.shard_name(shard));
+            let mut row = server_row(routing, "shared", &endpoint, pid, shard, None);
+            row.extend([Some(worker.to_string()), Some(load.to_string())]);
+            rows.push(row);
+        }
+    }
+    rows
 }
 
 fn server_row(

@@ -271,11 +271,12 @@ impl ShardMux {
         self.lanes().len()
     }
 
-    /// The backend pids of the open lanes and what each has queued or running (admin console).
-    pub fn lane_loads(&self) -> Vec<(i32, usize)> {
+    /// Each open lane's backend pid, the worker thread it belongs to, and how many requests it
+    /// has queued or running (admin console, `SHOW SERVERS`).
+    pub fn lane_loads(&self) -> Vec<(i32, usize, usize)> {
         self.lanes()
             .iter()
-            .map(|(_, l)| (l.pid, l.load.load(Ordering::Relaxed)))
+            .map(|(w, l)| (l.pid, *w, l.load.load(Ordering::Relaxed)))
             .collect()
     }
 
