@@ -272,6 +272,12 @@ async fn cancels_and_timeouts_hit_only_their_own_client() {
         .expect("task")
         .expect_err("the queued statement is cancelled");
     assert_eq!(sqlstate(&err), "57014", "{err}");
+    let message = err.as_db_error().map(|e| e.message().to_string());
+    assert_eq!(
+        message.as_deref(),
+        Some("canceling statement due to user request"),
+        "a queued request's own error, as it is"
+    );
     let done = slow_task
         .await
         .expect("task")

@@ -893,3 +893,38 @@ async fn a_time_zone_interval_does_not_lose_the_other_settings() {
         );
     }
 }
+
+/// A list of names given at startup (`options=-c search_path=a,b`, as JDBC's `currentSchema`
+/// and Npgsql's `SearchPath` send it) stays a list on every connection, and a comment in a
+/// `SET` hides none of the settings given after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_lists_and_commented_settings_follow_their_client() {
+    let env = shared_env();
+    let router = one_connection_router(env, 0, "");
+    let mut config: tokio_postgres::Config = router.url().parse().expect("url");
+    config.options("-c search_path=pg_catalog,PUBLIC");
+    let (a, conn) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("connect with options");
+    tokio::spawn(conn);
+    let b = router.connect().await;
+    a.simple_query("SET lock_timeout = '7s' -- a comment\n")
+        .await
+        .expect("set with a comment");
+    a.simple_query("SET statement_timeout = '5s'")
+        .await
+        .expect("set");
+    for round in 0..8 {
+        for _ in 0..4 {
+            show(&b, "SELECT 1").await;
+        }
+        assert_eq!(
+            show(&a, "SELECT current_schemas(false)::text").await,
+            "{pg_catalog,public}",
+            "round {round}"
+        );
+        assert_eq!(show(&a, "SHOW lock_timeout").await, "7s");
+        assert_eq!(show(&a, "SHOW statement_timeout").await, "5s");
+    }
+}

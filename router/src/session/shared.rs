@@ -351,26 +351,25 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
     fn answer_unsent(&mut self, err: &SqlError, readies: usize) -> Result<(), SessionError> {
         let mut frame = Vec::new();
         err.write(&mut frame);
-        self.answer_refused(&frame, readies)
-    }
-
-    /// The same with an ErrorResponse frame as Postgres sent it.
-    fn answer_refused(&mut self, error: &[u8], readies: usize) -> Result<(), SessionError> {
-        let (code, message) = crate::protocol::backend::error_fields(error);
-        let shard = self.pinned_shard().map(|s| self.shard_name(s));
-        let mut error = Vec::new();
-        errors::settings_not_given(
-            shard.as_deref().unwrap_or("?"),
-            Some(SqlError::with_code(code, message)),
-            "",
-        )
-        .write(&mut error);
-        let mut answer = Vec::with_capacity(readies * (error.len() + 6));
+        let mut answer = Vec::with_capacity(readies * (frame.len() + 6));
         for _ in 0..readies {
-            answer.extend_from_slice(&error);
+            answer.extend_from_slice(&frame);
             reply::ready_for_query(&mut answer, TxStatus::Idle);
         }
         self.take_shared(&answer, None)
+    }
+
+    /// The same for a request whose settings the lane could not give
+    /// ([`crate::backend::mux::Reply::Refused`]): Postgres's error of the `SET`, saying so.
+    fn answer_refused(&mut self, error: &[u8], readies: usize) -> Result<(), SessionError> {
+        let (code, message) = crate::protocol::backend::error_fields(error);
+        let shard = self.pinned_shard().map(|s| self.shard_name(s));
+        let err = errors::settings_not_given(
+            shard.as_deref().unwrap_or("?"),
+            Some(SqlError::with_code(code, message)),
+            "",
+        );
+        self.answer_unsent(&err, readies)
     }
 
     /// Hands reply frames of the session's shared request to its bookkeeping, and what the

@@ -117,7 +117,7 @@ impl Settings {
             if NOT_SETTINGS.contains(&lower.as_str()) {
                 if lower == "options" {
                     for (n, v) in parse_options(value) {
-                        s.set(&n, quote_literal(&v));
+                        s.set(&n, startup_value(&n, &v));
                     }
                 }
                 continue;
@@ -125,7 +125,7 @@ impl Settings {
             if lower == "client_encoding" && is_utf8(value) {
                 continue;
             }
-            s.set(&lower, quote_literal(value));
+            s.set(&lower, startup_value(&lower, value));
         }
         s.startup = s.list.clone();
         s.refresh();
@@ -471,6 +471,53 @@ impl Changes {
             UNKNOWN
         })
     }
+}
+
+/// A startup parameter's value as the SQL that sets it again: a string literal, except for the
+/// lists of names (`search_path`, `temp_tablespaces`), which `SET` would read as one name:
+/// `search_path=app,public` is `SET search_path = "app", "public"`, each name folded to lower
+/// case unless it was quoted, as Postgres reads the parameter.
+fn startup_value(name: &str, value: &str) -> String {
+    if !matches!(
+        name.to_ascii_lowercase().as_str(),
+        "search_path" | "temp_tablespaces"
+    ) || value.trim().is_empty()
+    {
+        return quote_literal(value);
+    }
+    let mut names = Vec::new();
+    let (mut item, mut quoted, mut in_quote) = (String::new(), false, false);
+    let mut chars = value.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' if in_quote && chars.peek() == Some(&'"') => {
+                chars.next();
+                item.push('"');
+            }
+            '"' => {
+                in_quote = !in_quote;
+                quoted = true;
+            }
+            ',' if !in_quote => {
+                names.push(std::mem::take(&mut item));
+                quoted = false;
+            }
+            c if in_quote || !c.is_whitespace() => {
+                if quoted {
+                    item.push(c);
+                } else {
+                    item.extend(c.to_lowercase());
+                }
+            }
+            _ => {}
+        }
+    }
+    names.push(item);
+    let names: Vec<String> = names
+        .iter()
+        .map(|n| shardmap::sql::quote_ident_always(n))
+        .collect();
+    names.join(", ")
 }
 
 /// Whether a setting's value, as the client wrote it, reads the same in the replay as it did

@@ -88,11 +88,65 @@ pub(super) fn several_changes(sql: &str) -> Option<Vec<Change>> {
 }
 
 pub fn parse_change(sql: &str) -> Change {
+    let Some(sql) = without_comments(sql) else {
+        return Change::Unknown;
+    };
     let text = sql.trim().trim_end_matches(';').trim();
     if text.contains(';') {
         return Change::Unknown;
     }
     parse_statement(text)
+}
+
+/// `sql` with each comment outside quotes replaced by a space, so that a comment is never
+/// taken into a setting's value (`SET search_path = app -- why`), where it would hide what is
+/// replayed after it. `None` when that cannot be done surely (a comment not closed, or
+/// backslashes, which `E''` strings read as escapes).
+fn without_comments(sql: &str) -> Option<std::borrow::Cow<'_, str>> {
+    if !sql.contains("--") && !sql.contains("/*") {
+        return Some(std::borrow::Cow::Borrowed(sql));
+    }
+    if sql.contains('\\') {
+        return None;
+    }
+    let mut out = String::with_capacity(sql.len());
+    let mut chars = sql.chars().peekable();
+    let mut quote = None;
+    while let Some(c) = chars.next() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '\'' | '"') => quote = Some(c),
+            (None, '-') if chars.peek() == Some(&'-') => {
+                while chars.next_if(|&c| c != '\n').is_some() {}
+                out.push(' ');
+                continue;
+            }
+            (None, '/') if chars.peek() == Some(&'*') => {
+                chars.next();
+                // Block comments nest in Postgres.
+                let mut depth = 1;
+                while depth > 0 {
+                    match (chars.next()?, chars.peek()) {
+                        ('/', Some('*')) => {
+                            chars.next();
+                            depth += 1;
+                        }
+                        ('*', Some('/')) => {
+                            chars.next();
+                            depth -= 1;
+                        }
+                        _ => {}
+                    }
+                }
+                out.push(' ');
+                continue;
+            }
+            _ => {}
+        }
+        out.push(c);
+    }
+    Some(std::borrow::Cow::Owned(out))
 }
 
 /// The change of one statement (`text`, trimmed, without its `;`).

@@ -283,7 +283,7 @@ fn startup_parameters_and_options_become_settings() {
     let s = Settings::from_startup(&params);
     assert_eq!(s.get("application_name"), Some("'psql'"));
     assert_eq!(s.get("client_encoding"), None);
-    assert_eq!(s.get("search_path"), Some("'app'"));
+    assert_eq!(s.get("search_path"), Some("\"app\""));
     assert_eq!(s.get("statement_timeout"), Some("'5s'"));
     assert_eq!(s.get("datestyle"), Some("'ISO, DMY'"));
     let mut changed = s.clone();
@@ -307,7 +307,7 @@ fn startup_parameters_and_options_become_settings() {
     assert_eq!(changed, s);
     assert_eq!(
         s.set_sql(),
-        "SET \"application_name\" = 'psql'; SET \"search_path\" = 'app'; SET \"statement_timeout\" = '5s'; SET \"datestyle\" = 'ISO, DMY'"
+        "SET \"application_name\" = 'psql'; SET \"search_path\" = \"app\"; SET \"statement_timeout\" = '5s'; SET \"datestyle\" = 'ISO, DMY'"
     );
     let mut out = bytes::BytesMut::new();
     assert_eq!(s.write_all(&mut out).ok(), Some(2));
@@ -395,4 +395,37 @@ fn only_values_that_read_the_same_again_are_plain() {
         s.is_fragile(),
         "a value that is not plain is replayed answered"
     );
+}
+
+#[test]
+fn a_list_of_names_at_startup_is_set_again_as_a_list() {
+    let s = Settings::from_startup(&[
+        ("search_path".into(), "App, \"Mixed\"\"Case\",$user".into()),
+        ("options".into(), "-c temp_tablespaces=a,b".into()),
+        ("DateStyle".into(), "ISO, MDY".into()),
+    ]);
+    assert_eq!(
+        s.get("search_path"),
+        Some("\"app\", \"Mixed\"\"Case\", \"$user\"")
+    );
+    assert_eq!(s.get("temp_tablespaces"), Some("\"a\", \"b\""));
+    assert_eq!(s.get("datestyle"), Some("'ISO, MDY'"));
+    assert!(s.is_fragile(), "tablespaces can be dropped");
+}
+
+#[test]
+fn a_comment_is_never_part_of_a_value() {
+    assert_eq!(
+        parse_change("SET search_path = app -- why\n"),
+        set("search_path", "app")
+    );
+    assert_eq!(
+        parse_change("/* by the app */ SET statement_timeout = '5s' /* a /* nested */ note */;"),
+        set("statement_timeout", "'5s'")
+    );
+    assert_eq!(
+        parse_change("SET application_name = 'a -- b'"),
+        set("application_name", "'a -- b'")
+    );
+    assert_eq!(parse_change("SET x.y = 1 /* not closed"), Change::Unknown);
 }
