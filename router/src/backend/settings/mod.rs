@@ -59,8 +59,8 @@ const NO_RESET_ALL: &[&str] = &["role", "session_authorization"];
 /// (a role's membership, a tablespace or text search configuration that can be dropped, a
 /// `GRANT SET` that can be revoked). The client's settings are written ahead of its statement
 /// in the same write only when every one of them is here ([`Settings::is_fragile`]).
-/// Placeholders (`app.tenant`) count as safe too: only an extension loaded later that reserves
-/// their prefix would refuse them.
+/// Placeholders (`app.tenant`) and the planner's `enable_*` switches count as safe too: only an
+/// extension loaded later that reserves a placeholder's prefix would refuse it.
 const SAFE_AGAIN: &[&str] = &[
     "application_name",
     "client_encoding",
@@ -88,6 +88,20 @@ const SAFE_AGAIN: &[&str] = &[
     "xmlbinary",
     "backslash_quote",
     "escape_string_warning",
+    "maintenance_work_mem",
+    "geqo",
+    "plan_cache_mode",
+    "random_page_cost",
+    "seq_page_cost",
+    "effective_cache_size",
+    "default_statistics_target",
+    "from_collapse_limit",
+    "join_collapse_limit",
+    "max_parallel_workers_per_gather",
+    "lc_monetary",
+    "lc_numeric",
+    "lc_time",
+    "timezone_abbreviations",
 ];
 
 /// Startup parameters that are not settings.
@@ -215,7 +229,10 @@ impl Settings {
     fn refresh(&mut self) {
         self.fp = self.compute_fingerprint();
         self.fragile = self.list.iter().any(|(name, value)| {
-            !(name.contains('.') || SAFE_AGAIN.contains(&name.as_str())) || !is_plain(value)
+            let safe = name.contains('.')
+                || name.starts_with("enable_")
+                || SAFE_AGAIN.contains(&name.as_str());
+            !safe || !is_plain(value)
         });
     }
 
