@@ -501,6 +501,22 @@ medians() {
     [[ "${tps[$key]}" != "-" ]] || unset "tps[$key]"
 }
 
+# pair_ratios A B LABEL: per mode, target A's TPS and CPU per statement over target B's, at
+# the current client count, headed "x LABEL".
+pair_ratios() {
+    local a b mode
+    echo | tee -a "$results"
+    printf '%-9s %16s %16s %16s %17s\n' ratios "TPS $3" "user/stmt $3" "sys/stmt $3" "total/stmt $3" | tee -a "$results"
+    for mode in "${mode_list[@]}"; do
+        a="$clients/$mode/$1" b="$clients/$mode/$2"
+        printf '%-9s %16s %16s %16s %17s\n' "$mode" \
+            "$(ratio "${tps[$a]:-}" "${tps[$b]:-}")" \
+            "$(ratio "${user_us[$a]:-}" "${user_us[$b]:-}")" \
+            "$(ratio "${sys_us[$a]:-}" "${sys_us[$b]:-}")" \
+            "$(total_ratio "$a" "$b")" | tee -a "$results"
+    done
+}
+
 # measure CLIENTS: every mode through every target with CLIENTS pgbench clients, then ratios.
 measure() {
     clients="$1"
@@ -560,30 +576,8 @@ measure() {
                 "$(ratio "${tps[$sg]:-}" "${tps[$dr]:-}")" | tee -a "$results"
         done
     done
-    if wants baseline; then
-        echo | tee -a "$results"
-        printf '%-9s %16s %16s %16s %17s\n' ratios 'TPS sg/base' 'user/stmt sg/base' 'sys/stmt sg/base' 'total/stmt sg/base' | tee -a "$results"
-        for mode in "${mode_list[@]}"; do
-            sg="$clients/$mode/shardgate" bs="$clients/$mode/baseline"
-            printf '%-9s %16s %16s %16s %17s\n' "$mode" \
-                "$(ratio "${tps[$sg]:-}" "${tps[$bs]:-}")" \
-                "$(ratio "${user_us[$sg]:-}" "${user_us[$bs]:-}")" \
-                "$(ratio "${sys_us[$sg]:-}" "${sys_us[$bs]:-}")" \
-                "$(total_ratio "$sg" "$bs")" | tee -a "$results"
-        done
-    fi
-    if wants relay-epoll && wants relay-uring; then
-        echo | tee -a "$results"
-        printf '%-9s %16s %16s %16s %17s\n' ratios 'TPS ur/ep' 'user/stmt ur/ep' 'sys/stmt ur/ep' 'total/stmt ur/ep' | tee -a "$results"
-        for mode in "${mode_list[@]}"; do
-            ur="$clients/$mode/relay-uring" ep="$clients/$mode/relay-epoll"
-            printf '%-9s %16s %16s %16s %17s\n' "$mode" \
-                "$(ratio "${tps[$ur]:-}" "${tps[$ep]:-}")" \
-                "$(ratio "${user_us[$ur]:-}" "${user_us[$ep]:-}")" \
-                "$(ratio "${sys_us[$ur]:-}" "${sys_us[$ep]:-}")" \
-                "$(total_ratio "$ur" "$ep")" | tee -a "$results"
-        done
-    fi
+    if wants baseline; then pair_ratios shardgate baseline sg/base; fi
+    if wants relay-epoll && wants relay-uring; then pair_ratios relay-uring relay-epoll ur/ep; fi
     if ((syscall_seconds > 0)); then
         echo | tee -a "$results"
         printf '%-9s %-11s %22s\n' syscalls target "per statement (strace -c)" | tee -a "$results"
