@@ -68,7 +68,6 @@ struct Submission<'a> {
     readies: usize,
     simple: bool,
     uses: &'a replay::Uses,
-    fp: u64,
     cancels: u64,
 }
 
@@ -136,7 +135,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                     readies,
                     simple,
                     uses: &uses,
-                    fp,
                     cancels,
                 },
             )
@@ -229,7 +227,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             readies,
             simple,
             uses,
-            fp,
             cancels,
         } = req;
         let statements = &self.statements;
@@ -242,7 +239,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             }) => bound,
             _ => &[],
         };
-        let settings = &self.settings;
         let Some((_, mux)) = self.shared_pin() else {
             return Ok(Outcome::NotTaken);
         };
@@ -253,8 +249,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                 tail: &self.out.tail,
                 readies,
                 simple,
-                settings_fp: fp,
-                settings_fragile: settings.is_fragile(),
+                settings: &self.settings,
                 sink: channel.tx.clone(),
                 // Waiting in the router for a turn on a busy lane is bounded like a pool
                 // checkout: the lane takes the request out ([`Reply::Expired`]).
@@ -269,7 +264,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
                         .map(|s| (&*s.sql, &*s.param_types))
                 })
             },
-            |out| settings.write_all(out),
         );
         let Some(seq) = submitted else {
             return Ok(Outcome::NotTaken);

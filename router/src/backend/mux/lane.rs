@@ -45,7 +45,7 @@ impl Lane {
 
     /// Queues a complete request; `prepare` writes, for the lane's prepared set, what must
     /// precede the request (Parse/Close of router statements) and says how many messages it
-    /// wrote, and `settings` the SQL that gives the lane the client's settings. Returns the
+    /// wrote. Returns the
     /// request's number, or `None` when the lane no longer takes requests (or `prepare`
     /// refused: the request cannot go to a shared connection).
     pub fn submit<E>(
@@ -53,7 +53,6 @@ impl Lane {
         mux: &ShardMux,
         req: Request<'_>,
         prepare: impl FnOnce(&mut BytesMut, &mut PreparedSet) -> Result<usize, E>,
-        settings: impl FnOnce(&mut BytesMut) -> Result<usize, crate::protocol::request::Unwritable>,
     ) -> Option<u64> {
         let mut st = self.state();
         if st.ended.is_some() || st.retiring {
@@ -65,14 +64,14 @@ impl Lane {
             self.retire(&mut st);
             return None;
         };
-        if st.settings_fp != req.settings_fp {
+        let fp = req.settings.fingerprint();
+        if st.settings_fp != fp {
             let mut set = BytesMut::new();
-            let Ok(readies) = settings(&mut set) else {
+            let Ok(readies) = req.settings.write_all(&mut set) else {
                 self.retire(&mut st);
                 return None;
             };
-            let proves = (req.settings_fragile || !mux.is_proven(req.settings_fp))
-                .then_some(req.settings_fp);
+            let proves = (req.settings.is_fragile() || !mux.is_proven(fp)).then_some(fp);
             st.queued.push_back(Queued {
                 seq: 0,
                 proves,
@@ -84,8 +83,8 @@ impl Lane {
                 sink: None,
             });
             self.load.fetch_add(1, Ordering::Relaxed);
-            st.settings_fp = req.settings_fp;
-            self.settings_fp.store(req.settings_fp, Ordering::Relaxed);
+            st.settings_fp = fp;
+            self.settings_fp.store(fp, Ordering::Relaxed);
         }
         bytes.extend_from_slice(req.bytes);
         bytes.extend_from_slice(req.tail);

@@ -205,10 +205,9 @@ pub struct Request<'a> {
     pub readies: usize,
     /// It holds a Query ([`crate::backend::pipeline::Written::simple`]).
     pub simple: bool,
-    pub settings_fp: u64,
-    /// The settings may fail where they succeeded before (`Settings::is_fragile`): they are
-    /// proven on their own each time they are applied, nothing written behind them.
-    pub settings_fragile: bool,
+    /// The client's settings: written in front of the request when the lane holds others,
+    /// and proven on their own each time when they may fail (`Settings::is_fragile`).
+    pub settings: &'a crate::backend::settings::Settings,
     pub sink: Sink,
     /// How long it may wait in the router before it is written (`checkout_timeout_ms`).
     pub max_wait: Duration,

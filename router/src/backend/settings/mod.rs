@@ -493,13 +493,9 @@ impl Changes {
 /// A startup parameter's value as the SQL that sets it again: a string literal, except for the
 /// lists of names (`search_path`, `temp_tablespaces`), which `SET` would read as one name:
 /// `search_path=app,public` is `SET search_path = "app", "public"`, each name folded to lower
-/// case unless it was quoted, as Postgres reads the parameter.
+/// case unless it was quoted, as Postgres reads the parameter. `name` is in lower case.
 fn startup_value(name: &str, value: &str) -> String {
-    if !matches!(
-        name.to_ascii_lowercase().as_str(),
-        "search_path" | "temp_tablespaces"
-    ) || value.trim().is_empty()
-    {
+    if !matches!(name, "search_path" | "temp_tablespaces") || value.trim().is_empty() {
         return quote_literal(value);
     }
     let mut names = Vec::new();
