@@ -45,6 +45,17 @@ fn one_connection_router(env: &common::Env, shared: usize, extra: &str) -> Route
     )
 }
 
+/// `b` takes every backend connection of the router, with its own settings: every shard's
+/// shared one (a point select on each) and pooled one (a read of every shard), so that the
+/// next statement of another client needs its settings given again wherever it goes.
+async fn take_every_connection(env: &common::Env, b: &Client) {
+    for shard in 0..env.map.shards().len() {
+        let key = env.key_on(shard, 1);
+        show(b, &format!("SELECT count(*) FROM kv WHERE id = {key}")).await;
+    }
+    show(b, "SELECT count(*) FROM kv").await;
+}
+
 /// `SET a; SET b` in one Query (as some drivers send at connect) follows the client to every
 /// connection; when one of them fails, Postgres undoes the Query's others, and so does the
 /// router.
@@ -683,16 +694,7 @@ async fn a_setting_that_cannot_be_given_again_fails_the_statement_never_runs_it_
         // `simple` keeps the stop word and does not stem.
         assert_eq!(show(&a, words).await, "'cats':2 'the':1", "shared {shared}");
         on_every_shard(env, &format!("DROP TEXT SEARCH CONFIGURATION {conf}"));
-        let other = || async {
-            // The other client takes every connection (shared and pooled), with its settings.
-            for _ in 0..4 {
-                show(&b, "SELECT 1").await;
-            }
-            for sql in ["BEGIN", "SELECT 1", "COMMIT"] {
-                b.simple_query(sql).await.expect(sql);
-            }
-        };
-        other().await;
+        take_every_connection(env, &b).await;
         for in_transaction in [false, true, false] {
             if in_transaction {
                 a.simple_query("BEGIN").await.expect("begin");
@@ -718,7 +720,7 @@ async fn a_setting_that_cannot_be_given_again_fails_the_statement_never_runs_it_
             if in_transaction {
                 a.simple_query("ROLLBACK").await.expect("rollback");
             }
-            other().await;
+            take_every_connection(env, &b).await;
         }
         // The client can always get out of it, and the other client never noticed.
         a.simple_query("RESET default_text_search_config")
@@ -749,15 +751,7 @@ async fn a_role_that_is_gone_fails_every_path_never_runs_as_the_router() {
     assert_eq!(show(&a, "SELECT current_user").await, role);
     on_every_shard(env, &format!("REVOKE ALL ON kv FROM {role}"));
     on_every_shard(env, &format!("DROP ROLE IF EXISTS {role}"));
-    // The other client takes every connection of every shard, with its own settings.
-    for sql in [
-        "SELECT count(*) FROM kv",
-        "BEGIN",
-        "SELECT count(*) FROM kv",
-        "COMMIT",
-    ] {
-        b.simple_query(sql).await.expect(sql);
-    }
+    take_every_connection(env, &b).await;
     for sql in [
         "SELECT current_user",
         "SELECT count(*) FROM kv",
@@ -834,9 +828,7 @@ async fn a_reset_later_in_a_batch_does_not_let_what_comes_before_run_without_the
     ));
     assert_eq!(a.until_ready().1, "");
     on_every_shard(env, &format!("DROP ROLE IF EXISTS {role}"));
-    for _ in 0..8 {
-        show(&b, "SELECT 1").await;
-    }
+    take_every_connection(env, &b).await;
     a.send(
         &[
             parse("q", "SELECT current_user"),
@@ -878,9 +870,7 @@ async fn a_time_zone_interval_does_not_lose_the_other_settings() {
         .await
         .expect("set time zone");
     for round in 0..8 {
-        for _ in 0..4 {
-            show(&b, "SELECT 1").await;
-        }
+        take_every_connection(env, &b).await;
         assert_eq!(
             show(&a, "SHOW application_name").await,
             "mine",
@@ -911,9 +901,7 @@ async fn startup_lists_and_commented_settings_follow_their_client() {
         .await
         .expect("set");
     for round in 0..8 {
-        for _ in 0..4 {
-            show(&b, "SELECT 1").await;
-        }
+        take_every_connection(env, &b).await;
         assert_eq!(
             show(&a, "SELECT current_schemas(false)::text").await,
             "{pg_catalog,public}",
