@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Logins against the router (issue 30): a reconnect storm of N clients logging in at the same
 # instant, in plain TCP and again in TLS, then a slowloris (silent TCP connections held and
-# renewed from 127.0.0.2) with a bystander logging in every 200 ms. Everything is measured by
-# `loadgen storm` (docs/loadgen.md); this script sets up a throw-away Postgres 15 and a router in
-# front of it, runs the three phases, prints each result and cleans up.
+# renewed from 127.0.0.2) with a bystander logging in every 200 ms; during each storm, steady
+# clients logged in beforehand run point selects (what a storm does to them). Everything is
+# measured by `loadgen storm` and `loadgen run` (docs/loadgen.md); this script sets up a
+# throw-away Postgres 15 and a router in front of it, runs the phases, prints each result and
+# cleans up.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -24,6 +26,9 @@ Then, with `loadgen storm --router-pid`:
                         them; a bystander logs in every 200 ms from 127.0.0.1)
   4. slowloris, TLS:    the same, the bystander logging in with TLS
 
+and, with --steady (on by default), `loadgen run` of point selects from 4 clients logged in
+before: alone for 5 s, then during each storm (the clients already in, as a storm meets them).
+
 and prints loadgen's summary of each (logged in, refused by SQLSTATE, other errors, time to the
 last login, login latency, the router's CPU per login and peak RSS; for the slowloris, how often
 the router closed the silent connections and the bystander's failures and latency), then one
@@ -41,6 +46,16 @@ Options:
                         lines, e.g. 'max_logins = 20000\nlogin_timeout_ms = 5000'
       --keep            keep the temp dir (configs, logs, JSON reports) and print its path
       --key rsa|ecdsa   the router certificate's key: RSA 2048 or ECDSA P-256   [default: ecdsa]
+      --steady R        during each storm, 4 clients logged in beforehand run point selects
+                        at R a second in all (`loadgen run --rate R`, open loop) and their
+                        latency is printed: what a storm does to the clients already in
+                        (0: none)                                      [default: 500]
+      --auth scram|trust
+                        how clients log in: SCRAM-SHA-256 (a PBKDF2 on the client's side per
+                        login, so the clients' CPU limits a storm here) or trust (the router's
+                        own work is then what limits it)               [default: scram]
+      --pin             the router on CPU 0 with one worker thread, every loadgen on CPU 1:
+                        a router saturated by a storm from clients that have CPUs of their own
   -h, --help            this text
 
 Needs: PostgreSQL 15 server binaries (/usr/lib/postgresql/15/bin), psql, openssl, cargo; as root,
@@ -50,7 +65,7 @@ PBKDF2 per login) is in each summary; read it before blaming the router.
 EOF
 }
 
-n="" duration="" silent=1500 quick=0 bin="" extra_limits="" keep=0 key=ecdsa
+n="" duration="" silent=1500 quick=0 bin="" extra_limits="" keep=0 key=ecdsa steady=500 auth=scram pin=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
         -n) n="${2:?-n needs a number}"; shift 2 ;;
@@ -61,6 +76,9 @@ while [[ $# -gt 0 ]]; do
         --extra-limits) extra_limits="${2?--extra-limits needs lines}"; shift 2 ;;
         --keep) keep=1; shift ;;
         --key) key="${2:?--key needs rsa or ecdsa}"; shift 2 ;;
+        --steady) steady="${2:?--steady needs a rate}"; shift 2 ;;
+        --auth) auth="${2:?--auth needs scram or trust}"; shift 2 ;;
+        --pin) pin=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) usage >&2; die "unknown option: $1" ;;
     esac
@@ -72,6 +90,17 @@ n="${n:-10000}" duration="${duration:-30}"
 for v in n duration silent; do
     [[ "${!v}" =~ ^[0-9]+$ && "${!v}" -gt 0 ]] || die "${v} must be a whole number above 0, not '${!v}'"
 done
+case "$auth" in
+    scram) auth_method=scram-sha-256 ;;
+    trust) auth_method=trust ;;
+    *) die "--auth must be scram or trust, not '$auth'" ;;
+esac
+router_cmd=() client_cmd=()
+if ((pin)); then
+    need_tools taskset
+    router_cmd=(taskset -c 0) client_cmd=(taskset -c 1)
+fi
+[[ "$steady" =~ ^[0-9]+$ ]] || die "--steady must be a whole number (0: none), not '$steady'"
 [[ -z "$bin" || -x "$bin" ]] || die "--bin $bin is not an executable"
 
 pgbin=/usr/lib/postgresql/15/bin
@@ -171,7 +200,7 @@ cat >"$tmp/router.toml" <<TOML
 listen = "127.0.0.1:$router_port"
 shardmap = "shardmap.toml"
 database = "app"
-auth = "scram-sha-256"
+auth = "$auth_method"
 
 [[users]]
 name = "app"
@@ -188,9 +217,12 @@ key = "router.key"
 
 [limits]
 $(printf '%b' "$extra_limits")
+$([[ "$extra_limits" == *max_clients* ]] || echo "max_clients = $((n + 100))  # the storm and the steady clients")
 TOML
 echo "starting the router ($router_bin) on 127.0.0.1:$router_port ..."
-NO_COLOR=1 "$router_bin" --config "$tmp/router.toml" >"$tmp/router.log" 2>&1 &
+threads=()
+((pin)) && threads=(--threads 1)
+NO_COLOR=1 "${router_cmd[@]}" "$router_bin" --config "$tmp/router.toml" "${threads[@]}" >"$tmp/router.log" 2>&1 &
 router_pid=$!
 for _ in $(seq 300); do
     grep -q "shardgate is ready" "$tmp/router.log" && break
@@ -210,7 +242,7 @@ run_phase() {
     shift
     echo
     echo "=== $name: loadgen storm $*"
-    "$loadgen" storm --target "$url" --router-pid "$router_pid" --json "$tmp/$name.json" "$@" || rc=$?
+    "${client_cmd[@]}" "$loadgen" storm --target "$url" --router-pid "$router_pid" --json "$tmp/$name.json" "$@" || rc=$?
     if [[ ! -s "$tmp/$name.json" ]]; then
         results+=("$name: ERROR (loadgen exited $rc without a report)")
         all_passed=0
@@ -224,8 +256,48 @@ run_phase() {
     # Let the router see the last phase's connections close.
     sleep 2
 }
+# steady NAME SECONDS: `loadgen run` of point selects at --steady a second for SECONDS, in the
+# background (its pid in steady_pid); its report goes to $tmp/NAME.steady.
+steady_pid=""
+steady() {
+    steady_pid=""
+    ((steady > 0)) || return 0
+    # The storm's own clients take most of this machine's CPU (a PBKDF2 per login): as root the
+    # steady clients run at a higher priority, so what they measure is the router's delay, not
+    # their own wait for a core.
+    local prio=()
+    [[ $EUID -eq 0 ]] && prio=(nice -n -10)
+    "${client_cmd[@]}" "${prio[@]}" "$loadgen" run --target "$url" --shardmap "$tmp/shardmap.toml" --rows-per-shard 1000 \
+        --protocol extended --rate "$steady" -c 4 --duration "$2s" --quiet \
+        >"$tmp/$1.steady" 2>&1 &
+    steady_pid=$!
+}
+# steady_report NAME: waits for the steady load and prints its latency and errors.
+steady_report() {
+    [[ -n "$steady_pid" ]] || return 0
+    wait "$steady_pid" || echo "  (loadgen run exited $?)"
+    echo "--- $1: the steady clients' point selects ($steady/s, 4 connections logged in before)"
+    grep -E -i "requests|latency|p50|p99|max|error|timeout" "$tmp/$1.steady" | sed 's/^/  /' | head -12
+}
+# The steady clients alone, then during each storm (started a second before it and lasting
+# past its end).
+if ((steady > 0)); then
+    "$loadgen" prepare --target "$url" --shardmap "$tmp/shardmap.toml" --rows-per-shard 1000 \
+        >"$tmp/prepare.log" 2>&1 || { cat "$tmp/prepare.log" >&2; die "loadgen prepare failed"; }
+    echo
+    echo "=== steady: the steady clients alone"
+    steady steady-alone 5
+    steady_report steady-alone
+fi
+storm_seconds=$((n / 1000 + 10))
+steady storm-plain "$storm_seconds"
+sleep 1
 run_phase storm-plain --logins "$n"
+steady_report storm-plain
+steady storm-tls "$storm_seconds"
+sleep 1
 run_phase storm-tls --logins "$n" --tls-ca "$tmp/ca.pem"
+steady_report storm-tls
 run_phase slowloris --silent "$silent" --silent-from 127.0.0.2 --bystander-every-ms 200 \
     --duration-s "$duration"
 run_phase slowloris-tls --silent "$silent" --silent-from 127.0.0.2 --bystander-every-ms 200 \

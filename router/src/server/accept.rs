@@ -1,9 +1,9 @@
-//! Accepting clients: one tokio task per client, which negotiates TLS
-//! ([`super::negotiate`]), logs in ([`super::handshake`]) and then runs its [`Session`] until
-//! the client leaves.
+//! Accepting clients: each worker's one door task ([`serve`]) accepts connections and logs
+//! them in (TLS in [`super::negotiate`], the password in [`super::handshake`]); each client
+//! that gets in then runs its [`Session`] in a task of its own until it leaves.
 //!
-//! A client's failure (bad protocol, lost connection, bad password) ends that task only; every
-//! other client and the router keep running.
+//! A client's failure (bad protocol, lost connection, bad password) ends that login or session
+//! only; every other client and the router keep running.
 //!
 //! Until it has logged in, a connection waits in the [`door`](crate::routing::door): every
 //! connection gets in, and when `[limits] max_logins` are logging in the oldest (silent first)
@@ -14,9 +14,12 @@
 //! so the refusal is an ErrorResponse every driver shows with its SQLSTATE.
 
 use std::net::{IpAddr, SocketAddr};
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use bytes::BytesMut;
+use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::server::TlsStream;
@@ -34,41 +37,68 @@ use crate::routing::Router;
 use crate::session::Session;
 use crate::stats::Stats;
 
-/// Accepts clients until the router closes for a drain (the listener is dropped then).
+/// Accepts clients and logs them in until the router closes for a drain (the listener is
+/// dropped then, and the logins already under way are finished).
+///
+/// Every login of this worker runs inside this one task, not in a task of its own: a storm of
+/// thousands of logins then takes one place in the worker's run queue, the same as one busy
+/// session, instead of thousands of places ahead of every session's next statement. Each turn
+/// of this task does what tokio's cooperative budget allows (about 128 socket operations: a few
+/// dozen login steps) and yields; the logins' expensive steps (the TLS key exchange and
+/// signature, the SCRAM check) thus run a few dozen per turn, in the order their clients
+/// answered, while every other task of the worker gets its turn in between. A logged-in client's
+/// session is a task of its own.
 pub async fn serve(listener: TcpListener, shared: Arc<Router>) -> std::io::Result<()> {
     let mut phase = shared.lifecycle.subscribe();
+    let mut listener = Some(listener);
+    let mut logins = FuturesUnordered::new();
     loop {
-        let accepted = tokio::select! {
-            biased;
-            _ = phase.wait_for(|p| *p == Phase::Closing) => return Ok(()),
-            accepted = listener.accept() => accepted,
-        };
-        if shared.lifecycle.closing() {
-            // Accepted as the drain closed the door (on a worker slower to see it than a
-            // session that already told its client): refused like any later one.
-            return Ok(());
+        tokio::select! {
+            _ = phase.wait_for(|p| *p == Phase::Closing), if listener.is_some() => listener = None,
+            accepted = accept(listener.as_ref(), &shared), if listener.is_some() => {
+                let Some((stream, peer)) = accepted else { continue };
+                if shared.lifecycle.closing() {
+                    // Accepted as the drain closed the door (on a worker slower to see it than
+                    // a session that already told its client): refused like any later one.
+                    listener = None;
+                    continue;
+                }
+                logins.push(AssertUnwindSafe(log_in(stream, shared.clone(), peer)).catch_unwind());
+            }
+            Some(done) = logins.next(), if !logins.is_empty() => match done {
+                Ok(Some(entered)) => {
+                    tokio::spawn(serve_client(entered, shared.clone()));
+                }
+                Ok(None) => {}
+                Err(_) => tracing::error!("a login panicked (a bug); its connection is closed, the other logins go on"),
+            },
+            else => return Ok(()),
         }
-        let (stream, peer) = match accepted {
-            Ok(c) => c,
-            Err(e) if out_of_files(&e) && shared.door.make_room() => {
-                // The oldest connection still logging in was told to close; give its task a
-                // moment to let go of its descriptor before the next accept.
-                tracing::debug!("accept failed: {e}; closed the oldest connection logging in");
-                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-                continue;
-            }
-            Err(e) => {
-                // Out of file descriptors with nobody to close, and the like: wait a moment
-                // rather than spin.
-                tracing::warn!("accept failed: {e}");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let shared = shared.clone();
-        tokio::spawn(async move {
-            client(stream, shared, peer).await;
-        });
+    }
+}
+
+/// The next connection; `None` after an error that was handled (waited out, or room made).
+async fn accept(
+    listener: Option<&TcpListener>,
+    shared: &Router,
+) -> Option<(TcpStream, SocketAddr)> {
+    let listener = listener?;
+    match listener.accept().await {
+        Ok(c) => Some(c),
+        Err(e) if out_of_files(&e) && shared.door.make_room() => {
+            // The oldest connection still logging in was told to close; give its login a
+            // moment to let go of its descriptor before the next accept.
+            tracing::debug!("accept failed: {e}; closed the oldest connection logging in");
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            None
+        }
+        Err(e) => {
+            // Out of file descriptors with nobody to close, and the like: wait a moment
+            // rather than spin.
+            tracing::warn!("accept failed: {e}");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            None
+        }
     }
 }
 
@@ -78,12 +108,23 @@ fn out_of_files(e: &std::io::Error) -> bool {
 }
 
 /// A client's stream once it has logged in.
-enum Entered {
+enum Stream {
     Plain(TcpStream),
     Tls(Box<TlsStream<TcpStream>>),
 }
 
-async fn client(stream: TcpStream, shared: Arc<Router>, peer: SocketAddr) {
+/// A client that has logged in, ready for its session.
+struct Entered {
+    stream: Stream,
+    /// What the client sent after its login, already read.
+    buf: BytesMut,
+    login: Login,
+    peer: SocketAddr,
+}
+
+/// Takes a new connection through the door: TLS, the startup message, the password; `None`
+/// when it did not get in (it was told why, or closed) or was a cancel request.
+async fn log_in(stream: TcpStream, shared: Arc<Router>, peer: SocketAddr) -> Option<Entered> {
     let _ = stream.set_nodelay(true);
     let limits = shared.routing().config.limits.clone();
     let (ticket, mut closed) = shared.door.enter(peer.ip(), rules(&limits, peer.ip()));
@@ -94,12 +135,12 @@ async fn client(stream: TcpStream, shared: Arc<Router>, peer: SocketAddr) {
             negotiate::run(stream, &mut buf, &shared, limits.startup_timeout, &ticket).await?;
         Ok(match negotiated {
             Negotiated::Plain(mut s, params) => {
-                let login = log_in(&mut s, &mut buf, &shared, params, &limits).await?;
-                Some((Entered::Plain(s), login))
+                let login = authenticate(&mut s, &mut buf, &shared, params, &limits).await?;
+                Some((Stream::Plain(s), login))
             }
             Negotiated::Tls(mut s, params) => {
-                let login = log_in(&mut *s, &mut buf, &shared, params, &limits).await?;
-                Some((Entered::Tls(s), login))
+                let login = authenticate(&mut *s, &mut buf, &shared, params, &limits).await?;
+                Some((Stream::Tls(s), login))
             }
             Negotiated::Done => None,
         })
@@ -110,14 +151,16 @@ async fn client(stream: TcpStream, shared: Arc<Router>, peer: SocketAddr) {
     };
     drop(ticket);
     match entered {
-        Ok(Some((Entered::Plain(s), login))) => {
-            serve_client(s, false, buf, login, &shared, peer).await
+        Ok(entered) => entered.map(|(stream, login)| Entered {
+            stream,
+            buf,
+            login,
+            peer,
+        }),
+        Err(e) => {
+            refused(&shared, peer, &e);
+            None
         }
-        Ok(Some((Entered::Tls(s), login))) => {
-            serve_client(*s, true, buf, login, &shared, peer).await
-        }
-        Ok(None) => {}
-        Err(e) => refused(&shared, peer, &e),
     }
 }
 
@@ -138,7 +181,7 @@ fn rules(limits: &Limits, address: IpAddr) -> Rules {
 }
 
 /// The client limit, then the login itself.
-async fn log_in<S: AsyncRead + AsyncWrite + Unpin>(
+async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     buf: &mut BytesMut,
     shared: &Router,
@@ -167,9 +210,22 @@ fn refused(shared: &Router, peer: SocketAddr, e: &HandshakeError) {
     }
 }
 
-/// Runs a logged-in client's session (or admin console); one copy per kind of stream (plain
-/// TCP pays nothing for TLS).
-async fn serve_client<S: AsyncRead + AsyncWrite + Unpin>(
+/// Runs a logged-in client's session (or admin console) until it ends.
+async fn serve_client(entered: Entered, shared: Arc<Router>) {
+    let Entered {
+        stream,
+        buf,
+        login,
+        peer,
+    } = entered;
+    match stream {
+        Stream::Plain(s) => session(s, false, buf, login, &shared, peer).await,
+        Stream::Tls(s) => session(*s, true, buf, login, &shared, peer).await,
+    }
+}
+
+/// One copy per kind of stream (plain TCP pays nothing for TLS).
+async fn session<S: AsyncRead + AsyncWrite + Unpin>(
     stream: S,
     tls: bool,
     buf: BytesMut,
