@@ -15,7 +15,9 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::BytesMut;
 use futures_util::stream::FuturesUnordered;
@@ -40,66 +42,98 @@ use crate::stats::Stats;
 /// Accepts clients and logs them in until the router closes for a drain (the listener is
 /// dropped then, and the logins already under way are finished).
 ///
-/// Every login of this worker runs inside this one task, not in a task of its own: a storm of
-/// thousands of logins then takes one place in the worker's run queue, the same as one busy
-/// session, instead of thousands of places ahead of every session's next statement. Each turn
-/// of this task does what tokio's cooperative budget allows (about 128 socket operations: a few
-/// dozen login steps) and yields; the logins' expensive steps (the TLS key exchange and
-/// signature, the SCRAM check) thus run a few dozen per turn, in the order their clients
-/// answered, while every other task of the worker gets its turn in between. A logged-in client's
-/// session is a task of its own.
+/// Every login of this worker runs inside this one future (the worker's root future, polled
+/// between batches of the other tasks), not in a task of its own: a storm of thousands of
+/// logins then counts in the worker's loop about as much as one busy session, instead of
+/// thousands of tasks queued ahead of every session's next statement. Each turn does what
+/// tokio's cooperative budget allows (about 128 socket operations: a few dozen login steps, in
+/// the order their clients answered) and yields. A TLS handshake's key exchange and signature
+/// use no budget, so over a slow key (RSA) a turn can hold the others back for longer. A client
+/// that gets in runs its session in a task of its own.
 pub async fn serve(listener: TcpListener, shared: Arc<Router>) -> std::io::Result<()> {
     let mut phase = shared.lifecycle.subscribe();
+    let closing = phase.wait_for(|p| *p == Phase::Closing);
+    tokio::pin!(closing);
     let mut listener = Some(listener);
+    // Accepting waits this out after a failed accept (kept across turns, so a login that
+    // finishes meanwhile does not cut it short).
+    let mut pause: Option<Pin<Box<tokio::time::Sleep>>> = None;
     let mut logins = FuturesUnordered::new();
     loop {
         tokio::select! {
-            _ = phase.wait_for(|p| *p == Phase::Closing), if listener.is_some() => listener = None,
-            accepted = accept(listener.as_ref(), &shared), if listener.is_some() => {
-                let Some((stream, peer)) = accepted else { continue };
+            _ = &mut closing, if listener.is_some() => listener = None,
+            () = wait(&mut pause), if pause.is_some() => pause = None,
+            accepted = accept(listener.as_ref()), if listener.is_some() && pause.is_none() => {
+                let (stream, peer) = match accepted {
+                    Ok(c) => c,
+                    Err(e) => {
+                        pause = Some(Box::pin(tokio::time::sleep(failed(&e, &shared))));
+                        continue;
+                    }
+                };
                 if shared.lifecycle.closing() {
                     // Accepted as the drain closed the door (on a worker slower to see it than
                     // a session that already told its client): refused like any later one.
                     listener = None;
                     continue;
                 }
-                logins.push(AssertUnwindSafe(log_in(stream, shared.clone(), peer)).catch_unwind());
+                let login = AssertUnwindSafe(log_in(stream, shared.clone(), peer)).catch_unwind();
+                logins.push(login.map(move |done| (peer, done)));
             }
-            Some(done) = logins.next(), if !logins.is_empty() => match done {
+            Some((peer, done)) = logins.next(), if !logins.is_empty() => match done {
                 Ok(Some(entered)) => {
                     tokio::spawn(serve_client(entered, shared.clone()));
                 }
                 Ok(None) => {}
-                Err(_) => tracing::error!("a login panicked (a bug); its connection is closed, the other logins go on"),
+                Err(panic) => tracing::error!(
+                    %peer,
+                    "a login panicked (a bug: {}); its connection is closed, the other logins go on",
+                    panic_message(&*panic)
+                ),
             },
             else => return Ok(()),
         }
     }
 }
 
-/// The next connection; `None` after an error that was handled (waited out, or room made).
-async fn accept(
-    listener: Option<&TcpListener>,
-    shared: &Router,
-) -> Option<(TcpStream, SocketAddr)> {
-    let listener = listener?;
-    match listener.accept().await {
-        Ok(c) => Some(c),
-        Err(e) if out_of_files(&e) && shared.door.make_room() => {
-            // The oldest connection still logging in was told to close; give its login a
-            // moment to let go of its descriptor before the next accept.
-            tracing::debug!("accept failed: {e}; closed the oldest connection logging in");
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-            None
-        }
-        Err(e) => {
-            // Out of file descriptors with nobody to close, and the like: wait a moment
-            // rather than spin.
-            tracing::warn!("accept failed: {e}");
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            None
-        }
+/// The next connection from `listener` (`None`: never).
+async fn accept(listener: Option<&TcpListener>) -> std::io::Result<(TcpStream, SocketAddr)> {
+    match listener {
+        Some(listener) => listener.accept().await,
+        None => std::future::pending().await,
     }
+}
+
+/// Until `pause` is over (`None`: never).
+async fn wait(pause: &mut Option<Pin<Box<tokio::time::Sleep>>>) {
+    match pause {
+        Some(sleep) => sleep.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What a failed accept does, and how long accepting then waits.
+fn failed(e: &std::io::Error, shared: &Router) -> Duration {
+    if out_of_files(e) && shared.door.make_room() {
+        // The oldest connection still logging in was told to close; give its login a moment
+        // to let go of its descriptor before the next accept.
+        tracing::debug!("accept failed: {e}; closed the oldest connection logging in");
+        Duration::from_millis(1)
+    } else {
+        // Out of file descriptors with nobody to close, and the like: wait a moment rather
+        // than spin.
+        tracing::warn!("accept failed: {e}");
+        Duration::from_millis(50)
+    }
+}
+
+/// The text a panic was raised with, when it is one.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
 }
 
 /// Whether `accept` failed for want of file descriptors (the process's or the system's).
