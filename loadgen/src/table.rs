@@ -108,7 +108,7 @@ impl Report {
         if let Some(g) = &self.send_lag_us {
             let _ = writeln!(
                 o,
-                "  send lag, µs after the intended time: p50 {}   p99 {}   p99.9 {}   max {}   (the rest of the latency is the target's)",
+                "  send lag, µs after the intended time: p50 {}   p99 {}   p99.9 {}   max {}   (loadgen's own delay, or its connection still busy with a slow earlier reply)",
                 g.p50, g.p99, g.p999, g.max
             );
         }
