@@ -47,9 +47,8 @@ use crate::stats::Stats;
 /// logins then counts in the worker's loop about as much as one busy session, instead of
 /// thousands of tasks queued ahead of every session's next statement. Each turn does what
 /// tokio's cooperative budget allows (about 128 socket operations: a few dozen login steps, in
-/// the order their clients answered) and yields. A TLS handshake's key exchange and signature
-/// use no budget, so over a slow key (RSA) a turn can hold the others back for longer. A client
-/// that gets in runs its session in a task of its own.
+/// the order their clients answered) and yields; a TLS handshake takes a whole turn
+/// (`negotiate::charge_handshake`). A client that gets in runs its session in a task of its own.
 pub async fn serve(listener: TcpListener, shared: Arc<Router>) -> std::io::Result<()> {
     let mut phase = shared.lifecycle.subscribe();
     let closing = phase.wait_for(|p| *p == Phase::Closing);
