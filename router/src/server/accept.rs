@@ -252,13 +252,13 @@ async fn serve_client(entered: Entered, shared: Arc<Router>) {
         peer,
     } = entered;
     match stream {
-        Stream::Plain(s) => session(s, false, buf, login, &shared, peer).await,
-        Stream::Tls(s) => session(*s, true, buf, login, &shared, peer).await,
+        Stream::Plain(s) => run_session(s, false, buf, login, &shared, peer).await,
+        Stream::Tls(s) => run_session(*s, true, buf, login, &shared, peer).await,
     }
 }
 
 /// One copy per kind of stream (plain TCP pays nothing for TLS).
-async fn session<S: AsyncRead + AsyncWrite + Unpin>(
+async fn run_session<S: AsyncRead + AsyncWrite + Unpin>(
     stream: S,
     tls: bool,
     buf: BytesMut,
