@@ -12,7 +12,7 @@
 //! room from its own connections only, so it cannot push out anybody else's.
 //!
 //! Kept free of I/O: a connection holds a [`Ticket`] (its place, given up when dropped) and a
-//! [`Closed`], which resolves when the room closed it, saying why; the connection's login then
+//! [`Closed`], which resolves when the room closed it, saying why; the connection's task then
 //! drops its socket. Entering, speaking and leaving each take one short lock (a few times per
 //! login, never per statement).
 
