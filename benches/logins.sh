@@ -258,7 +258,7 @@ run_phase() {
 }
 # steady NAME SECONDS: `loadgen run` of point selects at --steady a second for SECONDS, in the
 # background (its pid in steady_pid); its report goes to $tmp/NAME.steady.
-steady_pid=""
+steady_pid="" steady_rows=1000
 steady() {
     steady_pid=""
     ((steady > 0)) || return 0
@@ -267,7 +267,7 @@ steady() {
     # their own wait for a core.
     local prio=()
     [[ $EUID -eq 0 ]] && prio=(nice -n -10)
-    "${client_cmd[@]}" "${prio[@]}" "$loadgen" run --target "$url" --shardmap "$tmp/shardmap.toml" --rows-per-shard 1000 \
+    "${client_cmd[@]}" "${prio[@]}" "$loadgen" run --target "$url" --shardmap "$tmp/shardmap.toml" --rows-per-shard "$steady_rows" \
         --protocol extended --rate "$steady" -c 4 --duration "$2s" --quiet \
         >"$tmp/$1.steady" 2>&1 &
     steady_pid=$!
@@ -277,12 +277,14 @@ steady_report() {
     [[ -n "$steady_pid" ]] || return 0
     wait "$steady_pid" || echo "  (loadgen run exited $?)"
     echo "--- $1: the steady clients' point selects ($steady/s, 4 connections logged in before)"
-    grep -E -i "requests|latency|p50|p99|max|error|timeout" "$tmp/$1.steady" | sed 's/^/  /' | head -12
+    # Its summary lines (not the per-shard and per-target tables, whose rows are its one shard).
+    grep -E -i "requests|latency|p50|p99|max|error|timeout" "$tmp/$1.steady" |
+        grep -v -E '^ *(shard|target) ' | sed 's/^/  /' | head -12 || true
 }
 # The steady clients alone, then during each storm (started a second before it and lasting
 # past its end).
 if ((steady > 0)); then
-    "$loadgen" prepare --target "$url" --shardmap "$tmp/shardmap.toml" --rows-per-shard 1000 \
+    "$loadgen" prepare --target "$url" --shardmap "$tmp/shardmap.toml" --rows-per-shard "$steady_rows" \
         >"$tmp/prepare.log" 2>&1 || { cat "$tmp/prepare.log" >&2; die "loadgen prepare failed"; }
     echo
     echo "=== steady: the steady clients alone"
@@ -291,11 +293,11 @@ if ((steady > 0)); then
 fi
 storm_seconds=$((n / 1000 + 10))
 steady storm-plain "$storm_seconds"
-sleep 1
+((steady > 0)) && sleep 1
 run_phase storm-plain --logins "$n"
 steady_report storm-plain
 steady storm-tls "$storm_seconds"
-sleep 1
+((steady > 0)) && sleep 1
 run_phase storm-tls --logins "$n" --tls-ca "$tmp/ca.pem"
 steady_report storm-tls
 run_phase slowloris --silent "$silent" --silent-from 127.0.0.2 --bystander-every-ms 200 \

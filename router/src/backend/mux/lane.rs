@@ -45,9 +45,8 @@ impl Lane {
 
     /// Queues a complete request; `prepare` writes, for the lane's prepared set, what must
     /// precede the request (Parse/Close of router statements) and says how many messages it
-    /// wrote. Returns the
-    /// request's number, or `None` when the lane no longer takes requests (or `prepare`
-    /// refused: the request cannot go to a shared connection).
+    /// wrote. Returns the request's number, or `None` when the lane no longer takes requests
+    /// (or `prepare` refused: the request cannot go to a shared connection).
     pub fn submit<E>(
         &self,
         mux: &ShardMux,
