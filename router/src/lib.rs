@@ -3,8 +3,8 @@
 //! Each folder is a layer and imports only the layers below it (`tests/layers.rs` checks this):
 //!
 //! ```text
-//!  server       the front door: listening, TLS negotiation, login, one task per client; signals,
-//!               reloads and the drain of the process
+//!  server       the front door: listening, TLS negotiation, login (one task per worker), a task
+//!               per session; signals, reloads and the drain of the process
 //!  session      one client after login: decodes Query and extended messages, plans and
 //!  admin        resolves each statement, runs its Target in one executor (session::execute);
 //!               the admin console beside it

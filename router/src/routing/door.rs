@@ -4,20 +4,33 @@
 //! (sockets that connect and say nothing) look the same at accept: many connections that have
 //! not logged in. Refusing the newest once a cap is reached turns a storm into failed logins and
 //! lets silent sockets lock everyone out, so the door does the opposite: every connection gets
-//! in, and once `[limits] max_logins` are waiting one of them is closed to make room: the
-//! oldest of those that have **not spoken yet** (sent no StartupMessage, or with TLS no
-//! ClientHello), else the oldest of all. A real client speaks within its first round trip, so
-//! to push it out an attacker would have to open `max_logins` connections in that time; what
-//! gets closed is what stalled. With `max_logins_per_address`, an address at its limit makes
-//! room from its own connections only, so it cannot push out anybody else's.
+//! in, and once `[limits] max_logins` are waiting one of them is closed to make room: the one
+//! that has done least of its login, oldest first. First go those that have **sent nothing**,
+//! then those that have only **asked for encryption** (an SSLRequest or GSSENCRequest, answered),
+//! then those that **spoke** (sent their StartupMessage, or with TLS their ClientHello). A real
+//! client takes each step within a round trip, so to push it out an attacker would have to open
+//! `max_logins` connections in that time; what gets closed is what stalled. The middle rank is
+//! what lets a TLS client through a churning slowloris: its first step (the SSLRequest) already
+//! puts it ahead of every socket that has said nothing, and it needs no more than a plain
+//! client's one round trip to get there. With `max_logins_per_address`, an address at its limit
+//! makes room from its own connections only, so it cannot push out anybody else's.
 //!
-//! Kept free of I/O: a connection holds a [`Ticket`] (its place, given up when dropped) and a
-//! [`Closed`], which resolves when the room closed it, saying why; the connection's task then
-//! drops its socket. Entering, speaking and leaving each take one short lock (a few times per
-//! login, never per statement).
+//! A rank is what the router has *read*, and a busy router reads late: under a storm, many
+//! connections may be accepted before a turn comes to read the one that spoke first. So before
+//! closing a connection for having said nothing, the room looks at its socket (a `MSG_PEEK` of
+//! one byte, the only I/O here) and passes over one whose client has sent something not read
+//! yet: it took its step, the router has not. At most [`LOOK_AHEAD`] are passed over a time, so
+//! sockets that each send one byte and stall cost a few system calls per connection, and are
+//! then closed oldest first like the silent.
+//!
+//! Otherwise free of I/O: a connection holds a [`Ticket`] (its place, given up when dropped)
+//! and a [`Closed`], which resolves when the room closed it, saying why; the connection's login
+//! then drops its socket. Entering, speaking and leaving each take one short lock (a few times
+//! per login, never per statement).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -55,12 +68,42 @@ impl std::fmt::Display for Crowded {
     }
 }
 
+/// How many connections with unread bytes the room passes over, each time it must close one.
+pub const LOOK_AHEAD: usize = 16;
+
+/// Whether the client of socket `fd` has sent bytes that the router has not read.
+pub type Unread = fn(RawFd) -> bool;
+
 /// The connections that have not logged in yet.
-#[derive(Default)]
 pub struct Door {
     room: Mutex<Room>,
     /// Connections closed to make room, since the start.
     closed: AtomicU64,
+    unread: Unread,
+}
+
+impl Default for Door {
+    fn default() -> Self {
+        Door::new(unread)
+    }
+}
+
+/// Peeks at socket `fd` without waiting or taking anything. A descriptor closed (and perhaps
+/// given to another socket) just before its ticket was dropped may answer for that socket: the
+/// worst that does is pass over a connection once, which is what [`LOOK_AHEAD`] bounds.
+fn unread(fd: RawFd) -> bool {
+    let mut byte = 0u8;
+    // SAFETY: `recv` writes at most one byte into `byte`, which outlives the call; any `fd`
+    // (closed, not a socket) only makes it fail.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            (&raw mut byte).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    n > 0
 }
 
 #[derive(Default)]
@@ -68,13 +111,17 @@ struct Room {
     next: u64,
     /// By arrival: the first is the oldest.
     waiting: BTreeMap<u64, Waiter>,
-    /// Those of `waiting` that have not spoken yet.
+    /// Those of `waiting` that have sent nothing yet: closed first, oldest first.
     silent: BTreeSet<u64>,
+    /// Those of `waiting` that have only asked for encryption: closed next.
+    asked: BTreeSet<u64>,
     by_address: HashMap<IpAddr, BTreeSet<u64>>,
 }
 
 struct Waiter {
     address: IpAddr,
+    /// Its socket, to look for bytes not read yet.
+    fd: RawFd,
     close: oneshot::Sender<Crowded>,
 }
 
@@ -88,12 +135,22 @@ pub struct Ticket {
 pub struct Closed(oneshot::Receiver<Crowded>);
 
 impl Door {
-    /// Lets a connection from `address` in; when the room is full under `rules`, the oldest
-    /// connection (of this address, when the address is at its own limit) is closed first.
-    pub fn enter(self: &Arc<Self>, address: IpAddr, rules: Rules) -> (Ticket, Closed) {
+    /// A door that asks `unread` whether a socket has bytes not read yet.
+    pub fn new(unread: Unread) -> Door {
+        Door {
+            room: Mutex::default(),
+            closed: AtomicU64::new(0),
+            unread,
+        }
+    }
+
+    /// Lets a connection from `address` over socket `fd` in; when the room is full under
+    /// `rules`, the oldest connection (of this address, when the address is at its own limit)
+    /// is closed first.
+    pub fn enter(self: &Arc<Self>, address: IpAddr, fd: RawFd, rules: Rules) -> (Ticket, Closed) {
         let (close, closed) = oneshot::channel();
         let mut room = self.room.lock().unwrap_or_else(|p| p.into_inner());
-        let (id, made_room) = room.enter(address, rules, close);
+        let (id, made_room) = room.enter(Waiter { address, fd, close }, rules, self.unread);
         drop(room);
         if made_room {
             self.closed.fetch_add(1, Ordering::Relaxed);
@@ -105,12 +162,12 @@ impl Door {
         (ticket, Closed(closed))
     }
 
-    /// Closes the oldest connection still logging in (a silent one first) to free its file
-    /// descriptor, when the router has run out and can accept no one; `false` when no
-    /// connection is logging in.
+    /// Closes a connection still logging in, chosen as for room, to free its file descriptor
+    /// when the router has run out and can accept no one; `false` when no connection is
+    /// logging in.
     pub fn make_room(&self) -> bool {
         let mut room = self.room.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(oldest) = room.oldest() else {
+        let Some(oldest) = room.oldest(None, self.unread) else {
             return false;
         };
         if let Some(waiter) = room.leave(oldest) {
@@ -142,20 +199,15 @@ impl Door {
 
 impl Room {
     /// Adds a waiter; returns its id and whether another was closed for it.
-    fn enter(
-        &mut self,
-        address: IpAddr,
-        rules: Rules,
-        close: oneshot::Sender<Crowded>,
-    ) -> (u64, bool) {
+    fn enter(&mut self, waiter: Waiter, rules: Rules, unread: Unread) -> (u64, bool) {
+        let address = waiter.address;
         let own = self.by_address.get(&address);
         let oldest = match own {
-            Some(own) if rules.per_address > 0 && own.len() >= rules.per_address => {
-                let silent = own.iter().find(|id| self.silent.contains(id));
-                silent.or(own.first()).map(|&id| (id, Crowded::Address))
-            }
+            Some(own) if rules.per_address > 0 && own.len() >= rules.per_address => self
+                .oldest(Some(own), unread)
+                .map(|id| (id, Crowded::Address)),
             _ if self.waiting.len() >= rules.max.max(1) => {
-                self.oldest().map(|id| (id, Crowded::Room))
+                self.oldest(None, unread).map(|id| (id, Crowded::Room))
             }
             _ => None,
         };
@@ -167,21 +219,46 @@ impl Room {
         }
         let id = self.next;
         self.next += 1;
-        self.waiting.insert(id, Waiter { address, close });
+        self.waiting.insert(id, waiter);
         self.silent.insert(id);
         self.by_address.entry(address).or_default().insert(id);
         (id, oldest.is_some())
     }
 
-    /// The one to close first: the oldest silent one, else the oldest.
-    fn oldest(&self) -> Option<u64> {
-        self.silent.first().or(self.waiting.keys().next()).copied()
+    /// The one to close first, of `among` (else of all): the oldest silent one, else the
+    /// oldest that only asked for encryption, else the oldest; in each rank, passing over up
+    /// to [`LOOK_AHEAD`] whose client has sent bytes not read yet.
+    fn oldest(&self, among: Option<&BTreeSet<u64>>, unread: Unread) -> Option<u64> {
+        let pick = |ids: &mut dyn Iterator<Item = &u64>| {
+            let mut first = None;
+            for &id in ids.take(LOOK_AHEAD) {
+                first.get_or_insert(id);
+                if self.waiting.get(&id).is_some_and(|w| !unread(w.fd)) {
+                    return Some(id);
+                }
+            }
+            first
+        };
+        for rank in [&self.silent, &self.asked] {
+            let found = match among {
+                Some(own) => pick(&mut rank.intersection(own)),
+                None => pick(&mut rank.iter()),
+            };
+            if found.is_some() {
+                return found;
+            }
+        }
+        match among {
+            Some(own) => own.first().copied(),
+            None => self.waiting.keys().next().copied(),
+        }
     }
 
     /// Takes waiter `id` out.
     fn leave(&mut self, id: u64) -> Option<Waiter> {
         let waiter = self.waiting.remove(&id)?;
         self.silent.remove(&id);
+        self.asked.remove(&id);
         if let Some(ids) = self.by_address.get_mut(&waiter.address) {
             ids.remove(&id);
             if ids.is_empty() {
@@ -193,11 +270,21 @@ impl Room {
 }
 
 impl Ticket {
+    /// The connection asked for encryption (SSLRequest, GSSENCRequest): it is closed to make
+    /// room only when no connection that has sent nothing is left to close.
+    pub fn asked(&self) {
+        let mut room = self.door.room.lock().unwrap_or_else(|p| p.into_inner());
+        if room.silent.remove(&self.id) {
+            room.asked.insert(self.id);
+        }
+    }
+
     /// The connection has spoken (sent its StartupMessage, or a TLS ClientHello): it is
-    /// closed to make room only when no silent connection is left to close.
+    /// closed to make room only when no connection that has not is left to close.
     pub fn spoke(&self) {
         let mut room = self.door.room.lock().unwrap_or_else(|p| p.into_inner());
         room.silent.remove(&self.id);
+        room.asked.remove(&self.id);
     }
 }
 
@@ -232,8 +319,33 @@ mod tests {
     /// A connection: its ticket and its closing.
     type Conn = (Ticket, Closed);
 
+    thread_local! {
+        /// The made-up descriptors whose clients have sent bytes not read yet.
+        static UNREAD: std::cell::RefCell<BTreeSet<RawFd>> = const {
+            std::cell::RefCell::new(BTreeSet::new())
+        };
+    }
+
+    fn fake_unread(fd: RawFd) -> bool {
+        UNREAD.with(|u| u.borrow().contains(&fd))
+    }
+
+    /// A door over made-up descriptors (no socket has unread bytes until [`sent`] says so).
+    fn door() -> Arc<Door> {
+        Arc::new(Door::new(fake_unread))
+    }
+
+    /// The client of `c` has sent bytes the router has not read.
+    fn sent(door: &Door, c: &Conn) {
+        let room = door.room.lock().expect("room");
+        let fd = room.waiting[&c.0.id].fd;
+        UNREAD.with(|u| u.borrow_mut().insert(fd));
+    }
+
     fn enter(door: &Arc<Door>, from: &str, max: usize, per_address: usize) -> Conn {
-        door.enter(ip(from), rules(max, per_address))
+        static NEXT_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(1000);
+        let fd = NEXT_FD.fetch_add(1, Ordering::Relaxed);
+        door.enter(ip(from), fd, rules(max, per_address))
     }
 
     /// Why the connection was closed, if it was.
@@ -243,7 +355,7 @@ mod tests {
 
     #[test]
     fn the_oldest_is_closed_when_the_room_is_full() {
-        let door = Arc::new(Door::default());
+        let door = door();
         let mut first = enter(&door, "10.0.0.1", 2, 0);
         let mut second = enter(&door, "10.0.0.2", 2, 0);
         assert_eq!((closed(&mut first), closed(&mut second)), (None, None));
@@ -260,7 +372,7 @@ mod tests {
 
     #[test]
     fn the_silent_are_closed_before_those_that_spoke() {
-        let door = Arc::new(Door::default());
+        let door = door();
         let mut spoke = enter(&door, "10.0.0.1", 3, 0);
         spoke.0.spoke();
         let mut silent = enter(&door, "10.0.0.2", 3, 0);
@@ -287,8 +399,92 @@ mod tests {
     }
 
     #[test]
+    fn those_that_only_asked_for_encryption_go_after_the_silent_and_before_those_that_spoke() {
+        let door = door();
+        let mut asked = enter(&door, "10.0.0.1", 3, 0);
+        asked.0.asked();
+        let mut spoke = enter(&door, "10.0.0.2", 3, 0);
+        spoke.0.spoke();
+        let mut silent = enter(&door, "10.0.0.3", 3, 0);
+        let mut a = enter(&door, "10.0.0.4", 3, 0);
+        assert_eq!(
+            closed(&mut silent),
+            Some(Crowded::Room),
+            "newer, but silent"
+        );
+        assert_eq!((closed(&mut asked), closed(&mut spoke)), (None, None));
+        // Asking again, or after speaking, takes nobody back down.
+        spoke.0.asked();
+        a.0.asked();
+        a.0.asked();
+        let mut b = enter(&door, "10.0.0.5", 3, 0);
+        assert_eq!(
+            closed(&mut asked),
+            Some(Crowded::Room),
+            "the oldest that asked"
+        );
+        assert_eq!((closed(&mut spoke), closed(&mut b)), (None, None));
+        let mut c = enter(&door, "10.0.0.6", 3, 0);
+        assert_eq!(closed(&mut b), Some(Crowded::Room), "silent first, again");
+        c.0.asked();
+        let _d = enter(&door, "10.0.0.7", 3, 0);
+        assert_eq!(closed(&mut a), Some(Crowded::Room), "the oldest that asked");
+        assert_eq!((closed(&mut spoke), closed(&mut c)), (None, None));
+    }
+
+    #[test]
+    fn an_address_at_its_limit_closes_its_silent_then_those_that_asked() {
+        let door = door();
+        let mut spoke = enter(&door, "10.0.0.1", 100, 3);
+        spoke.0.spoke();
+        let mut asked = enter(&door, "10.0.0.1", 100, 3);
+        asked.0.asked();
+        let mut silent = enter(&door, "10.0.0.1", 100, 3);
+        let mut fourth = enter(&door, "10.0.0.1", 100, 3);
+        assert_eq!(closed(&mut silent), Some(Crowded::Address));
+        fourth.0.spoke();
+        let _fifth = enter(&door, "10.0.0.1", 100, 3);
+        assert_eq!(closed(&mut asked), Some(Crowded::Address));
+        assert_eq!((closed(&mut spoke), closed(&mut fourth)), (None, None));
+    }
+
+    #[test]
+    fn a_connection_whose_bytes_are_not_read_yet_is_passed_over() {
+        let door = door();
+        let mut spoke_unread = enter(&door, "10.0.0.1", 3, 0);
+        sent(&door, &spoke_unread);
+        let mut silent = enter(&door, "10.0.0.2", 3, 0);
+        let mut also_unread = enter(&door, "10.0.0.3", 3, 0);
+        sent(&door, &also_unread);
+        let _a = enter(&door, "10.0.0.4", 3, 0);
+        assert_eq!(
+            closed(&mut silent),
+            Some(Crowded::Room),
+            "the one that said nothing"
+        );
+        assert_eq!(
+            (closed(&mut spoke_unread), closed(&mut also_unread)),
+            (None, None)
+        );
+        // When every candidate has unread bytes, the oldest goes all the same.
+        let others: Vec<Conn> = (0..LOOK_AHEAD + 4)
+            .map(|_| {
+                let c = enter(&door, "10.0.0.5", 100, 0);
+                sent(&door, &c);
+                c
+            })
+            .collect();
+        drop(_a);
+        let full = door.len();
+        let _b = enter(&door, "10.0.0.6", full, 0);
+        assert_eq!(closed(&mut spoke_unread), Some(Crowded::Room));
+        assert_eq!(closed(&mut also_unread), None);
+        drop(others);
+    }
+
+    #[test]
     fn leaving_frees_a_place_without_closing_anyone() {
-        let door = Arc::new(Door::default());
+        let door = door();
         let mut first = enter(&door, "10.0.0.1", 2, 0);
         let second = enter(&door, "10.0.0.2", 2, 0);
         drop(second);
@@ -299,12 +495,12 @@ mod tests {
         drop((first, third));
         assert!(door.is_empty());
         let room = door.room.lock().expect("room");
-        assert!(room.silent.is_empty() && room.by_address.is_empty());
+        assert!(room.silent.is_empty() && room.asked.is_empty() && room.by_address.is_empty());
     }
 
     #[test]
     fn an_address_at_its_limit_makes_room_from_its_own_connections() {
-        let door = Arc::new(Door::default());
+        let door = door();
         let mut bystander = enter(&door, "10.0.0.9", 100, 2);
         let mut a1 = enter(&door, "10.0.0.1", 100, 2);
         a1.0.spoke();
@@ -324,7 +520,7 @@ mod tests {
 
     #[test]
     fn without_a_limit_per_address_one_address_may_fill_the_room() {
-        let door = Arc::new(Door::default());
+        let door = door();
         let conns: Vec<Conn> = (0..50).map(|_| enter(&door, "127.0.0.1", 100, 0)).collect();
         assert_eq!(door.len(), 50);
         assert_eq!(door.closed_to_make_room(), 0);
@@ -334,7 +530,7 @@ mod tests {
 
     #[test]
     fn out_of_files_the_oldest_silent_connection_is_closed() {
-        let door = Arc::new(Door::default());
+        let door = door();
         assert!(!door.make_room(), "nobody to close");
         let mut spoke = enter(&door, "10.0.0.1", 100, 0);
         spoke.0.spoke();
@@ -348,7 +544,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_closed_connection_is_woken() {
-        let door = Arc::new(Door::default());
+        let door = door();
         let (_ticket, mut first) = enter(&door, "10.0.0.1", 1, 0);
         let waiting = tokio::spawn(async move { first.closed().await });
         let _second = enter(&door, "10.0.0.2", 1, 0);

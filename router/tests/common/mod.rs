@@ -170,11 +170,36 @@ impl Router {
     }
 
     fn start_threads(map: &ShardMap, extra: &str, threads: usize) -> Router {
-        Self::start_at(map, extra, threads, free_port())
+        // `free_port` only finds a port free a moment ago: another test may bind it first,
+        // and then the router is started again on another.
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let port = free_port();
+            let taken = |e: &str| {
+                e.contains(&format!(
+                    "cannot listen on 127.0.0.1:{port}: Address already in use"
+                ))
+            };
+            match Self::try_start_at(map, extra, threads, port) {
+                Ok(router) => return router,
+                Err(e) if attempts < 5 && taken(&e) => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
     }
 
     /// A router on a given port (for fleets whose members must know each other's address).
     pub fn start_at(map: &ShardMap, extra: &str, threads: usize, port: u16) -> Router {
+        Self::try_start_at(map, extra, threads, port).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn try_start_at(
+        map: &ShardMap,
+        extra: &str,
+        threads: usize,
+        port: u16,
+    ) -> Result<Router, String> {
         let split = if extra.starts_with('[') {
             0
         } else {
@@ -208,17 +233,17 @@ impl Router {
         let mut launch = pgharness::router::Launch::new(Path::new(shardgate_bin()), &config, &log);
         launch.threads = Some(threads);
         launch.log_filter = Some(&filter);
-        let process = pgharness::router::start(&launch).unwrap_or_else(|e| panic!("{e}"));
+        let process = pgharness::router::start(&launch).map_err(|e| e.to_string())?;
         ROUTERS
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push((process.pid, dir.clone()));
-        Router {
+        Ok(Router {
             port,
             dir,
             process: Mutex::new(Some(process)),
             log,
-        }
+        })
     }
 
     pub fn log_text(&self) -> String {
