@@ -98,6 +98,14 @@ async fn bystander(router: &Router, attempts: usize, ca: Option<&std::path::Path
     failures
 }
 
+/// The router's log lines about connections from the bystander's address (the attackers'
+/// is 127.0.0.2); `login failed` lines for closing to make room are logged at debug level.
+fn bystander_lines(router: &Router) -> String {
+    let text = router.log_text();
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains("127.0.0.1:")).collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
 async fn slowloris_locks_nobody_out(tls: bool) {
     // The case: 1,200 silent sockets against 1,000 places.
     const ATTACKERS: usize = 1200;
@@ -133,7 +141,8 @@ async fn slowloris_locks_nobody_out(tls: bool) {
     assert_eq!(
         failures,
         Vec::<String>::new(),
-        "the bystander's failed logins"
+        "the bystander's failed logins; what the router logged of its address (127.0.0.1):\n{}",
+        bystander_lines(&router)
     );
     // The attackers were pushed out to make room, far more often than they were.
     let closed = closed.load(Ordering::Relaxed);
@@ -187,7 +196,8 @@ async fn out_of_file_descriptors_the_oldest_silent_connections_make_room() {
     assert_eq!(
         failures,
         Vec::<String>::new(),
-        "the bystander's failed logins"
+        "the bystander's failed logins; what the router logged of its address (127.0.0.1):\n{}",
+        bystander_lines(&router)
     );
     assert!(
         closed.load(Ordering::Relaxed) > 0,

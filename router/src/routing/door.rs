@@ -17,11 +17,14 @@
 //!
 //! A rank is what the router has *read*, and a busy router reads late: under a storm, many
 //! connections may be accepted before a turn comes to read the one that spoke first. So before
-//! closing a connection for having said nothing, the room looks at its socket (a `MSG_PEEK` of
-//! one byte, the only I/O here) and passes over one whose client has sent something not read
-//! yet: it took its step, the router has not. At most [`LOOK_AHEAD`] are passed over a time, so
-//! sockets that each send one byte and stall cost a few system calls per connection, and are
-//! then closed oldest first like the silent.
+//! closing a connection for having said nothing (or only asked for encryption), the room asks
+//! the kernel how many bytes wait unread on its socket (`FIONREAD`, the only system call here,
+//! which reads nothing and changes nothing). One whose client has sent something took its
+//! step, and goes up a rank at once instead of when the router reads it (what an attacker
+//! gains by this it could have had by sending an SSLRequest). At most [`LOOK_AHEAD`] of a rank
+//! are looked at each time; when none of them stalled, the oldest left in the lowest rank is
+//! closed. Sockets that each send one byte and stall thus cost a few system calls per new
+//! connection, and are closed oldest first like the silent.
 //!
 //! Otherwise free of I/O: a connection holds a [`Ticket`] (its place, given up when dropped)
 //! and a [`Closed`], which resolves when the room closed it, saying why; the connection's login
@@ -39,7 +42,8 @@ use tokio::sync::oneshot;
 /// How many may wait, and from where.
 #[derive(Clone, Copy, Debug)]
 pub struct Rules {
-    /// Connections logging in at once; one more closes the oldest.
+    /// Connections logging in at once; one more closes one of them (the one that did least,
+    /// oldest first).
     pub max: usize,
     /// Connections logging in at once from one address (`0`: no limit for this address).
     pub per_address: usize,
@@ -88,22 +92,18 @@ impl Default for Door {
     }
 }
 
-/// Peeks at socket `fd` without waiting or taking anything. A descriptor closed (and perhaps
-/// given to another socket) just before its ticket was dropped may answer for that socket: the
-/// worst that does is pass over a connection once, which is what [`LOOK_AHEAD`] bounds.
+/// Whether bytes wait unread on socket `fd` (`FIONREAD`: nothing is read, and the socket's
+/// pending error, which a `recv` would report and clear, is left alone).
+///
+/// The room holds descriptors it does not own: one closed just before its ticket was dropped
+/// may meanwhile name another socket, and then answers for it. The answer is only wrong for
+/// a connection already gone, which at worst is passed over once while its ticket goes.
 fn unread(fd: RawFd) -> bool {
-    let mut byte = 0u8;
-    // SAFETY: `recv` writes at most one byte into `byte`, which outlives the call; any `fd`
-    // (closed, not a socket) only makes it fail.
-    let n = unsafe {
-        libc::recv(
-            fd,
-            (&raw mut byte).cast(),
-            1,
-            libc::MSG_PEEK | libc::MSG_DONTWAIT,
-        )
-    };
-    n > 0
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one `c_int` into `n`, which outlives the call; on a descriptor
+    // that is closed or not a socket it fails and writes nothing.
+    let ok = unsafe { libc::ioctl(fd, libc::FIONREAD, &raw mut n) } == 0;
+    ok && n > 0
 }
 
 #[derive(Default)]
@@ -145,8 +145,8 @@ impl Door {
     }
 
     /// Lets a connection from `address` over socket `fd` in; when the room is full under
-    /// `rules`, the oldest connection (of this address, when the address is at its own limit)
-    /// is closed first.
+    /// `rules`, another (of this address, when the address is at its own limit) is closed
+    /// first: the one that did least of its login, oldest first.
     pub fn enter(self: &Arc<Self>, address: IpAddr, fd: RawFd, rules: Rules) -> (Ticket, Closed) {
         let (close, closed) = oneshot::channel();
         let mut room = self.room.lock().unwrap_or_else(|p| p.into_inner());
@@ -167,7 +167,8 @@ impl Door {
     /// logging in.
     pub fn make_room(&self) -> bool {
         let mut room = self.room.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(oldest) = room.oldest(None, self.unread) else {
+        let unread = self.unread;
+        let Some(oldest) = room.oldest(None, unread) else {
             return false;
         };
         if let Some(waiter) = room.leave(oldest) {
@@ -201,15 +202,14 @@ impl Room {
     /// Adds a waiter; returns its id and whether another was closed for it.
     fn enter(&mut self, waiter: Waiter, rules: Rules, unread: Unread) -> (u64, bool) {
         let address = waiter.address;
-        let own = self.by_address.get(&address);
-        let oldest = match own {
-            Some(own) if rules.per_address > 0 && own.len() >= rules.per_address => self
-                .oldest(Some(own), unread)
-                .map(|id| (id, Crowded::Address)),
-            _ if self.waiting.len() >= rules.max.max(1) => {
-                self.oldest(None, unread).map(|id| (id, Crowded::Room))
-            }
-            _ => None,
+        let own = self.by_address.get(&address).map_or(0, BTreeSet::len);
+        let oldest = if rules.per_address > 0 && own >= rules.per_address {
+            self.oldest(Some(address), unread)
+                .map(|id| (id, Crowded::Address))
+        } else if self.waiting.len() >= rules.max.max(1) {
+            self.oldest(None, unread).map(|id| (id, Crowded::Room))
+        } else {
+            None
         };
         if let Some((oldest, why)) = oldest {
             if let Some(waiter) = self.leave(oldest) {
@@ -225,32 +225,46 @@ impl Room {
         (id, oldest.is_some())
     }
 
-    /// The one to close first, of `among` (else of all): the oldest silent one, else the
-    /// oldest that only asked for encryption, else the oldest; in each rank, passing over up
-    /// to [`LOOK_AHEAD`] whose client has sent bytes not read yet.
-    fn oldest(&self, among: Option<&BTreeSet<u64>>, unread: Unread) -> Option<u64> {
-        let pick = |ids: &mut dyn Iterator<Item = &u64>| {
-            let mut first = None;
-            for &id in ids.take(LOOK_AHEAD) {
-                first.get_or_insert(id);
-                if self.waiting.get(&id).is_some_and(|w| !unread(w.fd)) {
+    /// The one to close first, of those from `among` (else of all): the oldest silent one,
+    /// else the oldest that only asked for encryption, else the oldest. Up to [`LOOK_AHEAD`] of
+    /// each of the first two ranks are looked at, oldest first; one whose client has sent
+    /// bytes not read yet has taken its step, and goes up a rank now rather than when the
+    /// router reads them. When none of those looked at stalled, the oldest of the lowest rank
+    /// left is closed.
+    fn oldest(&mut self, among: Option<IpAddr>, unread: Unread) -> Option<u64> {
+        for silent in [true, false] {
+            for id in self.first(silent, among, LOOK_AHEAD) {
+                let Some(waiter) = self.waiting.get(&id) else {
+                    continue;
+                };
+                if !unread(waiter.fd) {
                     return Some(id);
                 }
-            }
-            first
-        };
-        for rank in [&self.silent, &self.asked] {
-            let found = match among {
-                Some(own) => pick(&mut rank.intersection(own)),
-                None => pick(&mut rank.iter()),
-            };
-            if found.is_some() {
-                return found;
+                if silent {
+                    self.silent.remove(&id);
+                    self.asked.insert(id);
+                } else {
+                    self.asked.remove(&id);
+                }
             }
         }
-        match among {
-            Some(own) => own.first().copied(),
-            None => self.waiting.keys().next().copied(),
+        let first = |silent| self.first(silent, among, 1).first().copied();
+        first(true)
+            .or_else(|| first(false))
+            .or_else(|| match among {
+                Some(address) => self.by_address.get(&address)?.first().copied(),
+                None => self.waiting.keys().next().copied(),
+            })
+    }
+
+    /// The `n` oldest of the silent (else of those that only asked), of those from `among`
+    /// if given.
+    fn first(&self, silent: bool, among: Option<IpAddr>, n: usize) -> Vec<u64> {
+        let rank = if silent { &self.silent } else { &self.asked };
+        match among.and_then(|a| self.by_address.get(&a)) {
+            Some(own) => rank.intersection(own).take(n).copied().collect(),
+            None if among.is_some() => Vec::new(),
+            None => rank.iter().take(n).copied().collect(),
         }
     }
 
@@ -448,14 +462,27 @@ mod tests {
         assert_eq!((closed(&mut spoke), closed(&mut fourth)), (None, None));
     }
 
+    /// Whether `c` is in the silent rank, the rank of those that asked, or neither.
+    fn rank(door: &Door, c: &Conn) -> &'static str {
+        let room = door.room.lock().expect("room");
+        if room.silent.contains(&c.0.id) {
+            "silent"
+        } else if room.asked.contains(&c.0.id) {
+            "asked"
+        } else {
+            "spoke"
+        }
+    }
+
     #[test]
-    fn a_connection_whose_bytes_are_not_read_yet_is_passed_over() {
+    fn a_connection_whose_bytes_are_not_read_yet_goes_up_a_rank_instead() {
         let door = door();
-        let mut spoke_unread = enter(&door, "10.0.0.1", 3, 0);
-        sent(&door, &spoke_unread);
+        let mut unread = enter(&door, "10.0.0.1", 3, 0);
+        sent(&door, &unread);
         let mut silent = enter(&door, "10.0.0.2", 3, 0);
-        let mut also_unread = enter(&door, "10.0.0.3", 3, 0);
-        sent(&door, &also_unread);
+        let mut asked_unread = enter(&door, "10.0.0.3", 3, 0);
+        asked_unread.0.asked();
+        sent(&door, &asked_unread);
         let _a = enter(&door, "10.0.0.4", 3, 0);
         assert_eq!(
             closed(&mut silent),
@@ -463,23 +490,63 @@ mod tests {
             "the one that said nothing"
         );
         assert_eq!(
-            (closed(&mut spoke_unread), closed(&mut also_unread)),
+            (closed(&mut unread), closed(&mut asked_unread)),
             (None, None)
         );
-        // When every candidate has unread bytes, the oldest goes all the same.
-        let others: Vec<Conn> = (0..LOOK_AHEAD + 4)
+        assert_eq!(rank(&door, &unread), "asked", "it sent its first packet");
+        assert_eq!(
+            rank(&door, &asked_unread),
+            "asked",
+            "not looked at: a silent one went"
+        );
+        // No silent one left that stalled: the ranks above are looked at.
+        sent(&door, &_a);
+        let _b = enter(&door, "10.0.0.5", 3, 0);
+        assert_eq!(rank(&door, &asked_unread), "spoke");
+        assert_eq!(rank(&door, &_a), "spoke");
+        assert_eq!(
+            closed(&mut unread),
+            Some(Crowded::Room),
+            "all spoke: the oldest goes"
+        );
+        assert_eq!(closed(&mut asked_unread), None);
+        assert_eq!(door.len(), 3);
+    }
+
+    #[test]
+    fn one_that_stalled_goes_before_those_with_unread_bytes() {
+        let door = door();
+        let others: Vec<Conn> = (0..10)
             .map(|_| {
-                let c = enter(&door, "10.0.0.5", 100, 0);
+                let c = enter(&door, "10.0.0.1", 100, 0);
                 sent(&door, &c);
                 c
             })
             .collect();
-        drop(_a);
-        let full = door.len();
-        let _b = enter(&door, "10.0.0.6", full, 0);
-        assert_eq!(closed(&mut spoke_unread), Some(Crowded::Room));
-        assert_eq!(closed(&mut also_unread), None);
-        drop(others);
+        let mut stalled = enter(&door, "10.0.0.2", 100, 0);
+        stalled.0.asked();
+        let _new = enter(&door, "10.0.0.3", 11, 0);
+        assert_eq!(closed(&mut stalled), Some(Crowded::Room));
+        assert!(others.iter().all(|c| rank(&door, c) == "spoke"));
+    }
+
+    #[test]
+    fn past_the_look_ahead_the_oldest_of_the_lowest_rank_goes() {
+        let door = door();
+        let mut all: Vec<Conn> = (0..3 * LOOK_AHEAD)
+            .map(|_| {
+                let c = enter(&door, "10.0.0.1", 1000, 0);
+                sent(&door, &c);
+                c
+            })
+            .collect();
+        let _new = enter(&door, "10.0.0.2", 3 * LOOK_AHEAD, 0);
+        let gone: Vec<usize> = (0..all.len())
+            .filter(|&i| closed(&mut all[i]).is_some())
+            .collect();
+        assert_eq!(gone, vec![LOOK_AHEAD], "the oldest still silent");
+        assert_eq!(rank(&door, &all[0]), "spoke");
+        assert_eq!(rank(&door, &all[LOOK_AHEAD + 1]), "silent");
     }
 
     #[test]

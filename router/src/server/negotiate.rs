@@ -103,6 +103,8 @@ pub async fn run(
                 gss_refused = true;
             }
             Startup::Cancel { pid, secret } => {
+                // Forwarding waits on the network; it has said all it will.
+                ticket.spoke();
                 forward_cancel(shared, pid, secret).await;
                 return Ok(Negotiated::Done);
             }

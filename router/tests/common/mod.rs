@@ -233,7 +233,10 @@ impl Router {
         let mut launch = pgharness::router::Launch::new(Path::new(shardgate_bin()), &config, &log);
         launch.threads = Some(threads);
         launch.log_filter = Some(&filter);
-        let process = pgharness::router::start(&launch).map_err(|e| e.to_string())?;
+        let process = pgharness::router::start(&launch).map_err(|e| {
+            let _ = std::fs::remove_dir_all(&dir);
+            e.to_string()
+        })?;
         ROUTERS
             .lock()
             .unwrap_or_else(|p| p.into_inner())
