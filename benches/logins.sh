@@ -268,7 +268,7 @@ steady() {
     local prio=()
     [[ $EUID -eq 0 ]] && prio=(nice -n -10)
     "${client_cmd[@]}" "${prio[@]}" "$loadgen" run --target "$url" --shardmap "$tmp/shardmap.toml" --rows-per-shard "$steady_rows" \
-        --protocol extended --rate "$steady" -c 4 --duration "$2s" --quiet \
+        --protocol extended --rate "$steady" -c 4 --duration "$2s" --quiet --json "$tmp/$1.steady.json" \
         >"$tmp/$1.steady" 2>&1 &
     steady_pid=$!
 }
