@@ -72,7 +72,7 @@ impl std::fmt::Display for Crowded {
     }
 }
 
-/// How many connections with unread bytes the room passes over, each time it must close one.
+/// How many of a rank the room looks at for one that stalled, each time it must close one.
 pub const LOOK_AHEAD: usize = 16;
 
 /// Whether the client of socket `fd` has sent bytes that the router has not read.
@@ -97,7 +97,7 @@ impl Default for Door {
 ///
 /// The room holds descriptors it does not own: one closed just before its ticket was dropped
 /// may meanwhile name another socket, and then answers for it. The answer is only wrong for
-/// a connection already gone, which at worst is passed over once while its ticket goes.
+/// a connection already gone, which at worst goes up a rank while its ticket goes.
 fn unread(fd: RawFd) -> bool {
     let mut n: libc::c_int = 0;
     // SAFETY: FIONREAD writes one `c_int` into `n`, which outlives the call; on a descriptor
@@ -167,8 +167,7 @@ impl Door {
     /// logging in.
     pub fn make_room(&self) -> bool {
         let mut room = self.room.lock().unwrap_or_else(|p| p.into_inner());
-        let unread = self.unread;
-        let Some(oldest) = room.oldest(None, unread) else {
+        let Some(oldest) = room.oldest(None, self.unread) else {
             return false;
         };
         if let Some(waiter) = room.leave(oldest) {
@@ -232,24 +231,27 @@ impl Room {
     /// router reads them. When none of those looked at stalled, the oldest of the lowest rank
     /// left is closed.
     fn oldest(&mut self, among: Option<IpAddr>, unread: Unread) -> Option<u64> {
-        for silent in [true, false] {
-            for id in self.first(silent, among, LOOK_AHEAD) {
-                let Some(waiter) = self.waiting.get(&id) else {
-                    continue;
-                };
-                if !unread(waiter.fd) {
-                    return Some(id);
-                }
-                if silent {
-                    self.silent.remove(&id);
-                    self.asked.insert(id);
-                } else {
-                    self.asked.remove(&id);
-                }
+        let stalled = |room: &Room, id: &u64| room.waiting.get(id).is_some_and(|w| !unread(w.fd));
+        let silent = self.first(true, among, LOOK_AHEAD);
+        let sent = silent.iter().take_while(|id| !stalled(self, id)).count();
+        let mut found = silent.get(sent).copied();
+        // Each goes up one rank, however many steps it took: the silent ones join those that
+        // asked only after these were looked at.
+        if found.is_none() {
+            let asked = self.first(false, among, LOOK_AHEAD);
+            let spoke = asked.iter().take_while(|id| !stalled(self, id)).count();
+            found = asked.get(spoke).copied();
+            for id in &asked[..spoke] {
+                self.asked.remove(id);
             }
         }
+        for id in &silent[..sent] {
+            self.silent.remove(id);
+            self.asked.insert(*id);
+        }
         let first = |silent| self.first(silent, among, 1).first().copied();
-        first(true)
+        found
+            .or_else(|| first(true))
             .or_else(|| first(false))
             .or_else(|| match among {
                 Some(address) => self.by_address.get(&address)?.first().copied(),
@@ -483,7 +485,7 @@ mod tests {
         let mut asked_unread = enter(&door, "10.0.0.3", 3, 0);
         asked_unread.0.asked();
         sent(&door, &asked_unread);
-        let _a = enter(&door, "10.0.0.4", 3, 0);
+        let mut a = enter(&door, "10.0.0.4", 3, 0);
         assert_eq!(
             closed(&mut silent),
             Some(Crowded::Room),
@@ -499,17 +501,20 @@ mod tests {
             "asked",
             "not looked at: a silent one went"
         );
-        // No silent one left that stalled: the ranks above are looked at.
-        sent(&door, &_a);
+        // No silent one left that stalled: the rank above is looked at, and each goes up one.
+        sent(&door, &a);
         let _b = enter(&door, "10.0.0.5", 3, 0);
+        assert_eq!(rank(&door, &unread), "spoke");
         assert_eq!(rank(&door, &asked_unread), "spoke");
-        assert_eq!(rank(&door, &_a), "spoke");
         assert_eq!(
-            closed(&mut unread),
+            closed(&mut a),
             Some(Crowded::Room),
-            "all spoke: the oldest goes"
+            "the oldest of the lowest rank left"
         );
-        assert_eq!(closed(&mut asked_unread), None);
+        assert_eq!(
+            (closed(&mut unread), closed(&mut asked_unread)),
+            (None, None)
+        );
         assert_eq!(door.len(), 3);
     }
 
@@ -527,7 +532,10 @@ mod tests {
         stalled.0.asked();
         let _new = enter(&door, "10.0.0.3", 11, 0);
         assert_eq!(closed(&mut stalled), Some(Crowded::Room));
-        assert!(others.iter().all(|c| rank(&door, c) == "spoke"));
+        assert!(
+            others.iter().all(|c| rank(&door, c) == "asked"),
+            "one rank up, not two"
+        );
     }
 
     #[test]
@@ -545,7 +553,8 @@ mod tests {
             .filter(|&i| closed(&mut all[i]).is_some())
             .collect();
         assert_eq!(gone, vec![LOOK_AHEAD], "the oldest still silent");
-        assert_eq!(rank(&door, &all[0]), "spoke");
+        assert_eq!(rank(&door, &all[0]), "asked");
+        assert_eq!(rank(&door, &all[LOOK_AHEAD - 1]), "asked");
         assert_eq!(rank(&door, &all[LOOK_AHEAD + 1]), "silent");
     }
 
