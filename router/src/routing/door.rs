@@ -231,15 +231,15 @@ impl Room {
     /// router reads them. When none of those looked at stalled, the oldest of the lowest rank
     /// left is closed.
     fn oldest(&mut self, among: Option<IpAddr>, unread: Unread) -> Option<u64> {
-        let stalled = |room: &Room, id: &u64| room.waiting.get(id).is_some_and(|w| !unread(w.fd));
+        let has_sent = |room: &Room, id: &u64| room.waiting.get(id).is_some_and(|w| unread(w.fd));
         let silent = self.first(true, among, LOOK_AHEAD);
-        let sent = silent.iter().take_while(|id| !stalled(self, id)).count();
+        let sent = silent.iter().take_while(|id| has_sent(self, id)).count();
         let mut found = silent.get(sent).copied();
         // Each goes up one rank, however many steps it took: the silent ones join those that
         // asked only after these were looked at.
         if found.is_none() {
             let asked = self.first(false, among, LOOK_AHEAD);
-            let spoke = asked.iter().take_while(|id| !stalled(self, id)).count();
+            let spoke = asked.iter().take_while(|id| has_sent(self, id)).count();
             found = asked.get(spoke).copied();
             for id in &asked[..spoke] {
                 self.asked.remove(id);
@@ -259,8 +259,8 @@ impl Room {
             })
     }
 
-    /// The `n` oldest of the silent (else of those that only asked), of those from `among`
-    /// if given.
+    /// The `n` oldest of the silent (with `silent`) or of those that only asked, of those from
+    /// `among` if given.
     fn first(&self, silent: bool, among: Option<IpAddr>, n: usize) -> Vec<u64> {
         let rank = if silent { &self.silent } else { &self.asked };
         match among.and_then(|a| self.by_address.get(&a)) {

@@ -10,8 +10,9 @@
 //! least of its login (oldest first) is closed to make room, so a reconnect storm all logs in
 //! and silent sockets cannot lock anyone out; the same when the router runs out of file
 //! descriptors and cannot accept. Each wait for a client's first packets is bounded by
-//! `startup_timeout_ms`, the whole login by `login_timeout_ms`. `max_clients` is checked once the client has sent its startup message,
-//! so the refusal is an ErrorResponse every driver shows with its SQLSTATE.
+//! `startup_timeout_ms`, the whole login by `login_timeout_ms`. `max_clients` is checked once
+//! the client has sent its startup message, so the refusal is an ErrorResponse every driver
+//! shows with its SQLSTATE.
 
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;

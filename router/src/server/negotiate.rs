@@ -129,8 +129,9 @@ pub async fn run(
 /// turn of the worker's logins ([`super::accept::serve`]) ran dozens of them (up to 107 ms,
 /// measured over RSA) while the worker's sessions waited; now it runs one. Measured over RSA
 /// 2048 during a storm of 10,000 TLS logins, the p99 of clients logged in before went from
-/// about 4.8 s to 0.47 s, the storm from 11-12 s to 12.8 s (one run each way and a few in
-/// between: docs/benchmarks.md).
+/// about 4.8 s to 0.47 s and the storm from 11-12 s to 12.8 s (2026-12-04, against the one
+/// future without the charge); on a slower day, against a task per login, from 4.8 s (831
+/// statements timed out) to 1.6 s (none), the storm from 11.5 s to 12.7 s (docs/benchmarks.md).
 const HANDSHAKE_BUDGET: usize = 128;
 
 /// Counts a handshake against the budget before it runs: when the turn's budget is spent, the
