@@ -42,9 +42,12 @@ async fn run(mux: &Weak<ShardMux>, lane: &Arc<Lane>, conn: &mut BackendConn) -> 
     let timer = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(timer);
     loop {
-        let Some(m) = mux.upgrade() else {
+        // The mux is looked at, not upgraded: an upgrade writes its count, a word the drivers
+        // of every worker would pass between their caches on every turn. Its `Drop` wakes
+        // the driver to see it gone.
+        if mux.strong_count() == 0 {
             return Ok(());
-        };
+        }
         // Nothing left to write: the turn fills the buffer again.
         let idle_writer = written == wbuf.len() && flushed;
         if idle_writer {
@@ -64,11 +67,13 @@ async fn run(mux: &Weak<ShardMux>, lane: &Arc<Lane>, conn: &mut BackendConn) -> 
             armed = turn.until;
         }
         if let Some(seq) = turn.cancel {
+            let Some(m) = mux.upgrade() else {
+                return Ok(());
+            };
             cancels.retain(|c| !c.is_finished());
             cancels.push(send_cancel(&m, lane, conn, seq));
         }
         let cancel_waits = turn.cancel_waits;
-        drop(m);
         let io = std::future::poll_fn(|cx| {
             let mut out = Outgoing::new(&wbuf, written);
             out.flushed = flushed;
@@ -99,11 +104,10 @@ async fn run(mux: &Weak<ShardMux>, lane: &Arc<Lane>, conn: &mut BackendConn) -> 
             // that nothing behind the running request ran) is still there to read.
             read_rest(conn).await;
         }
-        let Some(m) = mux.upgrade() else {
+        if mux.strong_count() == 0 {
             return Ok(());
-        };
-        let failure = lane.demux(&m, &mut conn.rbuf, &mut runs, &mut replies);
-        drop(m);
+        }
+        let failure = lane.demux(mux, &mut conn.rbuf, &mut runs, &mut replies);
         for (sink, reply) in replies.drain(..) {
             let seq = match &reply {
                 Reply::Frames(seq, _)

@@ -3,7 +3,7 @@
 //! replies are handed out (over the sans-IO [`crate::backend::pipeline`]).
 
 use std::sync::atomic::Ordering;
-use std::sync::MutexGuard;
+use std::sync::{MutexGuard, Weak};
 
 use bytes::{Bytes, BytesMut};
 
@@ -296,7 +296,7 @@ impl Lane {
     /// everything read before that still goes to its clients first.
     pub(super) fn demux(
         &self,
-        mux: &ShardMux,
+        mux: &Weak<ShardMux>,
         rbuf: &mut BytesMut,
         runs: &mut Vec<Run>,
         out: &mut Vec<(Sink, Reply)>,
@@ -421,9 +421,17 @@ impl Lane {
     /// Settings applied for the first time are answered: proven for the endpoint, or failed,
     /// when the requests queued behind them with the same settings are taken out and refused
     /// with the same error (what each client would have got on a connection of its own).
-    fn proven(&self, mux: &ShardMux, st: &mut LaneState, proving: Proving) -> Vec<(Sink, Reply)> {
+    fn proven(
+        &self,
+        mux: &Weak<ShardMux>,
+        st: &mut LaneState,
+        proving: Proving,
+    ) -> Vec<(Sink, Reply)> {
         let Some(error) = proving.error else {
-            mux.prove(proving.fp);
+            // A mux that is gone has no one left to tell.
+            if let Some(mux) = mux.upgrade() {
+                mux.prove(proving.fp);
+            }
             return Vec::new();
         };
         let mut refused = Vec::new();
