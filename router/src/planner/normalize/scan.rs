@@ -172,7 +172,8 @@ impl Scanner<'_> {
                 b'0'..=b'9' => self.number(self.i, self.i),
                 b'.' if next.is_ascii_digit() => self.number(self.i, self.i),
                 b'.' if next == b'.' => {
-                    // `..` (PL/pgSQL ranges) is one token: `1..2` is not `1` and `.2`.
+                    // `..` (PL/pgSQL ranges) is one token: `1..2` is not `1` and `.2`. A word
+                    // right after it counts as after a `.`, as it always has here.
                     dot = true;
                     self.i += 2;
                     self.unary = true;
