@@ -130,6 +130,16 @@ impl<'a> Seen<'a> {
     fn get(&self, name: &str) -> Option<&'a str> {
         self.changes.current(self.settings, name)
     }
+
+    /// [`Seen::get`] for a custom setting (a name with a dot, like the router's own
+    /// `shardgate.*`), which costs nothing when the session has set none and changes none.
+    fn get_custom(&self, name: &str) -> Option<&'a str> {
+        debug_assert!(name.contains('.'));
+        if self.changes.is_empty() && !self.settings.has_custom() {
+            return None;
+        }
+        self.get(name)
+    }
 }
 
 pub struct Session<S> {
@@ -387,12 +397,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Session<S> {
             map: &routing.map,
             transaction: state.transaction(pinned),
             pins: resolver::manual::Pins {
-                shard: settings.get(resolver::manual::SETTING),
-                key: settings.get(resolver::manual::KEY_SETTING),
+                shard: settings.get_custom(resolver::manual::SETTING),
+                key: settings.get_custom(resolver::manual::KEY_SETTING),
                 allowed: !routing.config.hints_for_admins_only
                     || routing.config.user(settings.user).is_some_and(|u| u.admin),
             },
-            allow_scatter_writes: match settings.get("shardgate.allow_scatter_writes") {
+            allow_scatter_writes: match settings.get_custom("shardgate.allow_scatter_writes") {
                 Some(v) => matches!(
                     v.trim().trim_matches('\'').to_ascii_lowercase().as_str(),
                     "on" | "true" | "1" | "yes"

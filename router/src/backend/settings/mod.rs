@@ -118,6 +118,8 @@ pub struct Settings {
     fp: u64,
     /// `is_fragile()`, kept current with `fp`.
     fragile: bool,
+    /// `has_custom()`, kept current with `fp`.
+    custom: bool,
 }
 
 impl Settings {
@@ -226,8 +228,16 @@ impl Settings {
         self.fragile
     }
 
+    /// Whether a custom setting is set: one whose name has a dot, an extension's or the
+    /// router's own (`shardgate.*`). Few sessions set one, and a session that sets none need
+    /// not look its names up on every statement.
+    pub fn has_custom(&self) -> bool {
+        self.custom
+    }
+
     fn refresh(&mut self) {
         self.fp = self.compute_fingerprint();
+        self.custom = self.list.iter().any(|(name, _)| name.contains('.'));
         self.fragile = self.list.iter().any(|(name, value)| {
             let safe = name.contains('.')
                 || name.starts_with("enable_")

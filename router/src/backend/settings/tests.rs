@@ -355,6 +355,26 @@ fn settings_that_may_fail_where_they_succeeded_are_fragile() {
 }
 
 #[test]
+fn custom_settings_are_known_from_startup_set_reset_and_reset_all() {
+    let mut s = Settings::from_startup(&[("application_name".into(), "pgbench".into())]);
+    assert!(!s.has_custom(), "nothing with a dot");
+    assert!(s.apply(&set("search_path", "public")));
+    assert!(!s.has_custom());
+    assert!(s.apply(&set("ShardGate.Shard", "'80-'")));
+    assert!(s.has_custom());
+    assert!(s.apply(&Change::Reset {
+        name: "shardgate.shard".into()
+    }));
+    assert!(!s.has_custom());
+    assert!(s.apply(&set("app.tenant", "'42'")));
+    assert!(s.apply(&Change::ResetAll));
+    assert!(!s.has_custom());
+    let s = Settings::from_startup(&[("options".into(), "-c shardgate.sharding_key=7".into())]);
+    assert!(s.has_custom(), "set at startup");
+    assert_eq!(s.get("shardgate.sharding_key"), Some("'7'"));
+}
+
+#[test]
 fn only_values_that_read_the_same_again_are_plain() {
     for plain in [
         "'ISO, MDY'",
