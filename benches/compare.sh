@@ -228,9 +228,26 @@ open_loop_on() { ((open_loop > 0)) || awk -v f="$open_loop_fraction" 'BEGIN { ex
 if open_loop_on; then
     (cd "$root" && cargo build --release -q -p loadgen) || die "building loadgen failed"
 fi
+# Every proxy runs in a session of its own (setsid), as the cluster's router (`cluster up`
+# detaches it) and PgBouncer (`-d`) do. With the kernel's autogroup scheduling
+# (/proc/sys/kernel/sched_autogroup_enabled) a session is one scheduling group, and a proxy left
+# in this script's session would share one group's CPU with pgbench: an A/A run of one binary
+# as both shardgate and baseline gave the one in the script's session 1.3-1.6x the CPU per
+# statement (docs/benchmarks.md). setsid execs in place here (a background job of a script
+# leads no process group), so $! is the proxy. `in_own_session` checks each proxy's session
+# against this script's (PgBouncer forks twice: it is in a session of its own, not its leader).
+in_own_session() {
+    local pid="$1" what="$2" sid ours
+    sid="$(ps -o sid= -p "$pid" | tr -d ' ')"
+    ours="$(ps -o sid= -p $$ | tr -d ' ')"
+    [[ -n "$sid" && "$sid" != "$ours" ]] ||
+        die "the $what (pid $pid) is not in a session of its own (session '$sid', this script's $ours)"
+}
+
 # The router's pid: the first "pid" after "router" in the state file (servers have pids too).
 router_pid="$(awk '/"router": *\{/ { r = 1 } r && /"pid":/ { gsub(/[^0-9]/, ""); print; exit }' "$tmp/cluster/cluster.json")"
 [[ -n "$router_pid" ]] || die "no router pid in $tmp/cluster/cluster.json"
+in_own_session "$router_pid" "cluster's router"
 router_log="$tmp/cluster/router.log"
 release="$(release_dir)"
 cluster_bin="$release/shardgate-cluster"
@@ -248,11 +265,12 @@ start_router() {
     sed -e "s|^listen = .*|listen = \"127.0.0.1:$port\"|" \
         -e "s|^shardmap = .*|shardmap = \"$tmp/cluster/shardmap.toml\"|" \
         "${edits[@]}" "$tmp/cluster/router.toml" >"$dir/router.toml"
-    NO_COLOR=1 "$bin" --config "$dir/router.toml" ${router_threads:+--threads "$router_threads"} \
+    NO_COLOR=1 setsid "$bin" --config "$dir/router.toml" ${router_threads:+--threads "$router_threads"} \
         >"$dir/router.log" 2>&1 &
     printf -v "${name}_pid" '%s' "$!"
     for _ in $(seq 300); do grep -q "shardgate is ready" "$dir/router.log" && break; sleep 0.1; done
     grep -q "shardgate is ready" "$dir/router.log" || { cat "$dir/router.log" >&2; die "the $name router did not start"; }
+    in_own_session "$!" "$name router"
 }
 # The baseline router, without the settings older builds do not know (they refuse unknown
 # settings) and that do not change what is measured: the admin flag of the cluster's user.
@@ -273,10 +291,11 @@ fi
 # start_relay MODE: sets relay_MODE_pid; its output is $tmp/relay-MODE.log.
 start_relay() {
     local port_var="relay_$1_port" log="$tmp/relay-$1.log"
-    "$release/relay" --mode "$1" --listen "127.0.0.1:${!port_var}" --upstream "127.0.0.1:$pg_port" >"$log" 2>&1 &
+    setsid "$release/relay" --mode "$1" --listen "127.0.0.1:${!port_var}" --upstream "127.0.0.1:$pg_port" >"$log" 2>&1 &
     printf -v "relay_$1_pid" '%s' "$!"
     for _ in $(seq 100); do grep -q "relay is ready" "$log" && break; sleep 0.1; done
     grep -q "relay is ready" "$log" || { cat "$log" >&2; die "the $1 relay did not start"; }
+    in_own_session "$!" "$1 relay"
 }
 if wants relay-epoll || wants relay-uring; then
     (cd "$root" && cargo build --release -q -p shardgate-benches --bin relay) || die "building the relay failed"
@@ -329,6 +348,7 @@ INI
         { cat "$tmp/pgbouncer/start.log" "$tmp/pgbouncer/pgbouncer.log" >&2 2>/dev/null; die "pgbouncer did not start"; }
     for _ in $(seq 100); do [[ -s "$tmp/pgbouncer/pgbouncer.pid" ]] && break; sleep 0.1; done
     pgbouncer_pid="$(cat "$tmp/pgbouncer/pgbouncer.pid" 2>/dev/null)" || die "pgbouncer wrote no pid file"
+    in_own_session "$pgbouncer_pid" "PgBouncer"
 fi
 
 # --- measuring --------------------------------------------------------------------------------
