@@ -236,10 +236,10 @@ fi
 # statement (docs/benchmarks.md). setsid execs in place here (a background job of a script
 # leads no process group), so $! is the proxy. `in_own_session` checks each proxy's session
 # against this script's (PgBouncer forks twice: it is in a session of its own, not its leader).
+session_of() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{ print $4 }'; }
 in_own_session() {
     local pid="$1" what="$2" sid ours
-    sid="$(ps -o sid= -p "$pid" | tr -d ' ')"
-    ours="$(ps -o sid= -p $$ | tr -d ' ')"
+    sid="$(session_of "$pid")" ours="$(session_of $$)"
     [[ -n "$sid" && "$sid" != "$ours" ]] ||
         die "the $what (pid $pid) is not in a session of its own (session '$sid', this script's $ours)"
 }
