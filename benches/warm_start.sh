@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The first seconds after a router starts, with and without warm start ([pool] warm_connections):
+# The first seconds after a router starts, with and without warm start ([pool] warm_connections,
+# and sharing, [pool] shared_connections, on or off):
 # a local cluster of many shards, the router started afresh, loadgen at a fixed rate per shard
 # through it from the moment /ready says 200. Prints time to ready and, per run, throughput,
 # p50/p99/max and errors of the first DURATION seconds, and the backend connections open at
@@ -16,24 +17,38 @@ Usage: benches/warm_start.sh [OPTIONS]
   -r, --rate R            requests a second per shard                  [default: 20]
   -T, --duration SECONDS  measured seconds from ready                  [default: 10]
       --warm LIST         warm_connections values to compare           [default: 0,1]
+      --shared LIST       shared_connections values to compare, each with every warm value
+                          ("-" = the router's default)                 [default: -]
       --threads N         router worker threads                        [default: 2]
   -h, --help              this text
 EOF
 }
 
-shards=512 rate=20 duration=10 warm_list=0,1 threads=2
+shards=512 rate=20 duration=10 warm_list=0,1 shared_list=- threads=2
 while [[ $# -gt 0 ]]; do
     case "$1" in
         -n|--shards) shards="$2"; shift 2 ;;
         -r|--rate) rate="$2"; shift 2 ;;
         -T|--duration) duration="$2"; shift 2 ;;
         --warm) warm_list="$2"; shift 2 ;;
+        --shared) shared_list="$2"; shift 2 ;;
         --threads) threads="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) usage >&2; die "unknown option $1" ;;
     esac
 done
 need_tools psql python3 cargo curl
+# Every (shared, warm) pair, checked before anything starts.
+cases=()
+IFS=, read -r -a shareds <<<"$shared_list"
+IFS=, read -r -a warms <<<"$warm_list"
+for shared in "${shareds[@]}"; do
+    [[ "$shared" == - || "$shared" =~ ^[0-9]+$ ]] || die "--shared takes numbers or -, not '$shared'"
+    for warm in "${warms[@]}"; do
+        [[ "$warm" =~ ^[0-9]+$ ]] || die "--warm takes numbers, not '$warm'"
+        cases+=("$shared $warm")
+    done
+done
 
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/shardgate-warm.XXXXXX")"
 chmod 755 "$tmp"
@@ -67,20 +82,23 @@ while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
     { cat "$tmp/prepare.log" >&2; die "loadgen prepare failed"; }
 
 rows=()
-IFS=, read -r -a warms <<<"$warm_list"
-for warm in "${warms[@]}"; do
-    config="$dir/router-warm-$warm.toml"
-    sed "s/^\[pool\]$/[pool]\nwarm_connections = $warm/" "$dir/router.toml" >"$config"
+for case_ in "${cases[@]}"; do
+    read -r shared warm <<<"$case_"
+    pool="warm_connections = $warm"
+    [[ "$shared" == - ]] || pool="$pool\nshared_connections = $shared"
+    case_="$shared-$warm"  # names the files
+    config="$dir/router-$case_.toml"
+    sed "s/^\[pool\]$/[pool]\n$pool/" "$dir/router.toml" >"$config"
     started="$(date +%s.%N)"
-    "$bin/shardgate" --config "$config" --threads "$threads" >"$tmp/router-$warm.log" 2>&1 &
+    "$bin/shardgate" --config "$config" --threads "$threads" >"$tmp/router-$case_.log" 2>&1 &
     router_pid=$!
     for _ in $(seq 600); do
         [[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$http_port/ready")" == 200 ]] && break
-        kill -0 "$router_pid" 2>/dev/null || die "the router exited: $(tail -5 "$tmp/router-$warm.log")"
+        kill -0 "$router_pid" 2>/dev/null || die "the router exited: $(tail -5 "$tmp/router-$case_.log")"
         sleep 0.05
     done
     [[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$http_port/ready")" == 200 ]] ||
-        die "the router was not ready after 30 s: $(tail -5 "$tmp/router-$warm.log")"
+        die "the router was not ready after 30 s: $(tail -5 "$tmp/router-$case_.log")"
     ready="$(date +%s.%N)"
     conns="$(for p in $(python3 -c 'import json,sys; print(" ".join(str(s["port"]) for s in json.load(open(sys.argv[1]))["servers"]))' "$dir/cluster.json"); do
         psql "postgres://postgres:postgres@127.0.0.1:$p/postgres" -qAtc "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'shardgate'"
@@ -90,15 +108,16 @@ for warm in "${warms[@]}"; do
     for run in first next; do
         "$bin/loadgen" run --shardmap "$dir/shardmap.toml" --target "$url" --rows-per-shard 100 \
             --rate-per-shard "$rate" --connections 16 --duration "${duration}s" --timeout 10s --quiet \
-            --json "$tmp/run-$warm-$run.json" >"$tmp/run-$warm-$run.log" 2>&1 ||
-            { cat "$tmp/run-$warm-$run.log" >&2; die "loadgen failed"; }
-        rows+=("$(python3 - "$tmp/run-$warm-$run.json" "$warm" "$run" "$started" "$ready" "$conns" <<'PY'
+            --json "$tmp/run-$case_-$run.json" >"$tmp/run-$case_-$run.log" 2>&1 ||
+            { cat "$tmp/run-$case_-$run.log" >&2; die "loadgen failed"; }
+        rows+=("$(python3 - "$tmp/run-$case_-$run.json" "$shared" "$warm" "$run" "$started" "$ready" "$conns" <<'PY'
 import json, sys
-r = json.load(open(sys.argv[1])); l = r["latency_us"]
+path, shared, warm, run, started, ready, conns = sys.argv[1:]
+r = json.load(open(path)); l = r["latency_us"]
 first = r["series"][0]["qps"] if r["series"] else 0
-ready = round(float(sys.argv[5]) - float(sys.argv[4]), 2) if sys.argv[3] == "first" else "-"
-conns = sys.argv[6] if sys.argv[3] == "first" else "-"
-print(sys.argv[2], sys.argv[3], ready, conns, round(r["qps"], 1), round(first, 1),
+ready = round(float(ready) - float(started), 2) if run == "first" else "-"
+conns = conns if run == "first" else "-"
+print(shared, warm, run, ready, conns, round(r["qps"], 1), round(first, 1),
       l["p50"] / 1000, l["p99"] / 1000, l["max"] / 1000, r["errors"] + r["timeouts"])
 PY
 )")
@@ -108,8 +127,8 @@ done
 
 echo
 echo "$shards shards on 4 servers, router with $threads workers, loadgen ${rate}/s per shard ($((shards * rate))/s) for ${duration} s from /ready"
-printf '%5s %6s %9s %11s %10s %12s %9s %9s %9s %7s\n' warm window "ready s" "backends" "qps" "1st s qps" "p50 ms" "p99 ms" "max ms" errors
+printf '%6s %5s %6s %9s %11s %10s %12s %9s %9s %9s %7s\n' shared warm window "ready s" "backends" "qps" "1st s qps" "p50 ms" "p99 ms" "max ms" errors
 for row in "${rows[@]}"; do
-    read -r w run rs c q f p50 p99 mx e <<<"$row"
-    printf '%5s %6s %9s %11s %10s %12s %9.2f %9.2f %9.1f %7s\n' "$w" "$run" "$rs" "$c" "$q" "$f" "$p50" "$p99" "$mx" "$e"
+    read -r sh w run rs c q f p50 p99 mx e <<<"$row"
+    printf '%6s %5s %6s %9s %11s %10s %12s %9.2f %9.2f %9.1f %7s\n' "$sh" "$w" "$run" "$rs" "$c" "$q" "$f" "$p50" "$p99" "$mx" "$e"
 done

@@ -1,6 +1,8 @@
 //! Warm start, seen from the shards: a router opens `[pool] warm_connections` per worker to
 //! every primary before any client asks, says ready only after that, and a reload that brings
-//! a new primary has opened its connections by the time RELOAD returns.
+//! a new primary has opened its connections by the time RELOAD returns. With sharing (the
+//! default), every worker opens its own shared connection to every primary instead, and the
+//! first statements open none.
 
 mod common;
 
@@ -11,9 +13,13 @@ use common::{Env, Router, SCHEMA};
 const WORKERS: usize = 2;
 
 fn config(warm: usize) -> String {
+    config_with(&format!("warm_connections = {warm}\n"))
+}
+
+fn config_with(pool: &str) -> String {
     format!(
         "[[users]]\nname = \"ops\"\npassword = \"ops-secret\"\nadmin = true\n\
-         [pool]\nmax_size = 4\nwarm_connections = {warm}\nconnect_timeout_ms = 5000\ncheckout_timeout_ms = 5000\n\
+         [pool]\nmax_size = 4\n{pool}connect_timeout_ms = 5000\ncheckout_timeout_ms = 5000\n\
          [http]\nlisten = \"127.0.0.1:{}\"\n",
         common::free_port()
     )
@@ -59,21 +65,23 @@ fn http_port(router: &Router) -> u16 {
         .expect("a port")
 }
 
+/// `/ready`'s status once it says 200, or after 10 s.
+fn ready(router: &Router) -> u16 {
+    let port = http_port(router);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = common::http_get(port, "/ready");
+        if got.0 == 200 || Instant::now() > deadline {
+            return got.0;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn every_worker_opens_its_connections_to_every_primary_before_clients_come() {
     let env = Env::start_threads(4, 2, &config(2), WORKERS);
-    let (status, _) = {
-        let port = http_port(&env.router);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let got = common::http_get(port, "/ready");
-            if got.0 == 200 || Instant::now() > deadline {
-                break got;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    };
-    assert_eq!(status, 200, "/ready once warmed");
+    assert_eq!(ready(&env.router), 200, "/ready once warmed");
     // Ready means warmed: every shard database already has 2 per worker, no client has come
     // (on demand, there would be at most the one that learned the catalog).
     for shard in env.cluster.shards() {
@@ -133,4 +141,80 @@ async fn a_reload_warms_the_primaries_it_brings_before_it_returns() {
         .psql("warm_extra", &format!("SELECT v FROM kv WHERE id = {key}"))
         .expect("read back");
     assert_eq!(on_new.trim(), "x");
+}
+
+/// `SHOW SERVERS` of the admin console: (state, shard, worker, remote pid) of every row.
+async fn servers(admin: &tokio_postgres::Client) -> Vec<[String; 4]> {
+    let messages = admin
+        .simple_query("SHOW SERVERS")
+        .await
+        .expect("SHOW SERVERS");
+    messages
+        .iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => {
+                let get = |name: &str| r.get(name).unwrap_or("").to_string();
+                Some([get("state"), get("shard"), get("worker"), get("remote_pid")])
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_sharing_every_worker_has_its_own_shared_connection_to_every_primary_at_ready() {
+    // The defaults: sharing on, no pooled connections warmed.
+    let env = Env::start_threads(4, 2, &config_with(""), WORKERS);
+    let router = &env.router;
+    assert_eq!(tokio::task::block_in_place(|| ready(router)), 200);
+    let admin = common::connect(&env.router.url_as("ops", "ops-secret", "shardgate"))
+        .await
+        .expect("admin console");
+    let lanes = |rows: &[[String; 4]]| {
+        let mut lanes: Vec<(String, String, String)> = rows
+            .iter()
+            .filter(|[state, ..]| state == "shared")
+            .map(|[_, shard, worker, pid]| (shard.clone(), worker.clone(), pid.clone()))
+            .collect();
+        lanes.sort();
+        lanes
+    };
+    let at_ready = servers(&admin).await;
+    let warmed = lanes(&at_ready);
+    for shard in env.map.shards() {
+        let workers: Vec<&str> = warmed
+            .iter()
+            .filter(|(s, ..)| *s == shard.range.to_string())
+            .map(|(_, w, _)| w.as_str())
+            .collect();
+        assert_eq!(workers, ["0", "1"], "shard {}: {at_ready:?}", shard.range);
+    }
+    // Pooled ones are left to transactions (at most the one that learned the catalog).
+    let idle = at_ready
+        .iter()
+        .filter(|[state, ..]| state == "idle")
+        .count();
+    assert!(idle <= 1, "{at_ready:?}");
+    // Clients on both workers, each with a statement for every shard: none waits for a login,
+    // so the shared connections are the same ones.
+    let mut clients = Vec::new();
+    for _ in 0..2 * WORKERS {
+        clients.push(env.router.connect().await);
+    }
+    let keys: Vec<i64> = (0..env.map.shards().len())
+        .map(|s| {
+            (1i64..)
+                .find(|k| env.map.shard_for_key(&shardmap::Key::Int(*k)) == s)
+                .expect("a key of every shard")
+        })
+        .collect();
+    for client in &clients {
+        for key in &keys {
+            client
+                .query("SELECT v FROM kv WHERE id = $1", &[key])
+                .await
+                .expect("a point select");
+        }
+    }
+    assert_eq!(lanes(&servers(&admin).await), warmed);
 }

@@ -421,7 +421,17 @@ pub(super) fn pool(p: &RawPool, check: &mut Checker<'_>) -> Pool {
             format!("pool.min_idle is {min_idle}, more than pool.max_size ({max_size}); it can be at most max_size"),
         );
     }
-    let warm_connections = check.count(&p.warm_connections, "pool.warm_connections", 1, 0);
+    let shared_connections = check.count(&p.shared_connections, "pool.shared_connections", 2, 0);
+    // With sharing, the autocommit statements that come first after a start use the shared
+    // connections (warmed on their own): warmed pooled ones would only sit idle, and their
+    // logins slow the start and the first seconds (docs/benchmarks.md, "Warm start").
+    let warm_default = if shared_connections == 0 { 1 } else { 0 };
+    let warm_connections = check.count(
+        &p.warm_connections,
+        "pool.warm_connections",
+        warm_default,
+        0,
+    );
     if warm_connections > max_size {
         let line = p
             .warm_connections
@@ -441,7 +451,7 @@ pub(super) fn pool(p: &RawPool, check: &mut Checker<'_>) -> Pool {
         checkout_timeout: check.timeout(&p.checkout_timeout_ms, "pool.checkout_timeout_ms", 5000),
         idle_timeout: check.optional_ms(&p.idle_timeout_ms, "pool.idle_timeout_ms", 600_000),
         pause_timeout: check.timeout(&p.pause_timeout_ms, "pool.pause_timeout_ms", 60_000),
-        shared_connections: check.count(&p.shared_connections, "pool.shared_connections", 2, 0),
+        shared_connections,
     }
 }
 

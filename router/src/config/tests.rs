@@ -188,7 +188,7 @@ fn defaults() {
             checkout_timeout: Duration::from_secs(5),
             idle_timeout: Some(Duration::from_secs(600)),
             pause_timeout: Duration::from_secs(60),
-            warm_connections: 1,
+            warm_connections: 0,
             warm_timeout: Duration::from_secs(10),
             shared_connections: 2,
         }
@@ -214,6 +214,24 @@ fn defaults() {
             max_plan_bytes: 1 << 20,
         }
     );
+}
+
+#[test]
+fn warm_connections_default_to_none_with_sharing_and_one_without() {
+    let pool = |extra: &str| {
+        parse_str(&format!("{MINIMAL}[pool]\n{extra}"))
+            .expect("valid")
+            .pool
+    };
+    let off = pool("shared_connections = 0\n");
+    assert_eq!((off.shared_connections, off.warm_connections), (0, 1));
+    let on = pool("shared_connections = 3\n");
+    assert_eq!((on.shared_connections, on.warm_connections), (3, 0));
+    // Said is said, either way.
+    let both = pool("shared_connections = 2\nwarm_connections = 2\n");
+    assert_eq!(both.warm_connections, 2);
+    let none = pool("shared_connections = 0\nwarm_connections = 0\n");
+    assert_eq!(none.warm_connections, 0);
 }
 
 #[test]

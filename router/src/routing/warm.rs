@@ -193,9 +193,11 @@ async fn warm(routing: &Routing, worker: usize, only_new: bool) -> Warmed {
     total
 }
 
-/// Opens the first shared connection (`[pool] shared_connections`) of every primary that has
-/// none, the primaries dealt out over the workers (a lane's I/O stays on the worker that opened
-/// it, and each worker prefers its own), `PARALLEL` at a time.
+/// Opens this worker's first shared connection (`[pool] shared_connections`) to every primary
+/// it takes part in that has none of this worker's, `PARALLEL` at a time. As many workers take
+/// part per primary as the limit allows (every worker when it allows one each), the primaries
+/// rotated over the workers: the lanes the first statements would otherwise open on demand, one
+/// login each, or (past the limit) share across threads.
 async fn warm_shared(routing: &Routing, worker: usize) -> Warmed {
     let workers = routing.workers().max(1);
     let mut seen = std::collections::HashSet::new();
@@ -204,9 +206,12 @@ async fn warm_shared(routing: &Routing, worker: usize) -> Warmed {
         let Some(mux) = routing.mux(shard) else {
             return Warmed::default();
         };
+        if !seen.insert(mux.endpoint.name()) {
+            continue;
+        }
         let health = routing.health(shard);
         let down = health.answered() && !health.is_up();
-        if seen.insert(mux.endpoint.name()) && (seen.len() - 1) % workers == worker && !down {
+        if !down && takes_part(seen.len() - 1, worker, workers, mux.limit()) {
             muxes.push(mux.clone());
         }
     }
@@ -224,4 +229,36 @@ async fn warm_shared(routing: &Routing, worker: usize) -> Warmed {
         }
     }
     w
+}
+
+/// Whether worker `worker` of `workers` warms a lane to the `primary`-th distinct primary of
+/// `limit` lanes: the `limit` workers from `primary % workers` on, wrapping.
+fn takes_part(primary: usize, worker: usize, workers: usize, limit: usize) -> bool {
+    (worker + workers - primary % workers) % workers < limit.min(workers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::takes_part;
+
+    fn parts(primary: usize, workers: usize, limit: usize) -> Vec<usize> {
+        (0..workers)
+            .filter(|&w| takes_part(primary, w, workers, limit))
+            .collect()
+    }
+
+    #[test]
+    fn each_primary_is_warmed_by_as_many_workers_as_its_limit_allows_rotated() {
+        // One lane per primary: dealt out over the workers.
+        assert_eq!(parts(0, 4, 1), [0]);
+        assert_eq!(parts(5, 4, 1), [1]);
+        // Two: the next worker too, wrapping.
+        assert_eq!(parts(3, 4, 2), [0, 3]);
+        assert_eq!(parts(6, 4, 2), [2, 3]);
+        // As many as the workers or more: every worker its own.
+        assert_eq!(parts(7, 2, 2), [0, 1]);
+        assert_eq!(parts(1, 3, 8), [0, 1, 2]);
+        // One worker.
+        assert_eq!(parts(9, 1, 2), [0]);
+    }
 }

@@ -303,7 +303,7 @@ impl ShardMux {
             if !opened && (self.take_slot(false) || beyond && self.take_slot(true)) {
                 // One opening per request: a host that refuses is left to the caller's own
                 // connection, which waits for it as `[failover]` says.
-                self.open();
+                self.open(None);
                 opened = true;
             } else if self.opening.load(Ordering::Relaxed) == 0 {
                 // At the limit, or this request's opening is over: the best there is (every
@@ -348,34 +348,21 @@ impl ShardMux {
         }
     }
 
-    /// Opens a first lane now, on this worker, unless one is open or being opened: a warm
-    /// start, so the first statements do not wait for a login. `Some(true)` when it opened
-    /// one, `Some(false)` when the primary refused, `None` when nothing was to do.
+    /// Opens this worker's first lane now, unless it has one or no room for one: a warm start,
+    /// so the first statements neither wait for a login nor cross to another worker's lane.
+    /// `Some(true)` when it opened one, `Some(false)` when the primary refused, `None` when
+    /// nothing was to do.
     pub async fn warm(self: &Arc<Self>) -> Option<bool> {
-        if !self.lanes().is_empty() || self.opening.load(Ordering::Relaxed) > 0 {
+        let here = crate::backend::worker::worker();
+        if self.lanes().iter().any(|(w, _)| *w == here) || !self.take_slot(false) {
             return None;
         }
-        if !self.take_slot(false) {
-            return None;
-        }
-        let changed = self.changed.notified();
-        tokio::pin!(changed);
-        changed.as_mut().enable();
-        self.open();
-        loop {
-            changed.as_mut().await;
-            changed.set(self.changed.notified());
-            changed.as_mut().enable();
-            if !self.lanes().is_empty() {
-                return Some(true);
-            }
-            if self.opening.load(Ordering::Relaxed) == 0 {
-                return Some(false);
-            }
-        }
+        let (done, opened) = tokio::sync::oneshot::channel();
+        self.open(Some(done));
+        // The task reports either way; dropped unanswered only when the runtime goes.
+        Some(opened.await.unwrap_or(false))
     }
 
-    /// Takes room for one more lane, if the limit allows.
     /// Takes room for one more lane of this worker: within its share of the limit, or with
     /// `beyond_share` only within the limit.
     fn take_slot(&self, beyond_share: bool) -> bool {
@@ -446,8 +433,9 @@ impl ShardMux {
             && self.taken_by[here % self.taken_by.len()].load(Ordering::Relaxed) < self.share()
     }
 
-    /// Opens one more lane in the background, on this worker (its room already taken).
-    fn open(self: &Arc<Self>) {
+    /// Opens one more lane in the background, on this worker (its room already taken), and
+    /// tells `done` whether it did.
+    fn open(self: &Arc<Self>, done: Option<tokio::sync::oneshot::Sender<bool>>) {
         self.opening.fetch_add(1, Ordering::Relaxed);
         let mux = self.clone();
         // The worker whose room was taken: the task runs on it (one event loop per worker).
@@ -468,6 +456,9 @@ impl ShardMux {
                     let weak = Arc::downgrade(&mux);
                     mux.changed.notify_waiters();
                     drop(mux);
+                    if let Some(done) = done {
+                        let _ = done.send(true);
+                    }
                     driver::drive(weak, lane, conn).await;
                 }
                 Err(e) => {
@@ -475,6 +466,9 @@ impl ShardMux {
                     mux.health.down(&mux.endpoint.name(), &e.to_string());
                     mux.give_slot(worker);
                     mux.changed.notify_waiters();
+                    if let Some(done) = done {
+                        let _ = done.send(false);
+                    }
                 }
             }
         });
