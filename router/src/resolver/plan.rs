@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use shardmap::{Key, ShardMap};
+use shardmap::{Key, KeyspaceId, ShardMap};
 
 use super::allowed::{in_transaction, protocol};
 use super::split::{split_insert, split_unnest};
@@ -281,7 +281,8 @@ fn keyed<'a>(
     key_type: shardmap::KeyType,
     keys: &'a [KeySource],
 ) -> Result<Keys<'a>, SqlError> {
-    let mut first: Option<(usize, Option<Key<'a>>)> = None;
+    // The key hashed once: its keyspace ID places it and stays with the reason.
+    let mut first: Option<(usize, Option<(Key<'a>, KeyspaceId)>)> = None;
     let mut count = 0;
     let mut array = Vec::new();
     for source in keys {
@@ -294,8 +295,9 @@ fn keyed<'a>(
             }
             _ => match stmt.params.key(source, key_type)? {
                 Some(k) => {
-                    one = [map.shard_for_key(&k)];
-                    (&one, Some(k))
+                    let id = k.keyspace_id();
+                    one = [map.shard_for(id)];
+                    (&one, Some((k, id)))
                 }
                 None => (&[], None),
             },
@@ -313,11 +315,11 @@ fn keyed<'a>(
         return Ok(Keys::None);
     };
     let why = match (count, value) {
-        (1, Some(value)) => Why::Key {
+        (1, Some((value, id))) => Why::Key {
             table,
             column,
             value,
-            id: value.keyspace_id(),
+            id,
         },
         _ => Why::Keys {
             table,

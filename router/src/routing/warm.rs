@@ -3,8 +3,10 @@
 //! parallel and bounded, so the first statements after a start (or a split's cut-over) do not
 //! wait for hundreds of logins made one by one on demand.
 //!
-//! With `[pool] shared_connections`, each primary's first shared connection is opened the
-//! same way, the primaries dealt out over the workers.
+//! With `[pool] shared_connections`, every worker opens its own shared connection to every
+//! primary the same way, as far as the limit allows (with fewer allowed than workers, the
+//! primaries are dealt out over the workers), so that no first statement waits for a login or
+//! crosses to another worker's thread.
 //!
 //! A worker's connections must be opened on the worker's own event loop (their I/O stays on
 //! that thread), so the warming is a job sent to each worker; whoever asked waits for all of
