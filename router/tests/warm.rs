@@ -12,8 +12,11 @@ use common::{Env, Router, SCHEMA};
 
 const WORKERS: usize = 2;
 
+/// Sharing off: only pooled connections, `warm` per worker and primary.
 fn config(warm: usize) -> String {
-    config_with(&format!("warm_connections = {warm}\n"))
+    config_with(&format!(
+        "warm_connections = {warm}\nshared_connections = 0\n"
+    ))
 }
 
 fn config_with(pool: &str) -> String {
@@ -100,7 +103,20 @@ fn every_worker_opens_its_connections_to_every_primary_before_clients_come() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_warms_the_primaries_it_brings_before_it_returns() {
-    let env = Env::start_threads(2, 1, &config(1), WORKERS);
+    reload_warms(&config(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_sharing_a_reload_opens_every_workers_shared_connection_to_a_new_primary() {
+    // The defaults: the only connections warmed are shared ones, one per worker (the limit, 2,
+    // allows one each).
+    reload_warms(&config_with("")).await;
+}
+
+/// A reload that brings a new primary returns with one connection per worker open to it (of
+/// the pools with `[pool] warm_connections`, or the shared ones), and statements for it run.
+async fn reload_warms(config: &str) {
+    let env = Env::start_threads(2, 1, config, WORKERS);
     for shard in env.cluster.shards() {
         assert!(wait_for(&env, shard.server, &shard.database, WORKERS) >= WORKERS);
     }
@@ -195,8 +211,8 @@ async fn with_sharing_every_worker_has_its_own_shared_connection_to_every_primar
         .filter(|[state, ..]| state == "idle")
         .count();
     assert!(idle <= 1, "{at_ready:?}");
-    // Clients on both workers, each with a statement for every shard: none waits for a login,
-    // so the shared connections are the same ones.
+    // Clients, each with a statement for every shard: the shared connections warmed carry them
+    // (at the limit, none can be added) and none is replaced.
     let mut clients = Vec::new();
     for _ in 0..2 * WORKERS {
         clients.push(env.router.connect().await);

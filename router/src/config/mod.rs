@@ -247,9 +247,10 @@ pub struct Pool {
     /// `pause_timeout_ms`: how long a statement waits for a shard the admin console paused
     /// (`PAUSE`) before the client gets `57P03`. Default 60000; more than 0.
     pub pause_timeout: Duration,
-    /// `warm_connections`: connections each worker opens to every primary at start, and to
-    /// the primaries a reload brings before the reload takes effect. Default 1; 0 = open them
-    /// on demand; at most `max_size`.
+    /// `warm_connections`: pooled connections each worker opens to every primary at start, and
+    /// to the primaries a reload brings before the reload takes effect. Default 0 with sharing
+    /// (`shared_connections` above 0: the shared connections are warmed instead), 1 without;
+    /// 0 = open them on demand; at most `max_size`.
     pub warm_connections: usize,
     /// `warm_timeout_ms`: how long the start's readiness and a reload wait for the warming.
     /// Default 10000; more than 0.

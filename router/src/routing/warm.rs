@@ -12,6 +12,7 @@
 //! that thread), so the warming is a job sent to each worker; whoever asked waits for all of
 //! them, at most `[pool] warm_timeout_ms`.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -48,6 +49,9 @@ struct Job {
     routing: Arc<Routing>,
     /// Only the pools made for this routing (a reload), or all (the start).
     only_new: bool,
+    /// The primaries (by endpoint) that had no shared connection when the warming was asked:
+    /// only these get one per worker (a reload's new ones, every one at the start).
+    cold: Arc<HashSet<String>>,
     /// The asker stops waiting then; the worker stops warming then too.
     deadline: tokio::time::Instant,
     done: oneshot::Sender<Warmed>,
@@ -86,7 +90,7 @@ impl Warmer {
             return;
         };
         while let Some(job) = jobs.recv().await {
-            let warming = warm(&job.routing, worker, job.only_new);
+            let warming = warm(&job.routing, worker, job.only_new, &job.cold);
             let warmed = tokio::time::timeout_at(job.deadline, warming)
                 .await
                 .unwrap_or(Warmed {
@@ -108,6 +112,7 @@ impl Warmer {
         }
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + routing.config.pool.warm_timeout;
+        let cold = Arc::new(cold(routing));
         let replies: Vec<oneshot::Receiver<Warmed>> = self
             .senders
             .iter()
@@ -116,6 +121,7 @@ impl Warmer {
                 let job = Job {
                     routing: routing.clone(),
                     only_new,
+                    cold: cold.clone(),
                     deadline,
                     done,
                 };
@@ -146,10 +152,10 @@ impl Warmer {
 /// has room, `PARALLEL` pools at a time. A pool's connections go back to it idle as soon as
 /// its own logins are done; a primary known to be down is left to the prober; a new
 /// connection tells the primary's health it answered.
-async fn warm(routing: &Routing, worker: usize, only_new: bool) -> Warmed {
+async fn warm(routing: &Routing, worker: usize, only_new: bool, cold: &HashSet<String>) -> Warmed {
     let per_pool = routing.config.pool.warm_connections;
     let pools = routing.pools_of(worker);
-    let mut seen = std::collections::HashSet::new();
+    let mut seen = HashSet::new();
     let mut wanted = Vec::new();
     for shard in 0..pools.len() {
         let pool = pools.for_shard(shard);
@@ -191,29 +197,40 @@ async fn warm(routing: &Routing, worker: usize, only_new: bool) -> Warmed {
     for w in counts {
         total.add(w);
     }
-    total.add(warm_shared(routing, worker).await);
+    total.add(warm_shared(routing, worker, cold).await);
     total
 }
 
-/// Opens this worker's first shared connection (`[pool] shared_connections`) to every primary
-/// it takes part in that has none of this worker's, `PARALLEL` at a time. As many workers take
-/// part per primary as the limit allows (every worker when it allows one each), the primaries
-/// rotated over the workers: the lanes the first statements would otherwise open on demand, one
-/// login each, or (past the limit) share across threads.
-async fn warm_shared(routing: &Routing, worker: usize) -> Warmed {
+/// The endpoints of `routing`'s primaries that have no shared connection open.
+fn cold(routing: &Routing) -> HashSet<String> {
+    (0..routing.map.shards().len())
+        .filter_map(|shard| routing.mux(shard))
+        .filter(|mux| mux.open_lanes() == 0)
+        .map(|mux| mux.endpoint.name())
+        .collect()
+}
+
+/// Opens this worker's first shared connection (`[pool] shared_connections`) to every `cold`
+/// primary it takes part in, `PARALLEL` at a time. As many workers take part per primary as the
+/// limit allows (every worker when it allows one each), the primaries rotated over the workers:
+/// the lanes the first statements would otherwise open on demand, one login each, or (past the
+/// limit) share across threads.
+async fn warm_shared(routing: &Routing, worker: usize, cold: &HashSet<String>) -> Warmed {
     let workers = routing.workers().max(1);
-    let mut seen = std::collections::HashSet::new();
+    let mut seen = HashSet::new();
     let mut muxes = Vec::new();
     for shard in 0..routing.map.shards().len() {
         let Some(mux) = routing.mux(shard) else {
             return Warmed::default();
         };
-        if !seen.insert(mux.endpoint.name()) {
+        let name = mux.endpoint.name();
+        if !seen.insert(name.clone()) {
             continue;
         }
         let health = routing.health(shard);
         let down = health.answered() && !health.is_up();
-        if !down && takes_part(seen.len() - 1, worker, workers, mux.limit()) {
+        if cold.contains(&name) && !down && takes_part(seen.len() - 1, worker, workers, mux.limit())
+        {
             muxes.push(mux.clone());
         }
     }

@@ -69,7 +69,8 @@ pub fn pool_size(max_connections: u32, shards: usize, servers: usize, workers: u
 }
 
 /// `max_connections` each server needs so that every router worker holds one connection to
-/// each of its shard databases (the router opens them at start: `[pool] warm_connections`) and
+/// each of its shard databases (the router opens them at start: a shared connection per worker,
+/// or `[pool] warm_connections` pooled ones with sharing off) and
 /// as many again are left for clients straight to the shards (`loadgen prepare`, a direct
 /// run): `requested`, or more when that is short.
 pub fn max_connections_needed(
