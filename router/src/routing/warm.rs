@@ -102,8 +102,9 @@ impl Warmer {
     }
 
     /// Asks every worker to open `[pool] warm_connections` to each primary of `routing` that
-    /// has fewer idle (with `only_new`, of the pools a reload made, not those it kept), and
-    /// waits for all of them, at most `[pool] warm_timeout_ms`.
+    /// has fewer idle (with `only_new`, of the pools a reload made, not those it kept) and its
+    /// own shared connection to each primary that has none open now, and waits for all of
+    /// them, at most `[pool] warm_timeout_ms`.
     pub async fn warm(&self, routing: &Arc<Routing>, only_new: bool) -> Warmed {
         let mut total = Warmed::default();
         if routing.config.pool.warm_connections == 0 && routing.config.pool.shared_connections == 0
